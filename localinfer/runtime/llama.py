@@ -1,0 +1,367 @@
+"""The llama.cpp backend, through llama-cpp-python's low-level C API.
+
+This is the only module that imports ``llama_cpp``. It uses the C API directly (batches,
+per-sequence native sampler chains, KV-cache trimming) rather than the ``Llama`` class, so no
+logits array is copied into Python per token and several sequences decode in one batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as L
+
+from ..errors import LocalInferError, ModelLoadError
+from ..gguf import GGUFHeader
+from .backend import LoadOptions, ModelInfo, ProgressCallback
+from .types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_init_lock = threading.Lock()
+_initialised = False
+_recent_log: collections.deque[str] = collections.deque(maxlen=40)
+_log_line = ""
+
+# ggml_log_level: 0 none, 1 info, 2 warn, 3 error, 4 debug, 5 continuation. llama.cpp's
+# warnings are mostly notes about model files; errors surface through our own exceptions.
+_LOG_LEVELS = {3: logging.INFO}
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp writes to stderr by default, which would corrupt a TUI; route it to logging
+    # and keep the last lines so a load failure can say what llama.cpp complained about.
+    global _log_line
+    _log_line += text.decode("utf-8", errors="replace")
+    if _log_line.endswith("\n"):
+        line = _log_line.strip()
+        _log_line = ""
+        if line:
+            _recent_log.append(line)
+            log.log(_LOG_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", line)
+
+
+def _init() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _initialised = True
+
+
+@dataclass(frozen=True)
+class Device:
+    """A compute device this llama.cpp build can use."""
+
+    name: str
+    kind: str
+    """"cpu", "gpu", "igpu" or "accel"."""
+    description: str
+    backend: str
+    """The ggml backend that drives it: "CPU", "CUDA", "Metal", "Vulkan", "ROCm"..."""
+    memory_free: int
+    memory_total: int
+
+
+_DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+def devices() -> list[Device]:
+    """The devices llama.cpp can offload to (plus the CPU). A CPU-only build lists the CPU."""
+    _init()
+    lib = _ggml_lib()
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        out.append(Device(
+            name=(lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
+            kind=_DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
+            description=(lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+            backend=(lib.ggml_backend_reg_name(reg) or b"").decode(errors="replace"),
+            memory_free=free.value,
+            memory_total=total.value,
+        ))
+    return out
+
+
+def system_info() -> str:
+    """llama.cpp's build summary: ``CPU : AVX2 = 1 | ... | REPACK = 1``."""
+    _init()
+    return L.llama_print_system_info().decode(errors="replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    _init()
+    return bool(L.llama_supports_gpu_offload())
+
+
+_ggml = None
+
+
+def _ggml_lib() -> ctypes.CDLL:
+    global _ggml
+    if _ggml is None:
+        from llama_cpp._ggml import libggml as lib
+
+        p = ctypes.c_void_p
+        for name, args, res in [
+            ("ggml_backend_dev_count", [], ctypes.c_size_t),
+            ("ggml_backend_dev_get", [ctypes.c_size_t], p),
+            ("ggml_backend_dev_name", [p], ctypes.c_char_p),
+            ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+            ("ggml_backend_dev_type", [p], ctypes.c_int),
+            ("ggml_backend_dev_memory",
+             [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)], None),
+            ("ggml_backend_dev_backend_reg", [p], p),
+            ("ggml_backend_reg_name", [p], ctypes.c_char_p),
+        ]:
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        _ggml = lib
+    return _ggml
+
+
+def _use_extra_buffer_types() -> bool:
+    """Whether to let llama.cpp repack weights into its extra CPU buffer types (AMX, REPACK).
+
+    Builds with AMX segfault in ggml_backend_amx_mul_mat on some Sapphire Rapids machines
+    (llama.cpp issue #20824, unfixed), which is what a default source build produces on such
+    a CPU. Repacking measured no faster for the starter model, so AMX builds skip it unless
+    LOCALINFER_LLAMA_EXTRA_BUFTS=1.
+    """
+    forced = os.environ.get("LOCALINFER_LLAMA_EXTRA_BUFTS")
+    if forced is not None:
+        return forced not in ("0", "", "false", "no")
+    return "AMX_INT8 = 1" not in system_info()
+
+
+class LlamaBackend:
+    """A model loaded with llama.cpp, driven by the engine's worker thread."""
+
+    def __init__(self, path: str | os.PathLike[str], options: LoadOptions, *, name: str,
+                 header: GGUFHeader, progress: ProgressCallback | None = None) -> None:
+        _init()
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        path = Path(path)
+        self._progress = progress
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers
+        mparams.use_mmap = options.use_mmap
+        mparams.use_extra_bufts = _use_extra_buffer_types()
+        if progress is not None:
+            # Kept on self: ctypes must not free the callback while llama.cpp holds it.
+            self._progress_cb = L.llama_progress_callback(self._on_progress)
+            mparams.progress_callback = self._progress_cb
+        _recent_log.clear()
+        t0 = time.perf_counter()
+        self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {path}{_llama_said()}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+
+        n_slots = max(1, options.n_slots)
+        threads = options.n_threads or _physical_cores()
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx * n_slots
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = min(options.n_batch, 512)
+        cparams.n_seq_max = n_slots
+        cparams.n_threads = threads
+        cparams.n_threads_batch = options.n_threads_batch or threads
+        cparams.n_outputs_max_per_seq = 0  # speculative verification samples several per seq
+        cparams.kv_unified = False  # each slot gets its own n_ctx cells
+        cparams.swa_full = False  # sliding-window layers keep only their window
+        cparams.no_perf = True
+        if options.flash_attn is not None:
+            cparams.flash_attn_type = 1 if options.flash_attn else 0
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {options.n_ctx} tokens x {n_slots}"
+                f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
+            )
+        self.load_ms = (time.perf_counter() - t0) * 1000.0
+        self._mem = L.llama_get_memory(self._ctx)
+        self.n_batch = options.n_batch
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
+        self._token_buf_len = 0
+        self._token_buf = None
+        self._n_swa = L.llama_model_n_swa(self._model)
+        self.info = self._describe(path, name, header, options, n_slots)
+
+    def _on_progress(self, fraction: float, user_data: ctypes.c_void_p) -> bool:
+        try:
+            self._progress(float(fraction))
+        except Exception:  # a UI error must not abort the load from inside C
+            log.exception("progress callback failed")
+        return True
+
+    def _describe(self, path: Path, name: str, header: GGUFHeader, options: LoadOptions,
+                  n_slots: int) -> ModelInfo:
+        model, vocab = self._model, self._vocab
+        n_layers = L.llama_model_n_layer(model)
+        gpu = [d for d in devices() if d.kind in ("gpu", "igpu")]
+        offloaded = 0
+        if gpu and L.llama_supports_gpu_offload():
+            requested = options.n_gpu_layers
+            # llama.cpp counts the output layer as one more "layer" (n_layer + 1 = all).
+            offloaded = n_layers if requested < 0 else min(requested, n_layers)
+        template = L.llama_model_chat_template(model, None)
+        bos = L.llama_vocab_bos(vocab)
+        eos = L.llama_vocab_eos(vocab)
+        return ModelInfo(
+            name=name,
+            path=str(path),
+            architecture=header.architecture,
+            quant=header.quant,
+            size_bytes=L.llama_model_size(model),
+            n_params=L.llama_model_n_params(model),
+            n_layers=n_layers,
+            n_gpu_layers=offloaded,
+            n_ctx_train=L.llama_model_n_ctx_train(model),
+            n_ctx=L.llama_n_ctx_seq(self._ctx),
+            n_slots=n_slots,
+            n_vocab=L.llama_vocab_n_tokens(vocab),
+            gpu_backend=gpu[0].backend if offloaded else None,
+            chat_template=(template.decode(errors="replace") if template
+                           else options.chat_template),
+            bos_text=self._special_text(bos),
+            eos_text=self._special_text(eos),
+            add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
+        )
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, True)
+        return self._piece_buf.raw[: max(n, 0)].decode(errors="replace")
+
+    # --- the Backend contract ------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+        if n < 0:
+            raise LocalInferError(f"tokenization failed ({n})")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+            if n < 0:  # longer than the buffer
+                big = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token, big, -n, 0, False)
+                piece = big.raw[:n]
+            else:
+                piece = self._piece_buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self._vocab, token))
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int],
+               outputs: Sequence[bool]) -> None:
+        batch = self._batch
+        n = len(tokens)
+        batch.n_tokens = n
+        tok, pos, nseq, seq, logits = (batch.token, batch.pos, batch.n_seq_id, batch.seq_id,
+                                       batch.logits)
+        for i in range(n):
+            tok[i] = tokens[i]
+            pos[i] = positions[i]
+            nseq[i] = 1
+            seq[i][0] = seq_ids[i]
+            logits[i] = outputs[i]
+        rc = L.llama_decode(self._ctx, batch)
+        if rc != 0:
+            reason = {1: "no room left in the KV cache", 2: "aborted"}.get(rc, f"error {rc}")
+            raise LocalInferError(f"llama_decode failed: {reason}{_llama_said()}")
+
+    def new_sampler(self, params: SamplingParams, seed: int) -> ctypes.c_void_p:
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        add = L.llama_sampler_chain_add
+        if params.repeat_last_n and (params.repeat_penalty != 1.0 or params.frequency_penalty
+                                     or params.presence_penalty):
+            add(chain, L.llama_sampler_init_penalties(
+                L.llama_vocab_n_tokens(self._vocab), params.repeat_last_n,
+                params.repeat_penalty, params.frequency_penalty, params.presence_penalty))
+        if params.greedy:
+            add(chain, L.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            add(chain, L.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(chain, L.llama_sampler_init_min_p(params.min_p, 1))
+        add(chain, L.llama_sampler_init_temp(params.temperature))
+        add(chain, L.llama_sampler_init_dist(seed))
+        return chain
+
+    def sample(self, sampler: ctypes.c_void_p, index: int) -> int:
+        return L.llama_sampler_sample(sampler, self._ctx, index)
+
+    def accept(self, sampler: ctypes.c_void_p, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            L.llama_sampler_accept(sampler, token)
+
+    def free_sampler(self, sampler: ctypes.c_void_p) -> None:
+        L.llama_sampler_free(sampler)
+
+    def seq_trim(self, seq_id: int, n_keep: int) -> int:
+        if n_keep > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
+            # A sliding-window cache keeps only the last window: continuing at n_keep needs
+            # the window before it to still be there.
+            if not self._n_swa or n_keep <= 1:
+                return n_keep
+            pos_min = L.llama_memory_seq_pos_min(self._mem, seq_id)
+            if pos_min <= max(0, n_keep - self._n_swa):
+                return n_keep
+        L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        return 0
+
+    def close(self) -> None:
+        if self._batch is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except Exception:
+        return os.cpu_count() or 1
+
+
+def _llama_said() -> str:
+    errors = [line for line in _recent_log if "error" in line.lower() or "failed" in line.lower()]
+    return f" (llama.cpp: {errors[-1]})." if errors else "."

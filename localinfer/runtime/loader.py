@@ -1,0 +1,93 @@
+"""Loading a model file into an engine: validate the header, pick the chat template, start
+llama.cpp. Importing llama.cpp is deferred to here so that commands that never load a model
+(``--help``, ``list``, ``plan``) start fast."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from .. import gguf
+from ..catalog import Catalog, load_catalog
+from ..config import Config
+from ..store import CopyProgress, ModelStore
+from ..errors import BackendUnavailable, InvalidRequest
+from .backend import LoadOptions, ProgressCallback
+from .chat_template import BUILTIN_TEMPLATES
+from .engine import Engine
+
+
+def fallback_template(header: gguf.GGUFHeader, family: str | None,
+                      catalog: Catalog | None = None) -> str | None:
+    """The catalog's template for a file without its own: by the model's family when the
+    store knows it, else by the file's architecture."""
+    if header.chat_template:
+        return None
+    catalog = catalog or load_catalog()
+    fam = (catalog.family_for(family) if family else None) or catalog.family_for(
+        header.architecture)
+    return BUILTIN_TEMPLATES.get(fam.chat_template) if fam else None
+
+
+def load_engine(
+    path: str | Path,
+    options: LoadOptions,
+    *,
+    name: str,
+    family: str | None = None,
+    progress: ProgressCallback | None = None,
+    header: gguf.GGUFHeader | None = None,
+) -> Engine:
+    """Load the GGUF at ``path`` with llama.cpp and return a running engine."""
+    header = header or gguf.read_header(path)  # a bad file fails here, clearly, not in C++
+    trained = header.context_length
+    if options.n_ctx <= 0:
+        raise InvalidRequest(f"the context must be at least 1 token, got {options.n_ctx}.")
+    if trained and options.n_ctx > trained:
+        raise InvalidRequest(
+            f"a context of {options.n_ctx} tokens is beyond what {name} was trained for"
+            f" ({trained}); use --ctx {trained} or less."
+        )
+    if options.chat_template is None:
+        options = replace(options, chat_template=fallback_template(header, family))
+    try:
+        from .llama import LlamaBackend
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"llama-cpp-python cannot be imported ({exc}). Install it with"
+            " `pip install llama-cpp-python` (it builds llama.cpp from source, ~10 min)."
+        ) from None
+    backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
+    return Engine(backend, load_ms=backend.load_ms)
+
+
+DEFAULT_CTX = 4096
+
+
+def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int = 1) -> LoadOptions:
+    """Load options from the settings, with safe defaults for what they leave open."""
+    trained = header.context_length or DEFAULT_CTX
+    return LoadOptions(
+        n_ctx=config.ctx or min(DEFAULT_CTX, trained),
+        n_slots=n_slots,
+        n_gpu_layers=config.gpu_layers if config.gpu_layers is not None else 0,
+        n_threads=config.threads or 0,
+    )
+
+
+def open_engine(
+    ref: str,
+    config: Config,
+    *,
+    store: ModelStore | None = None,
+    n_slots: int = 1,
+    on_copy: CopyProgress | None = None,
+    on_load: ProgressCallback | None = None,
+) -> Engine:
+    """Resolve a model name or path through the store and load it."""
+    store = store or ModelStore()
+    model = store.resolve(ref, progress=on_copy)
+    header = gguf.read_header(model.path)
+    options = options_for(header, config, n_slots=n_slots)
+    return load_engine(model.path, options, name=model.name, family=model.family,
+                       progress=on_load, header=header)

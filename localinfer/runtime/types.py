@@ -1,0 +1,180 @@
+"""The runtime's vocabulary: sampling parameters, messages, and the events a generation yields.
+
+A generation yields ``Token`` events (a piece of text, with live speed figures) and ends with
+one ``Done`` event carrying the usage and the request's timings. These types are plain data so
+that the CLI, the daemon and the chat UI can all read them without importing the backend.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import InvalidRequest
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Priority(enum.IntEnum):
+    """Who is waiting: an interactive chat goes before a burst of editor completions."""
+
+    INTERACTIVE = 0
+    NORMAL = 1
+    BACKGROUND = 2
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. Defaults follow llama.cpp's."""
+
+    max_tokens: int | None = 512
+    """Most tokens to generate; None means until the context is full."""
+    temperature: float = 0.8
+    """0 picks the most likely token (greedy, deterministic)."""
+    top_p: float = 0.95
+    """Keep the smallest set of tokens whose probabilities add up to this (1 = off)."""
+    top_k: int = 40
+    """Keep the k most likely tokens (0 = off)."""
+    min_p: float = 0.05
+    """Drop tokens less likely than min_p times the most likely one (0 = off)."""
+    repeat_penalty: float = 1.0
+    """Divide the logits of recently seen tokens by this (1 = off)."""
+    repeat_last_n: int = 64
+    """How many recent tokens the repeat penalty looks at."""
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    """Random seed for sampling; None picks a fresh one per request."""
+    stop: tuple[str, ...] = ()
+    """Generation ends before any of these strings; they are not included in the text."""
+    speculative: bool | None = None
+    """Prompt-lookup speculative decoding: None lets the engine decide."""
+
+    def validate(self) -> SamplingParams:
+        """Raise InvalidRequest for a value no sampler can use; return self."""
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise InvalidRequest(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        checks = [
+            ("temperature", self.temperature, 0.0, 100.0),
+            ("top_p", self.top_p, 0.0, 1.0),
+            ("min_p", self.min_p, 0.0, 1.0),
+            ("repeat_penalty", self.repeat_penalty, 0.0, 100.0),
+            ("frequency_penalty", self.frequency_penalty, -100.0, 100.0),
+            ("presence_penalty", self.presence_penalty, -100.0, 100.0),
+        ]
+        for name, value, low, high in checks:
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be a number, got {value!r}.")
+            if not low <= value <= high:
+                raise InvalidRequest(f"{name} must be between {low:g} and {high:g}, got {value}.")
+        if self.repeat_penalty == 0:
+            raise InvalidRequest("repeat_penalty must be above 0 (1 turns it off).")
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be 0 (off) or more, got {self.top_k}.")
+        if self.repeat_last_n < 0:
+            raise InvalidRequest(f"repeat_last_n must be 0 or more, got {self.repeat_last_n}.")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise InvalidRequest(f"seed must be between 0 and 2^32-1, got {self.seed}.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest("stop strings must be non-empty strings.")
+        if len(self.stop) > 16:
+            raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}.")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    """"system", "user", "assistant" (or "tool")."""
+    content: str
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """Speed so far, sent with every token."""
+
+    n_tokens: int
+    """Tokens generated so far."""
+    ttft_ms: float
+    prefill_tps: float
+    decode_tps: float
+    """Tokens per second since the first token (0 until the second token)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    """Prompt tokens whose KV cache was reused from an earlier request (not evaluated again)."""
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where one request's time went. All durations in milliseconds."""
+
+    load_ms: float = 0.0
+    """Time spent loading the model for this request (0 when it was already loaded)."""
+    queue_ms: float = 0.0
+    """Time waiting for a free slot."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    """Prompt tokens actually evaluated (prompt_tokens - cached_tokens)."""
+    prefill_ms: float = 0.0
+    """From the start of prompt evaluation to the first token."""
+    ttft_ms: float = 0.0
+    """From submission to the first token (queue + prefill)."""
+    completion_tokens: int = 0
+    decode_tokens: int = 0
+    """Tokens generated after the first one: the ones the decode rate is measured over."""
+    decode_ms: float = 0.0
+    """From the first token to the last."""
+    total_ms: float = 0.0
+    drafted_tokens: int = 0
+    """Speculative tokens proposed (prompt lookup)."""
+    accepted_tokens: int = 0
+    """Speculative tokens the model agreed with."""
+
+    @property
+    def prefill_tps(self) -> float:
+        return _rate(self.prefill_tokens, self.prefill_ms)
+
+    @property
+    def decode_tps(self) -> float:
+        return _rate(self.decode_tokens, self.decode_ms)
+
+
+@dataclass(frozen=True)
+class Token:
+    """A piece of generated text (may hold several tokens' worth, or part of a character)."""
+
+    text: str
+    live: LiveStats
+
+
+@dataclass(frozen=True)
+class Done:
+    """The last event of a generation."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings = field(default_factory=Timings)
+
+
+Event = Token | Done
+
+
+def _rate(tokens: int, ms: float) -> float:
+    return tokens * 1000.0 / ms if ms > 0 else 0.0

@@ -1,0 +1,65 @@
+"""Shared fixtures. Every test runs under a temporary LOCALINFER_HOME; the real starter model
+is assembled once per session and loaded once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Set before any localinfer module reads it, so no test can touch the real home.
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="localinfer-test-home-"))
+os.environ["LOCALINFER_HOME"] = str(_SESSION_HOME)
+os.environ.pop("LOCALINFER_API_KEY", None)
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A fresh, empty LOCALINFER_HOME for one test."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("LOCALINFER_HOME", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def starter_path() -> Path:
+    """The real starter model (Gemma 3 270M Q4_K_M), assembled into the session's store."""
+    from localinfer.store import ModelStore
+
+    model = ModelStore().resolve("gemma3:270m")
+    return model.path
+
+
+@pytest.fixture(scope="session")
+def real_engine(starter_path):
+    """The starter model loaded once for the whole session: 2 slots of 2048 tokens."""
+    from localinfer.runtime.backend import LoadOptions
+    from localinfer.runtime.loader import load_engine
+
+    engine = load_engine(starter_path, LoadOptions(n_ctx=2048, n_slots=2), name="gemma3:270m",
+                         family="gemma3")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def fake_engine():
+    from localinfer.runtime.engine import Engine
+    from localinfer.runtime.fake import FakeBackend
+
+    engines = []
+
+    def make(**kwargs):
+        engine = Engine(FakeBackend(**kwargs))
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()

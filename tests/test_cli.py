@@ -1,0 +1,106 @@
+"""The command line, run as a user would run it (a subprocess), on the real starter model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args: str, stdin: str | None = None, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "localinfer", *args], input=stdin,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=300)
+
+
+def test_help_and_version():
+    out = cli("--help")
+    assert out.returncode == 0 and "run" in out.stdout and "Exit codes" in out.stdout
+    assert cli("--version").stdout.startswith("localinfer ")
+
+
+@pytest.mark.model
+def test_run_streams_text_then_a_stats_line(starter_path):
+    out = cli("run", "gemma3:270m", "The capital of France is", "-n", "12", "-t", "0")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split()) >= 4
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"prompt \d+ tok · TTFT \d+ ms · prefill \d+ tok/s · "
+                        r"decode [\d.]+ tok/s · 12 tok · length", last), last
+
+
+@pytest.mark.model
+def test_run_json(starter_path):
+    out = cli("run", "gemma3:270m", "-", "--json", "-n", "8", "-t", "0", "--seed", "1",
+              stdin="Water is made of")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["model"] == "gemma3:270m-q4_k_m"
+    assert result["usage"]["completion_tokens"] == 8 and result["finish_reason"] == "length"
+    assert result["timings"]["decode_tps"] > 0 and result["text"]
+
+
+@pytest.mark.model
+def test_run_chat_mode(starter_path):
+    out = cli("run", str(starter_path), "Say hello.", "--chat", "--system", "Be brief.",
+              "-n", "8", "-t", "0")
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.model
+def test_list_shows_the_installed_starter(starter_path):
+    out = cli("list")
+    assert out.returncode == 0
+    assert re.search(r"gemma3:270m-q4_k_m\s+Q4_K_M\s+253\.1 MB\s+/", out.stdout)
+    assert json.loads(cli("list", "--json").stdout)[0]["quant"] == "Q4_K_M"
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["run", "nosuch:model", "hi"], 3, ["model not found", "unknown model 'nosuch:model'"]),
+    (["run", "/does/not/exist.gguf", "hi"], 3, ["does not exist"]),
+    (["run", "gemma3:270m", "hi", "-n", "0"], 2, ["max_tokens must be at least 1"]),
+    (["run", "gemma3:270m", "hi", "--temperature", "-2"], 2, ["temperature"]),
+    (["run", "../../etc/passwd", "hi"], 4, ["not a GGUF model file"]),
+    (["run", "bad..name", "hi"], 2, ["invalid model name"]),
+])
+def test_bad_input_is_one_line_and_an_exit_code(args, code, words):
+    out = cli(*args)
+    assert out.returncode == code, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localinfer: ")
+    for word in words:
+        assert word in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.model
+def test_prompt_longer_than_the_context(starter_path):
+    out = cli("run", "gemma3:270m", "-", "--ctx", "256", stdin="word " * 400)
+    assert out.returncode == 6
+    assert re.search(r"the prompt is [45]\d\d tokens but the context window is 256 tokens",
+                     out.stderr), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_not_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("this is not a model, it is a text file " * 10)
+    out = cli("run", str(bad), "hi")
+    assert out.returncode == 4 and "not a GGUF model file" in out.stderr
+
+
+def test_bad_config_file_is_reported(home):
+    cfg = home / "config"
+    cfg.mkdir(parents=True)
+    (cfg / "config.toml").write_text("ctx = 'huge'\n")
+    out = cli("list", env={"LOCALINFER_HOME": str(home)})
+    assert out.returncode == 2 and "ctx must be int" in out.stderr
+
+
+def test_debug_shows_the_traceback():
+    out = cli("--debug", "run", "nosuch:model", "hi")
+    assert out.returncode != 0 and "Traceback" in out.stderr

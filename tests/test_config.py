@@ -1,0 +1,63 @@
+"""Paths, config.toml and environment overrides."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from localinfer.config import Config, load_config
+from localinfer.errors import ConfigError
+from localinfer.paths import get_paths
+
+
+def test_home_moves_every_directory(home):
+    p = get_paths()
+    for d in (p.config_dir, p.data_dir, p.cache_dir, p.runtime_dir):
+        assert d.is_relative_to(home)
+    assert p.models_dir == p.data_dir / "models"
+
+
+def test_nothing_is_created_at_import(tmp_path):
+    env = {**os.environ, "LOCALINFER_HOME": str(tmp_path / "h")}
+    code = ("import localinfer.cli, localinfer.store, localinfer.config, localinfer.gguf,"
+            " localinfer.runtime.engine, localinfer.catalog; localinfer.config.load_config()")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert not (tmp_path / "h").exists()
+
+
+def test_defaults_without_a_file(home):
+    assert load_config(environ={}) == Config()
+
+
+def test_file_then_environment(home):
+    paths = get_paths()
+    paths.config_dir.mkdir(parents=True)
+    paths.config_file.write_text('ctx = 8192\nthreads = 3\ndefault_model = "gemma3:1b"\n')
+    config = load_config(environ={"LOCALINFER_THREADS": "5", "HF_HUB_OFFLINE": "1"})
+    assert (config.ctx, config.threads, config.default_model) == (8192, 5, "gemma3:1b")
+    assert config.offline
+
+
+@pytest.mark.parametrize("text, words", [
+    ("ctx = 'big'", ["ctx must be int"]),
+    ("color = 1", ["unknown setting 'color'"]),
+    ("ctx = [", ["cannot be read"]),
+    ("port = -1", ["port must be positive"]),
+])
+def test_bad_config_file(home, text, words):
+    paths = get_paths()
+    paths.config_dir.mkdir(parents=True)
+    paths.config_file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={})
+    for word in words:
+        assert word in str(info.value)
+    assert str(paths.config_file) in str(info.value)
+
+
+def test_bad_environment_value_names_the_variable(home):
+    with pytest.raises(ConfigError, match="LOCALINFER_CTX"):
+        load_config(environ={"LOCALINFER_CTX": "lots"})

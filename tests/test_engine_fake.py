@@ -1,0 +1,259 @@
+"""The engine's scheduling, streaming, stopping and cancelling, on the scripted fake backend.
+
+The fake checks the batch contract as llama.cpp does (contiguous positions per sequence, no
+position beyond the context), so these tests also catch bookkeeping bugs in the engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from localinfer.errors import Busy, ContextOverflow, InvalidRequest
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend
+from localinfer.runtime.types import Done, Message, Priority, SamplingParams, Token
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def started(generation):
+    """Wait for the first token and return the live iterator (dropping it would cancel)."""
+    stream = iter(generation)
+    next(stream)
+    return stream
+
+
+def events(generation):
+    tokens, done = [], None
+    for ev in generation:
+        if isinstance(ev, Token):
+            tokens.append(ev)
+        else:
+            done = ev
+    return tokens, done
+
+
+def test_chat_streams_tokens_then_done(fake_engine):
+    engine = fake_engine(reply="One two three.")
+    tokens, done = events(engine.chat([Message("user", "hi")], GREEDY))
+    assert "".join(t.text for t in tokens) == "One two three." == done.text
+    assert len(tokens) >= 3
+    assert done.finish_reason == "stop"
+    assert [t.live.n_tokens for t in tokens] == sorted(t.live.n_tokens for t in tokens)
+    assert done.usage.completion_tokens == len(engine.backend.tokenize("One two three.",
+                                                                       add_special=False)) + 1
+    t = done.timings
+    assert t.prompt_tokens == done.usage.prompt_tokens > 0
+    assert t.decode_tokens == t.completion_tokens - 1
+    assert t.ttft_ms >= t.prefill_ms >= 0 and t.total_ms >= t.ttft_ms
+
+
+def test_chat_uses_the_template(fake_engine):
+    engine = fake_engine()
+    text = engine.render_chat([Message("system", "Be brief."), Message("user", "hi")])
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+    tokens = engine.chat_tokens([Message("user", "hi")])
+    assert tokens.count(engine.backend.tokenize("<bos>", add_special=False)[0]) == 1
+
+
+def test_max_tokens_ends_with_length(fake_engine):
+    engine = fake_engine(reply="a b c d e f g h")
+    done = engine.complete("x", SamplingParams(max_tokens=3)).result()
+    assert done.finish_reason == "length"
+    assert done.usage.completion_tokens == 3
+    assert done.text == "a b"
+
+
+def test_stop_string_cuts_the_text(fake_engine):
+    engine = fake_engine(reply="alpha beta STOP gamma")
+    done = engine.complete("x", SamplingParams(stop=("STOP",))).result()
+    assert done.text == "alpha beta "
+    assert done.finish_reason == "stop"
+
+
+def test_bad_params_and_empty_prompt(fake_engine):
+    engine = fake_engine()
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        engine.complete("x", SamplingParams(max_tokens=0))
+    with pytest.raises(InvalidRequest, match="temperature"):
+        engine.complete("x", SamplingParams(temperature=-1))
+    with pytest.raises(InvalidRequest, match="empty"):
+        engine.complete("", SamplingParams())
+    with pytest.raises(InvalidRequest, match="empty"):
+        engine.chat([], SamplingParams())
+
+
+def test_prompt_longer_than_the_context_says_the_numbers(fake_engine):
+    engine = fake_engine(n_ctx=64)
+    with pytest.raises(ContextOverflow) as info:
+        engine.complete("word " * 100, SamplingParams())
+    assert "201 tokens" in str(info.value) and "64 tokens" in str(info.value)
+
+
+def test_generation_stops_when_the_context_is_full(fake_engine):
+    engine = fake_engine(n_ctx=32, reply="x " * 100)
+    done = engine.complete("a " * 10, SamplingParams(max_tokens=None)).result()
+    assert done.finish_reason == "length"
+    # All 32 cells are filled; the last token is sampled from them and never needs a cell.
+    assert done.usage.prompt_tokens + done.usage.completion_tokens == 32 + 1
+
+
+def test_cancel_stops_within_one_token(fake_engine):
+    engine = fake_engine(reply="tok " * 500, step_delay_s=0.002)
+    generation = engine.complete("x", SamplingParams(max_tokens=None))
+    seen = 0
+    for event in generation:
+        if isinstance(event, Token):
+            seen = event.live.n_tokens
+            if seen == 10:
+                generation.cancel()
+        else:
+            done = event
+    assert done.finish_reason == "cancelled"
+    assert done.usage.completion_tokens <= 11
+
+
+def test_cancel_while_waiting_in_the_queue(fake_engine):
+    engine = fake_engine(reply="tok " * 200, n_slots=1, step_delay_s=0.002)
+    first = engine.complete("a", SamplingParams(max_tokens=None))
+    second = engine.complete("b", SamplingParams(max_tokens=None))
+    second.cancel()
+    done = second.result()
+    assert done.finish_reason == "cancelled" and done.usage.completion_tokens == 0
+    first.cancel()
+    assert first.result().finish_reason == "cancelled"
+
+
+def test_leaving_the_iteration_early_cancels(fake_engine):
+    engine = fake_engine(reply="tok " * 500, n_slots=1, step_delay_s=0.001)
+    generation = engine.complete("x", SamplingParams(max_tokens=None))
+    for _ in generation:
+        break
+    follow_up = engine.complete("y", SamplingParams(max_tokens=2)).result()
+    assert follow_up.finish_reason == "length"  # the slot was freed
+    assert generation.cancelled
+
+
+def test_concurrent_requests_batch_together_and_each_gets_its_own_reply(fake_engine):
+    engine = fake_engine(reply=lambda prompt: f"echo {prompt.split()[-1]} done", n_slots=4,
+                         step_delay_s=0.002)
+    gens = [engine.complete(f"question number{i}", GREEDY) for i in range(8)]
+    texts = [g.result().text for g in gens]
+    assert texts == [f"echo number{i} done" for i in range(8)]
+    assert max(engine.backend.decode_calls) >= 4  # several sequences shared a decode step
+
+
+def test_prefix_reuse_evaluates_only_the_new_suffix(fake_engine):
+    engine = fake_engine(reply="Sure thing.")
+    history = [Message("user", "first question " * 20)]
+    first = engine.chat(history, GREEDY).result()
+    history += [Message("assistant", first.text), Message("user", "and another")]
+    second = engine.chat(history, GREEDY).result()
+    n_first_prompt = first.usage.prompt_tokens
+    assert second.usage.cached_tokens >= n_first_prompt - 1
+    assert second.timings.prefill_tokens == second.usage.prompt_tokens - \
+        second.usage.cached_tokens
+    assert second.text == first.text == "Sure thing."
+
+
+def test_prefix_reuse_picks_the_slot_holding_the_prefix(fake_engine):
+    engine = fake_engine(reply="ok", n_slots=3)
+    for topic in ("apples", "pears", "plums"):
+        engine.complete(f"context about {topic} " * 10, GREEDY).result()
+    again = engine.complete("context about pears " * 10 + "more", GREEDY).result()
+    assert again.usage.cached_tokens == len(engine.backend.tokenize(
+        "context about pears " * 10, add_special=True))
+
+
+def test_long_prompt_is_chunked_while_others_decode(fake_engine):
+    engine = fake_engine(reply="tok " * 100, n_slots=2, n_batch=256, step_delay_s=0.001)
+    streaming = engine.complete("a", SamplingParams(max_tokens=None))
+    stream = started(streaming)
+    long = engine.complete("word " * 400, SamplingParams(max_tokens=2))
+    assert long.result().finish_reason == "length"
+    streaming.cancel()
+    assert list(stream)[-1].finish_reason == "cancelled"
+    # While the first sequence was decoding, no batch carried a full 256-token chunk.
+    assert max(engine.backend.decode_calls[1:]) <= 1 + 64
+
+
+def test_interactive_requests_jump_the_queue(fake_engine):
+    engine = fake_engine(reply="tok " * 20, n_slots=1, step_delay_s=0.001)
+    blocker = engine.complete("busy", SamplingParams(max_tokens=None))
+    stream = started(blocker)
+    order = []
+    lock = threading.Lock()
+
+    def sink_for(name):
+        def sink(event):
+            if isinstance(event, Done):
+                with lock:
+                    order.append(name)
+        return sink
+
+    for i in range(3):
+        engine.complete(f"editor {i}", GREEDY, priority=Priority.BACKGROUND,
+                        sink=sink_for(f"editor{i}"))
+    engine.complete("chat", GREEDY, priority=Priority.INTERACTIVE, sink=sink_for("chat"))
+    blocker.cancel()
+    deadline = time.time() + 10
+    while len(order) < 4 and time.time() < deadline:
+        time.sleep(0.01)
+    assert order[0] == "chat"
+    assert order[1:] == ["editor0", "editor1", "editor2"]
+
+
+def test_full_queue_is_busy(fake_engine):
+    backend = FakeBackend(reply="tok " * 50, n_slots=1, step_delay_s=0.002)
+    engine = Engine(backend, max_queue=2)
+    try:
+        gens = [engine.complete("a", SamplingParams(max_tokens=None))]
+        stream = started(gens[0])
+        gens += [engine.complete("b"), engine.complete("c")]
+        with pytest.raises(Busy):
+            engine.complete("d")
+    finally:
+        engine.close()
+    assert list(stream)[-1].finish_reason == "cancelled"
+    assert all(g.done is not None for g in gens)
+
+
+def test_close_ends_every_stream_as_cancelled():
+    engine = Engine(FakeBackend(reply="tok " * 500, n_slots=1, step_delay_s=0.002))
+    running = engine.complete("a", SamplingParams(max_tokens=None))
+    waiting = engine.complete("b", SamplingParams(max_tokens=None))
+    stream = started(running)
+    engine.close()
+    assert list(stream)[-1].finish_reason == "cancelled"
+    assert waiting.result().finish_reason == "cancelled"
+    assert engine.backend.closed
+    with pytest.raises(Busy):
+        engine.complete("c")
+
+
+def test_sink_receives_events_on_the_worker_thread(fake_engine):
+    engine = fake_engine(reply="a b")
+    got = []
+    finished = threading.Event()
+
+    def sink(event):
+        got.append((threading.current_thread().name, event))
+        if isinstance(event, Done):
+            finished.set()
+
+    engine.complete("x", GREEDY, sink=sink)
+    assert finished.wait(5)
+    assert {name for name, _ in got} == {"localinfer-engine"}
+    assert isinstance(got[-1][1], Done) and got[-1][1].text == "a b"
+
+
+def test_stats_count_requests_and_tokens(fake_engine):
+    engine = fake_engine(reply="a b c")
+    for _ in range(3):
+        engine.complete("x y z", GREEDY).result()
+    stats = engine.stats()
+    assert stats.requests_total == 3
+    assert stats.generated_tokens_total == 3 * 6  # 5 pieces + end of sequence, each time
+    assert stats.queue_depth == 0 and stats.active == 0

@@ -1,0 +1,123 @@
+"""The engine on the real starter model (Gemma 3 270M Q4_K_M through llama.cpp), loaded once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
+from localinfer.runtime.backend import LoadOptions
+from localinfer.runtime.loader import load_engine
+from localinfer.runtime.types import Message, SamplingParams, Token
+
+pytestmark = pytest.mark.model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+PROMPT = "The three primary colors are"
+
+
+def test_model_info(real_engine):
+    info = real_engine.info
+    assert info.architecture == "gemma3" and info.quant == "Q4_K_M"
+    assert info.n_layers == 18 and info.n_ctx == 2048 and info.n_slots == 2
+    assert info.n_vocab == 262144
+    assert info.bos_text == "<bos>"
+    # The file has no chat template; the gemma family's one from models.toml is used.
+    assert "<start_of_turn>" in info.chat_template
+
+
+def test_greedy_output_is_deterministic(real_engine):
+    runs = [real_engine.complete(PROMPT, GREEDY).result() for _ in range(3)]
+    assert runs[0].text == runs[1].text == runs[2].text
+    assert len(runs[0].text.split()) >= 5
+    assert runs[0].usage.completion_tokens == 24 and runs[0].finish_reason == "length"
+    # With both slots holding this prompt plus a reply, the third run reuses one of them:
+    # all of its prompt but the last token came from the cache, and the text is the same.
+    assert runs[2].usage.cached_tokens == runs[2].usage.prompt_tokens - 1
+
+
+def test_streamed_tokens_add_up_to_the_text(real_engine):
+    gen = real_engine.complete(PROMPT, GREEDY)
+    pieces = [e.text for e in gen if isinstance(e, Token)]
+    assert "".join(pieces) == gen.done.text
+    assert len(pieces) >= 10
+
+
+def test_seeded_sampling_is_reproducible(real_engine):
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=16)
+    a = real_engine.complete("Once upon a time", params).result().text
+    b = real_engine.complete("Once upon a time", params).result().text
+    assert a == b
+
+
+def test_stop_string_stops(real_engine):
+    full = real_engine.complete(PROMPT, GREEDY).result().text
+    word = full.split()[2]
+    stopped = real_engine.complete(PROMPT, SamplingParams(temperature=0, max_tokens=24,
+                                                         stop=(word,))).result()
+    assert stopped.finish_reason == "stop"
+    assert word not in stopped.text
+    assert full.startswith(stopped.text)
+    assert stopped.usage.completion_tokens < 24
+
+
+def test_cancel_from_another_thread_stops_within_one_token(real_engine):
+    gen = real_engine.complete(PROMPT, SamplingParams(temperature=0, max_tokens=500))
+    n_at_cancel = []
+    for event in gen:
+        if isinstance(event, Token) and event.live.n_tokens >= 5 and not n_at_cancel:
+            n_at_cancel.append(event.live.n_tokens)
+            threading.Thread(target=gen.cancel).start()
+    assert gen.done.finish_reason == "cancelled"
+    assert gen.done.usage.completion_tokens <= n_at_cancel[0] + 2
+
+
+def test_timings_are_positive_and_consistent(real_engine):
+    done = real_engine.complete("A long time ago, " * 20, SamplingParams(
+        temperature=0, max_tokens=32)).result()
+    t = done.timings
+    assert t.prompt_tokens == done.usage.prompt_tokens > 100
+    assert t.prefill_ms > 0 and t.ttft_ms >= t.prefill_ms
+    assert t.decode_ms > 0 and t.total_ms >= t.ttft_ms + t.decode_ms * 0.99
+    assert t.completion_tokens == 32 and t.decode_tokens == 31
+    assert t.decode_tps == pytest.approx(t.decode_tokens / (t.decode_ms / 1000))
+    assert t.prefill_tps == pytest.approx(t.prefill_tokens / (t.prefill_ms / 1000))
+
+
+def test_chat_turns_reuse_the_cache(real_engine):
+    history = [Message("user", "Name a fruit that is red.")]
+    first = real_engine.chat(history, GREEDY).result()
+    history += [Message("assistant", first.text), Message("user", "And one that is yellow?")]
+    second = real_engine.chat(history, GREEDY).result()
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens - 1
+    assert second.usage.completion_tokens > 0
+
+
+def test_concurrent_requests_both_complete(real_engine):
+    gens = [real_engine.complete(p, GREEDY) for p in (PROMPT, "The largest planet is")]
+    done = [g.result() for g in gens]
+    assert all(d.usage.completion_tokens == 24 for d in done)
+    assert done[0].text != done[1].text
+
+
+def test_prompt_longer_than_the_context(real_engine):
+    with pytest.raises(ContextOverflow, match="2048 tokens"):
+        real_engine.complete("word " * 3000, GREEDY)
+
+
+def test_invalid_params(real_engine):
+    with pytest.raises(InvalidRequest):
+        real_engine.complete(PROMPT, SamplingParams(max_tokens=-1))
+
+
+def test_load_refuses_a_context_beyond_training(starter_path):
+    with pytest.raises(InvalidRequest, match="32768"):
+        load_engine(starter_path, LoadOptions(n_ctx=100_000), name="gemma3:270m")
+
+
+def test_load_refuses_a_file_that_is_not_gguf(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"<html>404</html>" * 10)
+    with pytest.raises(InvalidModelFile, match="not a GGUF"):
+        load_engine(path, LoadOptions(), name="bad")
