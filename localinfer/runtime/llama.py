@@ -160,13 +160,14 @@ class LlamaBackend:
         path = Path(path)
         self._progress = progress
         mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = options.n_gpu_layers
-        mparams.use_mmap = options.use_mmap
-        mparams.use_extra_bufts = _use_extra_buffer_types()
+        _set(mparams, n_gpu_layers=options.n_gpu_layers,
+             use_extra_bufts=_use_extra_buffer_types())
+        if not options.use_mmap:
+            _set(mparams, load_mode=L.LLAMA_LOAD_MODE_NONE)
         if progress is not None:
             # Kept on self: ctypes must not free the callback while llama.cpp holds it.
             self._progress_cb = L.llama_progress_callback(self._on_progress)
-            mparams.progress_callback = self._progress_cb
+            _set(mparams, progress_callback=self._progress_cb)
         _recent_log.clear()
         t0 = time.perf_counter()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
@@ -177,18 +178,21 @@ class LlamaBackend:
         n_slots = max(1, options.n_slots)
         threads = options.n_threads or _physical_cores()
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = options.n_ctx * n_slots
-        cparams.n_batch = options.n_batch
-        cparams.n_ubatch = min(options.n_batch, 512)
-        cparams.n_seq_max = n_slots
-        cparams.n_threads = threads
-        cparams.n_threads_batch = options.n_threads_batch or threads
-        cparams.n_outputs_max_per_seq = 0  # speculative verification samples several per seq
-        cparams.kv_unified = False  # each slot gets its own n_ctx cells
-        cparams.swa_full = False  # sliding-window layers keep only their window
-        cparams.no_perf = True
+        _set(
+            cparams,
+            n_ctx=options.n_ctx * n_slots,
+            n_batch=options.n_batch,
+            n_ubatch=min(options.n_batch, 512),
+            n_seq_max=n_slots,
+            n_threads=threads,
+            n_threads_batch=options.n_threads_batch or threads,
+            n_outputs_max_per_seq=0,  # speculative verification samples several per sequence
+            kv_unified=False,  # each slot gets its own n_ctx cells
+            swa_full=False,  # sliding-window layers keep only their window
+            no_perf=True,
+        )
         if options.flash_attn is not None:
-            cparams.flash_attn_type = 1 if options.flash_attn else 0
+            _set(cparams, flash_attn_type=1 if options.flash_attn else 0)
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
@@ -351,6 +355,17 @@ class LlamaBackend:
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
+
+
+def _set(struct: ctypes.Structure, **values: object) -> None:
+    """Set fields of a llama.cpp params struct, refusing names the binding does not have
+    (ctypes would silently accept them as plain attributes and llama.cpp never see them)."""
+    known = {name for name, *_ in type(struct)._fields_}
+    for name, value in values.items():
+        if name not in known:
+            raise LocalInferError(f"this llama-cpp-python has no {type(struct).__name__}.{name};"
+                                  " install the version localinfer requires.")
+        setattr(struct, name, value)
 
 
 def _physical_cores() -> int:
