@@ -8,6 +8,7 @@ in ``errors.py``; ``--debug`` shows tracebacks and llama.cpp's own log.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import signal
@@ -20,6 +21,9 @@ from .config import Config, load_config
 from .errors import Cancelled, LocalInferError
 
 INTERNAL_ERROR = 70
+
+# Modules that add sub-commands (each has ``register(subparsers)``).
+COMMAND_MODULES: tuple[str, ...] = ()
 
 Command = Callable[[argparse.Namespace, Config], int]
 
@@ -86,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", aliases=["ls"], help="list installed models")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_list)
+
+    # Each area keeps its commands in its own module: cli_<area>.py with register(sub).
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__package__}.{name}").register(sub)
     return parser
 
 
