@@ -23,7 +23,7 @@ from .errors import Cancelled, LocalInferError
 INTERNAL_ERROR = 70
 
 # Modules that add sub-commands (each has ``register(subparsers)``).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("cli_daemon",)
 
 Command = Callable[[argparse.Namespace, Config], int]
 
@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     _load_flags(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with text, usage and timings instead")
+    p.add_argument("--no-daemon", action="store_true",
+                   help="load the model in this process even when a daemon is running")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("list", aliases=["ls"], help="list installed models")
@@ -142,13 +144,51 @@ def _config_with_flags(config: Config, args: argparse.Namespace) -> Config:
 
 # --- run -------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
-    from .progress import TerminalProgress
-    from .runtime.loader import open_engine
-    from .runtime.types import Done, Message, Token
+    from .runtime.types import Message
 
     params = _sampling_params(args)  # bad flags fail before a model is loaded
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    config = _config_with_flags(config, args)
+    messages = None
+    if args.chat or args.system:
+        messages = ([Message("system", args.system)] if args.system else []) + [
+            Message("user", prompt)]
+    client = None
+    load_flags = (args.ctx, args.gpu_layers, args.threads) != (None, None, None)
+    if not (args.no_daemon or load_flags):
+        from .client import DaemonClient
+        from .store import looks_like_path
+
+        if not looks_like_path(args.model):
+            client = DaemonClient.discover()
+    if client is not None:
+        # The daemon already holds (or will load) the model: one copy for the whole machine.
+        with client:
+            generation = client.generate(args.model, messages=messages, prompt=prompt,
+                                         params=params)
+            done = _stream(generation, args.json)
+            model_name = generation.model or args.model
+    else:
+        engine = _load_in_process(args, _config_with_flags(config, args))
+        with engine:
+            if messages is not None:
+                generation = engine.chat(messages, params)
+            else:
+                generation = engine.complete(prompt, params)
+            done = _stream(generation, args.json)
+        model_name = engine.info.name
+    if args.json:
+        print(json.dumps(run_result_json(model_name, done), indent=2))
+    else:
+        if not done.text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(stats_line(done), file=sys.stderr)
+    return Cancelled.exit_code if done.finish_reason == "cancelled" else 0
+
+
+def _load_in_process(args: argparse.Namespace, config: Config):
+    from .progress import TerminalProgress
+    from .runtime.loader import open_engine
 
     copying: list[TerminalProgress] = []
 
@@ -157,8 +197,8 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             copying.append(TerminalProgress("Installing the starter model", total=total))
         copying[0].update(done, total)
 
-    loading = TerminalProgress(f"Loading {args.model}", unit="fraction") \
-        if not args.json else None
+    loading = None if args.json else TerminalProgress(f"Loading {args.model}",
+                                                      unit="fraction")
     try:
         engine = open_engine(args.model, config, on_copy=on_copy,
                              on_load=loading.fraction if loading else None)
@@ -166,35 +206,29 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         for bar in copying:
             bar.finish()
     if loading:
-        loading.finish(f"Loaded {engine.info.name} ({engine.info.quant},"
-                       f" {engine.info.n_gpu_layers}/{engine.info.n_layers} layers on GPU)"
-                       f" in {engine.load_ms / 1000:.1f}s")
-    with engine:
-        if args.chat or args.system:
-            messages = ([Message("system", args.system)] if args.system else [])
-            generation = engine.chat(messages + [Message("user", prompt)], params)
-        else:
-            generation = engine.complete(prompt, params)
-        done = None
-        # Ctrl+C cancels the generation (it stops within a token) and still prints the stats.
-        previous = signal.signal(signal.SIGINT, lambda *_: generation.cancel())
-        try:
-            for event in generation:
-                if isinstance(event, Token) and not args.json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                elif isinstance(event, Done):
-                    done = event
-        finally:
-            signal.signal(signal.SIGINT, previous)
-    if args.json:
-        print(json.dumps(run_result_json(engine.info.name, done), indent=2))
-    else:
-        if not done.text.endswith("\n"):
-            sys.stdout.write("\n")
-        sys.stdout.flush()
-        print(stats_line(done), file=sys.stderr)
-    return Cancelled.exit_code if done.finish_reason == "cancelled" else 0
+        info = engine.info
+        loading.finish(f"Loaded {info.name} ({info.quant}, {info.n_gpu_layers}/"
+                       f"{info.n_layers} layers on GPU) in {engine.load_ms / 1000:.1f}s")
+    return engine
+
+
+def _stream(generation, quiet: bool):
+    """Print a generation's text as it streams (unless quiet) and return its Done event.
+    Ctrl+C cancels it: it stops within a token and the figures are still printed."""
+    from .runtime.types import Done, Token
+
+    done = None
+    previous = signal.signal(signal.SIGINT, lambda *_: generation.cancel())
+    try:
+        for event in generation:
+            if isinstance(event, Token) and not quiet:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, Done):
+                done = event
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return done
 
 
 def stats_line(done) -> str:

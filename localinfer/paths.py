@@ -8,6 +8,7 @@ callers ask for a directory with ``ensure=True`` when they are about to write in
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,9 @@ def get_paths() -> Paths:
             runtime_dir=base / "run",
         )
     dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
-    runtime = Path(dirs.user_runtime_dir)
+    with warnings.catch_warnings():  # no XDG_RUNTIME_DIR: platformdirs falls back to /tmp
+        warnings.simplefilter("ignore")
+        runtime = Path(dirs.user_runtime_dir)
     return Paths(
         config_dir=Path(dirs.user_config_dir),
         data_dir=Path(dirs.user_data_dir),

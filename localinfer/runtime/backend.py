@@ -64,6 +64,8 @@ class ModelInfo:
     bos_text: str = ""
     eos_text: str = ""
     add_bos: bool = True
+    fim: tuple[str, str, str] | None = None
+    """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
 
 
 class Backend(Protocol):

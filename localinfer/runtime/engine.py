@@ -91,7 +91,11 @@ class Generation:
     def _emit(self, event: Event | BaseException) -> None:
         if isinstance(event, Done):
             self.done = event
-        self._sink(event)
+        try:
+            self._sink(event)
+        except Exception:  # a consumer that went away must not take the engine down
+            log.warning("dropping an event: its consumer failed", exc_info=True)
+            self.cancelled = True
 
 
 @dataclass(eq=False)
@@ -205,6 +209,26 @@ class Engine:
         tokens = self.backend.tokenize(prompt, add_special=True)
         return self.submit(tokens, params, priority=priority, sink=sink)
 
+    def infill(
+        self,
+        prefix: str,
+        suffix: str,
+        params: SamplingParams = SamplingParams(),
+        *,
+        priority: Priority = Priority.NORMAL,
+        sink: Sink | None = None,
+    ) -> Generation:
+        """Fill in the middle between ``prefix`` and ``suffix`` (code completion), with the
+        model's FIM tokens in prefix-suffix-middle order."""
+        if self.info.fim is None:
+            raise InvalidRequest(f"{self.info.name} has no fill-in-the-middle tokens; use a"
+                                 " code model (e.g. qwen2.5-coder) for completions with a"
+                                 " suffix.")
+        pre, suf, mid = self.info.fim
+        tokens = self.backend.tokenize(f"{pre}{prefix}{suf}{suffix}{mid}",
+                                       add_special=self.info.add_bos)
+        return self.submit(tokens, params, priority=priority, sink=sink)
+
     def render_chat(self, messages: Sequence[Message]) -> str:
         return self._template.render(messages)
 
@@ -275,6 +299,13 @@ class Engine:
                 n_slots=len(self._slots),
                 last_decode_tps=self._last_decode_tps,
             )
+
+    def cancel_all(self) -> None:
+        """Cancel every waiting and running request; each ends within one token."""
+        with self._cv:
+            requests = list(self._pending) + [s.req for s in self._slots if s.req is not None]
+        for request in requests:
+            request.generation.cancel()
 
     def close(self) -> None:
         """End every request (``cancelled``), stop the worker and free the model."""

@@ -52,6 +52,7 @@ class FakeBackend:
         prompt_delay_s: float = 0.0,
         name: str = "fake:test",
         architecture: str = "gemma3",
+        fim: bool = False,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
@@ -82,6 +83,7 @@ class FakeBackend:
             chat_template=BUILTIN_TEMPLATES["gemma"],
             bos_text="<bos>",
             eos_text=EOS,
+            fim=("<fim_prefix>", "<fim_suffix>", "<fim_middle>") if fim else None,
         )
 
     # --- vocabulary -------------------------------------------------------------------------

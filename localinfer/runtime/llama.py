@@ -200,16 +200,25 @@ class LlamaBackend:
                 f"llama.cpp could not create a context of {options.n_ctx} tokens x {n_slots}"
                 f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
             )
-        self.load_ms = (time.perf_counter() - t0) * 1000.0
         self._mem = L.llama_get_memory(self._ctx)
         self.n_batch = options.n_batch
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._warm_up()
+        self.load_ms = (time.perf_counter() - t0) * 1000.0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self._token_buf_len = 0
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
         self.info = self._describe(path, name, header, options, n_slots)
+
+    def _warm_up(self) -> None:
+        """Decode one token and forget it, as llama.cpp's own tools do: the first decode
+        pages the weights in and builds the compute graph, which would otherwise land on
+        the first request's time to first token."""
+        bos = L.llama_vocab_bos(self._vocab)
+        self.decode([bos if bos >= 0 else 0], [0], [0], [True])
+        L.llama_memory_clear(self._mem, True)
 
     def _on_progress(self, fraction: float, user_data: ctypes.c_void_p) -> bool:
         try:
@@ -250,7 +259,15 @@ class LlamaBackend:
             bos_text=self._special_text(bos),
             eos_text=self._special_text(eos),
             add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
+            fim=self._fim_texts(),
         )
+
+    def _fim_texts(self) -> tuple[str, str, str] | None:
+        ids = (L.llama_vocab_fim_pre(self._vocab), L.llama_vocab_fim_suf(self._vocab),
+               L.llama_vocab_fim_mid(self._vocab))
+        if any(i < 0 for i in ids):
+            return None
+        return tuple(self._special_text(i) for i in ids)  # type: ignore[return-value]
 
     def _special_text(self, token: int) -> str:
         if token < 0:

@@ -37,6 +37,7 @@ def load_engine(
     family: str | None = None,
     progress: ProgressCallback | None = None,
     header: gguf.GGUFHeader | None = None,
+    max_queue: int = 64,
 ) -> Engine:
     """Load the GGUF at ``path`` with llama.cpp and return a running engine."""
     header = header or gguf.read_header(path)  # a bad file fails here, clearly, not in C++
@@ -58,7 +59,7 @@ def load_engine(
             " `pip install llama-cpp-python` (it builds llama.cpp from source, ~10 min)."
         ) from None
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
-    return Engine(backend, load_ms=backend.load_ms)
+    return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue)
 
 
 DEFAULT_CTX = 4096
@@ -91,3 +92,21 @@ def open_engine(
     options = options_for(header, config, n_slots=n_slots)
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header)
+
+
+def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
+    """The daemon's way to load a model: (resolved model, requested context) -> engine."""
+    from ..store import ResolvedModel
+
+    def load(model: ResolvedModel, num_ctx: int | None) -> Engine:
+        header = gguf.read_header(model.path)
+        slots = n_slots or config.slots or DAEMON_SLOTS
+        options = options_for(header, config.replace(ctx=num_ctx), n_slots=slots)
+        return load_engine(model.path, options, name=model.name, family=model.family,
+                           header=header, max_queue=max_queue)
+
+    return load
+
+
+DAEMON_SLOTS = 4
+"""Sequences the daemon decodes in parallel unless the settings or the plan say otherwise."""

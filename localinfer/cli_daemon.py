@@ -1,0 +1,199 @@
+"""``localinfer serve``, ``ps`` and ``stop``: the daemon and talking to it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .config import Config
+from .errors import DaemonError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="run the daemon (OpenAI and Ollama API on a socket and loopback TCP)",
+        description="Hold one model for the whole machine and serve it to the chat UI and to"
+                    " editor plugins, in the OpenAI (/v1) and Ollama (/api) wire formats.")
+    p.add_argument("--host", default=None, help="TCP address (default 127.0.0.1, or"
+                   " LOCALINFER_HOST)")
+    p.add_argument("--port", type=int, default=None, help="TCP port (default 11480)")
+    p.add_argument("--no-tcp", action="store_true", help="listen on the Unix socket only")
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help="Unix socket path (default <runtime dir>/localinfer.sock)")
+    p.add_argument("--keep-alive", default=None, metavar="DURATION",
+                   help="how long an idle model stays loaded: 5m, 1h, 0 (unload at once),"
+                        " -1 (forever); default 5m")
+    p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                   help="exit after this many seconds without requests")
+    p.add_argument("--max-loaded", type=int, default=1, metavar="N",
+                   help="models loaded at once (default 1)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="requests that may wait for a slot before 503 (default 64)")
+    p.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="sequences decoded in parallel per model")
+    p.add_argument("--ctx", type=int, default=None, metavar="N", help="context per sequence")
+    p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow this browser origin (repeatable; none by default)")
+    p.add_argument("--model", default=None, metavar="MODEL", help="load this model at start")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("ps", help="show the models the daemon has loaded")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_ps)
+
+    p = sub.add_parser("stop", help="unload a model from the daemon, or stop the daemon",
+                       description="With MODEL, unload it from the daemon; without, stop the"
+                                   " daemon (in-flight replies end first).")
+    p.add_argument("model", nargs="?", metavar="MODEL")
+    p.set_defaults(func=cmd_stop)
+
+
+def parse_address(address: str, default_port: int) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]:port`` or ``http://host:port`` -> (host, port)."""
+    text = address.split("://", 1)[-1].rstrip("/")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    try:
+        return host or "127.0.0.1", int(port) if port else default_port
+    except ValueError:
+        raise DaemonError(f"invalid address {address!r}: use host:port.") from None
+
+
+def cmd_serve(args: argparse.Namespace, config: Config) -> int:
+    from pathlib import Path
+
+    from .daemon.app import DaemonSettings, host_is_loopback
+    from .daemon.requests import parse_keep_alive
+    from .daemon.server import Daemon, ServeOptions
+    from .runtime.loader import engine_factory
+
+    config = config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads,
+                            slots=args.slots)
+    host, port = parse_address(args.host or config.host, config.port)
+    if args.port is not None:
+        port = args.port
+    keep_alive = parse_keep_alive(args.keep_alive) if args.keep_alive else config.keep_alive
+    settings = DaemonSettings(
+        api_key=config.api_key,
+        cors_origins=tuple(args.cors_origin),
+        extra_hosts=() if host_is_loopback(host) else (host,),
+        idle_exit_s=args.idle_exit,
+    )
+    options = ServeOptions(
+        socket_path=Path(args.socket).expanduser() if args.socket else None,
+        host=host, port=port, tcp=not args.no_tcp, keep_alive_s=keep_alive,
+        max_loaded=args.max_loaded, settings=settings)
+    daemon = Daemon(options, engine_factory(config, max_queue=args.max_queue))
+    daemon.start()
+    if options.tcp and not host_is_loopback(host):
+        print(f"localinfer serve: warning: {host} is not a loopback address; the API is"
+              " reachable from the network" + ("" if config.api_key else
+                                                " without an API key (set LOCALINFER_API_KEY)"),
+              file=sys.stderr)
+    print(f"localinfer serve: listening on {daemon.where} (pid {__import__('os').getpid()});"
+          " Ctrl+C to stop", flush=True)
+    if args.model:
+        _preload(daemon, args.model)
+    daemon.run()
+    print("localinfer serve: stopped", flush=True)
+    return 0
+
+
+def _preload(daemon, model: str) -> None:
+    """Load a model as soon as the server runs, through its own API (so keep-alive applies)."""
+    import threading
+
+    from .client import DaemonClient
+
+    def load() -> None:
+        if not daemon.ready.wait(30):
+            return
+        client = DaemonClient(socket_path=daemon.socket_path)
+        try:
+            client._request("POST", "/api/generate", json={"model": model})
+            print(f"localinfer serve: loaded {model}", flush=True)
+        except Exception as exc:
+            print(f"localinfer serve: could not load {model}: {exc}", file=sys.stderr)
+        finally:
+            client.close()
+
+    threading.Thread(target=load, name="preload", daemon=True).start()
+
+
+def _client():
+    from .client import DaemonClient
+
+    client = DaemonClient.discover()
+    if client is None:
+        raise DaemonError("no localinfer daemon is running; start one with `localinfer serve`.",
+                          title="daemon not running")
+    return client
+
+
+def cmd_ps(args: argparse.Namespace, config: Config) -> int:
+    import json
+
+    from .cli import print_table
+    from .progress import human_bytes
+
+    with _client() as client:
+        status = client.status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    if status.get("loading"):
+        print(f"loading {status['loading']}...")
+    if not status["loaded"]:
+        print("No model loaded.")
+        return 0
+    rows = [("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "ACTIVE", "UNTIL")]
+    for entry in status["loaded"]:
+        info = entry["info"]
+        layers, gpu = info["n_layers"], info["n_gpu_layers"]
+        if gpu == 0:
+            processor = "100% CPU"
+        elif gpu >= layers:
+            processor = f"100% GPU ({info.get('gpu_backend') or 'GPU'})"
+        else:
+            processor = f"{gpu}/{layers} layers GPU"
+        expires = entry["expires_in_s"]
+        until = ("in use" if entry["in_flight"] else "forever" if expires is None
+                 else _duration(expires))
+        rows.append((info["name"], human_bytes(info["size_bytes"]), processor,
+                     str(info["n_ctx"]), str(info["n_slots"]),
+                     str(entry["stats"]["active"]), until))
+    print_table(rows)
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} seconds from now"
+    return f"{seconds / 60:.0f} minutes from now"
+
+
+def cmd_stop(args: argparse.Namespace, config: Config) -> int:
+    with _client() as client:
+        if args.model:
+            unloaded = client.unload(args.model)
+            print(f"unloaded {', '.join(unloaded)}" if unloaded else
+                  f"{args.model} was not loaded")
+            return 0
+        where = client.where
+        client.shutdown()
+    # Wait for it to go, so that a following `serve` does not find it still running.
+    from .daemon.instance import running_daemon
+
+    deadline = time.monotonic() + 15
+    while running_daemon() is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(f"stopped the daemon at {where}")
+    return 0

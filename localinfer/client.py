@@ -1,0 +1,262 @@
+"""The one client of the daemon, used by ``localinfer run`` and the chat UI.
+
+It finds the daemon through its pid file (or ``LOCALINFER_HOST``), talks to it over the Unix
+socket (or TCP), and turns the daemon's event stream back into the runtime's own ``Token`` and
+``Done`` events, so a front end cannot tell a daemon from an in-process engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import httpx
+
+from . import errors
+from .errors import DaemonError, LocalInferError
+from .paths import Paths
+from .runtime.backend import ModelInfo
+from .runtime.types import (
+    Done,
+    LiveStats,
+    Message,
+    Priority,
+    SamplingParams,
+    Timings,
+    Token,
+    Usage,
+)
+
+HOST_ENV = "LOCALINFER_HOST"
+
+
+def _error_from(payload: Any, status: int | None = None) -> LocalInferError:
+    """Rebuild a core error from the daemon's JSON (either API shape or ours)."""
+    if isinstance(payload, dict) and payload.get("type") == "error":
+        cls = getattr(errors, str(payload.get("error")), LocalInferError)
+        if not (isinstance(cls, type) and issubclass(cls, LocalInferError)):
+            cls = LocalInferError
+        err = cls.__new__(cls)
+        LocalInferError.__init__(err, payload.get("message", "error"))
+        return err
+    message = payload.get("error") if isinstance(payload, dict) else None
+    code = None
+    if isinstance(message, dict):
+        code = message.get("code")
+        message = message.get("message")
+    message = str(message or f"HTTP {status}")
+    cls = {400: errors.InvalidRequest, 404: errors.ModelNotFound, 503: errors.Busy}.get(
+        status or 0, DaemonError)
+    if code == "context_length_exceeded":
+        cls = errors.ContextOverflow
+    err = cls.__new__(cls)
+    LocalInferError.__init__(err, message)
+    return err
+
+
+class ClientGeneration:
+    """A generation running in the daemon: iterate for events; ``cancel()`` from any thread
+    closes the stream, and the daemon stops the generation within a token."""
+
+    def __init__(self, response: httpx.Response, close: Any) -> None:
+        self._response = response
+        self._close = close
+        self.info: ModelInfo | None = None
+        self.model: str | None = None
+        self.cancelled = False
+        self.done: Done | None = None
+        self._text: list[str] = []
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self.cancelled or self.done is not None:
+                return
+            self.cancelled = True
+        self._close()
+
+    def __iter__(self) -> Iterator[Token | Done]:
+        try:
+            for line in self._response.iter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                if kind == "start":
+                    self.model = event.get("model")
+                    self.info = _model_info(event.get("info") or {})
+                elif kind == "token":
+                    live = event.get("live") or {}
+                    self._text.append(event["text"])
+                    yield Token(event["text"], LiveStats(
+                        n_tokens=live.get("n_tokens", 0), ttft_ms=live.get("ttft_ms", 0.0),
+                        prefill_tps=live.get("prefill_tps", 0.0),
+                        decode_tps=live.get("decode_tps", 0.0)))
+                elif kind == "done":
+                    self.done = _done(event)
+                    yield self.done
+                    return
+                elif kind == "error":
+                    raise _error_from(event)
+        except (httpx.HTTPError, OSError, RuntimeError):
+            if not self.cancelled:
+                raise DaemonError("the connection to the daemon was lost mid-reply.") from None
+        finally:
+            self._close()
+        if not self.cancelled:
+            raise DaemonError("the daemon ended the reply without a result.")
+        # Cancelled: end the way the engine does.
+        self.done = Done("".join(self._text), "cancelled", Usage(0, len(self._text)))
+        yield self.done
+
+    def result(self) -> Done:
+        for event in self:
+            if isinstance(event, Done):
+                return event
+        raise DaemonError("the daemon ended the reply without a result.")
+
+
+class DaemonClient:
+    def __init__(self, *, socket_path: Path | None = None, url: str | None = None,
+                 api_key: str | None = None, connect_timeout_s: float = 2.0) -> None:
+        if socket_path is None and url is None:
+            raise ValueError("a socket path or a URL is needed")
+        self.socket_path = socket_path
+        self.url = url
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key and url else {}
+        transport = httpx.HTTPTransport(uds=str(socket_path)) if socket_path else None
+        self._http = httpx.Client(
+            base_url=url or "http://localhost", transport=transport, headers=headers,
+            timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=30.0))
+
+    @property
+    def where(self) -> str:
+        return f"unix:{self.socket_path}" if self.socket_path else str(self.url)
+
+    @classmethod
+    def discover(cls, paths: Paths | None = None) -> DaemonClient | None:
+        """A client of the running daemon, or None when none answers."""
+        api_key = os.environ.get("LOCALINFER_API_KEY") or None
+        host = os.environ.get(HOST_ENV)
+        if host:
+            client = cls.for_address(host, api_key=api_key)
+        else:
+            from .daemon.instance import running_daemon
+
+            info = running_daemon(paths)
+            if not info or not info.get("socket"):
+                return None
+            client = cls(socket_path=Path(info["socket"]))
+        try:
+            client.health()
+        except DaemonError:
+            client.close()
+            return None
+        return client
+
+    @classmethod
+    def for_address(cls, address: str, *, api_key: str | None = None) -> DaemonClient:
+        """``unix:/path``, ``http://host:port`` or ``host:port`` (LOCALINFER_HOST's forms)."""
+        if address.startswith("unix:"):
+            return cls(socket_path=Path(address[5:]))
+        if "://" not in address:
+            address = "http://" + address
+        if address.count(":") == 1:  # no port
+            address += ":11480"
+        return cls(url=address.rstrip("/"), api_key=api_key)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- requests ---------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise DaemonError(f"the daemon at {self.where} did not answer in time.") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise DaemonError(f"cannot reach the daemon at {self.where}: {exc}. Start it with"
+                              " `localinfer serve`.") from None
+        payload = _json(response)
+        if response.status_code >= 400 and not (path == "/health" and
+                                                 response.status_code == 503):
+            raise _error_from(payload, response.status_code)
+        return payload
+
+    def health(self) -> dict:
+        return self._request("GET", "/health")
+
+    def status(self) -> dict:
+        return self._request("GET", "/localinfer/status")
+
+    def unload(self, model: str | None = None) -> list[str]:
+        return self._request("POST", "/localinfer/unload", json={"model": model})["unloaded"]
+
+    def shutdown(self) -> None:
+        self._request("POST", "/localinfer/shutdown", json={})
+
+    def generate(self, model: str, *, messages: Sequence[Message] | None = None,
+                 prompt: str | None = None, params: SamplingParams = SamplingParams(),
+                 priority: Priority = Priority.NORMAL,
+                 keep_alive: float | None = None) -> ClientGeneration:
+        body: dict[str, Any] = {
+            "model": model,
+            "params": {k: v for k, v in asdict(params).items() if k != "speculative" or
+                       v is not None},
+            "priority": {Priority.INTERACTIVE: "interactive",
+                         Priority.BACKGROUND: "background"}.get(priority, "normal"),
+        }
+        body["params"]["stop"] = list(params.stop)
+        if messages is not None:
+            body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
+        else:
+            body["prompt"] = prompt
+        if keep_alive is not None:
+            body["keep_alive"] = keep_alive
+        request = self._http.build_request("POST", "/localinfer/generate", json=body)
+        try:
+            response = self._http.send(request, stream=True)
+        except (httpx.HTTPError, OSError) as exc:
+            raise DaemonError(f"cannot reach the daemon at {self.where}: {exc}.") from None
+        if response.status_code >= 400:
+            response.read()
+            payload = _json(response)
+            response.close()
+            raise _error_from(payload, response.status_code)
+        return ClientGeneration(response, response.close)
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"error": response.text[:200]}
+
+
+def _done(event: dict) -> Done:
+    timing_fields = {f.name for f in fields(Timings)}
+    timings = Timings(**{k: v for k, v in (event.get("timings") or {}).items()
+                         if k in timing_fields})
+    usage = Usage(**event.get("usage", {}))
+    return Done(event.get("text", ""), event.get("finish_reason", "stop"), usage, timings)
+
+
+def _model_info(data: dict) -> ModelInfo | None:
+    names = {f.name for f in fields(ModelInfo)}
+    try:
+        values = {k: v for k, v in data.items() if k in names}
+        if isinstance(values.get("fim"), list):
+            values["fim"] = tuple(values["fim"])
+        return ModelInfo(**values)
+    except TypeError:
+        return None

@@ -1,0 +1,184 @@
+"""Which models the daemon holds: loading on demand, swapping, and unloading after keep-alive.
+
+By default one model is loaded at a time (two copies of a model would not fit most laptops).
+A request for another model waits until the loaded one has no request in flight, then swaps;
+while a swap waits, new requests queue behind it, so the old model drains instead of starving
+the new one. After its last request a model stays loaded for its keep-alive (default five
+minutes, per request as in Ollama: 0 unloads at once, a negative value keeps it forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+import anyio
+
+from ..errors import InvalidRequest
+from ..runtime.engine import Engine
+from ..store import ModelStore, ResolvedModel, looks_like_path
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[ResolvedModel, "int | None"], Engine]
+"""Loads a model (blocking; run in a thread): (model, requested context or None) -> engine."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    engine: Engine
+    model: ResolvedModel
+    loaded_at: float
+    load_ms: float
+    in_flight: int = 0
+    keep_alive_s: float = 300.0
+    expires_at: float | None = None
+    """Monotonic time at which it unloads; None while in use or when kept forever."""
+    last_used: float = field(default_factory=time.time)
+
+
+class ModelManager:
+    def __init__(
+        self,
+        factory: EngineFactory,
+        *,
+        store: ModelStore | None = None,
+        keep_alive_s: float = 300.0,
+        max_loaded: int = 1,
+    ) -> None:
+        self._factory = factory
+        self.store = store or ModelStore()
+        self.default_keep_alive_s = keep_alive_s
+        self.max_loaded = max(1, max_loaded)
+        self.loaded: dict[str, LoadedModel] = {}
+        self.loading: str | None = None
+        self._switch = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self._closed = False
+
+    # --- resolving names ----------------------------------------------------------------
+    async def resolve(self, name: str) -> ResolvedModel:
+        """A request's model name -> an installed model. Paths are refused: over the API a
+        model name can never reach outside the store."""
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidRequest("'model' must name a model, e.g. gemma3:270m.")
+        if looks_like_path(name):
+            raise InvalidRequest(
+                f"model {name!r} looks like a file path; the API serves installed models only"
+                " (add a file to the store with `localinfer add PATH`)."
+            )
+        for loaded in self.loaded.values():  # fast path: no disk access for a loaded model
+            if name.lower() in (loaded.name, loaded.model.installed and
+                                loaded.model.installed.model):
+                return loaded.model
+        return await asyncio.to_thread(self.store.resolve, name)
+
+    # --- leasing a model for one request -------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str, *, keep_alive_s: float | None = None,
+                    num_ctx: int | None = None) -> AsyncIterator[LoadedModel]:
+        """Hold a loaded model for the duration of one request."""
+        model = await self.resolve(name)
+        entry = await self._acquire(model, num_ctx)
+        try:
+            yield entry
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled request still gives it back
+                await self._release(entry, keep_alive_s)
+
+    async def _acquire(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
+        async with self._switch:
+            entry = self.loaded.get(model.name)
+            if entry is not None and num_ctx and num_ctx > entry.engine.info.n_ctx:
+                # Ollama's num_ctx: a larger context than loaded means reloading this model.
+                await self._drain_and_unload(entry)
+                entry = None
+            if entry is None:
+                while len(self.loaded) >= self.max_loaded:
+                    victim = min(self.loaded.values(), key=lambda e: e.last_used)
+                    await self._drain_and_unload(victim)
+                entry = await self._load(model, num_ctx)
+            entry.in_flight += 1
+            entry.expires_at = None
+            entry.last_used = time.time()
+            return entry
+
+    async def _release(self, entry: LoadedModel, keep_alive_s: float | None) -> None:
+        async with self._changed:
+            entry.in_flight -= 1
+            if keep_alive_s is not None:
+                entry.keep_alive_s = keep_alive_s
+            entry.last_used = time.time()
+            if entry.in_flight == 0 and entry.keep_alive_s >= 0:
+                entry.expires_at = time.monotonic() + entry.keep_alive_s
+            self._changed.notify_all()
+        if entry.in_flight == 0 and entry.keep_alive_s == 0:
+            await self.unload(entry.name)
+
+    async def _drain_and_unload(self, entry: LoadedModel) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: entry.in_flight == 0)
+        await self._unload_entry(entry)
+
+    async def _load(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
+        self.loading = model.name
+        started = time.perf_counter()
+        try:
+            engine = await asyncio.to_thread(self._factory, model, num_ctx)
+        finally:
+            self.loading = None
+        load_ms = (time.perf_counter() - started) * 1000.0
+        entry = LoadedModel(name=model.name, engine=engine, model=model, loaded_at=time.time(),
+                            load_ms=load_ms, keep_alive_s=self.default_keep_alive_s)
+        self.loaded[model.name] = entry
+        log.info("loaded %s in %.0f ms", model.name, load_ms)
+        return entry
+
+    # --- unloading ----------------------------------------------------------------------
+    async def unload(self, name: str) -> bool:
+        """Unload a model now if it is idle (True), else mark it to unload when done."""
+        entry = self.loaded.get(name) or next(
+            (e for e in self.loaded.values() if e.model.installed
+             and e.model.installed.model == name), None)
+        if entry is None:
+            return False
+        async with self._switch:
+            if self.loaded.get(entry.name) is not entry:
+                return False
+            if entry.in_flight:
+                entry.keep_alive_s = 0
+                return True
+            await self._unload_entry(entry)
+        return True
+
+    async def _unload_entry(self, entry: LoadedModel) -> None:
+        self.loaded.pop(entry.name, None)
+        await asyncio.to_thread(entry.engine.close)
+        log.info("unloaded %s", entry.name)
+
+    async def expire(self) -> None:
+        """Unload models whose keep-alive has run out (called periodically)."""
+        now = time.monotonic()
+        for entry in list(self.loaded.values()):
+            if entry.in_flight == 0 and entry.expires_at is not None and now >= entry.expires_at:
+                await self.unload(entry.name)
+
+    def cancel_all(self) -> None:
+        """End every in-flight generation (shutdown): each stream ends within a token."""
+        for entry in self.loaded.values():
+            entry.engine.cancel_all()
+
+    async def close(self) -> None:
+        self._closed = True
+        self.cancel_all()
+        for entry in list(self.loaded.values()):
+            await self._unload_entry(entry)
+
+    @property
+    def busy(self) -> bool:
+        return self.loading is not None or any(e.in_flight for e in self.loaded.values())

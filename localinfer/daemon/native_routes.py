@@ -1,0 +1,189 @@
+"""localinfer's own routes: /health, /metrics, and /localinfer/* used by its own client.
+
+``POST /localinfer/generate`` streams the engine's events as they are (NDJSON of tokens with
+live speed, then the full usage and timings), so the chat UI and ``localinfer run`` show the
+same figures through the daemon as in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import asdict, fields, replace
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from ..errors import InvalidRequest, LocalInferError
+from ..runtime.types import Done, Priority, SamplingParams, Token
+from .app import VERSION, DaemonState, guarded, json_line
+from .bridge import EventStream, EventStreamResponse
+from .openai_routes import live_json, timings_json
+from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
+
+
+def done_json(done: Done) -> dict[str, Any]:
+    return {"type": "done", "text": done.text, "finish_reason": done.finish_reason,
+            "usage": asdict(done.usage), "timings": timings_json(done)}
+
+
+def routes(state: DaemonState) -> list[Route]:
+    manager = state.manager
+
+    async def health(request: Request) -> Response:
+        if manager.loading:
+            return JSONResponse({"status": "loading", "model": manager.loading}, 503)
+        return JSONResponse({"status": "ok", "version": VERSION,
+                             "loaded": sorted(manager.loaded)})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(_metrics(state),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def status(request: Request) -> Response:
+        loaded = []
+        for entry in manager.loaded.values():
+            stats = entry.engine.stats()
+            expires_in = None if entry.expires_at is None else max(
+                0.0, entry.expires_at - time.monotonic())
+            loaded.append({"info": asdict(entry.engine.info) | {"chat_template": None},
+                           "in_flight": entry.in_flight, "load_ms": entry.load_ms,
+                           "keep_alive_s": entry.keep_alive_s, "expires_in_s": expires_in,
+                           "stats": asdict(stats)})
+        return JSONResponse({"version": VERSION, "pid": os.getpid(), "started": state.started,
+                             "loading": manager.loading, "loaded": loaded})
+
+    async def generate(request: Request) -> Response:
+        body = await read_json(request)
+        f = Fields(body)
+        name = f.str("model")
+        params = _params(Fields(body.get("params") or {}, "params."))
+        priority = {"interactive": Priority.INTERACTIVE, "background": Priority.BACKGROUND
+                    }.get(f.str("priority", "normal"), Priority.NORMAL)
+        if "messages" in body:
+            messages = parse_messages(body["messages"])
+            prompt = None
+        else:
+            messages, prompt = None, f.str("prompt")
+        stack = contextlib.AsyncExitStack()
+        entry = await stack.enter_async_context(manager.lease(
+            name, keep_alive_s=parse_keep_alive(body.get("keep_alive"))))
+        try:
+            engine = entry.engine
+            events = EventStream(
+                lambda sink: engine.chat(messages, params, sink=sink, priority=priority)
+                if messages is not None else
+                engine.complete(prompt, params, sink=sink, priority=priority))
+        except BaseException:
+            await stack.aclose()
+            raise
+
+        async def stream() -> AsyncIterator[str]:
+            yield json_line({"type": "start", "model": entry.name,
+                             "info": asdict(engine.info) | {"chat_template": None}}) + "\n"
+            try:
+                async for event in events:
+                    if isinstance(event, Token):
+                        yield json_line({"type": "token", "text": event.text,
+                                         "live": live_json(event)}) + "\n"
+                    else:
+                        state.record(event)
+                        yield json_line(done_json(event)) + "\n"
+            except Exception as exc:
+                err = exc if isinstance(exc, LocalInferError) else LocalInferError(str(exc))
+                yield json_line({"type": "error", "error": type(err).__name__,
+                                 "title": err.title, "message": err.message}) + "\n"
+
+        return EventStreamResponse(stream(), events, media_type="application/x-ndjson",
+                                   on_close=stack.aclose)
+
+    async def unload(request: Request) -> Response:
+        body = await read_json(request)
+        name = Fields(body).str("model", None)
+        if name is None:
+            names = list(manager.loaded)
+        else:
+            names = [(await manager.resolve(name)).name]
+        unloaded = [n for n in names if await manager.unload(n)]
+        return JSONResponse({"unloaded": unloaded})
+
+    async def shutdown(request: Request) -> Response:
+        state.exit_requested.set()
+        return JSONResponse({"status": "shutting down"})
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", guarded(state, "metrics", metrics), methods=["GET"]),
+        Route("/localinfer/status", guarded(state, "localinfer/status", status),
+              methods=["GET"]),
+        Route("/localinfer/generate", guarded(state, "localinfer/generate", generate),
+              methods=["POST"]),
+        Route("/localinfer/unload", guarded(state, "localinfer/unload", unload),
+              methods=["POST"]),
+        Route("/localinfer/shutdown", guarded(state, "localinfer/shutdown", shutdown),
+              methods=["POST"]),
+    ]
+
+
+_PARAM_FIELDS = {f.name for f in fields(SamplingParams)}
+
+
+def _params(f: Fields) -> SamplingParams:
+    unknown = sorted(set(f.data) - _PARAM_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"'params.{unknown[0]}' is not a sampling parameter.")
+    if "max_tokens" in f.data and f.data["max_tokens"] is None:
+        max_tokens = None  # until the context is full
+    else:
+        max_tokens = f.int("max_tokens", SamplingParams.max_tokens, low=1)
+    params = sampling(f, max_tokens=max_tokens)
+    return replace(params, speculative=f.bool("speculative", None))
+
+
+def _metrics(state: DaemonState) -> str:
+    manager = state.manager
+    c = state.counters
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP localinfer_{name} {help_text}")
+        lines.append(f"# TYPE localinfer_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"localinfer_{name}{labels} {value:g}")
+
+    metric("requests_total", "counter", "HTTP requests by route and status.",
+           [(f'{{route="{route}",status="{status}"}}', n)
+            for (route, status), n in sorted(c.requests.items())])
+    metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+           [("", c.prompt_tokens)])
+    metric("cached_prompt_tokens_total", "counter", "Prompt tokens reused from the KV cache.",
+           [("", c.cached_tokens)])
+    metric("generated_tokens_total", "counter", "Tokens generated.", [("", c.generated_tokens)])
+    metric("decode_tokens_per_second", "gauge", "Decode rate of the last finished request.",
+           [("", c.last_decode_tps)])
+    metric("ttft_milliseconds", "gauge", "Time to first token of the last request.",
+           [("", c.last_ttft_ms)])
+    stats = [(e.name, e.engine.stats()) for e in manager.loaded.values()]
+    metric("queue_depth", "gauge", "Requests waiting for a free sequence slot.",
+           [("", sum(s.queue_depth for _, s in stats))])
+    metric("active_sequences", "gauge", "Sequences being generated now.",
+           [("", sum(s.active for _, s in stats))])
+    metric("model_loaded", "gauge", "Loaded models (1 each); 'loading' while one loads.",
+           [(f'{{model="{e.name}"}}', 1) for e in manager.loaded.values()] +
+           ([(f'{{model="{manager.loading}",state="loading"}}', 1)] if manager.loading else []))
+    metric("model_size_bytes", "gauge", "Weight bytes of each loaded model.",
+           [(f'{{model="{e.name}"}}', e.engine.info.size_bytes) for e in manager.loaded.values()])
+    try:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+    except Exception:  # psutil is a dependency, but /metrics must never fail
+        rss = 0
+    metric("process_resident_memory_bytes", "gauge", "Resident memory of the daemon.",
+           [("", rss)])
+    metric("uptime_seconds", "gauge", "Seconds since the daemon started.",
+           [("", time.time() - state.started)])
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,195 @@
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+
+Shapes follow the OpenAI API so that the official clients and editor plugins work unchanged.
+Every chunk also carries a ``timings`` object (tokens so far, live decode tok/s, TTFT, prefill
+tok/s) that standard clients ignore; the final chunk carries the request's full timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any, AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import InvalidRequest, LocalInferError
+from ..runtime.engine import Engine, Generation, Sink
+from ..runtime.types import Done, Priority, SamplingParams, Token
+from .app import DaemonState, error_body, guarded, json_line
+from .bridge import EventStream, EventStreamResponse
+from .requests import Fields, parse_messages, read_json, sampling
+
+
+def timings_json(done: Done) -> dict[str, Any]:
+    t = done.timings
+    return {**asdict(t), "prefill_tps": t.prefill_tps, "decode_tps": t.decode_tps}
+
+
+def live_json(event: Token) -> dict[str, Any]:
+    live = event.live
+    return {"n_tokens": live.n_tokens, "decode_tps": live.decode_tps, "ttft_ms": live.ttft_ms,
+            "prefill_tps": live.prefill_tps}
+
+
+def usage_json(done: Done) -> dict[str, Any]:
+    u = done.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def finish_reason(done: Done) -> str:
+    return "length" if done.finish_reason == "length" else "stop"
+
+
+def priority_of(request: Request, body: dict[str, Any]) -> Priority:
+    """Interactive chat goes first; a client may say so (localinfer's chat UI does)."""
+    value = body.get("priority") or request.headers.get("x-localinfer-priority")
+    return {"interactive": Priority.INTERACTIVE, "background": Priority.BACKGROUND}.get(
+        value, Priority.NORMAL)
+
+
+def routes(state: DaemonState) -> list[Route]:
+    async def list_models(request: Request) -> Response:
+        installed = await asyncio.to_thread(state.manager.store.list)
+        data = [{"id": m.name, "object": "model", "created": int(m.added),
+                 "owned_by": "localinfer"} for m in installed]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request)
+        f = Fields(body)
+        messages = parse_messages(body.get("messages"))
+        params = _params(f)
+
+        def submit(engine: Engine, sink: Sink) -> Generation:
+            return engine.chat(messages, params, sink=sink, priority=priority_of(request, body))
+
+        return await _generate(state, request, f, submit, chat=True)
+
+    async def completions(request: Request) -> Response:
+        body = await read_json(request)
+        f = Fields(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise InvalidRequest("'prompt' must be a string (one prompt per request).")
+        if body.get("suffix"):
+            raise InvalidRequest("'suffix' (fill-in-the-middle) is served by Ollama's"
+                                 " /api/generate; /v1/completions takes a prompt only.")
+        params = _params(f)
+
+        def submit(engine: Engine, sink: Sink) -> Generation:
+            return engine.complete(prompt, params, sink=sink,
+                                   priority=priority_of(request, body))
+
+        return await _generate(state, request, f, submit, chat=False)
+
+    return [
+        Route("/v1/models", guarded(state, "v1/models", list_models), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(state, "v1/chat/completions", chat_completions),
+              methods=["POST"]),
+        Route("/v1/completions", guarded(state, "v1/completions", completions),
+              methods=["POST"]),
+    ]
+
+
+def _params(f: Fields) -> SamplingParams:
+    n = f.int("n", 1)
+    if n != 1:
+        raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n}.")
+    if f.data.get("logprobs"):
+        raise InvalidRequest("'logprobs' is not supported.")
+    max_tokens = f.int("max_completion_tokens", None, low=1)
+    if max_tokens is None:
+        max_tokens = f.int("max_tokens", None, low=1)
+    return sampling(f, max_tokens=max_tokens)
+
+
+async def _generate(state: DaemonState, request: Request, f: Fields,
+                    submit: Callable[[Engine, Sink], Generation], *, chat: bool) -> Response:
+    stream = f.bool("stream", False)
+    options = f.data.get("stream_options") or {}
+    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    name = f.str("model")
+    stack = contextlib.AsyncExitStack()
+    entry = await stack.enter_async_context(state.manager.lease(name))
+    try:
+        events = EventStream(lambda sink: submit(entry.engine, sink))
+    except BaseException:
+        await stack.aclose()
+        raise
+    ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    model = entry.name
+    if not stream:
+        try:
+            collected = await events.collect(request)
+        finally:
+            await stack.aclose()
+        done = collected[-1]
+        state.record(done)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
+                      "logprobs": None, "finish_reason": finish_reason(done)}
+        else:
+            choice = {"index": 0, "text": done.text, "logprobs": None,
+                      "finish_reason": finish_reason(done)}
+        return JSONResponse({
+            "id": ident, "object": "chat.completion" if chat else "text_completion",
+            "created": created, "model": model, "choices": [choice],
+            "usage": usage_json(done), "timings": timings_json(done),
+        })
+
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(delta_text: str | None, reason: str | None, timings: dict) -> str:
+        if chat:
+            delta: dict[str, Any] = {} if delta_text is None else {"content": delta_text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": delta_text or "", "logprobs": None,
+                      "finish_reason": reason}
+        body = {"id": ident, "object": kind, "created": created, "model": model,
+                "choices": [choice], "timings": timings}
+        if include_usage:
+            body["usage"] = None
+        return f"data: {json_line(body)}\n\n"
+
+    async def body() -> AsyncIterator[str]:
+        if chat:
+            first = {"id": ident, "object": kind, "created": created, "model": model,
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}]}
+            if include_usage:
+                first["usage"] = None
+            yield f"data: {json_line(first)}\n\n"
+        try:
+            async for event in events:
+                if isinstance(event, Token):
+                    yield chunk(event.text, None, live_json(event))
+                    continue
+                state.record(event)
+                if event.finish_reason == "cancelled":
+                    raise LocalInferError("the generation was cancelled (the daemon is"
+                                          " shutting down or the model was unloaded).")
+                yield chunk(None, finish_reason(event), timings_json(event))
+                if include_usage:
+                    tail = {"id": ident, "object": kind, "created": created, "model": model,
+                            "choices": [], "usage": usage_json(event)}
+                    yield f"data: {json_line(tail)}\n\n"
+        except Exception as exc:  # headers are sent: report the error in the stream
+            status = exc.http_status if isinstance(exc, LocalInferError) else 500
+            message = exc.message if isinstance(exc, LocalInferError) else str(exc)
+            yield f"data: {json_line(error_body(request.url.path, status, message))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return EventStreamResponse(body(), events, media_type="text/event-stream",
+                               on_close=stack.aclose)

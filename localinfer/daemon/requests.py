@@ -1,0 +1,191 @@
+"""Reading request bodies: JSON parsing and typed fields, with errors that name the field.
+
+Both wire formats (OpenAI and Ollama) go through here, so a wrong type, an out-of-range value
+or a missing field always gets a 400 with a message saying which field and what it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.requests import Request
+
+from ..errors import InvalidRequest
+from ..runtime.types import Message, SamplingParams
+
+_MISSING = object()
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        raise InvalidRequest("the request body is empty; send a JSON object.")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object.")
+    return body
+
+
+class Fields:
+    """Typed access to a JSON object; ``where`` prefixes field names in errors."""
+
+    def __init__(self, data: Any, where: str = "") -> None:
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"'{where.rstrip('.') or 'body'}' must be a JSON object.")
+        self.data = data
+        self.where = where
+
+    def _get(self, key: str, default: Any) -> Any:
+        value = self.data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if default is _MISSING:
+                raise InvalidRequest(f"'{self.where}{key}' is required.")
+            return default
+        return value
+
+    def str(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if value is not default and not isinstance(value, str):
+            raise InvalidRequest(f"'{self.where}{key}' must be a string, got {_kind(value)}.")
+        return value
+
+    def bool(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if value is not default and not isinstance(value, bool):
+            raise InvalidRequest(f"'{self.where}{key}' must be true or false, got {_kind(value)}.")
+        return value
+
+    def int(self, key: str, default: Any = _MISSING, *, low: int | None = None) -> Any:
+        value = self._get(key, default)
+        if value is default:
+            return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidRequest(f"'{self.where}{key}' must be an integer, got {_kind(value)}.")
+        if low is not None and value < low:
+            raise InvalidRequest(f"'{self.where}{key}' must be at least {low}, got {value}.")
+        return value
+
+    def number(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if value is default:
+            return value
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                not math.isfinite(value):
+            raise InvalidRequest(f"'{self.where}{key}' must be a number, got {_kind(value)}.")
+        return float(value)
+
+    def stop(self, key: str = "stop") -> tuple[str, ...]:
+        value = self._get(key, None)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,) if value else ()
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return tuple(s for s in value if s)
+        raise InvalidRequest(f"'{self.where}{key}' must be a string or a list of strings.")
+
+
+def parse_messages(raw: Any, *, allow_empty: bool = False) -> list[Message]:
+    """OpenAI/Ollama chat messages -> Messages. Content may be a string or a list of text
+    parts (OpenAI); images and other part types are refused with a clear message."""
+    if not isinstance(raw, list):
+        raise InvalidRequest("'messages' must be a list of {role, content} objects.")
+    if not raw and not allow_empty:
+        raise InvalidRequest("'messages' must not be empty.")
+    messages = []
+    for i, item in enumerate(raw):
+        f = Fields(item, f"messages[{i}].")
+        role = f.str("role")
+        if role not in ("system", "user", "assistant", "tool", "developer"):
+            raise InvalidRequest(f"'messages[{i}].role' must be system, user, assistant or"
+                                 f" tool, got {role!r}.")
+        if item.get("images"):
+            raise InvalidRequest(f"'messages[{i}].images': this model server has no vision"
+                                 " support; send text only.")
+        messages.append(Message("system" if role == "developer" else role,
+                                _content(item.get("content"), i)))
+    return messages
+
+
+def _content(value: Any, i: int) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else _kind(part)
+                raise InvalidRequest(f"'messages[{i}].content[{j}]' is {kind!r}; only text"
+                                     " parts are supported.")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts.")
+
+
+def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = SamplingParams()
+             ) -> SamplingParams:
+    """Sampling parameters shared by both APIs (names as in OpenAI and llama.cpp's server)."""
+    d = defaults
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=f.number("temperature", d.temperature),
+        top_p=f.number("top_p", d.top_p),
+        top_k=f.int("top_k", d.top_k, low=0),
+        min_p=f.number("min_p", d.min_p),
+        repeat_penalty=f.number("repeat_penalty", d.repeat_penalty),
+        repeat_last_n=f.int("repeat_last_n", d.repeat_last_n, low=0),
+        frequency_penalty=f.number("frequency_penalty", d.frequency_penalty),
+        presence_penalty=f.number("presence_penalty", d.presence_penalty),
+        seed=f.int("seed", None),
+        stop=f.stop(),
+    ).validate()
+
+
+def parse_keep_alive(value: Any) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or a duration like "5m", "1h30m", "-1"."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidRequest("'keep_alive' must be a duration like \"5m\" or seconds.")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        total, number, units = 0.0, "", {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+        i = 0
+        sign = -1.0 if text.startswith("-") else 1.0
+        text = text.lstrip("-")
+        while i < len(text):
+            if text[i].isdigit() or text[i] == ".":
+                number += text[i]
+                i += 1
+                continue
+            unit = "ms" if text.startswith("ms", i) else text[i]
+            if unit not in units or not number:
+                break
+            total += float(number) * units[unit]
+            number = ""
+            i += len(unit)
+        else:
+            if not number and total:
+                return sign * total
+    raise InvalidRequest(f"'keep_alive' must be a duration like \"5m\" or seconds, got {value!r}.")
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)

@@ -1,0 +1,227 @@
+"""The daemon's lifecycle: one instance per user, its sockets, signals and housekeeping.
+
+    lock (pid file) -> bind the Unix socket (0600) and loopback TCP -> serve -> shutdown
+
+A second ``serve`` finds the first through the pid file, which the running daemon holds
+locked (flock), and says where it listens. A pid file or socket left by a crash is not locked,
+so it is recognised as stale and replaced. SIGINT/SIGTERM end every in-flight stream (each
+gets a final error chunk), close the listeners, unload the models and remove the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import uvicorn
+
+from ..errors import DaemonError
+from ..paths import Paths, get_paths
+from .app import DaemonSettings, DaemonState, create_app
+from .instance import InstanceLock, default_socket_path, pid_file, runtime_dir
+from .manager import EngineFactory, ModelManager
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 11480
+_MAX_UNIX_PATH = 104  # sun_path is 108 bytes on Linux, 104 on macOS
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where and how the daemon listens."""
+
+    socket_path: Path | None = None
+    """Unix socket (default: <runtime dir>/localinfer.sock)."""
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    """TCP port; 0 picks a free one (tests)."""
+    tcp: bool = True
+    keep_alive_s: float = 300.0
+    max_loaded: int = 1
+    settings: DaemonSettings = DaemonSettings()
+
+
+def bind_unix(path: Path) -> socket.socket:
+    if len(os.fsencode(path)) > _MAX_UNIX_PATH:
+        raise DaemonError(f"the socket path {path} is too long for a Unix socket; pass a"
+                          " shorter one with --socket (or a shorter LOCALINFER_HOME).")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.exists() or path.is_symlink():
+        path.unlink()  # we hold the instance lock: whatever is there is a crash's leftover
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # created 0600 from the start: no window for other users
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.setblocking(False)
+    return sock
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise DaemonError(f"port {port} on {host} is already in use by another program;"
+                              " pick another with --port, or --no-tcp for the Unix socket"
+                              " only.", title="port in use") from None
+        raise DaemonError(f"cannot listen on {host}:{port}: {exc.strerror}.") from None
+    sock.setblocking(False)
+    return sock
+
+
+def url_for(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending in-flight streams at the first signal and not re-raising the
+    signal afterwards (the caller cleans up and exits normally)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        super().handle_exit(sig, frame)
+        self._on_exit()
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit)
+                     for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
+class Daemon:
+    """A configured daemon: ``start()`` binds (errors surface here), ``run()`` serves until
+    a signal, ``/localinfer/shutdown``, the idle exit or ``stop()``."""
+
+    def __init__(self, options: ServeOptions, factory: EngineFactory, *,
+                 paths: Paths | None = None, manager: ModelManager | None = None) -> None:
+        self.options = options
+        self.paths = paths or get_paths()
+        self.factory = factory
+        self._manager = manager
+        self.socket_path = options.socket_path or default_socket_path(self.paths)
+        self.url: str | None = None
+        self._lock = InstanceLock(pid_file(self.paths))
+        self._sockets: list[socket.socket] = []
+        self._server: _Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.state: DaemonState | None = None
+        self.ready = threading.Event()
+
+    def start(self) -> None:
+        runtime_dir(self.paths)
+        self._lock.acquire()
+        try:
+            self._sockets.append(bind_unix(self.socket_path))
+            if self.options.tcp:
+                tcp = bind_tcp(self.options.host, self.options.port)
+                self._sockets.append(tcp)
+                self.url = url_for(self.options.host, tcp.getsockname()[1])
+            self._lock.write({"pid": os.getpid(), "socket": str(self.socket_path),
+                              "url": self.url, "started": time.time()})
+        except BaseException:
+            self._cleanup()
+            raise
+
+    @property
+    def where(self) -> str:
+        return " and ".join(filter(None, [f"unix:{self.socket_path}", self.url]))
+
+    def run(self) -> None:
+        """Serve until asked to stop (blocking). Cleans up the socket and pid file."""
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._cleanup()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        manager = self._manager or ModelManager(
+            self.factory, keep_alive_s=self.options.keep_alive_s,
+            max_loaded=self.options.max_loaded)
+        state = DaemonState(manager, self.options.settings)
+        self.state = state
+        app = create_app(state)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=5, server_header=False)
+        server = _Server(config, on_exit=self._end_streams)
+        self._server = server
+        housekeeping = asyncio.ensure_future(self._housekeeping(state, server))
+        try:
+            self.ready.set()
+            await server.serve(sockets=self._sockets)
+        finally:
+            housekeeping.cancel()
+            manager.cancel_all()
+            await manager.close()
+
+    def _end_streams(self) -> None:
+        if self._loop is not None and self.state is not None:
+            self.state.shutting_down = True
+            self._loop.call_soon_threadsafe(self.state.manager.cancel_all)
+
+    async def _housekeeping(self, state: DaemonState, server: _Server) -> None:
+        idle_exit = state.settings.idle_exit_s
+        while not server.should_exit:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.exit_requested.wait(), timeout=0.5)
+            if state.exit_requested.is_set():
+                self.stop()
+                return
+            try:
+                await state.manager.expire()
+            except Exception:  # housekeeping must survive a failed unload
+                log.exception("unloading an expired model failed")
+            idle = time.monotonic() - state.last_activity
+            if idle_exit and not state.manager.busy and idle >= idle_exit:
+                log.info("no requests for %.0f s: exiting", idle)
+                self.stop()
+                return
+
+    def stop(self) -> None:
+        """Ask the server to stop (thread-safe): streams end, then listeners close."""
+        if self._server is not None:
+            self._server.should_exit = True
+            self._end_streams()
+
+    def _cleanup(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._sockets.clear()
+        with contextlib.suppress(OSError):
+            if self._lock.fd is not None:  # only the owner removes the socket
+                self.socket_path.unlink()
+        self._lock.release()

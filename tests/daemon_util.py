@@ -1,0 +1,94 @@
+"""Starting the real daemon in-process (a thread) on a temporary socket and a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+
+import ggufgen
+
+from localinfer.daemon.app import DaemonSettings
+from localinfer.daemon.server import Daemon, ServeOptions
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend
+from localinfer.store import ModelStore
+
+
+class RunningDaemon:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.socket = daemon.socket_path
+        self.url = daemon.url
+
+    @property
+    def manager(self):
+        return self.daemon.state.manager
+
+    def uds(self, **kwargs) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)),
+                            base_url="http://localhost", timeout=30, **kwargs)
+
+    def tcp(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+
+def install_fake_models(*names: str) -> None:
+    """Register models in the current store whose files the fake factory never reads."""
+    store = ModelStore()
+    for name in names:
+        family, tag = name.split(":")
+        path = store.root / family / f"{tag}.gguf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(ggufgen.tiny_model())  # a valid header for /api/show
+        store.register(name=name, model=name.rsplit("-", 1)[0], quant="F16", path=path,
+                       sha256=None, source="test")
+
+
+def fake_factory(max_queue: int = 64, loads: list | None = None, **backend_kwargs
+                 ) -> Callable:
+    def factory(model, num_ctx):
+        if loads is not None:
+            loads.append((model.name, num_ctx))
+        kwargs = dict(backend_kwargs)
+        if num_ctx:
+            kwargs["n_ctx"] = num_ctx
+        return Engine(FakeBackend(name=model.name, **kwargs), max_queue=max_queue,
+                      load_ms=5.0)
+    return factory
+
+
+@contextlib.contextmanager
+def serve(factory: Callable, *, settings: DaemonSettings = DaemonSettings(),
+          keep_alive_s: float = 300.0, max_loaded: int = 1, tcp: bool = True
+          ) -> Iterator[RunningDaemon]:
+    sock_dir = Path(tempfile.mkdtemp(prefix="li-", dir="/tmp"))  # short: sun_path limit
+    options = ServeOptions(socket_path=sock_dir / "d.sock", port=0, tcp=tcp,
+                           keep_alive_s=keep_alive_s, max_loaded=max_loaded, settings=settings)
+    daemon = Daemon(options, factory)
+    daemon.start()
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    running = RunningDaemon(daemon)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with running.uds() as c:
+                if c.get("/health").status_code in (200, 503):
+                    break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    try:
+        yield running
+    finally:
+        daemon.stop()
+        thread.join(30)
+        shutil.rmtree(sock_dir, ignore_errors=True)
