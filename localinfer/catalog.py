@@ -98,6 +98,12 @@ class ModelSpec:
     sliding_window: int = 0
     swa_period: int = 0
     """With a sliding window: every swa_period-th layer is global (0 = all layers slide)."""
+    feed_forward: int = 0
+    """Feed-forward width (per expert for MoE); 0 = unknown (4 x embedding assumed)."""
+    tied_embeddings: bool = False
+    """True when the output head reuses the token embedding table (no output.weight)."""
+    experts: int = 0
+    experts_used: int = 0
     line: int = 0
 
     @property
@@ -252,6 +258,10 @@ def parse_catalog(text: str, source: str = "models.toml") -> Catalog:
             context=r.int("context"),
             sliding_window=r.int("sliding_window", 0),
             swa_period=r.int("swa_period", 0),
+            feed_forward=r.int("feed_forward", 0),
+            tied_embeddings=r.bool("tied_embeddings", False),
+            experts=r.int("experts", 0),
+            experts_used=r.int("experts_used", 0),
             repo=r.str("repo"),
             default_quant=r.str("default_quant").upper(),
             variants=tuple(variants),
@@ -261,9 +271,29 @@ def parse_catalog(text: str, source: str = "models.toml") -> Catalog:
             spec.variant()
         except KeyError:
             raise r.error("default_quant", f"{spec.default_quant} is not among the variants")
+        _check_spec(spec, r)
         r.done()
         models[name] = spec
     return Catalog(families, models, source)
+
+
+def _check_spec(spec: ModelSpec, r: _Reader) -> None:
+    """Numbers that cannot be right: the planner would divide by them or mis-size the KV."""
+    for key in ("params", "layers", "embedding", "heads", "kv_heads", "head_dim", "vocab",
+                "context"):
+        if getattr(spec, key) <= 0:
+            raise r.error(key, "must be above 0")
+    if spec.kv_heads > spec.heads:
+        raise r.error("kv_heads", f"({spec.kv_heads}) cannot exceed heads ({spec.heads})")
+    if spec.active_params > spec.params:
+        raise r.error("active_params", f"({spec.active_params}) cannot exceed params"
+                                       f" ({spec.params})")
+    if spec.experts_used > spec.experts:
+        raise r.error("experts_used", f"({spec.experts_used}) cannot exceed experts"
+                                      f" ({spec.experts})")
+    if spec.sliding_window and spec.sliding_window >= spec.context:
+        raise r.error("sliding_window", f"({spec.sliding_window}) must be below the context"
+                                        f" ({spec.context})")
 
 
 class _Lines:
@@ -274,7 +304,11 @@ class _Lines:
         self.source = source
 
     def table(self, header: str) -> tuple[str, int]:
-        return self.source, self._find(f"[{header}]", 0)
+        line = self._find(f"[{header}]", 0)
+        if not line and "." in header:  # [families."llama3.2"]: a key with a dot is quoted
+            prefix, _, key = header.partition(".")
+            line = self._find(f'[{prefix}."{key}"]', 0)
+        return self.source, line
 
     def array_item(self, header: str, index: int) -> tuple[str, int]:
         return self.source, self._find(f"[[{header}]]", index)
@@ -343,6 +377,12 @@ class _Reader:
         value = self._get(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.error(key, f"must be a non-negative integer, got {value!r}")
+        return value
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r}")
         return value
 
     def list_of_str(self, key: str, default: Any = _MISSING) -> list[str]:

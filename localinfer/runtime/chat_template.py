@@ -61,6 +61,13 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{%- else -%}{{ ' ' + message['content'] | trim + eos_token }}{%- endif -%}"
         "{%- endfor -%}"
     ),
+    # OpenAI's "harmony" format (gpt-oss); its GGUF files carry the full template.
+    "harmony": (
+        "{%- for message in messages -%}"
+        "{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|start|>assistant' }}{%- endif -%}"
+    ),
     "phi3": (
         "{%- for message in messages -%}"
         "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"

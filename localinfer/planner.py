@@ -1,0 +1,762 @@
+"""The planner: which model variant fits this machine, how to split it between GPU and CPU, and
+how fast it will run, with the reasons in numbers. Pure: data in, data out, no I/O.
+
+    plan(hardware, candidates, prefs) -> Plan
+
+Memory, per device (bytes):
+    weights of the layers placed there (exact per-layer bytes from a GGUF header, else spread
+    evenly from the catalog's file size) + the KV cache of those layers for n_slots x n_ctx
+    tokens (F16; a sliding-window layer keeps min(n_ctx, window + n_ubatch) cells per slot, as
+    llama.cpp allocates it) + a compute buffer (the logits of one ubatch, 4 x n_ubatch x n_vocab,
+    on the device with the output layer, plus activations) + a fixed runtime overhead; each
+    device keeps a reserve free (VRAM: 10% and at least 512 MiB; RAM: 10% and at least 1 GiB).
+    The token embedding always stays in RAM (llama.cpp keeps it on the CPU).
+
+Layer split: as many repeating layers on the GPU as fit, counted from the last one (llama.cpp's
+``n_gpu_layers``), then the output layer; the rest must fit in RAM. On unified memory (Apple
+Silicon, integrated GPUs) both parts come out of the same RAM.
+
+Decode, per token:
+    t = sum over devices d of bytes_d / (eta_d x q x bw_d)  +  layers_d x s_d  +  t_token
+bytes_d = the weights read on d (for a mixture of experts only the active experts' share) and
+the KV cache read at the current position; eta_d = the achieved share of the bandwidth for the
+backend, q = a factor < 1 for the low-bit quants whose kernels do more arithmetic per byte,
+s_d = a fixed dispatch/synchronisation cost per layer, t_token = sampling and logits. On the CPU
+the bandwidth term is max(bytes / (eta x bw(threads)), bytes / (threads x per-core dequant
+throughput)): with few cores llama.cpp is compute-bound before memory-bound. The constants
+below are fitted to published llama-bench results (tests/test_planner_published.py lists them
+with their sources) and to this project's own measurements.
+
+Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
+FLOP/s.
+
+Variant choice: among candidates that fit, the best quality (effective parameters x quant
+quality^2) whose predicted decode reaches ``min_tps``; if none does, the fastest that fits; if
+none fits, no choice and a summary of what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+from .errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from .catalog import ModelSpec, Variant
+    from .gguf import GGUFHeader
+    from .hardware.profile import GPUInfo, HardwareProfile
+
+GIB = 2**30
+MIB = 2**20
+
+DEFAULT_CTX = 8192
+"""Context used when none is asked for (capped at the model's trained context)."""
+MIN_AUTO_CTX = 2048
+"""The default context is halved down to this to make a model fit, never further."""
+N_UBATCH = 512
+"""llama.cpp's physical batch (the runtime's n_ubatch): sizes the compute buffer."""
+KV_BYTES_PER_ELEMENT = 2.0
+"""F16 KV cache."""
+MAX_AUTO_SLOTS = 4
+
+# --- fitted constants (see the module docstring) ---------------------------------------------
+# Achieved share of the memory-bandwidth roofline in decode, per ggml backend on a discrete GPU.
+GPU_ETA = {"CUDA": 0.75, "Metal": 0.80, "Vulkan": 0.70, "ROCm": 0.62, "SYCL": 0.55,
+           "OpenCL": 0.50, "MUSA": 0.60, "CANN": 0.55}
+IGPU_ETA = 0.55
+"""An integrated GPU (other than Apple's) on shared DDR memory."""
+# Per-layer dispatch and synchronisation cost in decode, milliseconds.
+GPU_LAYER_MS = {"CUDA": 0.02, "Metal": 0.14, "Vulkan": 0.03, "ROCm": 0.03, "SYCL": 0.05,
+                "OpenCL": 0.05, "MUSA": 0.03, "CANN": 0.05}
+IGPU_LAYER_MS = 0.10
+CPU_LAYER_MS = 0.30
+"""Thread barriers between a layer's ~30 graph nodes (~10 us each)."""
+CPU_ETA_MEASURED = 0.80
+"""Decode reaches ~80% of the read bandwidth numpy measures with all cores."""
+ACHIEVABLE_FRACTION_OF_SPEC = 0.80
+"""A data-sheet bandwidth: reads reach ~80% of it (STREAM-style), so eta x 0.8."""
+# Per-thread throughput of llama.cpp's quantized dot-product kernels, GB/s of weights per GHz.
+CPU_DOT_GBPS_PER_GHZ = {"avx512": 3.6, "avx2": 3.0, "avx": 1.5, "neon-i8mm": 2.0,
+                        "neon-dotprod": 1.6, "neon": 1.0, "scalar": 0.5}
+# Effective prefill FLOPs per cycle per core (int8 dot-product kernels on quantized weights).
+CPU_FLOPS_PER_CYCLE = {"avx512": 28.0, "avx2": 16.0, "avx": 8.0, "neon-i8mm": 16.0,
+                       "neon-dotprod": 8.0, "neon": 4.0, "scalar": 2.0}
+GPU_COMPUTE_ETA = 0.5
+"""Share of the data-sheet FP16 FLOP/s that prefill reaches."""
+TOKEN_MS = 0.3
+"""Per-token cost outside the layers (graph launch, sampling setup)."""
+SAMPLING_NS_PER_VOCAB = {"cpu": 5.0, "gpu": 2.0}
+"""Logits handling and sampling scale with the vocabulary (Gemma 3's 262k entries: ~1.3 ms)."""
+DEFAULT_GHZ = 2.5
+
+# Runtime overhead per device: the process and libraries on the host, the driver context,
+# kernels and scratch on a GPU.
+HOST_OVERHEAD = 256 * MIB
+GPU_OVERHEAD = {"CUDA": 400 * MIB, "ROCm": 400 * MIB, "Vulkan": 256 * MIB, "Metal": 128 * MIB,
+                "SYCL": 400 * MIB, "OpenCL": 256 * MIB, "MUSA": 400 * MIB, "CANN": 400 * MIB}
+
+
+def quant_factor(quant: str) -> float:
+    """Low-bit quants decode below the roofline: their kernels do more work per byte."""
+    q = quant.upper()
+    if q.startswith("Q2") or q.startswith("IQ1") or q.startswith("IQ2") or q.startswith("TQ"):
+        return 0.80
+    if q.startswith("Q3") or q.startswith("IQ3"):
+        return 0.88
+    if q.startswith("IQ4"):
+        return 0.92
+    return 1.0
+
+
+# --- inputs ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerShape:
+    """What one repeating layer weighs and keeps per token."""
+
+    weight_bytes: int
+    read_bytes: int
+    """Bytes read per decoded token (less than weight_bytes for a mixture of experts)."""
+    kv_elements_per_token: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model file the planner may choose: exact from a GGUF header, or estimated from the
+    catalog."""
+
+    name: str
+    """What to call it: ``gemma3:270m-q4_k_m`` or a file name."""
+    model: str
+    """The model without the quant (``gemma3:270m``), or the file name."""
+    quant: str
+    file_bytes: int
+    layers: tuple[LayerShape, ...]
+    output_bytes: int
+    """The output head and final norm (for tied embeddings: the embedding table)."""
+    embedding_bytes: int
+    """The token embedding table, which llama.cpp keeps in RAM."""
+    tied_embeddings: bool
+    other_bytes: int
+    n_embd: int
+    n_ff: int
+    n_vocab: int
+    context_length: int
+    """Trained context (0 = unknown)."""
+    params: int
+    active_params: int
+    """Parameters used per token (= params unless mixture-of-experts)."""
+    quality: float
+    """Quant quality 0..1 (catalog.QUANT_QUALITY)."""
+    estimated: bool
+    """True when the sizes come from the catalog, not a header."""
+    installed: bool = False
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        return (sum(layer.weight_bytes for layer in self.layers) + self.embedding_bytes
+                + self.other_bytes + (0 if self.tied_embeddings else self.output_bytes))
+
+    @property
+    def quality_score(self) -> float:
+        """Effective parameters x quant quality^2 (MoE: geometric mean of total and active)."""
+        effective = math.sqrt(self.params * self.active_params) if self.active_params \
+            else self.params
+        return effective * self.quality ** 2
+
+    @property
+    def prefill_flops_per_token(self) -> float:
+        """2 x parameters used per prompt token outside the embedding and output head (the
+        head runs once per prompt, for the last token)."""
+        body = self.params - self._embedding_params() * (1 if self.tied_embeddings else 2)
+        active = self.active_params or self.params
+        share = active / self.params if self.params else 1.0
+        return 2.0 * max(body, self.params * 0.1) * min(1.0, share * 1.15)
+
+    def _embedding_params(self) -> int:
+        return self.n_vocab * self.n_embd
+
+    # --- constructors ----------------------------------------------------------------------
+    @classmethod
+    def from_header(cls, header: GGUFHeader, *, name: str, model: str | None = None,
+                    installed: bool = True) -> Candidate:
+        from .catalog import QUANT_QUALITY
+
+        n_layers = header.block_count
+        weights = header.layer_bytes()[:n_layers]
+        experts = [0] * n_layers
+        for t in header.tensors:
+            m = re.match(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.", t.name)
+            if m and int(m.group(1)) < n_layers:
+                experts[int(m.group(1))] += t.n_bytes
+        used, total = header.expert_used_count, header.expert_count
+        share = used / total if used and total else 1.0
+        kv = header.layer_kv()
+        layers = tuple(
+            LayerShape(weight_bytes=weights[i],
+                       read_bytes=int(weights[i] - experts[i] * (1 - share)),
+                       kv_elements_per_token=kv[i].elements_per_token,
+                       sliding_window=kv[i].sliding_window)
+            for i in range(n_layers))
+        params = header.parameter_count
+        expert_params = sum(t.n_elements for t in header.tensors if "_exps." in t.name)
+        active = int(params - expert_params * (1 - share)) if expert_params else params
+        tied = not any(t.name == "output.weight" for t in header.tensors)
+        quant = header.quant
+        return cls(
+            name=name, model=model or name, quant=quant, file_bytes=header.file_size,
+            layers=layers, output_bytes=header.output_bytes,
+            embedding_bytes=header.embedding_bytes, tied_embeddings=tied,
+            other_bytes=header.other_bytes, n_embd=header.embedding_length,
+            n_ff=header.feed_forward_length, n_vocab=header.vocab_size,
+            context_length=header.context_length, params=params, active_params=active,
+            quality=QUANT_QUALITY.get(quant, 0.9), estimated=False, installed=installed,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, variant: Variant, *, installed: bool = False
+                  ) -> Candidate:
+        """Estimate per-layer bytes from the catalog: the file's bytes per parameter, spread
+        over the embedding, the output head and the layers."""
+        per_param = variant.size_bytes / spec.params
+        embedding = int(spec.vocab * spec.embedding * per_param)
+        tied = spec.tied_embeddings
+        output = embedding if tied else int(spec.vocab * spec.embedding * per_param)
+        body = max(variant.size_bytes - embedding - (0 if tied else output), spec.layers)
+        per_layer = body // spec.layers
+        share = 1.0
+        if spec.active_params:
+            embed_params = spec.vocab * spec.embedding * (1 if tied else 2)
+            body_params = max(spec.params - embed_params, 1)
+            share = min(1.0, max(spec.active_params - embed_params, 0) / body_params)
+        head_v = spec.head_dim_v or spec.head_dim
+        elements = spec.kv_heads * (spec.head_dim + head_v)
+        layers = []
+        for i in range(spec.layers):
+            window = None
+            if spec.sliding_window and (not spec.swa_period or (i + 1) % spec.swa_period):
+                window = spec.sliding_window
+            layers.append(LayerShape(per_layer, int(per_layer * share), elements, window))
+        return cls(
+            name=spec.variant_name(variant), model=spec.name, quant=variant.quant,
+            file_bytes=variant.size_bytes, layers=tuple(layers), output_bytes=output,
+            embedding_bytes=embedding, tied_embeddings=tied, other_bytes=0,
+            n_embd=spec.embedding, n_ff=spec.feed_forward or 4 * spec.embedding,
+            n_vocab=spec.vocab, context_length=spec.context, params=spec.params,
+            active_params=spec.active_params or spec.params, quality=variant.quality,
+            estimated=variant.estimated, installed=installed,
+        )
+
+
+@dataclass(frozen=True)
+class PlanPrefs:
+    """What the user asks of a plan. Every field has a sensible default."""
+
+    n_ctx: int | None = None
+    """Context per sequence in tokens; None = DEFAULT_CTX (or less, to fit)."""
+    min_tps: float = 10.0
+    """Decode speed (tokens/s) a variant should reach to be preferred."""
+    n_slots: int | None = 1
+    """Sequences decoded in parallel (the daemon's slots); None = as many (up to
+    MAX_AUTO_SLOTS) as fit without moving layers off the GPU."""
+    n_gpu_layers: int | None = None
+    """Force this many GPU layers (llama.cpp semantics, -1 = all); None = as many as fit."""
+    n_threads: int | None = None
+    """CPU threads; None = the profile's (physical cores)."""
+    vram_reserve_fraction: float = 0.10
+    vram_reserve_min_bytes: int = 512 * MIB
+    ram_reserve_fraction: float = 0.10
+    ram_reserve_min_bytes: int = 1 * GIB
+    decode_position: int = 64
+    """Position in the context at which decode speed is predicted (llama-bench's tg128
+    averages ~64)."""
+    calibration: Mapping[str, float] = field(default_factory=dict)
+    """measured/predicted decode ratios for this machine, by backend ("CPU", "CUDA"...)."""
+
+
+# --- outputs -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceUse:
+    """Memory a plan puts on one device, in bytes, and what the device can give."""
+
+    device: str
+    """"RAM" or the GPU's name."""
+    backend: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+    budget_bytes: int
+    """What the device can give after its reserve."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One candidate, placed and predicted."""
+
+    candidate: Candidate
+    fits: bool
+    n_gpu_layers: int
+    """llama.cpp's n_gpu_layers: the last N repeating layers, N = n_layers + 1 adds the output."""
+    n_ctx: int
+    n_slots: int
+    n_threads: int
+    host: DeviceUse
+    gpu: DeviceUse | None
+    decode_tps: float
+    """Predicted at ``decode_position``, calibrated when a ratio is known."""
+    decode_tps_full: float
+    """Predicted with the context full."""
+    prefill_tps: float
+    decode_ms: Mapping[str, float]
+    """Where a token's time goes: "gpu", "cpu" (bandwidth/compute terms), "fixed"."""
+    calibration: float
+    """The measured/predicted ratio applied (1.0 = uncalibrated)."""
+    verdict: str
+    """"chosen", "fits", "slow", "too big", "context"."""
+    reason: str
+    gpu_backend: str | None = None
+    ctx_note: str = ""
+
+    @property
+    def n_layers_total(self) -> int:
+        return self.candidate.n_layers + 1
+
+    def to_dict(self) -> dict:
+        c = self.candidate
+        return {
+            "name": c.name, "model": c.model, "quant": c.quant, "file_bytes": c.file_bytes,
+            "sizes_estimated": c.estimated, "installed": c.installed, "fits": self.fits,
+            "n_gpu_layers": self.n_gpu_layers, "n_layers_total": self.n_layers_total,
+            "n_ctx": self.n_ctx, "n_slots": self.n_slots, "n_threads": self.n_threads,
+            "gpu_backend": self.gpu_backend,
+            "ram": {**asdict(self.host), "total_bytes": self.host.total_bytes},
+            "vram": ({**asdict(self.gpu), "total_bytes": self.gpu.total_bytes}
+                     if self.gpu else None),
+            "decode_tps": round(self.decode_tps, 2),
+            "decode_tps_full_ctx": round(self.decode_tps_full, 2),
+            "prefill_tps": round(self.prefill_tps, 1),
+            "decode_ms": {k: round(v, 3) for k, v in self.decode_ms.items()},
+            "calibration": self.calibration, "verdict": self.verdict, "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    choice: Evaluation | None
+    evaluations: tuple[Evaluation, ...]
+    summary: str
+    """One or two sentences: what was chosen and why, or what is missing."""
+    prefs: PlanPrefs
+
+    @property
+    def n_gpu_layers(self) -> int:
+        return self.choice.n_gpu_layers if self.choice else 0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.choice.n_ctx if self.choice else 0
+
+    @property
+    def n_slots(self) -> int:
+        return self.choice.n_slots if self.choice else 1
+
+    @property
+    def n_threads(self) -> int:
+        return self.choice.n_threads if self.choice else 0
+
+    def to_dict(self) -> dict:
+        return {
+            "choice": self.choice.to_dict() if self.choice else None,
+            "summary": self.summary,
+            "min_tps": self.prefs.min_tps,
+            "requested_ctx": self.prefs.n_ctx,
+            "candidates": [e.to_dict() for e in self.evaluations],
+        }
+
+
+# --- the machine, as the planner sees it ---------------------------------------------------------
+@dataclass(frozen=True)
+class _Machine:
+    ram_budget: int
+    gpu: GPUInfo | None
+    gpu_backend: str | None
+    gpu_budget: int
+    unified: bool
+    host_bw_gbps: float
+    host_bw_1core_gbps: float
+    cpu_eta: float
+    threads: int
+    simd: str
+    ghz: float
+    cores: int
+
+
+def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
+    ram_total = int(hw.ram_total_gib * GIB)
+    ram_reserve = max(prefs.ram_reserve_min_bytes, int(prefs.ram_reserve_fraction * ram_total))
+    ram_budget = max(0, int(hw.ram_available_gib * GIB) - ram_reserve)
+    usable = hw.usable_gpus()
+    gpu = backend = None
+    gpu_budget = 0
+    unified = False
+    if usable and prefs.n_gpu_layers != 0:
+        # One GPU: the one with the most free memory (multi-GPU splits are not planned).
+        gpu, backend = max(usable, key=lambda gb: (gb[0].vram_free_gib, gb[0].bandwidth_gbps))
+        free = int(gpu.vram_free_gib * GIB)
+        if gpu.unified_memory:
+            unified = True
+            gpu_budget = min(free, ram_budget)  # the working-set cap already leaves room
+        else:
+            reserve = max(prefs.vram_reserve_min_bytes,
+                          int(prefs.vram_reserve_fraction * gpu.vram_total_gib * GIB))
+            gpu_budget = max(0, free - reserve)
+    threads = prefs.n_threads or hw.cpu.runtime_threads
+    host_bw = hw.host_bandwidth_gbps or _estimated_host_bandwidth(hw)
+    host_bw1 = hw.host_bandwidth_1core_gbps or host_bw / max(1, min(hw.cpu.physical_cores, 4))
+    eta = CPU_ETA_MEASURED
+    if hw.bandwidth_source != "measured":
+        eta *= ACHIEVABLE_FRACTION_OF_SPEC
+    return _Machine(ram_budget=ram_budget, gpu=gpu, gpu_backend=backend, gpu_budget=gpu_budget,
+                    unified=unified, host_bw_gbps=host_bw, host_bw_1core_gbps=host_bw1,
+                    cpu_eta=eta, threads=threads, simd=hw.cpu.simd,
+                    ghz=hw.cpu.ghz or DEFAULT_GHZ, cores=hw.cpu.physical_cores)
+
+
+def _estimated_host_bandwidth(hw: HardwareProfile) -> float:
+    """No measurement: dual-channel DDR4-3200 (51 GB/s) for a desktop, less for few cores."""
+    return min(51.2, 8.0 * max(1, hw.cpu.physical_cores))
+
+
+# --- memory --------------------------------------------------------------------------------------
+def kv_cells(layer: LayerShape, n_ctx: int, n_slots: int, n_ubatch: int = N_UBATCH) -> int:
+    """KV cells llama.cpp allocates for one layer: n_ctx per slot, or for a sliding-window
+    layer min(n_ctx, window + n_ubatch) rounded up to 256."""
+    if layer.sliding_window is None:
+        return n_ctx * n_slots
+    swa = -(-(layer.sliding_window + n_ubatch) // 256) * 256
+    return min(n_ctx, swa) * n_slots
+
+
+def layer_kv_bytes(layer: LayerShape, n_ctx: int, n_slots: int) -> int:
+    return int(kv_cells(layer, n_ctx, n_slots) * layer.kv_elements_per_token
+               * KV_BYTES_PER_ELEMENT)
+
+
+def memory(c: Candidate, machine: _Machine, n_gpu_layers: int, n_ctx: int, n_slots: int
+           ) -> tuple[DeviceUse, DeviceUse | None]:
+    """Bytes on the host and on the GPU for a placement."""
+    n = c.n_layers
+    k = max(0, min(n_gpu_layers, n + 1))
+    first_gpu = n - min(k, n)
+    output_on_gpu = k > n
+    gpu_weights = sum(layer.weight_bytes for layer in c.layers[first_gpu:])
+    gpu_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots) for layer in c.layers[first_gpu:])
+    host_weights = (sum(layer.weight_bytes for layer in c.layers[:first_gpu])
+                    + c.embedding_bytes + c.other_bytes)
+    host_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots) for layer in c.layers[:first_gpu])
+    logits = 4 * N_UBATCH * c.n_vocab
+    activations = 4 * N_UBATCH * 3 * c.n_embd
+    if output_on_gpu:
+        gpu_weights += c.output_bytes
+    else:
+        # A tied head is the embedding table already counted; a separate head is extra.
+        host_weights += c.output_bytes - (c.embedding_bytes if c.tied_embeddings else 0)
+    host_compute = activations + (0 if output_on_gpu else logits) + 4 * c.n_vocab * n_slots
+    host = DeviceUse("RAM", "CPU", host_weights, host_kv, host_compute, HOST_OVERHEAD,
+                     machine.ram_budget)
+    if machine.gpu is None or k == 0:
+        return host, None
+    overhead = GPU_OVERHEAD.get(machine.gpu_backend or "", 256 * MIB)
+    gpu_compute = activations + (logits if output_on_gpu else 0)
+    gpu_budget = machine.gpu_budget
+    if machine.unified:
+        # One pool: what the host part takes is not available to the GPU part.
+        gpu_budget = min(gpu_budget, max(0, machine.ram_budget - host.total_bytes))
+    gpu = DeviceUse(machine.gpu.name, machine.gpu_backend or "", gpu_weights, gpu_kv,
+                    gpu_compute, overhead, gpu_budget)
+    return host, gpu
+
+
+def _fits(host: DeviceUse, gpu: DeviceUse | None) -> bool:
+    return host.fits and (gpu is None or gpu.fits)
+
+
+def _best_split(c: Candidate, machine: _Machine, n_ctx: int, n_slots: int
+                ) -> tuple[int, DeviceUse, DeviceUse | None]:
+    """The most GPU layers that fit the GPU (output layer last); may not fit the host."""
+    if machine.gpu is None:
+        host, gpu = memory(c, machine, 0, n_ctx, n_slots)
+        return 0, host, gpu
+    best = 0
+    for k in range(c.n_layers + 1, 0, -1):  # GPU use grows with k: take the first that fits
+        host, gpu = memory(c, machine, k, n_ctx, n_slots)
+        if gpu is None or gpu.fits:
+            best = k
+            break
+    host, gpu = memory(c, machine, best, n_ctx, n_slots)
+    return best, host, gpu
+
+
+# --- prediction ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prediction:
+    decode_tps: float
+    decode_ms: Mapping[str, float]
+    prefill_tps: float
+    key: str
+    """The calibration key: the backend that takes most of a token's time."""
+
+
+def predict(c: Candidate, hw: HardwareProfile, n_gpu_layers: int, *, position: int,
+            n_threads: int | None = None, prefs: PlanPrefs | None = None) -> Prediction:
+    """Uncalibrated decode and prefill speed of ``c`` placed with ``n_gpu_layers`` on ``hw``,
+    decoding at ``position`` tokens into the context."""
+    prefs = prefs or PlanPrefs(n_threads=n_threads)
+    if n_threads:
+        prefs = replace(prefs, n_threads=n_threads)
+    return _predict(c, _machine(hw, prefs), n_gpu_layers, position)
+
+
+def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Prediction:
+    n = c.n_layers
+    k = max(0, min(n_gpu_layers, n + 1)) if m.gpu is not None else 0
+    first_gpu = n - min(k, n)
+    output_on_gpu = k > n
+    q = quant_factor(c.quant)
+
+    def kv_read(layer: LayerShape) -> float:
+        cells = position if layer.sliding_window is None else min(position, layer.sliding_window)
+        return cells * layer.kv_elements_per_token * KV_BYTES_PER_ELEMENT
+
+    gpu_layers, cpu_layers = c.layers[first_gpu:], c.layers[:first_gpu]
+    gpu_bytes = sum(layer.read_bytes + kv_read(layer) for layer in gpu_layers)
+    cpu_bytes = sum(layer.read_bytes + kv_read(layer) for layer in cpu_layers)
+    if output_on_gpu:
+        gpu_bytes += c.output_bytes
+    else:
+        cpu_bytes += c.output_bytes
+    ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
+    if gpu_layers or output_on_gpu:
+        assert m.gpu is not None
+        integrated = m.gpu.kind == "integrated" and m.gpu.vendor != "apple"
+        eta = IGPU_ETA if integrated else GPU_ETA.get(m.gpu_backend or "", 0.6)
+        per_layer = IGPU_LAYER_MS if integrated else GPU_LAYER_MS.get(m.gpu_backend or "", 0.05)
+        ms["gpu"] = gpu_bytes / (eta * q * m.gpu.bandwidth_gbps * 1e9) * 1e3
+        ms["fixed"] += len(gpu_layers) * per_layer
+    if cpu_layers or not output_on_gpu:
+        threads = max(1, m.threads)
+        bandwidth = min(m.host_bw_gbps, threads * m.host_bw_1core_gbps) * m.cpu_eta * q
+        dot = threads * m.ghz * CPU_DOT_GBPS_PER_GHZ.get(m.simd, 1.0) * q
+        ms["cpu"] = cpu_bytes / (min(bandwidth, dot) * 1e9) * 1e3
+        ms["fixed"] += len(cpu_layers) * CPU_LAYER_MS
+    on_gpu_output = output_on_gpu and m.gpu is not None
+    ms["fixed"] += c.n_vocab * SAMPLING_NS_PER_VOCAB["gpu" if on_gpu_output else "cpu"] / 1e6
+    total_ms = ms["gpu"] + ms["cpu"] + ms["fixed"]
+    key = (m.gpu_backend or "CPU") if ms["gpu"] >= ms["cpu"] and m.gpu is not None else "CPU"
+
+    # Prefill: the layers' FLOPs on each device, one after the other.
+    flops = c.prefill_flops_per_token
+    share_gpu = len(gpu_layers) / n if n else 0.0
+    cpu_flops = max(1, m.threads) * m.ghz * 1e9 * CPU_FLOPS_PER_CYCLE.get(m.simd, 4.0)
+    prefill_s = flops * (1 - share_gpu) / cpu_flops
+    if share_gpu:
+        assert m.gpu is not None
+        tflops = m.gpu.fp16_tflops or m.gpu.bandwidth_gbps * 0.1
+        prefill_s += flops * share_gpu / (tflops * 1e12 * GPU_COMPUTE_ETA)
+    return Prediction(decode_tps=1000.0 / total_ms, decode_ms=ms,
+                      prefill_tps=1.0 / prefill_s if prefill_s > 0 else 0.0, key=key)
+
+
+# --- planning ------------------------------------------------------------------------------------
+def plan(hardware: HardwareProfile, candidates: Sequence[Candidate],
+         prefs: PlanPrefs | None = None) -> Plan:
+    """Place and predict every candidate, and choose one. Raises InvalidRequest for a
+    context no candidate can take."""
+    prefs = prefs or PlanPrefs()
+    if not candidates:
+        raise InvalidRequest("there is nothing to plan: no candidate models.")
+    _check_prefs(prefs, candidates)
+    machine = _machine(hardware, prefs)
+    evaluations = [_evaluate(c, hardware, machine, prefs) for c in candidates]
+    return _choose(evaluations, prefs, machine)
+
+
+def _check_prefs(prefs: PlanPrefs, candidates: Sequence[Candidate]) -> None:
+    if prefs.n_ctx is not None:
+        if prefs.n_ctx <= 0:
+            raise InvalidRequest(f"the context must be at least 1 token, got {prefs.n_ctx}.")
+        limits = [c.context_length for c in candidates if c.context_length]
+        if limits and prefs.n_ctx > max(limits):
+            which = candidates[0].model if len({c.model for c in candidates}) == 1 \
+                else "any of these models"
+            raise InvalidRequest(
+                f"a context of {prefs.n_ctx} tokens is beyond what {which} was trained for"
+                f" ({max(limits)}); use --ctx {max(limits)} or less.")
+    if prefs.min_tps < 0 or not math.isfinite(prefs.min_tps):
+        raise InvalidRequest(f"min_tps must be 0 or more, got {prefs.min_tps}.")
+    if prefs.n_slots is not None and prefs.n_slots < 1:
+        raise InvalidRequest(f"the number of slots must be at least 1, got {prefs.n_slots}.")
+    if prefs.n_threads is not None and prefs.n_threads < 1:
+        raise InvalidRequest(f"threads must be at least 1, got {prefs.n_threads}.")
+
+
+def _evaluate(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs) -> Evaluation:
+    trained = c.context_length or DEFAULT_CTX
+    slots = prefs.n_slots or 1
+    note = ""
+    if prefs.n_ctx is not None:
+        ladder = [prefs.n_ctx]
+    else:
+        top = min(DEFAULT_CTX, trained)
+        ladder = [top]
+        while ladder[-1] // 2 >= min(MIN_AUTO_CTX, top):
+            ladder.append(ladder[-1] // 2)
+    if prefs.n_ctx is not None and c.context_length and prefs.n_ctx > c.context_length:
+        host, gpu = memory(c, m, 0, c.context_length, slots)
+        return _verdict(c, m, prefs, False, 0, prefs.n_ctx, slots, host, gpu, "context",
+                        f"trained for {c.context_length} tokens, less than the"
+                        f" {prefs.n_ctx} asked")
+
+    chosen = None
+    for n_ctx in ladder:
+        k, host, gpu = _placement(c, m, prefs, n_ctx, slots)
+        if _fits(host, gpu):
+            chosen = (n_ctx, k, host, gpu)
+            break
+    if chosen is None:
+        n_ctx = ladder[-1]
+        k, host, gpu = _placement(c, m, prefs, n_ctx, slots)
+        return _verdict(c, m, prefs, False, k, n_ctx, slots, host, gpu, "too big",
+                        _missing(c, m, prefs, host, gpu, n_ctx))
+    n_ctx, k, host, gpu = chosen
+    if n_ctx != ladder[0]:
+        note = f"context {n_ctx} (the default {ladder[0]} does not fit)"
+    if prefs.n_slots is None:
+        # More slots only while they fit without moving layers off the GPU.
+        for more in range(MAX_AUTO_SLOTS, 1, -1):
+            k2, host2, gpu2 = _placement(c, m, prefs, n_ctx, more)
+            if k2 >= k and _fits(host2, gpu2):
+                slots, k, host, gpu = more, k2, host2, gpu2
+                break
+    return _verdict(c, m, prefs, True, k, n_ctx, slots, host, gpu, "fits", note)
+
+
+def _placement(c: Candidate, m: _Machine, prefs: PlanPrefs, n_ctx: int, slots: int
+               ) -> tuple[int, DeviceUse, DeviceUse | None]:
+    if prefs.n_gpu_layers is not None and m.gpu is not None:
+        k = c.n_layers + 1 if prefs.n_gpu_layers < 0 else min(prefs.n_gpu_layers,
+                                                               c.n_layers + 1)
+        host, gpu = memory(c, m, k, n_ctx, slots)
+        return k, host, gpu
+    return _best_split(c, m, n_ctx, slots)
+
+
+def _verdict(c: Candidate, m: _Machine, prefs: PlanPrefs, fits: bool, k: int, n_ctx: int,
+             slots: int, host: DeviceUse, gpu: DeviceUse | None, verdict: str, reason: str
+             ) -> Evaluation:
+    k = k if m.gpu is not None else 0
+    short = _predict(c, m, k, min(prefs.decode_position, n_ctx))
+    full = _predict(c, m, k, n_ctx)
+    ratio = float(prefs.calibration.get(short.key, 1.0)) if prefs.calibration else 1.0
+    if not (0.05 <= ratio <= 20.0) or not math.isfinite(ratio):
+        ratio = 1.0  # a corrupt calibration must not produce absurd numbers
+    decode = short.decode_tps * ratio
+    if fits and decode < prefs.min_tps:
+        verdict = "slow"
+        reason = (f"{decode:.1f} tok/s predicted, below the {prefs.min_tps:g} tok/s target"
+                  + (f"; {reason}" if reason else ""))
+    return Evaluation(
+        candidate=c, fits=fits, n_gpu_layers=k, n_ctx=n_ctx, n_slots=slots,
+        n_threads=m.threads, host=host, gpu=gpu, decode_tps=decode,
+        decode_tps_full=full.decode_tps * ratio, prefill_tps=short.prefill_tps,
+        decode_ms=short.decode_ms, calibration=ratio, verdict=verdict, reason=reason,
+        gpu_backend=m.gpu_backend if k else None, ctx_note=reason if verdict == "fits" else "",
+    )
+
+
+def _missing(c: Candidate, m: _Machine, prefs: PlanPrefs, host: DeviceUse,
+             gpu: DeviceUse | None, n_ctx: int) -> str:
+    """What is missing, in GiB, and the largest context that would fit when one would."""
+    need = host.total_bytes + (gpu.total_bytes if gpu else 0)
+    have = host.budget_bytes + (gpu.budget_bytes if gpu and not m.unified else 0)
+    text = f"needs {need / GIB:.1f} GiB, {have / GIB:.1f} GiB usable"
+    if gpu is not None and not m.unified:
+        text += f" ({host.budget_bytes / GIB:.1f} RAM + {gpu.budget_bytes / GIB:.1f} VRAM)"
+    if prefs.n_ctx is not None and prefs.n_ctx > 512:
+        ctx = prefs.n_ctx // 2
+        while ctx >= 512:
+            k, h2, g2 = _placement(c, m, prefs, ctx, prefs.n_slots or 1)
+            if _fits(h2, g2):
+                return text + f"; fits with --ctx {ctx}"
+            ctx //= 2
+    return text
+
+
+def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine) -> Plan:
+    fitting = [e for e in evaluations if e.fits]
+    fast = [e for e in fitting if e.decode_tps >= prefs.min_tps]
+    choice: Evaluation | None
+    if fast:
+        choice = max(fast, key=lambda e: (e.candidate.quality_score, e.decode_tps))
+        summary = (f"{choice.candidate.name}: the best quality that fits and reaches"
+                   f" {prefs.min_tps:g} tok/s (predicted {choice.decode_tps:.1f} tok/s).")
+    elif fitting:
+        choice = max(fitting, key=lambda e: (e.decode_tps, e.candidate.quality_score))
+        summary = (f"{choice.candidate.name}: nothing reaches {prefs.min_tps:g} tok/s here;"
+                   f" this is the fastest that fits (predicted {choice.decode_tps:.1f} tok/s).")
+    else:
+        choice = None
+        smallest = min(evaluations, key=lambda e: e.host.total_bytes
+                       + (e.gpu.total_bytes if e.gpu else 0))
+        summary = f"nothing fits: the smallest, {smallest.candidate.name}, {smallest.reason}."
+    if choice is not None:
+        where = (f"{choice.n_gpu_layers}/{choice.n_layers_total} layers on"
+                 f" {choice.gpu.device}" if choice.gpu else "all layers on the CPU")
+        summary += f" {where}, context {choice.n_ctx}"
+        if choice.n_slots > 1:
+            summary += f" x {choice.n_slots} slots"
+        summary += "."
+        if m.gpu is None and prefs.n_gpu_layers != 0:
+            summary += " (no GPU this llama.cpp build can use)"
+        choice = replace(choice, verdict="chosen",
+                         reason=choice.ctx_note or ("best quality at the target speed" if fast
+                                                    else "fastest that fits"))
+        evaluations = [choice if e.candidate is choice.candidate else _explain(e, choice)
+                       for e in evaluations]
+    return Plan(choice=choice, evaluations=tuple(evaluations), summary=summary, prefs=prefs)
+
+
+def _explain(e: Evaluation, choice: Evaluation) -> Evaluation:
+    if e.verdict != "fits":
+        return e
+    if e.candidate.quality_score > choice.candidate.quality_score:
+        reason = f"higher quality but slower ({e.decode_tps:.1f} tok/s)"
+    else:
+        reason = f"fits, lower quality than {choice.candidate.name}"
+    if e.ctx_note:
+        reason += f"; {e.ctx_note}"
+    return replace(e, reason=reason)
+
+
+def candidates_for_specs(specs: Iterable[ModelSpec], installed: Iterable[str] = ()
+                         ) -> list[Candidate]:
+    """Every variant of every spec, estimated from the catalog."""
+    have = set(installed)
+    return [Candidate.from_spec(s, v, installed=s.variant_name(v) in have)
+            for s in specs for v in s.variants]
