@@ -24,7 +24,7 @@ from .errors import ConfigError
 # published files of 1-70B models). Used only when a variant's exact size is unknown.
 BITS_PER_WEIGHT: dict[str, float] = {
     "Q2_K": 3.00, "Q3_K_S": 3.50, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "IQ4_XS": 4.46,
-    "Q4_0": 4.55, "Q4_K_S": 4.58, "Q4_K_M": 4.89, "Q5_0": 5.54, "Q5_K_S": 5.54,
+    "Q4_0": 4.55, "Q4_1": 5.0, "Q4_K_S": 4.58, "Q4_K_M": 4.89, "Q5_0": 5.54, "Q5_K_S": 5.54,
     "Q5_K_M": 5.70, "Q6_K": 6.56, "Q8_0": 8.50, "F16": 16.0, "BF16": 16.0, "MXFP4": 4.25,
     "MXFP4_MOE": 4.25,
 }
@@ -33,7 +33,7 @@ BITS_PER_WEIGHT: dict[str, float] = {
 # comparisons: Q8_0 is indistinguishable from F16, Q4_K_M loses a little, Q2_K a lot).
 QUANT_QUALITY: dict[str, float] = {
     "Q2_K": 0.70, "Q3_K_S": 0.80, "Q3_K_M": 0.84, "Q3_K_L": 0.86, "IQ4_XS": 0.91,
-    "Q4_0": 0.90, "Q4_K_S": 0.92, "Q4_K_M": 0.94, "Q5_0": 0.95, "Q5_K_S": 0.96,
+    "Q4_0": 0.90, "Q4_1": 0.91, "Q4_K_S": 0.92, "Q4_K_M": 0.94, "Q5_0": 0.95, "Q5_K_S": 0.96,
     "Q5_K_M": 0.97, "Q6_K": 0.985, "Q8_0": 0.995, "F16": 1.0, "BF16": 1.0, "MXFP4": 0.96,
     "MXFP4_MOE": 0.96,
 }

@@ -23,7 +23,7 @@ from .errors import Cancelled, LocalInferError
 INTERNAL_ERROR = 70
 
 # Modules that add sub-commands (each has ``register(subparsers)``).
-COMMAND_MODULES: tuple[str, ...] = ("cli_daemon",)
+COMMAND_MODULES: tuple[str, ...] = ("cli_daemon", "cli_plan")
 
 Command = Callable[[argparse.Namespace, Config], int]
 
@@ -176,6 +176,8 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
                 generation = engine.complete(prompt, params)
             done = _stream(generation, args.json)
         model_name = engine.info.name
+        from .cli_plan import record_calibration  # measured vs predicted decode, per machine
+        record_calibration(engine.info, done, config)
     if args.json:
         print(json.dumps(run_result_json(model_name, done), indent=2))
     else:

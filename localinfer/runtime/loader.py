@@ -4,6 +4,7 @@ llama.cpp. Importing llama.cpp is deferred to here so that commands that never l
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,10 +12,12 @@ from .. import gguf
 from ..catalog import Catalog, load_catalog
 from ..config import Config
 from ..store import CopyProgress, ModelStore
-from ..errors import BackendUnavailable, InvalidRequest
+from ..errors import BackendUnavailable, InvalidRequest, LocalInferError
 from .backend import LoadOptions, ProgressCallback
 from .chat_template import BUILTIN_TEMPLATES
 from .engine import Engine
+
+log = logging.getLogger(__name__)
 
 
 def fallback_template(header: gguf.GGUFHeader, family: str | None,
@@ -65,14 +68,35 @@ def load_engine(
 DEFAULT_CTX = 4096
 
 
-def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int = 1) -> LoadOptions:
-    """Load options from the settings, with safe defaults for what they leave open."""
+def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None = 1,
+                hardware=None, name: str | None = None) -> LoadOptions:
+    """Load options from the planner's plan for this file on this machine (``hardware``, or
+    a quick probe without the bandwidth measurement), each overridden by the settings:
+    config.ctx, config.gpu_layers, config.threads (and config.slots when n_slots is None)."""
+    from ..planner import Candidate, PlanPrefs, plan
+
     trained = header.context_length or DEFAULT_CTX
+    if hardware is None:
+        from ..hardware import probe
+
+        hardware = probe(measure_bandwidth=False)
+    slots = n_slots if n_slots is not None else config.slots
+    candidate = Candidate.from_header(header, name=name or header.name or "model")
+    ctx = config.ctx if config.ctx and config.ctx <= trained else None  # load_engine reports
+    try:
+        chosen = plan(hardware, [candidate],
+                      PlanPrefs(n_ctx=ctx, n_slots=slots, n_gpu_layers=config.gpu_layers,
+                                n_threads=config.threads, min_tps=0.0)).evaluations[0]
+    except LocalInferError:
+        chosen = None
+    if chosen is not None and not chosen.fits:
+        log.warning("%s may not fit in memory here: %s", name or "the model", chosen.reason)
     return LoadOptions(
-        n_ctx=config.ctx or min(DEFAULT_CTX, trained),
-        n_slots=n_slots,
-        n_gpu_layers=config.gpu_layers if config.gpu_layers is not None else 0,
-        n_threads=config.threads or 0,
+        n_ctx=config.ctx or (chosen.n_ctx if chosen else min(DEFAULT_CTX, trained)),
+        n_slots=slots or (chosen.n_slots if chosen else 1),
+        n_gpu_layers=(config.gpu_layers if config.gpu_layers is not None
+                      else chosen.n_gpu_layers if chosen else 0),
+        n_threads=config.threads or (chosen.n_threads if chosen else 0),
     )
 
 
@@ -89,7 +113,7 @@ def open_engine(
     store = store or ModelStore()
     model = store.resolve(ref, progress=on_copy)
     header = gguf.read_header(model.path)
-    options = options_for(header, config, n_slots=n_slots)
+    options = options_for(header, config, n_slots=n_slots, name=model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header)
 

@@ -1,0 +1,275 @@
+"""``localinfer hw`` and ``localinfer plan``: what this machine has, and what runs well on it.
+
+Both are thin: ``hw`` prints the hardware profile the probes return; ``plan`` turns a model
+name, a family, a GGUF path (or the whole catalog) into candidates, hands them to the pure
+planner with the profile of this machine (or of ``--hardware FILE``) and prints its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import Config
+from .errors import ConfigError, InvalidRequest, ModelNotFound
+
+PROFILE_HELP = """\
+A --hardware file is the JSON that `localinfer hw --json` prints, or one written by hand:
+
+  {"name": "16 GB MacBook Air M2", "ram_total_gib": 16, "ram_available_gib": 12,
+   "cpu": {"model": "Apple M2", "physical_cores": 4, "logical_cores": 8, "ghz": 3.5,
+           "flags": ["neon", "dotprod", "i8mm"]},
+   "host_bandwidth_gbps": 80, "bandwidth_source": "spec",
+   "gpus": [{"name": "Apple M2", "vendor": "apple", "kind": "integrated",
+             "vram_total_gib": 10.7, "vram_free_gib": 10.7, "bandwidth_gbps": 100,
+             "unified_memory": true, "fp16_tflops": 7.2}],
+   "backends": ["CPU", "Metal"]}
+
+Required: ram_total_gib, cpu.physical_cores, and for each GPU name, vendor (nvidia, amd,
+intel, apple, other), vram_total_gib and bandwidth_gbps. Sizes are GiB, bandwidths GB/s.
+ram_available_gib defaults to 80% of the total; host_bandwidth_gbps to an estimate from the
+cores (for a data-sheet figure set bandwidth_source "spec"); "backends" lists what the
+llama.cpp build can use (["CPU"] = a CPU-only build, which never offloads).
+Examples: tests/profiles/*.json."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("hw", help="show this machine's hardware as the planner sees it",
+                       description="Probe RAM, CPU, GPUs and the llama.cpp build, and measure"
+                                   " host memory bandwidth (cached per machine).")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON (the"
+                   " format `plan --hardware` reads)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the memory bandwidth again instead of using the cached figure")
+    p.set_defaults(func=cmd_hw)
+
+    p = sub.add_parser(
+        "plan", help="which model variant fits and how fast it runs",
+        description="Plan MODEL (gemma3:4b, gemma3:4b-q8_0), a FAMILY (qwen3), a .gguf PATH,"
+                    " or the whole catalog: memory per device, GPU/CPU layer split, context,"
+                    " predicted prefill and decode speed, and the choice with its reasons.",
+        epilog=PROFILE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", metavar="MODEL|FAMILY|PATH",
+                   help="what to plan (default: every model in the catalog)")
+    p.add_argument("--ctx", type=int, metavar="N", help="context per sequence, tokens")
+    p.add_argument("--min-tps", type=float, metavar="X",
+                   help="decode speed to aim for, tok/s (default: config min_tps, 10)")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="parallel sequences (default 1; 0 = as many as fit, for the daemon)")
+    p.add_argument("--hardware", metavar="PROFILE.json",
+                   help="plan for the machine described in this file instead of this one")
+    p.add_argument("--all", action="store_true",
+                   help="with no MODEL: list every variant, not the best per model")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
+# --- hw ----------------------------------------------------------------------------------------
+def cmd_hw(args: argparse.Namespace, config: Config) -> int:
+    from .hardware import probe
+
+    hw = probe(remeasure=args.remeasure)
+    if args.json:
+        print(hw.to_json())
+        return 0
+    for label, value in hardware_lines(hw):
+        print(f"{label:<10} {value}")
+    return 0
+
+
+def hardware_lines(hw) -> list[tuple[str, str]]:
+    cpu = hw.cpu
+    ghz = f", {cpu.ghz:.1f} GHz" if cpu.ghz else ""
+    flags = " ".join(cpu.flags) or "none detected"
+    lines = [
+        ("CPU", f"{cpu.model}: {cpu.physical_cores} cores / {cpu.logical_cores} threads{ghz};"
+                f" runtime threads {cpu.runtime_threads}"),
+        ("ISA", f"{cpu.simd} ({flags})"),
+        ("RAM", f"{hw.ram_total_gib:.1f} GiB total, {hw.ram_available_gib:.1f} GiB available"
+                + (f" (cgroup limit {hw.memory_limit_gib:.1f} GiB)" if hw.memory_limit_gib
+                   else "") + f", swap {hw.swap_total_gib:.1f} GiB"),
+    ]
+    if hw.host_bandwidth_gbps:
+        one = (f", 1 core {hw.host_bandwidth_1core_gbps:.1f} GB/s"
+               if hw.host_bandwidth_1core_gbps else "")
+        lines.append(("BANDWIDTH", f"{hw.host_bandwidth_gbps:.1f} GB/s host read,"
+                                   f" {hw.bandwidth_source}{one}"))
+    else:
+        lines.append(("BANDWIDTH", "unknown (run `localinfer hw` to measure it)"))
+    usable = {gpu.name: backend for gpu, backend in hw.usable_gpus()}
+    if not hw.gpus:
+        lines.append(("GPU", "none found"))
+    for gpu in hw.gpus:
+        memory = ("shared" if gpu.unified_memory else "VRAM")
+        use = f"usable via {usable[gpu.name]}" if gpu.name in usable else \
+            "NOT usable by this llama.cpp build"
+        lines.append(("GPU", f"{gpu.name} ({gpu.vendor}, {gpu.kind}): {memory}"
+                             f" {gpu.vram_free_gib:.1f}/{gpu.vram_total_gib:.1f} GiB free,"
+                             f" {gpu.bandwidth_gbps:.0f} GB/s; {use}"))
+    offload = "can offload to a GPU" if hw.can_offload else "CPU-only build: no GPU offload"
+    lines.append(("LLAMA.CPP", f"backends {', '.join(hw.backends)} ({offload})"))
+    for note in hw.notes:
+        lines.append(("NOTE", note))
+    return lines
+
+
+# --- plan --------------------------------------------------------------------------------------
+def cmd_plan(args: argparse.Namespace, config: Config) -> int:
+    from .hardware import load_profile, probe
+    from .hardware.calibration import load_ratios
+    from .planner import PlanPrefs, plan
+
+    if args.ctx is not None and args.ctx <= 0:
+        raise InvalidRequest(f"--ctx must be at least 1 token, got {args.ctx}.")
+    if args.min_tps is not None and args.min_tps < 0:
+        raise InvalidRequest(f"--min-tps must be 0 or more, got {args.min_tps}.")
+    if args.slots is not None and args.slots < 0:
+        raise InvalidRequest(f"--slots must be 0 (as many as fit) or more, got {args.slots}.")
+    groups = _candidates(args.model)  # a bad name fails before any probing
+    if args.hardware:
+        hw = load_profile(args.hardware)
+        calibration: dict[str, float] = {}
+    else:
+        hw = probe()
+        calibration = load_ratios(hw)
+    prefs = PlanPrefs(
+        n_ctx=args.ctx or config.ctx,
+        min_tps=args.min_tps if args.min_tps is not None else config.min_tps,
+        n_slots=None if args.slots == 0 else (args.slots or 1),
+        n_gpu_layers=config.gpu_layers,
+        n_threads=config.threads,
+        calibration=calibration,
+    )
+    every = [c for _, cands in groups for c in cands]
+    overall = plan(hw, every, prefs)
+    if args.model is None and not args.all:
+        # One row per model: the variant the planner picks for that model alone.
+        rows = []
+        for _, cands in groups:
+            try:
+                sub = plan(hw, cands, prefs)
+            except InvalidRequest:
+                continue  # this model cannot take the asked context; others can
+            chosen = sub.choice or min(sub.evaluations, key=lambda e: e.candidate.file_bytes)
+            rows.append(next((e for e in overall.evaluations
+                              if e.candidate is chosen.candidate), chosen))
+        shown = rows
+    else:
+        shown = list(overall.evaluations)
+    if args.json:
+        data = overall.to_dict()
+        data["hardware"] = hw.to_dict()
+        data["shown"] = [e.candidate.name for e in shown]
+        print(json.dumps(data, indent=2))
+        return 0
+    _print_plan(hw, overall, shown, calibration, from_file=args.hardware)
+    return 0
+
+
+def _candidates(ref: str | None):
+    """[(model name, [Candidate...])] for a model, a family, a path, or the whole catalog."""
+    from . import gguf
+    from .catalog import load_catalog
+    from .planner import Candidate
+    from .store import ModelStore, looks_like_path
+
+    store = ModelStore()
+    catalog = store.catalog
+    if ref is not None and looks_like_path(ref):
+        model = store.resolve(ref)
+        header = gguf.read_header(model.path)
+        return [(model.name, [Candidate.from_header(header, name=model.name)])]
+    installed = {m.name: m for m in store.list()}
+
+    def variants(spec, only=None):
+        out = []
+        for v in spec.variants:
+            if only is not None and v.quant != only.quant:
+                continue
+            name = spec.variant_name(v)
+            if name in installed:  # exact sizes from the file we have
+                header = gguf.read_header(installed[name].path)
+                out.append(Candidate.from_header(header, name=name, model=spec.name))
+            else:
+                out.append(Candidate.from_spec(spec, v))
+        return out
+
+    if ref is None:
+        return [(s.name, variants(s)) for s in catalog.models.values()]
+    name = ref.strip().lower()
+    try:
+        spec, variant = catalog.lookup(name)
+        return [(spec.name, variants(spec, variant))]
+    except KeyError:
+        pass
+    specs = catalog.in_family(name)
+    if specs:
+        return [(s.name, variants(s)) for s in specs]
+    families = ", ".join(sorted(catalog.families))
+    raise ModelNotFound(f"unknown model or family {ref!r}: the catalog has {families}; give"
+                        " family:size (gemma3:4b), family:size-quant, or a .gguf path.")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}G"
+
+
+def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> None:
+    from .cli import print_table
+
+    where = f"the profile {from_file}" if from_file else "this machine"
+    gpu = hw.usable_gpus()
+    gpu_text = ", ".join(f"{g.name} {g.vram_free_gib:.1f} GiB free, {g.bandwidth_gbps:.0f} GB/s"
+                         f" via {b}" for g, b in gpu) or (
+        "no GPU usable" + (" (CPU-only llama.cpp build)" if hw.gpus else ""))
+    bw = (f"{hw.host_bandwidth_gbps:.1f} GB/s {hw.bandwidth_source}"
+          if hw.host_bandwidth_gbps else "bandwidth not measured")
+    print(f"Planning for {where}: {hw.ram_available_gib:.1f}/{hw.ram_total_gib:.1f} GiB RAM"
+          f" available, {hw.cpu.runtime_threads} threads, host {bw}; {gpu_text}.")
+    rows = [("VARIANT", "SIZE", "FITS", "GPU LAYERS", "RAM", "VRAM", "CTX", "PREFILL*",
+             "DECODE*", "VERDICT", "REASON")]
+    for e in shown:
+        c = e.candidate
+        size = _gib(c.file_bytes) + ("~" if c.estimated else "")
+        rows.append((
+            c.name + (" (installed)" if c.installed else ""), size,
+            "yes" if e.fits else "no",
+            f"{e.n_gpu_layers}/{e.n_layers_total}",
+            _gib(e.host.total_bytes), _gib(e.gpu.total_bytes) if e.gpu else "-",
+            str(e.n_ctx) + (f"x{e.n_slots}" if e.n_slots > 1 else ""),
+            f"{e.prefill_tps:.0f}", f"{e.decode_tps:.1f}", e.verdict, e.reason,
+        ))
+    print_table(rows)
+    print(f"Choice: {overall.summary}")
+    notes = ["* tok/s predicted: decode = sum of bytes read per token / (efficiency x"
+             " bandwidth) + per-token costs; prefill = FLOPs / compute. ~ = size estimated"
+             " from the catalog."]
+    if calibration:
+        ratios = ", ".join(f"{k} x{v:.2f}" for k, v in sorted(calibration.items()))
+        notes.append(f"decode calibrated from this machine's runs: {ratios}.")
+    elif not from_file:
+        notes.append("uncalibrated: `localinfer run` records measured/predicted decode.")
+    for note in notes:
+        print(note, file=sys.stdout)
+
+
+
+
+
+def record_calibration(info, done, config: Config) -> None:
+    """After an in-process ``run``: record measured/predicted decode for this machine. Never
+    fails the run (a calibration problem is logged, not shown)."""
+    import logging
+
+    from .hardware.calibration import record_run
+
+    t = done.timings if done is not None else None
+    if t is None or done.finish_reason == "cancelled":
+        return
+    try:
+        record_run(model_path=info.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
+                   n_threads=config.threads, prompt_tokens=t.prompt_tokens,
+                   decode_tokens=t.decode_tokens, decode_tps=t.decode_tps)
+    except Exception:  # noqa: BLE001 - the run itself succeeded
+        logging.getLogger(__name__).debug("calibration not recorded", exc_info=True)
