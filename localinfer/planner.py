@@ -677,6 +677,7 @@ def _verdict(c: Candidate, m: _Machine, prefs: PlanPrefs, fits: bool, k: int, n_
     if not (0.05 <= ratio <= 20.0) or not math.isfinite(ratio):
         ratio = 1.0  # a corrupt calibration must not produce absurd numbers
     decode = short.decode_tps * ratio
+    note = reason if fits else ""
     if fits and decode < prefs.min_tps:
         verdict = "slow"
         reason = (f"{decode:.1f} tok/s predicted, below the {prefs.min_tps:g} tok/s target"
@@ -686,7 +687,7 @@ def _verdict(c: Candidate, m: _Machine, prefs: PlanPrefs, fits: bool, k: int, n_
         n_threads=m.threads, host=host, gpu=gpu, decode_tps=decode,
         decode_tps_full=full.decode_tps * ratio, prefill_tps=short.prefill_tps,
         decode_ms=short.decode_ms, calibration=ratio, verdict=verdict, reason=reason,
-        gpu_backend=m.gpu_backend if k else None, ctx_note=reason if verdict == "fits" else "",
+        gpu_backend=m.gpu_backend if k else None, ctx_note=note,
     )
 
 
@@ -734,9 +735,9 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine) -> Pla
         summary += "."
         if m.gpu is None and prefs.n_gpu_layers != 0:
             summary += " (no GPU this llama.cpp build can use)"
+        why = "best quality at the target speed" if fast else "fastest that fits"
         choice = replace(choice, verdict="chosen",
-                         reason=choice.ctx_note or ("best quality at the target speed" if fast
-                                                    else "fastest that fits"))
+                         reason=why + (f"; {choice.ctx_note}" if choice.ctx_note else ""))
         evaluations = [choice if e.candidate is choice.candidate else _explain(e, choice)
                        for e in evaluations]
     return Plan(choice=choice, evaluations=tuple(evaluations), summary=summary, prefs=prefs)

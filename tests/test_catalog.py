@@ -65,3 +65,40 @@ def test_broken_entry_names_line_and_field(old, new, line, field):
     message = str(info.value)
     assert field in message
     assert f"models.toml:{line}:" in message
+
+
+def test_catalog_covers_the_families_people_run_locally():
+    from localinfer.runtime.chat_template import BUILTIN_TEMPLATES
+
+    catalog = load_catalog()
+    assert len(catalog.families) >= 10
+    for name in ("gemma3:1b", "gemma3:27b", "llama3.2:3b", "llama3.1:8b", "qwen3:0.6b",
+                 "qwen3:32b", "qwen3:30b-a3b", "qwen2.5-coder:7b", "phi4-mini:3.8b",
+                 "mistral:7b", "mistral-nemo:12b", "gpt-oss:20b"):
+        assert name in catalog.models, name
+    for fam in catalog.families.values():
+        assert fam.chat_template in BUILTIN_TEMPLATES, fam.id
+    for spec in catalog.models.values():
+        assert spec.kv_heads <= spec.heads and spec.context > 0 and spec.layers > 0
+        quants = {v.quant for v in spec.variants}
+        if spec.family.id not in ("gpt-oss", "smollm2") and spec.name != "gemma3:270m":
+            assert {"Q2_K", "Q4_K_M", "Q8_0"} <= quants, spec.name
+    moe = catalog.models["qwen3:30b-a3b"]
+    assert 0 < moe.active_params < moe.params and moe.experts_used < moe.experts
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("head_dim = 64\n", "head_dim = 64\ntied_embeddings = 1\n", "tied_embeddings must be true"),
+    ("kv_heads = 8", "kv_heads = 64", "kv_heads (64) cannot exceed heads"),
+    ("context = 131072", "context = 131072\nsliding_window = 200000", "sliding_window"),
+])
+def test_new_fields_are_validated(old, new, field):
+    with pytest.raises(ConfigError, match=r"models\.toml:\d+: field " + field.split()[0]):
+        parse_catalog(GOOD.replace(old, new), source="models.toml")
+
+
+def test_a_dotted_family_id_is_found_for_errors():
+    text = GOOD.replace("[families.demo]", '[families."demo.x"]').replace(
+        'family = "demo"', 'family = "demo.x"').replace('title = "Demo"\n', "")
+    with pytest.raises(ConfigError, match=r"models\.toml:2: field title is missing"):
+        parse_catalog(text, source="models.toml")

@@ -156,9 +156,8 @@ class HardwareProfile:
 
     # --- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["cpu"]["flags"] = list(self.cpu.flags)
-        return data
+        """Plain JSON types (lists, not tuples), in the format ``from_dict`` reads."""
+        return json.loads(json.dumps(asdict(self)))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

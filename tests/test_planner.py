@@ -1,0 +1,338 @@
+"""The planner on recorded hardware profiles (tests/profiles/*.json), each expected decision
+justified by a hand calculation; property tests; bad input; and the starter model on this
+machine's own profile.
+
+Numbers used by the hand calculations (see planner.py): GiB = 2^30 bytes; RAM budget =
+available - max(1 GiB, 10% of total); VRAM budget = free - max(512 MiB, 10% of total);
+catalog sizes = params x bits per weight / 8 (Q4_K_M 4.89, Q8_0 8.5); F16 KV cache;
+compute = 4 x 512 x vocab (logits) + 4 x 512 x 3 x embedding; overhead 256 MiB host,
+400 MiB CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localinfer.catalog import load_catalog
+from localinfer.errors import ConfigError, InvalidRequest
+from localinfer.hardware import load_profile
+from localinfer.planner import (
+    Candidate,
+    PlanPrefs,
+    candidates_for_specs,
+    kv_cells,
+    plan,
+)
+
+PROFILES = Path(__file__).parent / "profiles"
+GIB = 2**30
+CATALOG = load_catalog()
+
+
+def profile(name: str):
+    return load_profile(PROFILES / f"{name}.json")
+
+
+def candidate(name: str) -> Candidate:
+    spec, variant = CATALOG.lookup(name)
+    return Candidate.from_spec(spec, variant or spec.variant())
+
+
+def one(hw, name: str, **prefs):
+    return plan(hw, [candidate(name)], PlanPrefs(**prefs)).evaluations[0]
+
+
+def family(hw, fam: str, **prefs):
+    return plan(hw, candidates_for_specs(CATALOG.in_family(fam)), PlanPrefs(**prefs))
+
+
+def test_all_recorded_profiles_load():
+    names = {p.stem for p in PROFILES.glob("*.json")}
+    assert {"laptop-8gb-cpu", "laptop-16gb-igpu", "desktop-rtx3060-32gb",
+            "desktop-rtx4090-64gb", "macbook-air-m2-8gb", "macbook-pro-m3max-64gb",
+            "raspberry-pi5-8gb"} <= names
+    for path in PROFILES.glob("*.json"):
+        hw = load_profile(path)
+        assert hw.ram_total_gib > 0 and hw.cpu.physical_cores > 0
+
+
+# --- 8 GB laptop, no GPU --------------------------------------------------------------------
+def test_8gb_laptop_fits_llama_3b_not_8b():
+    hw = profile("laptop-8gb-cpu")
+    # RAM budget: 5.5 - max(1, 0.8) = 4.5 GiB.
+    # llama3.1:8b Q4_K_M: 8.03e9 x 4.89 / 8 = 4.91e9 B = 4.57 GiB of weights alone: > 4.5.
+    e = one(hw, "llama3.1:8b-q4_k_m")
+    assert not e.fits and e.verdict == "too big" and "4.5 GiB usable" in e.reason
+    # llama3.2:3b Q4_K_M: 2.02e9 B = 1.88 GiB + KV 28 layers x 8192 x 8 heads x 256 x 2 B
+    # = 0.88 GiB + compute 4x512x128256 = 0.25 GiB + overhead 0.25 -> ~3.3 GiB <= 4.5.
+    e = one(hw, "llama3.2:3b-q4_k_m")
+    assert e.fits and e.n_gpu_layers == 0 and e.n_ctx == 8192
+    assert 3.0 * GIB < e.host.total_bytes < 3.6 * GIB
+    # Decode: 2.02e9 B read per token / min(38.4 GB/s x 0.8 x 0.8 = 24.6, 4 threads x 3.4 GHz
+    # x 3.0 = 40.8) = 82 ms + 28 layers x 0.3 ms + 0.3 + 0.64 ms sampling = 91 ms: ~11 tok/s.
+    assert 9.5 < e.decode_tps < 12.5
+
+
+def test_8gb_laptop_chooses_the_3b_for_llama32():
+    # 3B Q4_K_M reaches 10 tok/s (above) and beats every 1B variant on quality
+    # (3.2e9 x 0.94^2 = 2.8e9 > 1.2e9 x 1.0^2); 3B Q5_K_M (2.29 GB) is predicted ~9.6 tok/s.
+    result = family(profile("laptop-8gb-cpu"), "llama3.2")
+    assert result.choice.candidate.name == "llama3.2:3b-q4_k_m"
+
+
+# --- 16 GB laptop with an iGPU (Vulkan build) ---------------------------------------------------
+def test_16gb_igpu_laptop_offloads_8b_q4_fully_to_the_igpu():
+    hw = profile("laptop-16gb-igpu")
+    # The iGPU may use 8 GiB of the shared RAM; RAM budget 12 - 1.6 = 10.4 GiB.
+    # 8B Q4_K_M: 4.57 GiB + KV 32 x 8192 x 2048 x 2 B = 1.0 GiB + 0.27 compute + 0.25
+    # Vulkan overhead = 6.1 GiB <= 8: all 32 layers and the output (33/33) on the iGPU.
+    e = one(hw, "llama3.1:8b-q4_k_m")
+    assert e.fits and e.n_gpu_layers == 33 and e.gpu_backend == "Vulkan"
+    # Decode at 102.4 GB/s x 0.55 (iGPU) = 56 GB/s: ~4.4e9 B / 56e9 = 78 ms + 3.2 ms -> ~12.
+    assert 10 < e.decode_tps < 14
+    # 27B Q4_K_M (15.4 GiB) cannot fit 8 GiB of GPU share plus a 10.4 GiB RAM budget.
+    assert not one(hw, "gemma3:27b-q4_k_m").fits
+
+
+# --- desktop, RTX 3060 12 GB, 32 GB RAM ------------------------------------------------------
+def test_rtx3060_runs_8b_q8_entirely_on_the_gpu():
+    hw = profile("desktop-rtx3060-32gb")
+    # VRAM budget: 11.5 - max(1.2, 0.5) = 10.3 GiB. 8B Q8_0: 8.03e9 x 8.5/8 = 8.53e9 B =
+    # 7.95 GiB, minus the 0.52 GiB embedding that stays in RAM, + 0.52 output head = 7.95;
+    # + KV 1.0 GiB + compute 0.27 + CUDA 0.39 = 9.6 GiB <= 10.3: 33/33 layers.
+    e = one(hw, "llama3.1:8b-q8_0")
+    assert e.fits and e.n_gpu_layers == 33 and e.gpu.total_bytes <= e.gpu.budget_bytes
+    assert 9.0 * GIB < e.gpu.total_bytes < 9.9 * GIB
+    # Decode: ~7.97e9 B / (0.75 x 360 GB/s) = 29.5 ms + 32 x 0.02 + 0.3 + 0.26 ms -> ~32.
+    assert 29 < e.decode_tps < 36
+
+
+def test_rtx3060_splits_a_27b_and_the_cpu_part_dominates():
+    hw = profile("desktop-rtx3060-32gb")
+    # gemma3:27b Q4_K_M is 15.4 GiB: ~10 GiB of layers on the GPU, the rest in RAM.
+    e = one(hw, "gemma3:27b-q4_k_m")
+    assert e.fits and 30 < e.n_gpu_layers < 63
+    assert e.gpu.total_bytes <= e.gpu.budget_bytes and e.host.total_bytes <= e.host.budget_bytes
+    # The ~6.6 GB read from 51.2 GB/s DDR4 x 0.64 takes ~10x longer than the GPU part.
+    assert e.decode_ms["cpu"] > 5 * e.decode_ms["gpu"]
+    assert e.decode_tps < 10
+
+
+# --- desktop, RTX 4090 24 GB, 64 GB RAM ----------------------------------------------------------
+def test_rtx4090_qwen3_32b_needs_a_smaller_context_for_full_offload():
+    hw = profile("desktop-rtx4090-64gb")
+    # VRAM budget: 23 - 2.4 = 20.6 GiB. 32B Q4_K_M: 32.76e9 x 4.89/8 = 20.0e9 B = 18.65 GiB.
+    # At 8192 tokens the KV is 64 layers x 8192 x 8 x 256 x 2 B = 2.0 GiB: 18.65 + 2.0 + 0.3
+    # + 0.39 = 21.3 GiB > 20.6, so one layer stays on the CPU.
+    at_8k = one(hw, "qwen3:32b-q4_k_m", n_ctx=8192)
+    assert at_8k.fits and at_8k.n_gpu_layers < 65
+    # At 4096 the KV halves to 1.0 GiB: 20.3 GiB <= 20.6, every layer fits.
+    at_4k = one(hw, "qwen3:32b-q4_k_m", n_ctx=4096)
+    assert at_4k.n_gpu_layers == 65 and at_4k.decode_tps > at_8k.decode_tps
+
+
+# --- Apple M2 8 GB, M3 Max 64 GB ------------------------------------------------------------------
+def test_m2_8gb_fits_3b_on_metal_but_not_8b():
+    hw = profile("macbook-air-m2-8gb")
+    # Unified: RAM budget 6 - 1 = 5 GiB, shared by the GPU part. 8B Q4_K_M needs 4.57 GiB of
+    # weights + 0.25 GiB KV even at 2048 + compute + overheads > 5 GiB.
+    assert not one(hw, "llama3.1:8b-q4_k_m").fits
+    e = one(hw, "llama3.2:3b-q4_k_m")
+    assert e.fits and e.n_gpu_layers == 29 and e.gpu_backend == "Metal"
+    # GPU share + RAM share together within the one pool.
+    assert e.gpu.total_bytes + e.host.total_bytes <= e.host.budget_bytes
+    # Decode: ~2.02e9 B / (0.8 x 100 GB/s) = 25 ms + 28 x 0.14 ms + 0.6 -> ~34 tok/s.
+    assert 28 < e.decode_tps < 40
+
+
+def test_m3_max_64gb_runs_gemma3_27b_q8_on_the_gpu():
+    hw = profile("macbook-pro-m3max-64gb")
+    # 27B Q8_0: 27.0e9 x 8.5/8 = 28.7e9 B = 26.7 GiB; GPU share 48 GiB; RAM budget 52 - 6.4.
+    e = one(hw, "gemma3:27b-q8_0")
+    assert e.fits and e.n_gpu_layers == 63
+    # Decode: 28.7e9 B / (0.8 x 400 GB/s) = 90 ms + 62 x 0.14 = 8.7 ms + ~0.8 -> ~10 tok/s.
+    assert 8.5 < e.decode_tps < 11.5
+
+
+# --- Raspberry Pi 5 8 GB ------------------------------------------------------------------------------
+def test_pi5_shrinks_the_default_context_for_8b_and_says_so():
+    hw = profile("raspberry-pi5-8gb")
+    # RAM budget 7 - 1 = 6 GiB. 8B Q4_K_M at 8192: 4.57 + 1.0 KV + 0.27 + 0.25 = 6.1 > 6;
+    # at 4096 the KV is 0.5 GiB: 5.6 GiB fits. The plan says the default was shrunk.
+    e = one(hw, "llama3.1:8b-q4_k_m")
+    assert e.fits and e.n_ctx == 4096 and "8192 does not fit" in e.reason
+    # Decode: ~4.4e9 B / (17.1 x 0.64 = 10.9 GB/s) = 400 ms + 32 x 0.3 -> ~2.4 tok/s
+    # (a Pi 5 measured 2.17 with Ollama: geerlingguy/ai-benchmarks#7).
+    assert 2.0 < e.decode_tps < 2.8
+
+
+def test_pi5_never_silently_shrinks_an_asked_context():
+    hw = profile("raspberry-pi5-8gb")
+    e = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192)
+    assert not e.fits and e.n_ctx == 8192 and "fits with --ctx 4096" in e.reason
+
+
+def test_nothing_fits_says_what_is_missing():
+    result = plan(profile("raspberry-pi5-8gb"), [candidate("gemma3:27b-q8_0")], PlanPrefs())
+    assert result.choice is None
+    assert result.summary.startswith("nothing fits") and "GiB usable" in result.summary
+
+
+def test_below_target_the_fastest_that_fits_is_chosen():
+    # On the Pi nothing in qwen3:8b reaches 10 tok/s: the fastest fitting variant wins.
+    hw = profile("raspberry-pi5-8gb")
+    specs = [CATALOG.models["qwen3:8b"]]
+    result = plan(hw, candidates_for_specs(specs), PlanPrefs())
+    fitting = [e for e in result.evaluations if e.fits]
+    assert result.choice.decode_tps == max(e.decode_tps for e in fitting)
+    assert "nothing reaches 10 tok/s" in result.summary
+
+
+def test_slots_multiply_the_kv_cache_and_auto_slots_keep_the_gpu_layers():
+    hw = profile("desktop-rtx3060-32gb")
+    one_slot = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=1)
+    four = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=4)
+    assert four.gpu.kv_bytes == 4 * one_slot.gpu.kv_bytes
+    auto = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=None)
+    # 4 slots x 1 GiB of KV: 4.57 + 4.0 + 0.27 + 0.39 = 9.2 GiB <= 10.3: still 33/33.
+    assert auto.n_slots == 4 and auto.n_gpu_layers == 33
+
+
+def test_sliding_window_layers_keep_only_their_window():
+    # Gemma 3: 5 of every 6 layers slide over 1024 tokens: llama.cpp gives them
+    # min(n_ctx, 1024 + 512) cells, so a 4x longer context does not make them 4x bigger.
+    c = candidate("gemma3:12b-q4_k_m")
+    sliding = [layer for layer in c.layers if layer.sliding_window]
+    assert len(sliding) == 40 and kv_cells(sliding[0], 32768, 1) == 1536
+    assert kv_cells(sliding[0], 1000, 2) == 2000
+
+
+def test_a_cpu_only_build_never_offloads_even_with_a_big_gpu():
+    hw = profile("desktop-rtx4090-64gb")
+    cpu_only = replace(hw, backends=("CPU",))
+    result = family(cpu_only, "llama3.1")
+    assert all(e.n_gpu_layers == 0 and e.gpu is None for e in result.evaluations)
+    assert "no GPU this llama.cpp build can use" in result.summary
+
+
+def test_calibration_scales_decode_predictions():
+    hw = profile("laptop-8gb-cpu")
+    plain = one(hw, "llama3.2:1b-q4_k_m")
+    tuned = one(hw, "llama3.2:1b-q4_k_m", calibration={"CPU": 0.5})
+    assert tuned.decode_tps == pytest.approx(plain.decode_tps * 0.5)
+    assert tuned.calibration == 0.5
+
+
+# --- bad input ------------------------------------------------------------------------------------
+def test_context_zero_and_beyond_the_trained_limit_are_errors():
+    hw = profile("laptop-8gb-cpu")
+    with pytest.raises(InvalidRequest, match="at least 1 token"):
+        one(hw, "llama3.2:1b-q4_k_m", n_ctx=0)
+    with pytest.raises(InvalidRequest, match=r"beyond what gemma3:270m was trained for \(32768\)"):
+        one(hw, "gemma3:270m", n_ctx=40000)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "not valid JSON"),
+    ('{"cpu": {"physical_cores": 4}}', "ram_total_gib is missing"),
+    ('{"ram_total_gib": 8, "cpu": {"physical_cores": "four"}}', "cpu.physical_cores must be"),
+    ('{"ram_total_gib": 8, "cpu": {"physical_cores": 4}, "gpus": [{"name": "x",'
+     ' "vendor": "nvidia", "vram_total_gib": 8, "vram_free_gib": 9, "bandwidth_gbps": 1}]}',
+     "gpus[0].vram_free_gib"),
+    ('{"ram_total_gib": 8, "cpu": {"physical_cores": 4}, "backends": ["CUDAX"]}',
+     "unknown backend 'CUDAX'"),
+    ('{"ram_total_gib": 8, "cpu": {"physical_cores": 4}, "colour": 1}', "colour is not a known"),
+    ("[1, 2]", "must be an object"),
+])
+def test_malformed_profiles_name_the_field(tmp_path, text, words):
+    path = tmp_path / "hw.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_profile(path)
+    assert words in str(info.value) and "\n" not in info.value.one_line()
+
+
+def test_profile_round_trips_through_json():
+    hw = profile("macbook-pro-m3max-64gb")
+    from localinfer.hardware import HardwareProfile
+
+    assert HardwareProfile.from_json(hw.to_json()) == hw
+
+
+# --- properties -----------------------------------------------------------------------------------
+SPECS = ["llama3.2:1b-q8_0", "llama3.1:8b-q4_k_m", "gemma3:12b-q4_k_m", "qwen3:30b-a3b-q4_k_m",
+         "gemma3:27b-q6_k", "mistral-nemo:12b-q8_0", "gpt-oss:20b"]
+BASE = profile("desktop-rtx3060-32gb")
+
+
+def machine(vram_free: float, ram_available: float):
+    gpu = replace(BASE.gpus[0], vram_total_gib=max(vram_free, 1.0), vram_free_gib=vram_free)
+    return replace(BASE, gpus=(gpu,), ram_total_gib=max(ram_available, 4.0) + 4,
+                   ram_available_gib=ram_available)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(SPECS), st.floats(0.5, 48), st.floats(2, 96),
+       st.sampled_from([None, 1024, 4096, 8192, 32768]), st.sampled_from([1, 2, None]))
+def test_a_plan_never_exceeds_any_device_budget(name, vram, ram, ctx, slots):
+    e = plan(machine(vram, ram), [candidate(name)], PlanPrefs(n_ctx=ctx, n_slots=slots)
+             ).evaluations[0]
+    if e.fits:
+        assert e.host.total_bytes <= e.host.budget_bytes
+        assert e.gpu is None or e.gpu.total_bytes <= e.gpu.budget_bytes
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(SPECS), st.floats(0.5, 40), st.floats(0.1, 16), st.floats(8, 96),
+       st.sampled_from([2048, 8192, 32768]))
+def test_more_free_vram_never_gives_fewer_gpu_layers(name, vram, more, ram, ctx):
+    c = [candidate(name)]
+    less = plan(machine(vram, ram), c, PlanPrefs(n_ctx=ctx)).evaluations[0]
+    bigger = plan(machine(vram + more, ram), c, PlanPrefs(n_ctx=ctx)).evaluations[0]
+    assert bigger.n_gpu_layers >= less.n_gpu_layers
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(SPECS), st.integers(1, 30000), st.integers(1, 30000),
+       st.integers(0, 40), st.sampled_from([1, 3]))
+def test_a_longer_context_never_needs_less_memory(name, a, b, layers, slots):
+    short, long_ = sorted((a, b))
+    c = [candidate(name)]
+    prefs = dict(n_gpu_layers=layers, n_slots=slots)
+    e1 = plan(BASE, c, PlanPrefs(n_ctx=short, **prefs)).evaluations[0]
+    e2 = plan(BASE, c, PlanPrefs(n_ctx=long_, **prefs)).evaluations[0]
+    total = lambda e: e.host.total_bytes + (e.gpu.total_bytes if e.gpu else 0)  # noqa: E731
+    assert total(e2) >= total(e1)
+    assert e2.host.kv_bytes + (e2.gpu.kv_bytes if e2.gpu else 0) >= \
+        e1.host.kv_bytes + (e1.gpu.kv_bytes if e1.gpu else 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(SPECS), st.floats(0.5, 80), st.sampled_from([None, 4096]))
+def test_a_cpu_only_build_never_gets_gpu_layers(name, vram, ctx):
+    hw = replace(machine(vram, 64), backends=("CPU",))
+    e = plan(hw, [candidate(name)], PlanPrefs(n_ctx=ctx, n_gpu_layers=None)).evaluations[0]
+    assert e.n_gpu_layers == 0 and e.gpu is None
+
+
+# --- the real starter model on this machine --------------------------------------------------------
+@pytest.mark.model
+def test_header_candidate_matches_the_file(starter_path):
+    from localinfer import gguf
+
+    header = gguf.read_header(starter_path)
+    c = Candidate.from_header(header, name="gemma3:270m-q4_k_m")
+    assert c.n_layers == 18 and c.tied_embeddings and not c.estimated
+    assert sum(layer.weight_bytes for layer in c.layers) + c.output_bytes == \
+        header.tensor_bytes - header.other_bytes
+    # llama.cpp reports for this file at n_ctx 8192: 3 global layers x 8192 cells = 24 MiB and
+    # 15 sliding layers x 1024 cells = 15 MiB of F16 KV.
+    from localinfer.hardware import probe
+
+    e = plan(probe(measure_bandwidth=False), [c], PlanPrefs(n_ctx=8192)).evaluations[0]
+    assert e.host.kv_bytes == (24 + 15) * 2**20
