@@ -12,7 +12,7 @@ import json
 import sys
 
 from .config import Config
-from .errors import ConfigError, InvalidRequest, ModelNotFound
+from .errors import InvalidRequest, ModelNotFound
 
 PROFILE_HELP = """\
 A --hardware file is the JSON that `localinfer hw --json` prints, or one written by hand:
@@ -170,7 +170,6 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
 def _candidates(ref: str | None):
     """[(model name, [Candidate...])] for a model, a family, a path, or the whole catalog."""
     from . import gguf
-    from .catalog import load_catalog
     from .planner import Candidate
     from .store import ModelStore, looks_like_path
 

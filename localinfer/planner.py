@@ -594,7 +594,7 @@ def plan(hardware: HardwareProfile, candidates: Sequence[Candidate],
     _check_prefs(prefs, candidates)
     machine = _machine(hardware, prefs)
     evaluations = [_evaluate(c, hardware, machine, prefs) for c in candidates]
-    return _choose(evaluations, prefs, machine)
+    return _choose(evaluations, prefs, machine, hardware)
 
 
 def _check_prefs(prefs: PlanPrefs, candidates: Sequence[Candidate]) -> None:
@@ -709,18 +709,19 @@ def _missing(c: Candidate, m: _Machine, prefs: PlanPrefs, host: DeviceUse,
     return text
 
 
-def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine) -> Plan:
+def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
+            hw: HardwareProfile) -> Plan:
     fitting = [e for e in evaluations if e.fits]
     fast = [e for e in fitting if e.decode_tps >= prefs.min_tps]
     choice: Evaluation | None
     if fast:
         choice = max(fast, key=lambda e: (e.candidate.quality_score, e.decode_tps))
         summary = (f"{choice.candidate.name}: the best quality that fits and reaches"
-                   f" {prefs.min_tps:g} tok/s (predicted {choice.decode_tps:.1f} tok/s).")
+                   f" {prefs.min_tps:g} tok/s (predicted {choice.decode_tps:.1f} tok/s);")
     elif fitting:
         choice = max(fitting, key=lambda e: (e.decode_tps, e.candidate.quality_score))
         summary = (f"{choice.candidate.name}: nothing reaches {prefs.min_tps:g} tok/s here;"
-                   f" this is the fastest that fits (predicted {choice.decode_tps:.1f} tok/s).")
+                   f" this is the fastest that fits (predicted {choice.decode_tps:.1f} tok/s);")
     else:
         choice = None
         smallest = min(evaluations, key=lambda e: e.host.total_bytes
@@ -733,8 +734,11 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine) -> Pla
         if choice.n_slots > 1:
             summary += f" x {choice.n_slots} slots"
         summary += "."
-        if m.gpu is None and prefs.n_gpu_layers != 0:
-            summary += " (no GPU this llama.cpp build can use)"
+        if m.gpu is None and hw.gpus and prefs.n_gpu_layers != 0:
+            names = ", ".join(g.name for g in hw.gpus)
+            summary += (f" The llama.cpp build is CPU-only: it cannot use {names}."
+                        if not hw.can_offload else
+                        f" No backend of this llama.cpp build drives {names}.")
         why = "best quality at the target speed" if fast else "fastest that fits"
         choice = replace(choice, verdict="chosen",
                          reason=why + (f"; {choice.ctx_note}" if choice.ctx_note else ""))

@@ -32,7 +32,8 @@ flags		: fpu sse3 ssse3 fma f16c avx avx2 sha_ni
 """
 PI5 = """processor	: 0
 BogoMIPS	: 108.00
-Features	: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+Features	: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid \
+asimdrdm lrcpc dcpop asimddp
 CPU implementer	: 0x41
 CPU part	: 0xd0b
 """

@@ -159,7 +159,7 @@ def test_m3_max_64gb_runs_gemma3_27b_q8_on_the_gpu():
     assert 8.5 < e.decode_tps < 11.5
 
 
-# --- Raspberry Pi 5 8 GB ------------------------------------------------------------------------------
+# --- Raspberry Pi 5 8 GB ---------------------------------------------------------------------
 def test_pi5_shrinks_the_default_context_for_8b_and_says_so():
     hw = profile("raspberry-pi5-8gb")
     # RAM budget 7 - 1 = 6 GiB. 8B Q4_K_M at 8192: 4.57 + 1.0 KV + 0.27 + 0.25 = 6.1 > 6;
@@ -217,7 +217,7 @@ def test_a_cpu_only_build_never_offloads_even_with_a_big_gpu():
     cpu_only = replace(hw, backends=("CPU",))
     result = family(cpu_only, "llama3.1")
     assert all(e.n_gpu_layers == 0 and e.gpu is None for e in result.evaluations)
-    assert "no GPU this llama.cpp build can use" in result.summary
+    assert "CPU-only: it cannot use NVIDIA GeForce RTX 4090" in result.summary
 
 
 def test_calibration_scales_decode_predictions():
@@ -320,7 +320,7 @@ def test_a_cpu_only_build_never_gets_gpu_layers(name, vram, ctx):
     assert e.n_gpu_layers == 0 and e.gpu is None
 
 
-# --- the real starter model on this machine --------------------------------------------------------
+# --- the real starter model on this machine ---------------------------------------------------
 @pytest.mark.model
 def test_header_candidate_matches_the_file(starter_path):
     from localinfer import gguf
