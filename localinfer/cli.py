@@ -207,6 +207,7 @@ def _load_in_process(args: argparse.Namespace, config: Config):
     finally:
         for bar in copying:
             bar.finish()
+    engine.ready.wait()
     if loading:
         info = engine.info
         loading.finish(f"Loaded {info.name} ({info.quant}, {info.n_gpu_layers}/"

@@ -257,3 +257,9 @@ def test_stats_count_requests_and_tokens(fake_engine):
     assert stats.requests_total == 3
     assert stats.generated_tokens_total == 3 * 6  # 5 pieces + end of sequence, each time
     assert stats.queue_depth == 0 and stats.active == 0
+
+
+def test_warm_up_runs_on_the_worker_thread(fake_engine):
+    engine = fake_engine()
+    assert engine.ready.wait(5)
+    assert engine.backend.warmed_up_on == "localinfer-engine"

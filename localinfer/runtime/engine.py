@@ -172,6 +172,7 @@ class Engine:
         self._template = chat_template or _template_for(self.info)
         self._slots = [_Slot(i) for i in range(self.info.n_slots)]
         self._pending: list[_Request] = []
+        self._outbox: list[tuple[Generation, Event | BaseException]] = []
         self._cv = threading.Condition()
         self._closing = False
         self._ids = itertools.count(1)
@@ -180,6 +181,8 @@ class Engine:
         self._cached_tokens_total = 0
         self._generated_tokens_total = 0
         self._last_decode_tps = 0.0
+        self.ready = threading.Event()
+        """Set once the worker has warmed the model up (load_ms then includes it)."""
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -335,7 +338,16 @@ class Engine:
     # --- the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
+            started = time.perf_counter()
+            self.backend.warm_up()  # on this thread: every llama.cpp compute call must be
+            warm_ms = (time.perf_counter() - started) * 1000.0
+            with self._cv:
+                self.load_ms += warm_ms
+                self._unreported_load_ms += warm_ms
+            self.ready.set()
             while True:
+                if not self._active():
+                    self._flush()  # nothing is decoding: deliver what the last step made
                 with self._cv:
                     while not self._closing and not self._pending and not self._active():
                         self._cv.wait()
@@ -352,7 +364,17 @@ class Engine:
             self._fail_all(exc)
             raise
         finally:
+            self.ready.set()  # never leave a waiter hanging, even if the warm-up failed
             self._shutdown()
+            self._flush()
+
+    def _post(self, request: _Request, event: Event | BaseException) -> None:
+        self._outbox.append((request.generation, event))
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for generation, event in outbox:
+            generation._emit(event)
 
     def _active(self) -> list[_Slot]:
         return [s for s in self._slots if s.req is not None]
@@ -416,6 +438,9 @@ class Engine:
             budget -= n
             chunk_cap -= n
 
+        # Hand over the previous step's events now: the consumers' threads then run while
+        # llama_decode computes (it releases the GIL), not while this thread needs it.
+        self._flush()
         try:
             self.backend.decode(tokens, positions, seq_ids, outputs)
         except LocalInferError as exc:
@@ -445,7 +470,7 @@ class Engine:
             return
         text = request.assembler.push(self.backend.token_bytes(token))
         if text:
-            request.generation._emit(Token(text, _live(request, now)))
+            self._post(request, Token(text, _live(request, now)))
         if request.assembler.stopped:
             self._finish(slot, "stop", now)
         elif request.params.max_tokens is not None and \
@@ -460,13 +485,13 @@ class Engine:
         request = slot.req
         rest = request.assembler.flush()
         if rest:
-            request.generation._emit(Token(rest, _live(request, now)))
+            self._post(request, Token(rest, _live(request, now)))
         done = _done(request, reason, now)
         self._generated_tokens_total += request.n_generated
         if done.timings.decode_tokens:
             self._last_decode_tps = done.timings.decode_tps
         self._release(slot, now)
-        request.generation._emit(done)
+        self._post(request, done)
 
     def _abort(self, slot: _Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
@@ -474,7 +499,7 @@ class Engine:
         self.backend.seq_trim(slot.seq_id, 0)
         slot.cached.clear()
         self._release(slot, time.perf_counter())
-        request.generation._emit(exc)
+        self._post(request, exc)
 
     def _release(self, slot: _Slot, now: float) -> None:
         if slot.req is not None and slot.req.sampler is not None:
@@ -484,6 +509,7 @@ class Engine:
         slot.last_used = now
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._flush()
         error = LocalInferError(f"the engine stopped unexpectedly: {exc}")
         with self._cv:
             pending, self._pending = self._pending, []

@@ -165,5 +165,8 @@ class FakeBackend:
         del cells[start:]
         return len(cells)
 
+    def warm_up(self) -> None:
+        self.warmed_up_on = threading.current_thread().name
+
     def close(self) -> None:
         self.closed = True

@@ -203,7 +203,6 @@ class LlamaBackend:
         self._mem = L.llama_get_memory(self._ctx)
         self.n_batch = options.n_batch
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
-        self._warm_up()
         self.load_ms = (time.perf_counter() - t0) * 1000.0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
@@ -212,10 +211,12 @@ class LlamaBackend:
         self._n_swa = L.llama_model_n_swa(self._model)
         self.info = self._describe(path, name, header, options, n_slots)
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """Decode one token and forget it, as llama.cpp's own tools do: the first decode
         pages the weights in and builds the compute graph, which would otherwise land on
-        the first request's time to first token."""
+        the first request's time to first token. Called on the engine's worker thread: all
+        compute must happen on one thread, or llama.cpp's OpenMP threads slow down by a
+        third (libgomp stops spinning once it manages more threads than there are CPUs)."""
         bos = L.llama_vocab_bos(self._vocab)
         self.decode([bos if bos >= 0 else 0], [0], [0], [True])
         L.llama_memory_clear(self._mem, True)
