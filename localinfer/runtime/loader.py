@@ -124,13 +124,11 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
 
     def load(model: ResolvedModel, num_ctx: int | None) -> Engine:
         header = gguf.read_header(model.path)
-        slots = n_slots or config.slots or DAEMON_SLOTS
-        options = options_for(header, config.replace(ctx=num_ctx), n_slots=slots)
+        # Slots from the settings, else the plan's (KV memory grows with slots x context).
+        options = options_for(header, config.replace(ctx=num_ctx),
+                              n_slots=n_slots or config.slots, name=model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue)
 
     return load
 
-
-DAEMON_SLOTS = 4
-"""Sequences the daemon decodes in parallel unless the settings or the plan say otherwise."""
