@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from dataclasses import asdict
@@ -23,7 +24,8 @@ from .errors import Cancelled, LocalInferError
 INTERNAL_ERROR = 70
 
 # Modules that add sub-commands (each has ``register(subparsers)``).
-COMMAND_MODULES: tuple[str, ...] = ("cli_daemon", "cli_plan")
+COMMAND_MODULES: tuple[str, ...] = ("cli_daemon", "cli_plan", "cli_bench", "cli_chat",
+                                    "cli_models")
 
 Command = Callable[[argparse.Namespace, Config], int]
 
@@ -38,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
+    if getattr(args, "offline", False):
+        # Before anything reads it: the config, huggingface_hub, a daemon this process starts.
+        os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         config = load_config()
         return args.func(args, config)
@@ -71,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"localinfer {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks and llama.cpp's log")
+    parser.add_argument("--offline", action="store_true",
+                        help="never touch the network (as HF_HUB_OFFLINE=1): `pull` refuses,"
+                             " `plan` uses cached headers or the catalog's estimates")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     p = sub.add_parser("run", help="generate a completion for one prompt",
@@ -88,10 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-daemon", action="store_true",
                    help="load the model in this process even when a daemon is running")
     p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("list", aliases=["ls"], help="list installed models")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_list)
 
     # Each area keeps its commands in its own module: cli_<area>.py with register(sub).
     for name in COMMAND_MODULES:
@@ -264,25 +268,7 @@ def run_result_json(model: str, done) -> dict:
     }
 
 
-# --- list ------------------------------------------------------------------------------------
-def cmd_list(args: argparse.Namespace, config: Config) -> int:
-    from .progress import human_bytes
-    from .store import ModelStore
-
-    models = ModelStore().list()
-    if args.json:
-        print(json.dumps([asdict(m) for m in models], indent=2))
-        return 0
-    if not models:
-        print("No models installed. `localinfer run gemma3:270m \"Hello\"` installs the starter"
-              " model; `localinfer pull NAME` downloads one.")
-        return 0
-    rows = [("NAME", "QUANT", "SIZE", "PATH")]
-    rows += [(m.name, m.quant, human_bytes(m.size_bytes), m.path) for m in models]
-    print_table(rows)
-    return 0
-
-
+# --- tables --------------------------------------------------------------------------------------
 def print_table(rows: list[tuple[str, ...]], stream=None) -> None:
     stream = stream or sys.stdout
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

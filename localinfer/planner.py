@@ -583,6 +583,18 @@ def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Pre
                       prefill_tps=1.0 / prefill_s if prefill_s > 0 else 0.0, key=key)
 
 
+def decode_bytes_per_token(c: Candidate, position: int) -> float:
+    """Bytes one decoded token reads at ``position``: the weights in use (the active experts'
+    share for a mixture of experts), the output head, and the KV cache so far. Divided into
+    the memory bandwidth, it is the roofline of the decode rate."""
+    total = float(c.output_bytes)
+    for layer in c.layers:
+        cells = position if layer.sliding_window is None else min(position,
+                                                                  layer.sliding_window)
+        total += layer.read_bytes + cells * layer.kv_elements_per_token * KV_BYTES_PER_ELEMENT
+    return total
+
+
 # --- planning ------------------------------------------------------------------------------------
 def plan(hardware: HardwareProfile, candidates: Sequence[Candidate],
          prefs: PlanPrefs | None = None) -> Plan:

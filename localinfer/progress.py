@@ -21,16 +21,20 @@ def human_bytes(n: float) -> str:
 
 class TerminalProgress:
     def __init__(self, label: str, *, total: float | None = None, unit: str = "bytes",
-                 stream: TextIO | None = None, min_interval_s: float = 0.1) -> None:
+                 stream: TextIO | None = None, min_interval_s: float = 0.1,
+                 initial: float = 0.0) -> None:
         self.label = label
         self.total = total
+        self.initial = initial
+        """Progress already made before this display started (a resumed download): the rate
+        and ETA count only what comes after it."""
         self.unit = unit
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.min_interval_s = min_interval_s
         self.start = time.monotonic()
         self._last_draw = 0.0
-        self._done = 0.0
+        self._done = initial
         self._finished = False
         self._started = False
 
@@ -52,6 +56,10 @@ class TerminalProgress:
             self._last_draw = now
             self._draw(now)
 
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.start
+
     def fraction(self, value: float) -> None:
         """Progress as a fraction 0..1 (model loading)."""
         self.update(value, 1.0)
@@ -65,7 +73,7 @@ class TerminalProgress:
             filled = int(frac * width)
             parts.append("[" + "#" * filled + "-" * (width - filled) + f"] {frac * 100:5.1f}%")
             if self.unit == "bytes":
-                rate = self._done / elapsed
+                rate = max(self._done - self.initial, 0.0) / elapsed
                 parts.append(f"{human_bytes(self._done)}/{human_bytes(self.total)}")
                 parts.append(f"{human_bytes(rate)}/s")
                 if 0 < frac < 1 and rate > 0:

@@ -13,6 +13,7 @@ import pytest
 from localinfer.errors import Busy, ContextOverflow, InvalidRequest
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
+from localinfer.runtime.speculate import MAX_DRAFT
 from localinfer.runtime.types import Done, Message, Priority, SamplingParams, Token
 
 GREEDY = SamplingParams(temperature=0)
@@ -175,8 +176,9 @@ def test_long_prompt_is_chunked_while_others_decode(fake_engine):
     assert long.result().finish_reason == "length"
     streaming.cancel()
     assert list(stream)[-1].finish_reason == "cancelled"
-    # While the first sequence was decoding, no batch carried a full 256-token chunk.
-    assert max(engine.backend.decode_calls[1:]) <= 1 + 64
+    # While the first sequence was decoding, no batch carried a full 256-token chunk: only
+    # its next token (and a speculative draft of at most MAX_DRAFT) plus a 64-token chunk.
+    assert max(engine.backend.decode_calls[1:]) <= 1 + MAX_DRAFT + 64
 
 
 def test_interactive_requests_jump_the_queue(fake_engine):
@@ -263,3 +265,103 @@ def test_warm_up_runs_on_the_worker_thread(fake_engine):
     engine = fake_engine()
     assert engine.ready.wait(5)
     assert engine.backend.warmed_up_on == "localinfer-engine"
+
+
+# --- speculation, preemption ---------------------------------------------------------------
+def test_prompt_lookup_drafts_are_verified_and_change_nothing(fake_engine):
+    # The fake model copies its prompt: the situation prompt lookup is made for.
+    engine = fake_engine(reply=lambda prompt: prompt.split("COPY:")[-1], n_slots=2)
+    prompt = "COPY:" + " ".join(f"line{i} = value{i % 7} + offset" for i in range(60))
+    plain = engine.complete(prompt, SamplingParams(temperature=0, max_tokens=None,
+                                                   speculative=False)).result()
+    fast = engine.complete(prompt, SamplingParams(temperature=0, max_tokens=None,
+                                                  speculative=True)).result()
+    assert fast.text == plain.text and len(plain.text) > 200
+    assert plain.timings.drafted_tokens == 0
+    assert fast.timings.accepted_tokens > 0.8 * fast.timings.drafted_tokens > 50
+    # Fewer decode steps for the same tokens: several accepted per step.
+    assert fast.usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_rejected_drafts_leave_the_cache_consistent(fake_engine):
+    # Repetitive prompts make drafts that the model then rejects; the fake backend raises
+    # if a rejected draft's cells were left behind (positions must stay contiguous).
+    engine = fake_engine(reply="a b a b a c a b a d a b a e " * 5, n_slots=1)
+    done = engine.complete("a b a b a b a b", SamplingParams(max_tokens=None,
+                                                             speculative=True)).result()
+    assert done.text == ("a b a b a c a b a d a b a e " * 5)
+    assert done.timings.drafted_tokens > done.timings.accepted_tokens
+    again = engine.complete("a b a b a b a b", SamplingParams(speculative=False)).result()
+    assert again.text == done.text
+
+
+def test_speculation_stops_at_the_token_limit(fake_engine):
+    engine = fake_engine(reply=lambda p: p, n_slots=1)
+    done = engine.complete("x y " * 40, SamplingParams(max_tokens=7, speculative=True)
+                           ).result()
+    assert done.usage.completion_tokens == 7 and done.finish_reason == "length"
+
+
+def test_interactive_request_preempts_a_background_one(fake_engine):
+    engine = fake_engine(reply="tok " * 300, n_slots=1, step_delay_s=0.001)
+    background = engine.complete("editor request", SamplingParams(max_tokens=None,
+                                                                  speculative=False),
+                                 priority=Priority.BACKGROUND)
+    stream = started(background)
+    chat = engine.complete("user question", SamplingParams(max_tokens=5),
+                           priority=Priority.INTERACTIVE).result()
+    assert chat.finish_reason == "length"  # served while the background one was running
+    rest = list(stream)
+    done = rest[-1]
+    # The background request resumed where it stopped: its text is whole and unchanged.
+    assert done.finish_reason == "stop" and done.text == ("tok " * 300)
+    assert done.usage.prompt_tokens == len(engine.backend.tokenize("editor request",
+                                                                   add_special=True))
+    assert engine.stats().preemptions_total == 1
+    assert done.usage.completion_tokens == 601  # 600 pieces and the end of sequence
+
+
+def test_burst_of_editor_requests_does_not_starve_a_chat(fake_engine):
+    engine = fake_engine(reply="tok " * 40, n_slots=2, step_delay_s=0.001)
+    order = []
+    lock = threading.Lock()
+
+    def sink_for(name):
+        def sink(event):
+            if isinstance(event, Done):
+                with lock:
+                    order.append(name)
+        return sink
+
+    for i in range(8):
+        engine.complete(f"file {i}", GREEDY, priority=Priority.BACKGROUND,
+                        sink=sink_for(f"editor{i}"))
+    while engine.stats().active < 2:
+        time.sleep(0.001)
+    engine.complete("hello", SamplingParams(max_tokens=3), priority=Priority.INTERACTIVE,
+                    sink=sink_for("chat"))
+    deadline = time.time() + 20
+    while len(order) < 9 and time.time() < deadline:
+        time.sleep(0.01)
+    assert order[0] == "chat"  # before any editor request, although they were all first
+    assert sorted(order[1:]) == [f"editor{i}" for i in range(8)]
+
+
+def test_cancel_mid_batch_frees_the_slot_and_spares_the_others(fake_engine):
+    engine = fake_engine(reply=lambda p: "answer " + p.split()[-1] + " end", n_slots=3,
+                         step_delay_s=0.002)
+    long = engine.complete("x", SamplingParams(max_tokens=None))
+    others = [engine.complete(f"question q{i}", GREEDY) for i in range(2)]
+    stream = started(long)
+    long.cancel()
+    assert list(stream)[-1].finish_reason == "cancelled"
+    late = engine.complete("question q9", GREEDY)
+    assert [g.result().text for g in others + [late]] == [
+        "answer q0 end", "answer q1 end", "answer q9 end"]
+
+
+def test_measure_decode_step_runs_on_the_worker(fake_engine):
+    engine = fake_engine(step_delay_s=0.001)
+    rate = engine.measure_decode_step(8)
+    assert 10 < rate < 1000  # one fake step sleeps 1 ms
+    engine.complete("after", SamplingParams(max_tokens=2)).result()  # still serving

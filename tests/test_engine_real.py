@@ -121,3 +121,45 @@ def test_load_refuses_a_file_that_is_not_gguf(tmp_path):
     path.write_bytes(b"<html>404</html>" * 10)
     with pytest.raises(InvalidModelFile, match="not a GGUF"):
         load_engine(path, LoadOptions(), name="bad")
+
+
+def test_speculation_gives_the_same_greedy_text(real_engine):
+    from localinfer.benchmark import CODE_EDIT_PROMPT
+
+    params = dict(temperature=0, max_tokens=120, stop=("```",))
+    plain = real_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=False)
+                                 ).result()
+    fast = real_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=True)
+                                ).result()
+    assert fast.text == plain.text
+    assert plain.timings.drafted_tokens == 0
+    assert fast.timings.accepted_tokens > 0.5 * fast.timings.drafted_tokens > 20
+    assert "totals_by_customer" in fast.text  # the model really is copying the function
+
+
+def test_batched_sequences_equal_their_solo_runs(real_engine):
+    # Two sequences decode in one batch: llama.cpp computes batches of up to 7 rows exactly
+    # like single-token steps, so each text equals the same request run alone.
+    params = SamplingParams(temperature=0, max_tokens=32, speculative=False)
+    prompts = ["The largest planet is", "My favourite recipe for pancakes"]
+    solo = [real_engine.complete(p, params).result().text for p in prompts]
+    together = [g.result().text for g in [real_engine.complete(p, params) for p in prompts]]
+    assert together == solo
+
+
+def test_preempted_request_completes(real_engine):
+    from localinfer.runtime.types import Priority
+
+    params = SamplingParams(temperature=0, max_tokens=40, speculative=False)
+    background = [real_engine.complete(f"Background job {i}: the history of", params,
+                                       priority=Priority.BACKGROUND) for i in range(2)]
+    first = [iter(g) for g in background]
+    for stream in first:
+        next(stream)  # both slots are generating
+    chat = real_engine.chat([Message("user", "Hi")], SamplingParams(max_tokens=4),
+                            priority=Priority.INTERACTIVE).result()
+    assert chat.usage.completion_tokens == 4
+    for stream in first:
+        done = list(stream)[-1]
+        assert done.finish_reason == "length" and done.usage.completion_tokens == 40
+    assert real_engine.stats().preemptions_total >= 1

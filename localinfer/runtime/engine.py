@@ -18,12 +18,14 @@ import queue
 import random
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError
 from .backend import Backend, ModelInfo
 from .chat_template import ChatTemplate
+from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
 from .types import (
     Done,
@@ -112,9 +114,23 @@ class _Request:
     t_last: float = 0.0
     load_ms: float = 0.0
     n_cached: int = 0
-    n_generated: int = 0
+    """Prompt tokens found in the KV cache at first admission."""
+    n_prefilled: int = 0
+    """Tokens evaluated to read the prompt (and to resume after a preemption)."""
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_preempted: int = 0
+    generated: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)
+    """What must be in the KV cache before the next sample: the prompt, or after a
+    preemption the prompt and everything generated so far."""
     sampler: object = None
+    lookup: PromptLookup | None = None
     assembler: TextAssembler = field(default_factory=TextAssembler)
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.generated)
 
     def sort_key(self) -> tuple[int, float, int]:
         return (int(self.priority), self.t_submit, self.id)
@@ -132,11 +148,12 @@ class _Slot:
         self.last_used = 0.0
         self.req: _Request | None = None
         self.next_token: int | None = None  # sampled, not yet decoded
+        self.draft: list[int] = []  # drafted tokens in the current batch, after next_token
         self.batch_index = -1
 
     @property
     def prefilling(self) -> bool:
-        return self.req is not None and len(self.cached) < len(self.req.prompt)
+        return self.req is not None and len(self.cached) < len(self.req.target)
 
 
 @dataclass(frozen=True)
@@ -151,6 +168,9 @@ class EngineStats:
     active: int
     n_slots: int
     last_decode_tps: float
+    drafted_tokens_total: int = 0
+    accepted_tokens_total: int = 0
+    preemptions_total: int = 0
 
 
 class Engine:
@@ -180,7 +200,11 @@ class Engine:
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
         self._generated_tokens_total = 0
+        self._drafted_total = 0
+        self._accepted_total = 0
+        self._preemptions_total = 0
         self._last_decode_tps = 0.0
+        self._jobs: list[tuple[Callable[[], object], Future]] = []
         self.ready = threading.Event()
         """Set once the worker has warmed the model up (load_ms then includes it)."""
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
@@ -232,11 +256,13 @@ class Engine:
                                        add_special=self.info.add_bos)
         return self.submit(tokens, params, priority=priority, sink=sink)
 
-    def render_chat(self, messages: Sequence[Message]) -> str:
-        return self._template.render(messages)
+    def render_chat(self, messages: Sequence[Message], *,
+                    add_generation_prompt: bool = True) -> str:
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt)
 
-    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
-        text = self.render_chat(messages)
+    def chat_tokens(self, messages: Sequence[Message], *,
+                    add_generation_prompt: bool = True) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
         bos = self.info.bos_text
         # Templates usually write the BOS token themselves; add it only when they do not.
         add_special = not (bos and text.startswith(bos))
@@ -276,6 +302,7 @@ class Engine:
             seed=seed,
             t_submit=time.perf_counter(),
             assembler=TextAssembler(params.stop),
+            target=list(prompt),
         )
         generation.request = request
         with self._cv:
@@ -301,7 +328,55 @@ class Engine:
                 active=sum(1 for s in self._slots if s.req is not None),
                 n_slots=len(self._slots),
                 last_decode_tps=self._last_decode_tps,
+                drafted_tokens_total=self._drafted_total,
+                accepted_tokens_total=self._accepted_total,
+                preemptions_total=self._preemptions_total,
             )
+
+    def run_on_worker(self, fn: Callable[[], object], timeout: float | None = None) -> object:
+        """Run ``fn()`` on the worker thread once no request is running, and return its result.
+        For measurements that must drive llama.cpp from the engine's own thread."""
+        future: Future = Future()
+        with self._cv:
+            if self._closing:
+                raise Busy("the engine is shutting down.")
+            self._jobs.append((fn, future))
+            self._cv.notify()
+        return future.result(timeout)
+
+    def clear_cache(self) -> None:
+        """Forget every idle slot's KV cache (the next requests start cold)."""
+
+        def clear() -> None:
+            for slot in self._slots:
+                if slot.req is None:
+                    self.backend.seq_trim(slot.seq_id, 0)
+                    slot.cached.clear()
+
+        self.run_on_worker(clear)
+
+    def measure_decode_step(self, n_steps: int = 32) -> float:
+        """The bare llama_decode rate for one sequence, in steps per second: a single token
+        per step with its logits, no sampling, no Python bookkeeping around it. The yardstick
+        for the engine's own decode rate."""
+
+        def measure() -> float:
+            slot = self._slots[0]
+            self.backend.seq_trim(slot.seq_id, 0)
+            slot.cached.clear()
+            token = self.backend.tokenize("Hello", add_special=True)[-1]
+            times = []
+            try:
+                for pos in range(n_steps + 1):
+                    started = time.perf_counter()
+                    self.backend.decode([token], [pos], [slot.seq_id], [True])
+                    times.append(time.perf_counter() - started)
+            finally:
+                self.backend.seq_trim(slot.seq_id, 0)
+            times = sorted(times[1:])
+            return 1.0 / times[len(times) // 2]
+
+        return float(self.run_on_worker(measure))
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running request; each ends within one token."""
@@ -348,8 +423,10 @@ class Engine:
             while True:
                 if not self._active():
                     self._flush()  # nothing is decoding: deliver what the last step made
+                    self._run_jobs()
                 with self._cv:
-                    while not self._closing and not self._pending and not self._active():
+                    while not (self._closing or self._pending or self._active() or
+                               self._jobs):
                         self._cv.wait()
                     if self._closing:
                         break
@@ -368,6 +445,15 @@ class Engine:
             self._shutdown()
             self._flush()
 
+    def _run_jobs(self) -> None:
+        with self._cv:
+            jobs, self._jobs = self._jobs, []
+        for fn, future in jobs:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # delivered to the caller of run_on_worker
+                future.set_exception(exc)
+
     def _post(self, request: _Request, event: Event | BaseException) -> None:
         self._outbox.append((request.generation, event))
 
@@ -380,29 +466,58 @@ class Engine:
         return [s for s in self._slots if s.req is not None]
 
     def _admit(self) -> None:
-        """Move waiting requests into free slots, reusing the best-matching cached prefix."""
+        """Move waiting requests into free slots, reusing the best-matching cached prefix.
+        An interactive request that finds every slot busy takes one from a lower-priority
+        request, which goes back to the queue and resumes later where it stopped."""
+        if self._pending and not any(s.req is None for s in self._slots):
+            self._preempt_for(self._pending[0])
         free = [s for s in self._slots if s.req is None]
         while self._pending and free:
             request = heapq.heappop(self._pending)
-            slot = max(free, key=lambda s: _slot_score(s, request.prompt))
+            target = request.target
+            slot = max(free, key=lambda s: _slot_score(s, target))
             free.remove(slot)
-            # At least the last prompt token must be evaluated to get its logits.
-            n_keep = min(_common_prefix(slot.cached, request.prompt), len(request.prompt) - 1)
+            # At least the last token must be evaluated to get its logits.
+            n_keep = min(_common_prefix(slot.cached, target), len(target) - 1)
             n_keep = self.backend.seq_trim(slot.seq_id, n_keep)
             del slot.cached[n_keep:]
-            now = time.perf_counter()
-            request.t_start = now
-            request.n_cached = n_keep
-            request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
-            params = request.params
-            request.sampler = self.backend.new_sampler(params, request.seed)
-            if params.repeat_last_n and (params.repeat_penalty != 1.0 or
-                                         params.frequency_penalty or params.presence_penalty):
-                self.backend.accept(request.sampler, request.prompt[-params.repeat_last_n:])
+            if request.sampler is None:  # first admission (not a resumption)
+                request.t_start = time.perf_counter()
+                request.n_cached = n_keep
+                request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
+                params = request.params
+                request.sampler = self.backend.new_sampler(params, request.seed)
+                if params.repeat_last_n and (params.repeat_penalty != 1.0 or
+                                             params.frequency_penalty or
+                                             params.presence_penalty):
+                    self.backend.accept(request.sampler,
+                                        request.prompt[-params.repeat_last_n:])
+                if params.speculative is not False:
+                    request.lookup = PromptLookup(request.prompt)
+                self._prompt_tokens_total += len(request.prompt)
+                self._cached_tokens_total += n_keep
+            request.n_prefilled += len(target) - n_keep
             slot.req = request
             slot.next_token = None
-            self._prompt_tokens_total += len(request.prompt)
-            self._cached_tokens_total += n_keep
+
+    def _preempt_for(self, waiting: _Request) -> None:
+        if waiting.priority != Priority.INTERACTIVE:
+            return
+        victims = [s for s in self._active() if s.req.priority > waiting.priority]
+        if not victims:
+            return
+        # The lowest priority first; among equals the one that started last loses least.
+        slot = max(victims, key=lambda s: (int(s.req.priority), s.req.t_start))
+        request = slot.req
+        # Everything generated so far is already streamed; it resumes by reading it back
+        # (mostly from this slot's cache, if nobody overwrote it) and sampling on.
+        request.target = request.prompt + request.generated
+        request.n_preempted += 1
+        self._preemptions_total += 1
+        slot.req = None
+        slot.next_token = None
+        slot.last_used = time.perf_counter()
+        heapq.heappush(self._pending, request)
 
     def _step(self) -> None:
         """Build one batch from every active slot, decode it, and sample."""
@@ -412,24 +527,39 @@ class Engine:
         outputs: list[bool] = []
         budget = self.backend.n_batch
         decoding = [s for s in self._active() if not s.prefilling]
+        # Drafts only while the batch stays small enough to be computed exactly like plain
+        # decoding (see speculate.py): no prompt being read, few sequences decoding.
+        prefill_pending = any(s.prefilling for s in self._active())
+        draft_budget = 0 if prefill_pending else EXACT_ROWS - len(decoding)
         for slot in decoding:
+            pos = len(slot.cached)
             slot.batch_index = len(tokens)
+            slot.draft = []
+            lookup = slot.req.lookup
+            if lookup is not None and draft_budget > 0:
+                room = min(draft_budget, MAX_DRAFT, self.info.n_ctx - 1 - pos,
+                           budget - len(decoding))
+                slot.draft = lookup.draft(room)
+                draft_budget -= len(slot.draft)
+            n = 1 + len(slot.draft)
             tokens.append(slot.next_token)
-            positions.append(len(slot.cached))
-            seq_ids.append(slot.seq_id)
-            outputs.append(True)
-        budget -= len(decoding)
+            tokens.extend(slot.draft)
+            positions.extend(range(pos, pos + n))
+            seq_ids.extend([slot.seq_id] * n)
+            outputs.extend([True] * n)
+            budget -= n
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
         prefilling = sorted((s for s in self._active() if s.prefilling), key=lambda s: s.req)
         chunks: list[tuple[_Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)
-            n = min(len(slot.req.prompt) - start, budget, chunk_cap)
+            target = slot.req.target
+            n = min(len(target) - start, budget, chunk_cap)
             if n <= 0:
                 break
-            last = start + n == len(slot.req.prompt)
-            tokens.extend(slot.req.prompt[start : start + n])
+            last = start + n == len(target)
+            tokens.extend(target[start : start + n])
             positions.extend(range(start, start + n))
             seq_ids.extend([slot.seq_id] * n)
             outputs.extend([False] * (n - 1) + [last])
@@ -451,23 +581,58 @@ class Engine:
 
         now = time.perf_counter()
         for slot in decoding:
-            slot.cached.append(slot.next_token)
-            self._on_token(slot, self.backend.sample(slot.req.sampler, slot.batch_index), now)
+            self._verify(slot, now)
         for slot, n in chunks:
             start = len(slot.cached)
-            slot.cached.extend(slot.req.prompt[start : start + n])
+            slot.cached.extend(slot.req.target[start : start + n])
             if not slot.prefilling:
-                self._on_token(slot, self.backend.sample(slot.req.sampler, slot.batch_index), now)
+                token = self.backend.sample(slot.req.sampler, slot.batch_index)
+                self._on_token(slot, token, now)
 
-    def _on_token(self, slot: _Slot, token: int, now: float) -> None:
+    def _verify(self, slot: _Slot, now: float) -> None:
+        """Sample a decoding slot's outputs: its next token, then each draft token for as
+        long as the model agrees with the draft."""
+        request, draft = slot.req, slot.draft
+        slot.cached.append(slot.next_token)
+        accepted = 0
+        for j in range(len(draft) + 1):
+            if j and request.generation.cancelled:
+                break  # cancelled mid-step: stop at one token, even with a draft accepted
+            token = self.backend.sample(request.sampler, slot.batch_index + j)
+            if not self._on_token(slot, token, now):
+                break  # finished (end of generation, a stop string, max_tokens)
+            if j < len(draft) and token == draft[j]:
+                slot.cached.append(token)  # already decoded at this position: keep it
+                accepted += 1
+            else:
+                break
+        if draft:
+            request.n_drafted += len(draft)
+            request.n_accepted += accepted
+            self._drafted_total += len(draft)
+            self._accepted_total += accepted
+            request.lookup.feedback(len(draft), accepted)
+            if slot.req is request and accepted < len(draft):
+                # Drop the rejected draft tokens from this sequence's cache.
+                kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
+                if kept != len(slot.cached):  # could not cut there: read it all back
+                    del slot.cached[kept:]
+                    request.target = request.prompt + request.generated
+                    slot.next_token = None
+        slot.draft = []
+
+    def _on_token(self, slot: _Slot, token: int, now: float) -> bool:
+        """Record a sampled token; False when the generation has ended."""
         request = slot.req
-        request.n_generated += 1
+        request.generated.append(token)
+        if request.lookup is not None:
+            request.lookup.extend([token])
         if request.n_generated == 1:
             request.t_first = now
         request.t_last = now
         if self.backend.is_eog(token):
             self._finish(slot, "stop", now)
-            return
+            return False
         text = request.assembler.push(self.backend.token_bytes(token))
         if text:
             self._post(request, Token(text, _live(request, now)))
@@ -480,6 +645,8 @@ class Engine:
             self._finish(slot, "length", now)  # no room left to decode this token
         else:
             slot.next_token = token
+            return True
+        return False
 
     def _finish(self, slot: _Slot, reason: FinishReason, now: float) -> None:
         request = slot.req
@@ -504,8 +671,10 @@ class Engine:
     def _release(self, slot: _Slot, now: float) -> None:
         if slot.req is not None and slot.req.sampler is not None:
             self.backend.free_sampler(slot.req.sampler)
+            slot.req.sampler = None
         slot.req = None
         slot.next_token = None
+        slot.draft = []
         slot.last_used = now
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -513,6 +682,7 @@ class Engine:
         error = LocalInferError(f"the engine stopped unexpectedly: {exc}")
         with self._cv:
             pending, self._pending = self._pending, []
+            jobs, self._jobs = self._jobs, []
             self._closing = True
         for request in pending:
             request.generation._emit(error)
@@ -520,15 +690,23 @@ class Engine:
             request = slot.req
             slot.req = None
             request.generation._emit(error)
+        for _, future in jobs:
+            future.set_exception(error)
 
     def _shutdown(self) -> None:
         now = time.perf_counter()
         with self._cv:
             pending, self._pending = self._pending, []
+            jobs, self._jobs = self._jobs, []
         for request in pending:
+            if request.sampler is not None:  # a preempted request still holds its sampler
+                self.backend.free_sampler(request.sampler)
+                request.sampler = None
             request.generation._emit(_done(request, "cancelled", now))
         for slot in self._active():
             self._finish(slot, "cancelled", now)
+        for _, future in jobs:
+            future.set_exception(Busy("the engine is shutting down."))
 
 
 def _template_for(info: ModelInfo) -> ChatTemplate:
@@ -563,12 +741,12 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _live(request: _Request, now: float) -> LiveStats:
     prefill_ms = (request.t_first - request.t_start) * 1000.0
-    n_prefill = len(request.prompt) - request.n_cached
     decode_s = now - request.t_first
     return LiveStats(
         n_tokens=request.n_generated,
         ttft_ms=(request.t_first - request.t_submit) * 1000.0,
-        prefill_tps=n_prefill * 1000.0 / prefill_ms if prefill_ms > 0 else 0.0,
+        prefill_tps=(len(request.prompt) - request.n_cached) * 1000.0 / prefill_ms
+        if prefill_ms > 0 else 0.0,
         decode_tps=(request.n_generated - 1) / decode_s if decode_s > 0 else 0.0,
     )
 
@@ -588,6 +766,8 @@ def _done(request: _Request, reason: FinishReason, now: float) -> Done:
         decode_tokens=max(0, request.n_generated - 1),
         decode_ms=(request.t_last - request.t_first) * 1000.0 if first else 0.0,
         total_ms=(now - request.t_submit) * 1000.0,
+        drafted_tokens=request.n_drafted,
+        accepted_tokens=request.n_accepted,
     )
     usage = Usage(
         prompt_tokens=len(request.prompt),

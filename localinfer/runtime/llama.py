@@ -398,3 +398,39 @@ def _physical_cores() -> int:
 def _llama_said() -> str:
     errors = [line for line in _recent_log if "error" in line.lower() or "failed" in line.lower()]
     return f" (llama.cpp: {errors[-1]})." if errors else "."
+
+
+def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_threads: int,
+                      prefill_tokens: int, prefill_text: str) -> dict:
+    """llama-cpp-python's own high-level ``Llama`` class on the same model, for comparison
+    (``localinfer bench`` runs this in a child process: two threads driving llama.cpp in one
+    process slow each other down). Returns create_completion's streaming decode rate between
+    its first and last chunk, and ``Llama.eval``'s prefill rate on ``prefill_tokens`` tokens."""
+    _init()
+    if not _use_extra_buffer_types():  # the same AMX guard as LlamaBackend
+        original = L.llama_model_default_params
+
+        def params():  # type: ignore[no-untyped-def]
+            p = original()
+            p.use_extra_bufts = False
+            return p
+
+        L.llama_cpp.llama_model_default_params = params
+    llm = L.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
+                  n_threads_batch=n_threads, n_batch=512, verbose=False)
+    llm.create_completion("Warm up", max_tokens=4, temperature=0.0)
+    started = time.perf_counter()
+    times = [time.perf_counter() for _ in llm.create_completion(
+        prompt, max_tokens=max_tokens, temperature=0.0, stream=True)]
+    tokens = llm.tokenize(prefill_text.encode())[:prefill_tokens]
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(tokens)
+    prefill_s = time.perf_counter() - t0
+    return {
+        "ttft_ms": (times[0] - started) * 1000.0,
+        "decode_tps": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
+        "chunks": len(times),
+        "prefill_tokens": len(tokens),
+        "prefill_tps": len(tokens) / prefill_s,
+    }

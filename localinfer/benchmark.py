@@ -1,0 +1,367 @@
+"""``localinfer bench``: how fast a model runs on this machine, and why, in one run.
+
+Every figure is measured here, through the same engine that serves chats and editors:
+
+- load time; prefill rate and time to first token at 128, 512 and 2048-token prompts;
+- single-stream decode, as a share of the bare ``llama_decode`` step (the engine's overhead)
+  and of the memory-bandwidth roofline (bytes read per token / measured bandwidth);
+- aggregate decode with 1, 2, 4 and 8 concurrent streams (continuous batching), each stream's
+  text compared with the same request run alone;
+- the 5th turn of a chat with ~1,500 tokens of history, with and without KV prefix reuse;
+- decode on a code-edit request with and without prompt-lookup speculation;
+- (full mode) llama-cpp-python's own ``create_completion`` and ``Llama.eval`` on the same model.
+
+The single-stream measurement is stored as a measured/predicted ratio so the planner's
+predictions for this machine improve (``localinfer plan`` says when they are calibrated).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .config import Config
+from .runtime.engine import Engine
+from .runtime.types import Done, Message, SamplingParams
+
+Progress = Callable[[str, int, int], None]
+"""Called with (what is being measured, step number, number of steps)."""
+
+STORY_PROMPTS = [f"Story {i}: Once upon a time, a {who} lived in" for i, who in enumerate(
+    ["fox", "king", "robot", "sailor", "baker", "wizard", "cat", "farmer"])]
+
+_PARAGRAPH = (
+    "The committee met on a grey Tuesday morning to review the budget for the coming year."
+    " Revenue from the northern office had grown by eleven percent, while costs in logistics"
+    " rose faster than anyone had planned. After a long discussion about hiring, travel and"
+    " the new warehouse, the members agreed to postpone two projects and to publish a short"
+    " report for the staff before the end of the month. "
+)
+
+
+@dataclass
+class BenchResult:
+    model: str
+    quant: str
+    size_bytes: int
+    machine: str
+    threads: int
+    n_gpu_layers: int
+    n_layers: int
+    quick: bool
+    load_ms: float = 0.0
+    prefill: list[dict[str, float]] = field(default_factory=list)
+    decode: dict[str, Any] = field(default_factory=dict)
+    concurrency: list[dict[str, Any]] = field(default_factory=list)
+    chat_reuse: dict[str, Any] = field(default_factory=dict)
+    speculation: dict[str, Any] = field(default_factory=dict)
+    raw_llama_cpp_python: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def run_bench(model_ref: str, config: Config, *, quick: bool = False,
+              progress: Progress | None = None) -> BenchResult:
+    """Load ``model_ref`` and measure it (see the module docstring). Takes about 30 s with
+    ``quick`` and a few minutes in full on a 2-core laptop with the starter model."""
+    from . import gguf
+    from .hardware import probe
+    from .planner import Candidate, decode_bytes_per_token, predict
+    from .runtime.loader import load_engine, options_for
+    from .store import ModelStore
+
+    stages = ["load", "bare decode step", "prefill", "decode", "concurrent streams",
+              "chat prefix reuse", "speculation", "calibration"]
+    if not quick:
+        stages.append("llama-cpp-python")
+    step = iter(range(1, len(stages) + 1))
+
+    def stage(name: str) -> None:
+        if progress is not None:
+            progress(name, next(step), len(stages))
+
+    hardware = probe()
+    model = ModelStore().resolve(model_ref)
+    header = gguf.read_header(model.path)
+    n_slots = 4 if quick else 8
+    options = options_for(header, config.replace(ctx=config.ctx or 4096), n_slots=n_slots,
+                          hardware=hardware, name=model.name)
+    stage("load")
+    started = time.perf_counter()
+    engine = load_engine(model.path, options, name=model.name, family=model.family,
+                         header=header)
+    engine.ready.wait()
+    info = engine.info
+    result = BenchResult(
+        model=info.name, quant=info.quant, size_bytes=info.size_bytes,
+        machine=hardware.cpu.model or "unknown CPU",
+        threads=options.n_threads or hardware.cpu.runtime_threads, n_gpu_layers=info.n_gpu_layers, n_layers=info.n_layers,
+        quick=quick, load_ms=(time.perf_counter() - started) * 1000.0)
+    try:
+        stage("bare decode step")
+        bare_tps = engine.measure_decode_step(32)
+
+        stage("prefill")
+        filler = engine.tokenize(_PARAGRAPH * 60)
+        for n in ((128, 512) if quick else (128, 512, 2048)):
+            if n + 8 > info.n_ctx:
+                continue
+            runs = [_prefill(engine, filler, n, k) for k in range(2)]
+            best = max(runs, key=lambda d: d.timings.prefill_tps)
+            result.prefill.append({"tokens": n, "prefill_tps": best.timings.prefill_tps,
+                                   "ttft_ms": best.timings.ttft_ms})
+
+        stage("decode")
+        n_decode = 64 if quick else 128
+        greedy = SamplingParams(temperature=0, max_tokens=n_decode, speculative=False)
+        runs = [engine.complete(f"Run {k}. {STORY_PROMPTS[0]}", greedy).result()
+                for k in range(3)]
+        decode_tps = statistics.median(d.timings.decode_tps for d in runs)
+        candidate = Candidate.from_header(header, name=info.name)
+        position = runs[0].usage.prompt_tokens + n_decode // 2
+        bytes_per_token = decode_bytes_per_token(candidate, position)
+        bandwidth = hardware.host_bandwidth_gbps
+        roofline = bandwidth * 1e9 / bytes_per_token if bandwidth else 0.0
+        prediction = predict(candidate, hardware, info.n_gpu_layers, position=position,
+                             n_threads=options.n_threads or None)
+        result.decode = {
+            "tokens": n_decode,
+            "decode_tps": decode_tps,
+            "bare_step_tps": bare_tps,
+            "share_of_bare_step": decode_tps / bare_tps if bare_tps else 0.0,
+            "bytes_per_token": bytes_per_token,
+            "bandwidth_gbps": bandwidth,
+            "bandwidth_source": hardware.bandwidth_source,
+            "roofline_tps": roofline,
+            "share_of_roofline": decode_tps / roofline if roofline else 0.0,
+            "predicted_tps": prediction.decode_tps,
+            "ttft_ms": statistics.median(d.timings.ttft_ms for d in runs),
+        }
+
+        stage("concurrent streams")
+        result.concurrency = _concurrency(engine, (1, 4) if quick else (1, 2, 4, 8),
+                                          n_tokens=48 if quick else 64)
+
+        stage("chat prefix reuse")
+        result.chat_reuse = _chat_reuse(engine)
+
+        stage("speculation")
+        result.speculation = _speculation(engine, quick=quick)
+
+        stage("calibration")
+        from .hardware.calibration import record_run
+
+        measurement = record_run(
+            model_path=model.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
+            n_threads=options.n_threads or None, prompt_tokens=runs[0].usage.prompt_tokens,
+            decode_tokens=runs[0].timings.decode_tokens, decode_tps=decode_tps, hw=hardware)
+        if measurement is not None:
+            result.calibration = {"predicted_tps": measurement.predicted_tps,
+                                  "measured_tps": measurement.measured_tps,
+                                  "ratio": measurement.ratio}
+    finally:
+        engine.close()
+
+    if not quick:
+        stage("llama-cpp-python")
+        result.raw_llama_cpp_python = _raw(model.path, options, prompt=f"Run 0. {STORY_PROMPTS[0]}",
+                                           n_tokens=n_decode, filler=_PARAGRAPH * 60)
+        if result.raw_llama_cpp_python.get("decode_tps"):
+            raw = result.raw_llama_cpp_python
+            raw["engine_vs_create_completion"] = decode_tps / raw["decode_tps"]
+            engine_512 = next((p["prefill_tps"] for p in result.prefill if p["tokens"] == 512),
+                              0.0)
+            raw["engine_vs_eval_prefill_512"] = engine_512 / raw["prefill_tps"]
+    return result
+
+
+def _prefill(engine: Engine, filler: list[int], n: int, k: int) -> Done:
+    """A prompt of exactly ``n`` tokens that shares nothing with earlier ones."""
+    head = engine.backend.tokenize(f"Sample {k}-{n}-{time.monotonic_ns()}.", add_special=True)
+    tokens = (head + filler)[:n]
+    return engine.submit(tokens, SamplingParams(temperature=0, max_tokens=1,
+                                                speculative=False)).result()
+
+
+def _concurrency(engine: Engine, widths: tuple[int, ...], n_tokens: int) -> list[dict]:
+    params = SamplingParams(temperature=0, max_tokens=n_tokens, speculative=False)
+    engine.clear_cache()
+    solo = {p: engine.complete(p, params).result().text for p in STORY_PROMPTS[:max(widths)]}
+    rows = []
+    single = 0.0
+    for width in widths:
+        engine.clear_cache()  # every width reads its prompts cold, as the first one did
+        prompts = STORY_PROMPTS[:width]
+        started = time.perf_counter()
+        generations = [engine.complete(p, params) for p in prompts]
+        done = [g.result() for g in generations]
+        wall = time.perf_counter() - started
+        aggregate = sum(d.usage.completion_tokens for d in done) / wall
+        single = single or aggregate
+        diverged = []
+        for prompt, d in zip(prompts, done):
+            if d.text != solo[prompt]:
+                diverged.append(_first_difference(engine, solo[prompt], d.text))
+        rows.append({
+            "streams": width, "aggregate_tps": aggregate, "speedup": aggregate / single,
+            "per_stream_decode_tps": [d.timings.decode_tps for d in done],
+            "complete": all(d.usage.completion_tokens == n_tokens for d in done),
+            "equal_to_solo": width - len(diverged),
+            "first_divergent_token": diverged,
+        })
+    return rows
+
+
+def _first_difference(engine: Engine, a: str, b: str) -> int:
+    ta, tb = engine.tokenize(a), engine.tokenize(b)
+    return next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+
+
+def _chat_reuse(engine: Engine) -> dict[str, Any]:
+    """TTFT of a chat's 5th turn (~1,500 tokens of history) with the history cached, with
+    nothing cached, and of the new message alone."""
+    topics = ["the history of the printing press", "how tides work", "baking sourdough bread",
+              "the rules of chess"]
+    history: list[Message] = []
+    for i, topic in enumerate(topics):
+        history.append(Message("user", f"Turn {i + 1}. Tell me about {topic}. " + _PARAGRAPH * 3))
+        history.append(Message("assistant", f"Here is an overview of {topic}. " + _PARAGRAPH * 2))
+    question = Message("user", "Now summarise everything we discussed in three sentences.")
+    one = SamplingParams(temperature=0, max_tokens=1, speculative=False)
+    full = engine.chat_tokens(history + [question])
+    engine.clear_cache()
+    # What the cache holds after the 4th reply: the conversation so far.
+    engine.submit(engine.chat_tokens(history, add_generation_prompt=False), one).result()
+    warm = engine.submit(full, one).result()
+    engine.clear_cache()
+    cold = engine.submit(full, one).result()
+    engine.clear_cache()
+    alone = engine.chat([question], one).result()
+    return {
+        "history_tokens": len(full),
+        "ttft_with_reuse_ms": warm.timings.ttft_ms,
+        "cached_tokens": warm.usage.cached_tokens,
+        "ttft_without_reuse_ms": cold.timings.ttft_ms,
+        "ttft_new_message_alone_ms": alone.timings.ttft_ms,
+        "ratio_to_message_alone": warm.timings.ttft_ms / alone.timings.ttft_ms,
+    }
+
+
+CODE_EDIT_FUNCTION = '''def summarize_orders(orders, currency="EUR", include_refunds=False):
+    """Summarize a list of orders into totals per customer and per month."""
+    totals_by_customer = {}
+    totals_by_month = {}
+    refunds = []
+    skipped = 0
+    for order in orders:
+        if order.get("status") == "cancelled":
+            skipped += 1
+            continue
+        customer = order["customer_id"]
+        month = order["created_at"][:7]
+        amount = order["amount"]
+        if order.get("currency", currency) != currency:
+            rate = EXCHANGE_RATES.get((order["currency"], currency))
+            if rate is None:
+                skipped += 1
+                continue
+            amount = round(amount * rate, 2)
+        if order.get("refunded"):
+            refunds.append(order["id"])
+            if not include_refunds:
+                continue
+            amount = -amount
+        totals_by_customer[customer] = totals_by_customer.get(customer, 0) + amount
+        totals_by_month[month] = totals_by_month.get(month, 0) + amount
+    best_customer = None
+    best_total = 0
+    for customer, total in totals_by_customer.items():
+        if total > best_total:
+            best_customer = customer
+            best_total = total
+    busiest_month = None
+    busiest_total = 0
+    for month, total in sorted(totals_by_month.items()):
+        if total > busiest_total:
+            busiest_month = month
+            busiest_total = total
+    average = 0
+    if totals_by_customer:
+        average = sum(totals_by_customer.values()) / len(totals_by_customer)
+    report = {
+        "currency": currency,
+        "customers": len(totals_by_customer),
+        "months": len(totals_by_month),
+        "best_customer": best_customer,
+        "best_total": round(best_total, 2),
+        "busiest_month": busiest_month,
+        "busiest_total": round(busiest_total, 2),
+        "average_per_customer": round(average, 2),
+        "refunded_orders": refunds,
+        "skipped_orders": skipped,
+    }
+    if include_refunds:
+        report["note"] = "refunds are counted as negative amounts"
+    else:
+        report["note"] = "refunded orders are left out"
+    log.info("summarized %d orders for %d customers", len(orders), len(totals_by_customer))
+    return report
+'''
+
+CODE_EDIT_PROMPT = (
+    "Below is a Python function, then the same function after a refactor that renames it to"
+    " `summarize_sales` and changes nothing else.\n\nBefore:\n\n```python\n"
+    + CODE_EDIT_FUNCTION
+    + "```\n\nAfter:\n\n```python\n"
+    + 'def summarize_sales(orders, currency="EUR", include_refunds=False):\n'
+)
+"""A code-edit request (repeat a 60-line function with one change), as an editor sends it."""
+
+
+def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
+    rows = {}
+    for label, speculative in (("plain", False), ("prompt_lookup", True)):
+        params = SamplingParams(temperature=0, max_tokens=300 if quick else 600,
+                                speculative=speculative, stop=("```",))
+        engine.clear_cache()
+        rows[label] = engine.complete(CODE_EDIT_PROMPT, params).result()
+    plain, spec = rows["plain"], rows["prompt_lookup"]
+    return {
+        "prompt_tokens": plain.usage.prompt_tokens,
+        "tokens": plain.usage.completion_tokens,
+        "plain_tps": plain.timings.decode_tps,
+        "speculative_tps": spec.timings.decode_tps,
+        "speedup": spec.timings.decode_tps / plain.timings.decode_tps
+        if plain.timings.decode_tps else 0.0,
+        "identical": spec.text == plain.text,
+        "drafted": spec.timings.drafted_tokens,
+        "accepted": spec.timings.accepted_tokens,
+    }
+
+
+def _raw(path: Any, options: Any, *, prompt: str, n_tokens: int, filler: str) -> dict:
+    """llama-cpp-python's Llama class in a child process (see runtime.llama.measure_raw_llama)."""
+    args = {"path": str(path), "prompt": prompt, "max_tokens": n_tokens,
+            "n_ctx": options.n_ctx, "n_threads": options.n_threads or _threads(),
+            "prefill_tokens": 512, "prefill_text": filler}
+    code = ("import json, sys; from localinfer.runtime.llama import measure_raw_llama;"
+            " print(json.dumps(measure_raw_llama(**json.loads(sys.argv[1]))))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(args)],
+                             capture_output=True, text=True, timeout=600)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return {"error": f"could not run llama-cpp-python's Llama: {exc}"}
+
+
+def _threads() -> int:
+    from .runtime.llama import _physical_cores
+
+    return _physical_cores()

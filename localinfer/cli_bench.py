@@ -1,0 +1,121 @@
+"""``localinfer bench``: measure a model on this machine and say how close it runs to its limits."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import Config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="measure prefill, decode, batching, prefix reuse and speculation",
+        description="Load MODEL and measure, through the same engine that serves chats:"
+                    " prefill and time to first token, single-stream decode against the bare"
+                    " llama_decode step and the memory-bandwidth roofline, aggregate decode"
+                    " with concurrent streams, the 5th turn of a chat with and without KV"
+                    " prefix reuse, and a code edit with and without speculation. The decode"
+                    " figure calibrates the planner for this machine.")
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="model name or .gguf path (default: the configured default model,"
+                        " else the starter gemma3:270m)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer and shorter runs (about 30 s on a laptop)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="context per stream (default 4096)")
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace, config: Config) -> int:
+    from .benchmark import run_bench
+    from .progress import TerminalProgress
+
+    model = args.model or config.default_model or "gemma3:270m"
+    config = config.replace(ctx=args.ctx, threads=args.threads, gpu_layers=args.gpu_layers)
+    bar = TerminalProgress(f"bench {model}", unit="steps")
+
+    def progress(stage: str, step: int, total: int) -> None:
+        bar.label = f"bench {model}: {stage}"
+        bar.update(step - 1, total)
+        if not bar.tty:
+            print(f"bench [{step}/{total}] {stage}...", file=sys.stderr, flush=True)
+
+    result = run_bench(model, config, quick=args.quick, progress=progress)
+    bar.finish(f"bench {model}: done in {bar.elapsed_s:.0f} s")
+    if args.json:
+        print(result.to_json())
+    else:
+        print(report(result))
+    return 0
+
+
+def report(r) -> str:
+    from .progress import human_bytes
+
+    lines = [
+        f"{r.model} ({r.quant}, {human_bytes(r.size_bytes)}) on {r.machine}, {r.threads}"
+        f" threads, " + (f"{r.n_gpu_layers}/{r.n_layers} layers on GPU" if r.n_gpu_layers
+                         else "CPU only"),
+        "",
+        f"  load                    {r.load_ms / 1000:.2f} s",
+    ]
+    for p in r.prefill:
+        lines.append(f"  prefill {p['tokens']:>5} tokens    {p['prefill_tps']:7.0f} tok/s"
+                     f"   TTFT {p['ttft_ms']:.0f} ms")
+    d = r.decode
+    if d:
+        lines.append(f"  decode, 1 stream        {d['decode_tps']:7.1f} tok/s   TTFT"
+                     f" {d['ttft_ms']:.0f} ms")
+        lines.append(f"    = {d['share_of_bare_step']:.0%} of the bare llama_decode step"
+                     f" ({d['bare_step_tps']:.1f}/s)")
+        if d["roofline_tps"]:
+            lines.append(
+                f"    = {d['share_of_roofline']:.0%} of the memory-bandwidth roofline:"
+                f" {d['bandwidth_gbps']:.1f} GB/s ({d['bandwidth_source']}) /"
+                f" {human_bytes(d['bytes_per_token'])} read per token ="
+                f" {d['roofline_tps']:.0f} tok/s")
+        lines.append(f"    planner predicted {d['predicted_tps']:.1f} tok/s")
+    if r.concurrency:
+        lines.append("  concurrent streams      aggregate tok/s (speedup), outputs equal to"
+                     " a solo run")
+        for c in r.concurrency:
+            diverged = c["first_divergent_token"]
+            where = (f" (others diverge at token {', '.join(map(str, diverged))})"
+                     if diverged else "")
+            lines.append(f"    {c['streams']} stream{'s' if c['streams'] > 1 else ' '}"
+                         f"             {c['aggregate_tps']:7.1f} ({c['speedup']:.2f}x)"
+                         f"   {c['equal_to_solo']}/{c['streams']}{where}")
+    cr = r.chat_reuse
+    if cr:
+        lines.append(
+            f"  chat, 5th turn ({cr['history_tokens']} tokens): TTFT"
+            f" {cr['ttft_with_reuse_ms']:.0f} ms with prefix reuse"
+            f" ({cr['cached_tokens']} cached), {cr['ttft_without_reuse_ms']:.0f} ms without;"
+            f" the new message alone {cr['ttft_new_message_alone_ms']:.0f} ms"
+            f" ({cr['ratio_to_message_alone']:.2f}x)")
+    s = r.speculation
+    if s:
+        lines.append(
+            f"  code edit ({s['tokens']} tokens): {s['plain_tps']:.1f} tok/s plain,"
+            f" {s['speculative_tps']:.1f} tok/s with prompt lookup ({s['speedup']:.2f}x,"
+            f" {s['accepted']}/{s['drafted']} drafted tokens accepted),"
+            f" {'identical' if s['identical'] else 'DIFFERENT'} text")
+    raw = r.raw_llama_cpp_python
+    if raw.get("decode_tps"):
+        lines.append(
+            f"  llama-cpp-python        create_completion {raw['decode_tps']:.1f} tok/s"
+            f" (engine {raw['engine_vs_create_completion']:.2f}x); Llama.eval prefill of"
+            f" {raw['prefill_tokens']} tokens {raw['prefill_tps']:.0f} tok/s"
+            f" (engine {raw['engine_vs_eval_prefill_512']:.2f}x)")
+    elif raw.get("error"):
+        lines.append(f"  llama-cpp-python        {raw['error']}")
+    if r.calibration:
+        c = r.calibration
+        lines.append(f"  calibration: the planner predicted {c['predicted_tps']:.1f} tok/s,"
+                     f" measured {c['measured_tps']:.1f} (x{c['ratio']:.2f}), saved for"
+                     " `localinfer plan`")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""`localinfer bench --quick` end to end on the real model (figures are printed, not asserted:
+only that every measurement ran and hangs together)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.timeout(600)
+def test_bench_quick_json(starter_path):
+    out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "gemma3:270m", "--quick",
+                          "--json"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ})
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["model"] == "gemma3:270m-q4_k_m" and r["quick"] is True
+    assert [p["tokens"] for p in r["prefill"]] == [128, 512]
+    assert all(p["prefill_tps"] > 0 and p["ttft_ms"] > 0 for p in r["prefill"])
+    d = r["decode"]
+    assert d["decode_tps"] > 0 and d["bare_step_tps"] > 0 and d["bytes_per_token"] > 2e8
+    assert d["share_of_roofline"] == pytest.approx(d["decode_tps"] / d["roofline_tps"])
+    assert [c["streams"] for c in r["concurrency"]] == [1, 4]
+    assert all(c["complete"] for c in r["concurrency"])
+    assert r["concurrency"][1]["equal_to_solo"] == 4  # 4 rows: computed exactly like solo
+    cr = r["chat_reuse"]
+    assert cr["cached_tokens"] > 1000 and cr["history_tokens"] > 1400
+    assert cr["ttft_without_reuse_ms"] > cr["ttft_with_reuse_ms"]
+    s = r["speculation"]
+    assert s["identical"] and s["accepted"] > 0
+    assert r["calibration"]["ratio"] > 0
+    assert "bench [8/8] calibration" in out.stderr  # progress was shown
