@@ -180,8 +180,6 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
                 generation = engine.complete(prompt, params)
             done = _stream(generation, args.json)
         model_name = engine.info.name
-        from .cli_plan import record_calibration  # measured vs predicted decode, per machine
-        record_calibration(engine.info, done, config)
     if args.json:
         print(json.dumps(run_result_json(model_name, done), indent=2))
     else:
@@ -189,6 +187,10 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             sys.stdout.write("\n")
         sys.stdout.flush()
         print(stats_line(done), file=sys.stderr)
+    if client is None:  # after the output: measured vs predicted decode, for the planner
+        from .cli_plan import record_calibration
+
+        record_calibration(engine.info, done, config)
     return Cancelled.exit_code if done.finish_reason == "cancelled" else 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
@@ -139,8 +139,7 @@ def _params(f: Fields) -> SamplingParams:
         max_tokens = None  # until the context is full
     else:
         max_tokens = f.int("max_tokens", SamplingParams.max_tokens, low=1)
-    params = sampling(f, max_tokens=max_tokens)
-    return replace(params, speculative=f.bool("speculative", None))
+    return sampling(f, max_tokens=max_tokens)
 
 
 def _metrics(state: DaemonState) -> str:

@@ -148,6 +148,8 @@ def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = SamplingP
         presence_penalty=f.number("presence_penalty", d.presence_penalty),
         seed=f.int("seed", None),
         stop=f.stop(),
+        # localinfer's extension: prompt-lookup speculation on/off (default: the engine's).
+        speculative=f.bool("speculative", None),
     ).validate()
 
 

@@ -115,8 +115,6 @@ class _Request:
     load_ms: float = 0.0
     n_cached: int = 0
     """Prompt tokens found in the KV cache at first admission."""
-    n_prefilled: int = 0
-    """Tokens evaluated to read the prompt (and to resume after a preemption)."""
     n_drafted: int = 0
     n_accepted: int = 0
     n_preempted: int = 0
@@ -407,6 +405,9 @@ class Engine:
             if request is not None and request in self._pending:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
+                if request.sampler is not None:  # preempted while it was running
+                    self.backend.free_sampler(request.sampler)
+                    request.sampler = None
                 generation._emit(_done(request, "cancelled", time.perf_counter()))
             self._cv.notify()
 
@@ -496,7 +497,6 @@ class Engine:
                     request.lookup = PromptLookup(request.prompt)
                 self._prompt_tokens_total += len(request.prompt)
                 self._cached_tokens_total += n_keep
-            request.n_prefilled += len(target) - n_keep
             slot.req = request
             slot.next_token = None
 

@@ -1,0 +1,142 @@
+"""Through the daemon, with several real HTTP clients at once: concurrent streams, the 5th turn
+of a chat, and a code edit with and without speculation (issue 7's comparisons, as an editor
+and a chat window would see them).
+
+It starts `localinfer serve` (8 slots) as its own process and drives it over the Unix socket
+with one httpx client per stream, each in its own thread, on the OpenAI streaming API.
+
+    python bench/daemon_concurrency.py [--model gemma3:270m] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
+
+
+def client(sock: Path) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
+                        base_url="http://localhost", timeout=600)
+
+
+def stream(c: httpx.Client, path: str, body: dict) -> dict:
+    """One streamed request: its text, TTFT and decode rate as the client saw them."""
+    t0 = time.perf_counter()
+    times, text, timings = [], [], {}
+    with c.stream("POST", path, json={**body, "stream": True}) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                choice = chunk["choices"][0]
+                piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                if piece:
+                    times.append(time.perf_counter())
+                    text.append(piece)
+                if choice.get("finish_reason"):
+                    timings = chunk.get("timings", {})
+    return {"text": "".join(text), "ttft_ms": (times[0] - t0) * 1000 if times else 0.0,
+            "decode_tps": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
+            "server": timings}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gemma3:270m")
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    sock = Path(tempfile.mkdtemp(prefix="li-bench-", dir="/tmp")) / "d.sock"
+    daemon = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "--socket", str(sock),
+                               "--no-tcp", "--slots", "8", "--ctx", "4096", "--keep-alive",
+                               "-1"], stdout=subprocess.PIPE, text=True)
+    try:
+        print(daemon.stdout.readline().strip(), flush=True)
+        c = client(sock)
+        completion = {"model": args.model, "max_tokens": args.tokens, "temperature": 0,
+                      "speculative": False}
+        stream(c, "/v1/completions", {**completion, "prompt": "Warm up"})
+
+        print("\nconcurrent streams (each its own HTTP client and thread):")
+        solo = {p: stream(c, "/v1/completions", {**completion, "prompt": p})
+                for p in STORY_PROMPTS}
+        single = 0.0
+        for width in (1, 2, 4, 8):
+            results: dict[str, dict] = {}
+            clients = [client(sock) for _ in range(width)]
+
+            def run(i: int) -> None:
+                prompt = STORY_PROMPTS[i]
+                results[prompt] = stream(clients[i], "/v1/completions",
+                                         {**completion, "prompt": prompt})
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(width)]
+            started = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - started
+            tokens = sum(r["server"].get("completion_tokens", 0) for r in results.values())
+            aggregate = tokens / wall
+            single = single or aggregate
+            equal = sum(results[p]["text"] == solo[p]["text"] for p in results)
+            complete = all(r["server"].get("completion_tokens") == args.tokens
+                           for r in results.values())
+            print(f"  {width} streams: {aggregate:6.1f} tok/s aggregate ({aggregate / single:.2f}x),"
+                  f" per-stream decode {statistics.median(r['decode_tps'] for r in results.values()):.1f}"
+                  f" tok/s, all complete: {complete}, equal to the solo run: {equal}/{width}")
+            for x in clients:
+                x.close()
+
+        print("\nchat, turn by turn (each turn resends the whole conversation):")
+        messages: list[dict] = []
+        chat = {"model": args.model, "max_tokens": 24, "temperature": 0}
+        topics = ["the history of the printing press", "how tides work",
+                  "baking sourdough bread", "the rules of chess"]
+        for i, topic in enumerate(topics):
+            messages.append({"role": "user", "content": f"Turn {i + 1}. Tell me about {topic}. "
+                             + _PARAGRAPH * 3})
+            reply = stream(c, "/v1/chat/completions", {**chat, "messages": messages})
+            messages.append({"role": "assistant", "content": reply["text"]})
+            print(f"  turn {i + 1}: TTFT {reply['ttft_ms']:.0f} ms, prompt"
+                  f" {reply['server'].get('prompt_tokens')} tokens,"
+                  f" {reply['server'].get('cached_tokens')} cached")
+        question = {"role": "user", "content": "Now summarise everything we discussed."}
+        fifth = stream(c, "/v1/chat/completions", {**chat, "messages": messages + [question]})
+        alone = stream(c, "/v1/chat/completions", {**chat, "messages": [question]})
+        print(f"  turn 5: TTFT {fifth['ttft_ms']:.0f} ms, prompt"
+              f" {fifth['server'].get('prompt_tokens')} tokens,"
+              f" {fifth['server'].get('cached_tokens')} cached; the new message alone"
+              f" {alone['ttft_ms']:.0f} ms -> {fifth['ttft_ms'] / alone['ttft_ms']:.2f}x")
+
+        print("\ncode edit (repeat a 60-line function with one change):")
+        edit = {"model": args.model, "prompt": CODE_EDIT_PROMPT, "max_tokens": 600,
+                "temperature": 0, "stop": ["```"]}
+        plain = stream(c, "/v1/completions", {**edit, "speculative": False})
+        fast = stream(c, "/v1/completions", edit)  # the engine's default: speculation on
+        print(f"  plain {plain['decode_tps']:.1f} tok/s, prompt lookup {fast['decode_tps']:.1f}"
+              f" tok/s ({fast['decode_tps'] / plain['decode_tps']:.2f}x),"
+              f" {fast['server'].get('accepted_tokens')}/{fast['server'].get('drafted_tokens')}"
+              f" drafted tokens accepted, identical text: {plain['text'] == fast['text']}")
+        c.close()
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
