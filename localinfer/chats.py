@@ -1,0 +1,291 @@
+"""Chat history: one JSON file per chat in ``<data>/chats/``, saved after every message.
+
+Each chat carries its messages, its own settings (system prompt, temperature, max tokens) and,
+for every reply, the speed figures measured while it streamed. A save replaces that one file
+with a single rename (``atomic_write_text``): a crash leaves the chat as it was before or after
+the save, never half-written, and never touches any other chat. A file that cannot be read
+(edited by hand, written by a newer version) is skipped by ``list`` and never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidRequest, LocalInferError
+from .paths import Paths, get_paths
+from .runtime.types import Done, Message, SamplingParams
+from .store import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+TITLE_CHARS = 60
+_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{4,8}$")
+
+
+class ChatError(LocalInferError):
+    title = "chat history error"
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    """What one reply cost, as measured while it streamed (the summary line under it)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    ttft_ms: float
+    prefill_tps: float
+    decode_tps: float
+    finish_reason: str
+    roofline_pct: float | None = None
+    """Decode as a share of the memory-bandwidth ceiling (None when it could not be computed)."""
+
+    @classmethod
+    def from_done(cls, done: Done, roofline_pct: float | None = None) -> ReplyStats:
+        t = done.timings
+        return cls(
+            prompt_tokens=done.usage.prompt_tokens,
+            completion_tokens=done.usage.completion_tokens,
+            cached_tokens=done.usage.cached_tokens,
+            ttft_ms=round(t.ttft_ms, 1),
+            prefill_tps=round(t.prefill_tps, 1),
+            decode_tps=round(t.decode_tps, 2),
+            finish_reason=done.finish_reason,
+            roofline_pct=None if roofline_pct is None else round(roofline_pct, 1),
+        )
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens the conversation held in the context after this reply."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class ChatMessage:
+    role: str
+    """"user" or "assistant"."""
+    content: str
+    at: float = field(default_factory=time.time)
+    model: str | None = None
+    """The model that wrote an assistant message."""
+    finish_reason: str | None = None
+    """An assistant message's end: "stop", "length", "cancelled" (partial text kept) or
+    "error" (the reply failed; it is not sent to the model again)."""
+    stats: ReplyStats | None = None
+    error: str | None = None
+    """Why the reply failed (with finish_reason "error")."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stats"] = asdict(self.stats) if self.stats else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChatMessage:
+        stats = data.get("stats")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and k != "stats"}
+        if values.get("role") not in ("user", "assistant") or not isinstance(
+                values.get("content"), str):
+            raise ValueError(f"bad message {data!r:.80}")
+        stat_fields = {f.name for f in fields(ReplyStats)}
+        return cls(**values, stats=ReplyStats(**{k: v for k, v in stats.items()
+                                                 if k in stat_fields}) if stats else None)
+
+
+@dataclass
+class Chat:
+    id: str
+    title: str = ""
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    model: str | None = None
+    """The model last used in this chat."""
+    system_prompt: str = ""
+    temperature: float = 0.8
+    max_tokens: int = 512
+    messages: list[ChatMessage] = field(default_factory=list)
+    context_start: int = 0
+    """Messages before this index were dropped from the context to make room: they stay in
+    the transcript but are no longer sent to the model."""
+
+    @property
+    def display_title(self) -> str:
+        return self.title or "New chat"
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature)
+
+    def prompt_messages(self) -> list[Message]:
+        """What the model is sent: the system prompt, then the turns still in the context.
+        A failed reply (``error``) is left out; a cancelled one's partial text is kept."""
+        out = [Message("system", self.system_prompt)] if self.system_prompt.strip() else []
+        for m in self.messages[self.context_start:]:
+            if m.role == "assistant" and (m.finish_reason == "error" or not m.content):
+                continue
+            out.append(Message(m.role, m.content))
+        return out
+
+    def turn_starts(self) -> list[int]:
+        """Indices of the user messages still in the context (where each turn begins)."""
+        return [i for i, m in enumerate(self.messages)
+                if i >= self.context_start and m.role == "user"]
+
+    def drop_oldest_turn(self) -> bool:
+        """Move the context start past the oldest turn still sent; False when only the last
+        turn is left (it cannot be dropped: it is the question being asked)."""
+        starts = self.turn_starts()
+        if len(starts) < 2:
+            return False
+        self.context_start = starts[1]
+        return True
+
+    def last_reply(self) -> ChatMessage | None:
+        return next((m for m in reversed(self.messages)
+                     if m.role == "assistant" and m.content), None)
+
+    def add(self, message: ChatMessage) -> ChatMessage:
+        self.messages.append(message)
+        if not self.title and message.role == "user":
+            self.title = make_title(message.content)
+        return message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "id": self.id, "title": self.title, "created": self.created,
+            "updated": self.updated, "model": self.model, "system_prompt": self.system_prompt,
+            "temperature": self.temperature, "max_tokens": self.max_tokens,
+            "context_start": self.context_start,
+            "messages": [m.to_dict() for m in self.messages],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Chat:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError("not a chat file of this version")
+        chat = cls(
+            id=str(data["id"]), title=str(data.get("title") or ""),
+            created=float(data["created"]), updated=float(data["updated"]),
+            model=data.get("model"), system_prompt=str(data.get("system_prompt") or ""),
+            temperature=float(data.get("temperature", 0.8)),
+            max_tokens=int(data.get("max_tokens", 512)),
+            messages=[ChatMessage.from_dict(m) for m in data.get("messages", [])],
+        )
+        chat.context_start = max(0, min(int(data.get("context_start", 0)), len(chat.messages)))
+        return chat
+
+
+@dataclass(frozen=True)
+class ChatSummary:
+    """One line of the chat list."""
+
+    id: str
+    title: str
+    updated: float
+    n_messages: int
+    model: str | None
+
+
+def make_title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def new_chat_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def check_settings(temperature: float, max_tokens: int) -> None:
+    """Raise InvalidRequest for settings no sampler takes (the settings screen shows it)."""
+    SamplingParams(max_tokens=max_tokens, temperature=temperature).validate()
+
+
+class ChatStore:
+    """The chats in the data directory. Nothing is created until the first save."""
+
+    def __init__(self, paths: Paths | None = None) -> None:
+        self.paths = paths or get_paths()
+
+    @property
+    def root(self) -> Path:
+        return self.paths.chats_dir
+
+    def new(self, **settings: Any) -> Chat:
+        """A new chat in memory (saved with its first message)."""
+        return Chat(id=new_chat_id(), **settings)
+
+    def _file(self, chat_id: str) -> Path:
+        if not _ID_RE.match(chat_id):
+            raise InvalidRequest(f"invalid chat id {chat_id!r}.")
+        return self.root / f"{chat_id}.json"
+
+    def save(self, chat: Chat) -> None:
+        chat.updated = time.time()
+        text = json.dumps(chat.to_dict(), ensure_ascii=False, indent=1) + "\n"
+        try:
+            atomic_write_text(self._file(chat.id), text)
+        except OSError as exc:
+            raise ChatError(f"cannot save the chat in {self.root}: {exc.strerror or exc}."
+                            " Earlier chats are unchanged.") from None
+
+    def load(self, chat_id: str) -> Chat:
+        path = self._file(chat_id)
+        try:
+            return Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise ChatError(f"there is no chat {chat_id} (deleted?).") from None
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ChatError(f"{path} cannot be read ({exc}); it is left as it is.") from None
+
+    def list(self) -> list[ChatSummary]:
+        """Every readable chat, the most recently updated first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for path in self.root.glob("*.json"):
+            if not _ID_RE.match(path.stem):
+                continue
+            try:
+                chat = Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.warning("skipping unreadable chat %s: %s", path, exc)
+                continue
+            out.append(ChatSummary(chat.id, chat.display_title, chat.updated,
+                                   len(chat.messages), chat.model))
+        out.sort(key=lambda s: (s.updated, s.id), reverse=True)
+        return out
+
+    def latest(self) -> Chat | None:
+        for summary in self.list():
+            try:
+                return self.load(summary.id)
+            except ChatError:
+                continue
+        return None
+
+    def rename(self, chat_id: str, title: str) -> Chat:
+        title = make_title(title)
+        if not title:
+            raise InvalidRequest("a chat's name cannot be empty.")
+        chat = self.load(chat_id)
+        chat = replace(chat, title=title)
+        self.save(chat)
+        return chat
+
+    def delete(self, chat_id: str) -> None:
+        try:
+            self._file(chat_id).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise ChatError(f"cannot delete the chat: {exc.strerror or exc}.") from None
