@@ -1,0 +1,42 @@
+"""``localinfer chat``: the terminal chat UI (localinfer/tui/)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import Config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chat", help="chat in the terminal, with live speed figures",
+        description="Chat with a model in a terminal UI that shows, while the reply streams,"
+                    " decode tok/s, time to first token, prefill speed, the context used, where"
+                    " the layers run and how close decode is to the memory-bandwidth roofline."
+                    " It attaches to the running daemon, or starts one in the background (it"
+                    " exits after 30 idle minutes) so the model stays warm for editors.",
+        epilog="Keys: Enter sends, Shift+Enter or Ctrl+J new line, Esc cancels the reply,"
+               " Ctrl+N new chat, Ctrl+R chats, Ctrl+O models, Ctrl+S chat settings, F2 copy"
+               " the last reply, F1 help, Ctrl+Q quit.")
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="model name (gemma3:270m) or .gguf path; default: the config's"
+                        " default_model, else the planner's pick among installed models,"
+                        " else the starter model")
+    p.add_argument("--no-daemon", action="store_true",
+                   help="load the model in this process instead of the daemon")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("-c", "--continue", dest="resume", action="store_const",
+                        const="latest", help="resume the most recent chat")
+    resume.add_argument("--chat", dest="resume", metavar="ID",
+                        help="resume the chat with this id (Ctrl+R lists them)")
+    p.add_argument("--light", action="store_true", help="start in the light theme")
+    p.set_defaults(func=cmd_chat)
+
+
+def cmd_chat(args: argparse.Namespace, config: Config) -> int:
+    from .tui.app import create_app
+
+    app = create_app(args.model, config=config, no_daemon=args.no_daemon, resume=args.resume,
+                     theme="textual-light" if args.light else None)
+    app.run()
+    return app.return_code or 0

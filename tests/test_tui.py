@@ -1,0 +1,487 @@
+"""The chat UI, driven with Textual's Pilot on the fake backend (in-process, and through the
+real daemon running in this process), plus one run on the real starter model."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, serve
+from localinfer.chats import ChatStore
+from localinfer.errors import ModelLoadError
+from localinfer.runtime.fake import FakeBackend
+from localinfer.tui.app import create_app
+from localinfer.tui.screens import (
+    ChatsScreen,
+    ContextFullScreen,
+    ErrorScreen,
+    HelpScreen,
+    ModelsScreen,
+    SettingsScreen,
+    TextPrompt,
+)
+from localinfer.tui.widgets import AssistantMessage, ChatInput, ContextNote, UserMessage
+from tui_util import REPLY, GatedBackend, Opener, in_process_app, laptop, ready, text_of, until
+
+
+def run(coro) -> None:
+    asyncio.run(coro)
+
+
+def gated_opener(**kwargs) -> tuple[Opener, list[GatedBackend]]:
+    backends: list[GatedBackend] = []
+
+    def make(ref):
+        backend = GatedBackend(kwargs.pop("reply", REPLY), name=ref, **kwargs)
+        backends.append(backend)
+        return backend
+
+    return Opener(make), backends
+
+
+def keys(text: str) -> list[str]:
+    return [{" ": "space", "\n": "ctrl+j"}.get(c, c) for c in text]
+
+
+async def send(pilot, text: str) -> None:
+    """Type ``text`` into the input as a user would (a long one is pasted), press Enter."""
+    if len(text) > 40:
+        pilot.app.query_one(ChatInput).insert(text)
+        await pilot.press("enter")
+    else:
+        await pilot.press(*keys(text), "enter")
+
+
+async def finished(pilot, n_messages: int) -> None:
+    app = pilot.app
+    await until(pilot, lambda: app.reply is None and len(app.chat.messages) >= n_messages,
+                f"{n_messages} messages in the chat")
+
+
+def decode_figure(text: str) -> float:
+    match = re.search(r"decode ([\d.,]+) tok/s", text)
+    assert match, text
+    return float(match.group(1).replace(",", ""))
+
+
+# --- streaming --------------------------------------------------------------------------------
+def test_a_reply_streams_token_by_token_with_live_speed(home):
+    opener, backends = gated_opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            backend = backends[0]
+            await send(pilot, "Write an add function")
+            await until(pilot, lambda: app.reply is not None, "a reply starts")
+            speed = app.query_one("#status-speed")
+            spark = app.query_one("#status-spark")
+            reply_widget = app.query(AssistantMessage).last()
+            assert "waiting for the first token" in text_of(speed)
+            assert reply_widget.has_class("-streaming")
+
+            backend.release(6)  # the prompt, then five decode steps
+            await until(pilot, lambda: app.reply.live and app.reply.live.n_tokens >= 6
+                        and "6 tok" in text_of(speed), "six tokens shown")
+            first_text, first_samples = text_of(speed), list(spark.data)
+            shown = reply_widget.markdown.source
+            assert shown and REPLY.startswith(shown) and shown != REPLY
+
+            for _ in range(12):  # one step at a time, as a model would produce them
+                backend.release(1)
+                n = app.reply.live.n_tokens
+                await until(pilot, lambda: app.reply.live.n_tokens > n, "one more token")
+            await until(pilot, lambda: f"{app.reply.live.n_tokens} tok" in text_of(speed),
+                        "the status bar catches up")
+            later_text, later_samples = text_of(speed), list(spark.data)
+            assert later_text != first_text
+            assert decode_figure(later_text) > 0
+            assert len(later_samples) > len(first_samples) >= 1
+            assert later_samples != first_samples and all(s > 0 for s in later_samples)
+            longer = reply_widget.markdown.source
+            assert len(longer) > len(shown) and REPLY.startswith(longer)
+            assert "ctx" in text_of(app.query_one("#status-model"))
+
+            backend.open()
+            await finished(pilot, 2)
+            reply = app.chat.messages[-1]
+            assert reply.content == REPLY and reply.finish_reason == "stop"
+            assert reply.stats.completion_tokens >= 20 and reply.stats.decode_tps > 0
+            assert not reply_widget.has_class("-streaming")
+            summary = text_of(reply_widget.query_one(".summary"))
+            assert re.match(r"\d+ tok · decode [\d.,]+ tok/s · TTFT \d+ ms", summary), summary
+            assert reply_widget.markdown.source == REPLY
+            assert reply_widget.query("MarkdownFence"), "the code block is a highlighted fence"
+            assert "last reply: decode" in text_of(speed)
+            # Saved after every message.
+            saved = ChatStore().load(app.chat.id)
+            assert [m.role for m in saved.messages] == ["user", "assistant"]
+            assert saved.messages[1].stats == reply.stats
+        opener.close()
+
+    run(main())
+
+
+def test_escape_cancels_and_keeps_the_partial_reply(home):
+    opener, backends = gated_opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            assert app.check_action("cancel_reply", ()) is False  # hidden: nothing streams
+            await send(pilot, "Tell me a story")
+            backends[0].release(5)
+            await until(pilot, lambda: app.reply and app.reply.live and
+                        app.reply.live.n_tokens >= 5, "a few tokens")
+            assert app.check_action("cancel_reply", ()) is True
+            await pilot.press("escape")
+            backends[0].open()
+            await finished(pilot, 2)
+            reply = app.chat.messages[-1]
+            assert reply.finish_reason == "cancelled"
+            assert reply.content and REPLY.startswith(reply.content) and reply.content != REPLY
+            widget = app.query(AssistantMessage).last()
+            assert widget.has_class("-cancelled")
+            assert text_of(widget.query_one(".summary")).startswith("✂ ")
+            assert ChatStore().load(app.chat.id).messages[-1].finish_reason == "cancelled"
+            # The next turn sends the partial reply as the context.
+            assert app.chat.prompt_messages()[-1].content == reply.content
+        opener.close()
+
+    run(main())
+
+
+def test_the_input_keys(home):
+    opener, backends = gated_opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            box = app.query_one(ChatInput)
+            await pilot.press("l", "i", "n", "e", "1", "ctrl+j", "l", "i", "n", "e", "2")
+            assert box.text == "line1\nline2"
+            await pilot.press("enter")
+            await until(pilot, lambda: app.reply is not None, "sent")
+            assert app.chat.messages[0].content == "line1\nline2" and box.text == ""
+            # The input stays usable while the reply streams; Enter then keeps the text.
+            await pilot.press(*keys("next one"))
+            await pilot.press("enter")
+            assert box.text == "next one" and len(app.chat.messages) == 1
+            backends[0].open()
+            await finished(pilot, 2)
+            box.clear()
+            await pilot.press("up")
+            assert box.text == "line1\nline2"  # Up recalls the previous prompt
+            await pilot.press("down", "down")
+            assert box.text == ""  # and Down goes back to the (empty) draft
+            await pilot.press("f2")
+            assert app.clipboard == REPLY
+            await pilot.press("ctrl+t")
+            assert app.theme == "textual-light"
+            await pilot.press("f1")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, HelpScreen)
+        opener.close()
+
+    run(main())
+
+
+def test_settings_reach_the_model_and_are_saved(home):
+    seen: list[str] = []
+
+    def reply(prompt: str) -> str:
+        seen.append(prompt)
+        return "ok"
+
+    opener = Opener(lambda ref: FakeBackend(reply, name=ref))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+s")
+            assert isinstance(app.screen, SettingsScreen)
+            app.screen.query_one("#system-prompt").load_text("Answer like a pirate.")
+            app.screen.query_one("#temperature").value = "3000"
+            await pilot.click("#save")
+            assert "between 0 and 100" in text_of(app.screen.query_one("#settings-error"))
+            app.screen.query_one("#temperature").value = "0"
+            app.screen.query_one("#max-tokens").value = "32"
+            await pilot.press("ctrl+s")
+            assert not isinstance(app.screen, SettingsScreen)
+            await send(pilot, "Hello")
+            await finished(pilot, 2)
+            assert "Answer like a pirate." in seen[-1]
+            saved = ChatStore().load(app.chat.id)
+            assert (saved.system_prompt, saved.temperature, saved.max_tokens) == (
+                "Answer like a pirate.", 0.0, 32)
+        opener.close()
+
+    run(main())
+
+
+# --- models --------------------------------------------------------------------------------
+def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
+    install_fake_models("fake:1b-f16", "fake:2b-f16")
+    loads: list = []
+    with serve(fake_factory(loads=loads, reply="Hi from the daemon."), tcp=False) as daemon:
+        monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")
+
+        async def main():
+            app = create_app("fake:1b-f16", hardware=laptop())
+            async with app.run_test(size=(100, 32)) as pilot:
+                await ready(pilot)
+                assert app.session.where.startswith("daemon")
+                assert app.session.info.name == "fake:1b-f16"
+                assert "daemon" in text_of(app.query_one("#status-model"))
+                await pilot.press("ctrl+o")
+                screen = app.screen
+                assert isinstance(screen, ModelsScreen)
+                await until(pilot, lambda: screen.rows, "the plan")
+                names = [r.name for r in screen.rows]
+                assert names[:2] == ["fake:1b-f16", "fake:2b-f16"]
+                assert all(r.installed for r in screen.rows[:2])
+                assert any(not r.installed for r in screen.rows[2:])  # the catalog
+                first = screen.rows[0]
+                assert first.fits and first.decode_tps > 0 and first.gpu_layers.startswith("0/")
+                table = screen.query_one("DataTable")
+                assert table.get_row_at(0)[0] == "●"  # the model in use
+                await pilot.press("down", "enter")
+                await until(pilot, lambda: app.session and
+                            app.session.info.name == "fake:2b-f16", "switched")
+                assert app.screen is app.screen_stack[0]
+                await send(pilot, "hello")
+                await finished(pilot, 2)
+                assert app.chat.messages[-1].content == "Hi from the daemon."
+                assert app.chat.messages[-1].model == "fake:2b-f16"
+                assert app.chat.model == "fake:2b-f16"
+            assert [name for name, _ in loads] == ["fake:1b-f16", "fake:2b-f16"]
+
+        run(main())
+
+
+def test_models_screen_switches_an_in_process_engine(home):
+    install_fake_models("fake:1b-f16", "fake:2b-f16")
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener, model="fake:2b-f16")
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            await until(pilot, lambda: screen.rows, "the plan")
+            await pilot.press("enter")  # the first row: fake:1b-f16
+            await until(pilot, lambda: app.session and app.session.model == "fake:1b-f16",
+                        "switched")
+            assert opener.opened == ["fake:2b-f16", "fake:1b-f16"]
+            assert opener.engines[0]._closing  # the old engine was closed first
+        opener.close()
+
+    run(main())
+
+
+# --- history --------------------------------------------------------------------------------
+def test_history_survives_a_restart(home):
+    opener = Opener()
+
+    async def first():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Remember the number 42")
+            await finished(pilot, 2)
+            await pilot.press("ctrl+n")
+            await send(pilot, "A second chat")
+            await finished(pilot, 2)
+
+    async def second():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            assert not app.query(UserMessage)  # a new chat by default
+            await pilot.press("ctrl+r")
+            screen = app.screen
+            assert isinstance(screen, ChatsScreen)
+            assert [s.title for s in screen.summaries] == ["A second chat",
+                                                           "Remember the number 42"]
+            await pilot.press("down", "enter")
+            await until(pilot, lambda: app.query(UserMessage), "the chat is shown")
+            assert [text_of(w) for w in app.query(UserMessage)] == ["Remember the number 42"]
+            assert app.query(AssistantMessage).last().markdown.source == REPLY
+            assert "last reply: decode" in text_of(app.query_one("#status-speed"))
+            # The conversation goes on where it was.
+            await send(pilot, "What was the number?")
+            await finished(pilot, 4)
+            assert [m.content for m in app.chat.prompt_messages()][:2] == [
+                "Remember the number 42", REPLY]
+
+    async def third():
+        app = in_process_app(opener, resume="latest")  # `localinfer chat --continue`
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            assert len(app.query(UserMessage)) == 2
+
+    run(first())
+    run(second())
+    run(third())
+    opener.close()
+
+
+def test_chats_can_be_renamed_and_deleted(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Plan a trip")
+            await finished(pilot, 2)
+            await pilot.press("ctrl+r", "r")
+            assert isinstance(app.screen, TextPrompt)
+            app.screen.query_one("Input").value = ""
+            await pilot.press(*keys("Holidays"), "enter")
+            chats = app.screen
+            await until(pilot, lambda: chats.summaries[0].title == "Holidays", "renamed")
+            assert app.chat.title == "Holidays"
+            await pilot.press("d")
+            await pilot.click("#yes")
+            await until(pilot, lambda: not chats.summaries, "deleted")
+            assert ChatStore().list() == []
+            await pilot.press("escape")
+            assert not app.query(UserMessage)  # the open chat was the deleted one
+        opener.close()
+
+    run(main())
+
+
+# --- errors --------------------------------------------------------------------------------
+def test_daemon_unreachable_is_shown_and_offers_running_in_process(home, monkeypatch):
+    monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+    opener = Opener()
+
+    async def main():
+        app = create_app("fake:1b", hardware=laptop(), start_daemon=False,
+                         open_engine=opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "an error")
+            assert app.screen.title_text == "Daemon unreachable"
+            assert "no localinfer daemon is running" in app.screen.message
+            assert "no model" in text_of(app.query_one("#status-model"))
+            await pilot.pause()
+            await pilot.click("#in_process")
+            await until(pilot, lambda: app.session is not None, "the in-process engine")
+            assert app.session.where == "in this process"
+            assert opener.opened == ["fake:1b"]
+        opener.close()
+
+    run(main())
+
+
+def test_a_model_that_fails_to_load_is_shown(home):
+    opener = Opener(fail=ModelLoadError("llama.cpp could not load /m.gguf: out of memory"))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "an error")
+            assert app.screen.title_text == "Model failed to load"
+            assert "out of memory" in app.screen.message
+            await pilot.click("#close")
+            await send(pilot, "anyone there?")
+            assert not app.chat.messages  # nothing is sent without a model
+            await pilot.click("#close") if isinstance(app.screen, ErrorScreen) else None
+
+    run(main())
+
+
+LONG = " ".join(f"word{i}" for i in range(24))  # ~48 fake tokens
+
+
+def test_a_full_context_offers_to_drop_the_oldest_turns(home):
+    opener = Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=100))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "first " + LONG)
+            await finished(pilot, 2)
+            await send(pilot, "second " + LONG)
+            await until(pilot, lambda: isinstance(app.screen, ContextFullScreen), "the dialog")
+            assert "no longer fits" in app.screen.message
+            await pilot.click("#drop")
+            await finished(pilot, 4)
+            assert app.chat.messages[-1].content == "ok"
+            assert app.chat.context_start == 2
+            assert [m.content for m in app.chat.prompt_messages()] == ["second " + LONG, "ok"]
+            assert app.query(ContextNote)  # the transcript shows where the context starts
+            assert len(app.query(UserMessage)) == 2  # nothing was deleted
+
+    run(main())
+    opener.close()
+
+
+def test_a_full_context_can_move_the_message_to_a_new_chat(home):
+    opener = Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=100))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "first " + LONG)
+            await finished(pilot, 2)
+            old_id = app.chat.id
+            await send(pilot, "second " + LONG)
+            await until(pilot, lambda: isinstance(app.screen, ContextFullScreen), "the dialog")
+            await pilot.click("#new")
+            await until(pilot, lambda: app.chat.id != old_id, "a new chat")
+            assert app.query_one(ChatInput).text == "second " + LONG
+            assert [m.content for m in ChatStore().load(old_id).messages] == [
+                "first " + LONG, "ok"]  # the unanswered message moved, nothing was lost
+
+    run(main())
+    opener.close()
+
+
+# --- the real model ---------------------------------------------------------------------------
+@pytest.mark.model
+def test_chat_with_the_starter_model_through_a_real_daemon(home, monkeypatch, starter_path):
+    from localinfer.config import Config
+    from localinfer.runtime.loader import engine_factory
+
+    with serve(engine_factory(Config(ctx=2048)), tcp=False) as daemon:
+        monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")
+
+        async def main():
+            app = create_app("gemma3:270m")  # this machine's own hardware profile
+            async with app.run_test(size=(100, 32)) as pilot:
+                await until(pilot, lambda: app.session is not None or app.load_error,
+                            "the starter model is loaded", timeout_s=240)
+                assert app.load_error is None, app.load_error
+                assert app.session.info.name == "gemma3:270m-q4_k_m"
+                assert "CPU only" in text_of(app.query_one("#status-model")) or \
+                    "GPU" in text_of(app.query_one("#status-model"))
+                await until(pilot, lambda: app.hardware is not None and
+                            app.hardware.host_bandwidth_gbps > 0, "the bandwidth",
+                            timeout_s=120)
+                app.chat.max_tokens = 24
+                app.chat.temperature = 0.0
+                await send(pilot, "The capital of France is")
+                await finished(pilot, 2)
+                reply = app.chat.messages[-1]
+                assert reply.content.strip() and reply.finish_reason in ("stop", "length")
+                s = reply.stats
+                assert s.decode_tps > 0 and s.ttft_ms > 0 and s.prompt_tokens > 5
+                assert s.roofline_pct is not None and 0 < s.roofline_pct < 100
+                assert "% of roofline" in text_of(app.query(AssistantMessage).last()
+                                                  .query_one(".summary"))
+                assert "predicted" in text_of(app.query_one("#status-roofline"))
+
+        run(main())
