@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import pytest
 
@@ -485,3 +486,61 @@ def test_chat_with_the_starter_model_through_a_real_daemon(home, monkeypatch, st
                 assert "predicted" in text_of(app.query_one("#status-roofline"))
 
         run(main())
+
+
+# --- starting the daemon ----------------------------------------------------------------------
+def _stop(client) -> None:
+    from localinfer.daemon.instance import running_daemon
+
+    client.shutdown()
+    client.close()
+    deadline = time.monotonic() + 30
+    while running_daemon() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_daemon() is None
+
+
+def test_a_daemon_is_started_in_the_background_when_none_runs(home, monkeypatch):
+    from localinfer.config import Config
+    from localinfer.daemon.instance import running_daemon
+    from localinfer.tui.session import Launcher
+
+    monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+    launcher = Launcher(Config(), serve_args=["--no-tcp"])
+    steps = []
+    client = launcher.client(steps.append)
+    try:
+        assert [s.message for s in steps] == ["Starting the localinfer daemon…"]
+        info = running_daemon()
+        assert info["pid"] == launcher.started_daemon_pid and info["url"] is None
+        assert client.status()["loaded"] == []
+        assert launcher.client() is client  # reused while it answers
+        command = open(f"/proc/{info['pid']}/cmdline", "rb").read().split(b"\0")
+        assert command[-5:-1] == [b"serve", b"--idle-exit", b"1800", b"--no-tcp"]
+    finally:
+        _stop(client)
+    assert "listening on unix:" in (home / "cache" / "daemon.log").read_text()
+
+
+def test_a_busy_port_falls_back_to_the_unix_socket(home, monkeypatch):
+    import socket
+
+    from localinfer.config import load_config
+    from localinfer.daemon.instance import running_daemon
+    from localinfer.tui.session import Launcher
+
+    monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    monkeypatch.setenv("LOCALINFER_PORT", str(taken.getsockname()[1]))
+    try:
+        launcher = Launcher(load_config())
+        client = launcher.client()
+        try:
+            assert running_daemon()["url"] is None  # started again with --no-tcp
+        finally:
+            _stop(client)
+    finally:
+        taken.close()
+    assert "in use" in (home / "cache" / "daemon.log").read_text()
