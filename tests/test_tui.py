@@ -267,6 +267,32 @@ def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
         run(main())
 
 
+def test_escape_cancels_a_reply_streamed_by_the_daemon(home, monkeypatch):
+    install_fake_models("fake:1b-f16")
+    words = " ".join(f"w{i}" for i in range(400))
+    with serve(fake_factory(reply=words, step_delay_s=0.01), tcp=False) as daemon:
+        monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")
+
+        async def main():
+            app = create_app("fake:1b-f16", hardware=laptop())
+            async with app.run_test(size=(100, 32)) as pilot:
+                await ready(pilot)
+                await send(pilot, "count")
+                await until(pilot, lambda: app.reply and app.reply.live and
+                            app.reply.live.n_tokens >= 10, "some tokens")
+                await pilot.press("escape")
+                await finished(pilot, 2)
+                reply = app.chat.messages[-1]
+                assert reply.finish_reason == "cancelled"
+                assert words.startswith(reply.content) and len(reply.content) < len(words)
+                # The daemon's stream was closed: the last measured figures are kept.
+                assert reply.stats.completion_tokens >= 10 and reply.stats.decode_tps > 0
+                assert reply.stats.ttft_ms > 0
+                assert "≥" in text_of(app.query_one("#status-model"))
+
+        run(main())
+
+
 def test_models_screen_switches_an_in_process_engine(home):
     install_fake_models("fake:1b-f16", "fake:2b-f16")
     opener = Opener()

@@ -29,7 +29,7 @@ from textual.widgets import Button, Footer, Header, Static
 from ..chats import Chat, ChatMessage, ChatStore, ReplyStats
 from ..config import Config
 from ..errors import ContextOverflow, DaemonError, LocalInferError
-from ..runtime.types import Done, LiveStats
+from ..runtime.types import Done, LiveStats, Usage
 from .screens import (
     ChatChoice,
     ChatsChanged,
@@ -188,6 +188,7 @@ class ChatApp(App[None]):
         self._last_stats: ReplyStats | None = None
         self._hidden_messages = 0
         self._measuring = False
+        self._context_at_least = False
 
     # --- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -373,6 +374,7 @@ class ChatApp(App[None]):
         await transcript.mount_all(widgets)
         self._last_stats = next((m.stats for m in reversed(messages) if m.stats), None)
         self.context_tokens = self._last_stats.context_tokens if self._last_stats else None
+        self._context_at_least = False
         self.sub_title = self.chat.display_title if self.session is None else \
             f"{self.session.info.name} · {self.chat.display_title}"
         transcript.anchor()  # at the end, and it stays there as replies stream in
@@ -519,11 +521,7 @@ class ChatApp(App[None]):
             reply.flush_timer = None
         await self._flush(reply)
         done = event.done
-        pct = None
-        if self.roofline is not None:
-            position = done.usage.prompt_tokens + done.usage.completion_tokens // 2
-            pct = self.roofline.percent(done.timings.decode_tps, position)
-        stats = ReplyStats.from_done(done, pct)
+        stats = _reply_stats(done, reply, self.roofline)
         message = ChatMessage("assistant", done.text, model=reply.model,
                               finish_reason=done.finish_reason, stats=stats)
         self.chat.add(message)
@@ -531,7 +529,11 @@ class ChatApp(App[None]):
         self.reply = None
         self._dropping = False
         self._last_stats = stats
-        self.context_tokens = stats.context_tokens
+        if stats.prompt_tokens:
+            self.context_tokens, self._context_at_least = stats.context_tokens, False
+        else:  # a cancelled daemon reply: the prompt's size is not known
+            self.context_tokens = (self.context_tokens or 0) + stats.completion_tokens
+            self._context_at_least = True
         await reply.widget.finish(message)
         self.refresh_bindings()
         self._show_status()
@@ -642,13 +644,13 @@ class ChatApp(App[None]):
         where = ("daemon" if session and session.where.startswith("daemon") else
                  "in-process") if session else ""
         context = self.context_tokens
-        at_least = False
+        at_least = self._context_at_least
         if reply is not None:
             n = reply.live.n_tokens if reply.live else 0
             if reply.prompt_tokens is not None:
-                context = reply.prompt_tokens + n
-            elif context is not None:
-                context, at_least = context + n, True
+                context, at_least = reply.prompt_tokens + n, False
+            else:  # the daemon counts the prompt only when the reply ends
+                context, at_least = (context or 0) + n, True
         loading = f"{self.loading}" if self.loading else (
             f"no model: {self.load_error.one_line()}" if self.load_error else "")
         status.show_model(info, where, context, at_least=at_least, loading=loading)
@@ -819,6 +821,25 @@ class ChatApp(App[None]):
             except Exception:  # noqa: BLE001 - leaving anyway
                 log.debug("closing the session failed", exc_info=True)
         self.launcher.close()
+
+
+def _reply_stats(done: Done, reply: Reply, roofline: Roofline | None) -> ReplyStats:
+    """The figures that stay under a reply. One cancelled through the daemon ends without the
+    engine's timings (the stream is closed): the last token's measured figures stand in."""
+    live = reply.live
+    if done.timings.completion_tokens or live is None or done.finish_reason != "cancelled":
+        usage, decode_tps = done.usage, done.timings.decode_tps
+        figures = {}
+    else:
+        prompt = done.usage.prompt_tokens or reply.prompt_tokens or 0
+        usage, decode_tps = Usage(prompt, live.n_tokens), live.decode_tps
+        figures = {"completion_tokens": live.n_tokens, "decode_tps": round(decode_tps, 2),
+                   "ttft_ms": round(live.ttft_ms, 1), "prefill_tps": round(live.prefill_tps, 1),
+                   "prompt_tokens": prompt}
+    pct = None
+    if roofline is not None:
+        pct = roofline.percent(decode_tps, usage.prompt_tokens + usage.completion_tokens // 2)
+    return replace(ReplyStats.from_done(done, pct), **figures)
 
 
 def _candidate(info: Any) -> Any:
