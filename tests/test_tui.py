@@ -156,6 +156,29 @@ def test_escape_cancels_and_keeps_the_partial_reply(home):
     run(main())
 
 
+def test_quitting_mid_reply_keeps_the_partial_reply(home):
+    opener, backends = gated_opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Tell me more")
+            backends[0].release(8)
+            await until(pilot, lambda: app.reply and app.reply.live and
+                        app.reply.live.n_tokens >= 8 and app.reply.widget.markdown.source,
+                        "a few tokens shown")
+            chat_id = app.chat.id
+            await pilot.press("ctrl+q")
+            backends[0].open()
+        saved = ChatStore().load(chat_id).messages
+        assert [m.role for m in saved] == ["user", "assistant"]
+        assert saved[1].finish_reason == "cancelled" and REPLY.startswith(saved[1].content)
+        opener.close()
+
+    run(main())
+
+
 def test_the_input_keys(home):
     opener, backends = gated_opener()
 

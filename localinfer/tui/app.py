@@ -429,6 +429,8 @@ class ChatApp(App[None]):
             return
         chat_input.accept(text)
         message = self.chat.add(ChatMessage("user", text))
+        if self.session is not None:
+            self.chat.model = self.session.model
         self._save()
         welcome = self.query("#welcome")
         if welcome:
@@ -809,7 +811,16 @@ class ChatApp(App[None]):
         self.notify(f"Saved {path}")
 
     async def action_quit(self) -> None:
-        self.action_cancel_reply()
+        reply = self.reply
+        if reply is not None:
+            # Quitting mid-reply: keep what streamed so far, marked cancelled, like Esc.
+            self.action_cancel_reply()
+            text = (reply.widget.markdown.source or "") + "".join(reply.pending)
+            self.reply = None
+            if text:
+                self.chat.add(ChatMessage("assistant", text, model=reply.model,
+                                          finish_reason="cancelled"))
+                self._save()
         self.exit()
 
     def on_unmount(self) -> None:
