@@ -6,13 +6,19 @@ with the architecture numbers the planner needs, the Hugging Face repo, and its 
 variants. A variant's size is exact when known, else estimated from parameters x bits per
 weight and marked ``estimated``. The file is validated on load; a broken entry is reported
 with its line and field.
+
+``LOCALINFER_CATALOG`` names extra catalog files (separated by ``:``, ``;`` on Windows) in the
+same format, read after the packaged one: a family or model with a name already known replaces
+it, a new one is added, and a model may use the packaged families. It points ``pull`` and
+``plan`` at other repos (a private mirror, a fine-tune, the tests' local Hub).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -37,6 +43,8 @@ QUANT_QUALITY: dict[str, float] = {
     "Q5_K_M": 0.97, "Q6_K": 0.985, "Q8_0": 0.995, "F16": 1.0, "BF16": 1.0, "MXFP4": 0.96,
     "MXFP4_MOE": 0.96,
 }
+
+CATALOG_ENV = "LOCALINFER_CATALOG"
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$")
 
@@ -163,18 +171,35 @@ def catalog_path() -> Path:
     return Path(__file__).resolve().parent.parent / "models.toml"
 
 
-@lru_cache(maxsize=4)
 def load_catalog(path: str | None = None) -> Catalog:
-    """Read and validate the catalog (the packaged ``models.toml`` unless ``path`` is given)."""
-    file = Path(path) if path else catalog_path()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the model catalog {file}: {exc}") from None
-    return parse_catalog(text, source=str(file))
+    """Read and validate the catalog: ``path`` alone when given, else the packaged
+    ``models.toml`` followed by the files named in ``LOCALINFER_CATALOG``."""
+    if path:
+        return _load_files((str(path),))
+    extra = os.environ.get(CATALOG_ENV, "")
+    files = [str(catalog_path())] + [p for p in extra.split(os.pathsep) if p.strip()]
+    return _load_files(tuple(files))
 
 
-def parse_catalog(text: str, source: str = "models.toml") -> Catalog:
+@lru_cache(maxsize=8)
+def _load_files(files: tuple[str, ...]) -> Catalog:
+    catalog: Catalog | None = None
+    for name in files:
+        file = Path(name).expanduser()
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            where = f" (from {CATALOG_ENV})" if catalog is not None else ""
+            raise ConfigError(f"cannot read the model catalog {file}{where}: {exc}") from None
+        catalog = parse_catalog(text, source=str(file), base=catalog)
+    assert catalog is not None
+    return catalog
+
+
+def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None = None
+                  ) -> Catalog:
+    """Parse one catalog file. With ``base``, the file extends it: its families and models
+    are added to the base's, replacing those of the same name."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -186,7 +211,7 @@ def parse_catalog(text: str, source: str = "models.toml") -> Catalog:
     if data.get("schema", 1) != 1:
         raise ConfigError(f"{source}: schema {data.get('schema')!r} is not supported (1 is).")
 
-    families: dict[str, Family] = {}
+    families: dict[str, Family] = dict(base.families) if base else {}
     raw_families = data.get("families", {})
     if not isinstance(raw_families, dict):
         raise ConfigError(f"{source}: [families] must be a table.")
@@ -274,6 +299,11 @@ def parse_catalog(text: str, source: str = "models.toml") -> Catalog:
         _check_spec(spec, r)
         r.done()
         models[name] = spec
+    if base is not None:
+        # Base models follow a family this file replaced.
+        inherited = {n: replace(m, family=families[m.family.id]) for n, m in base.models.items()}
+        models = {**inherited, **models}
+        source = f"{base.source}, {source}"
     return Catalog(families, models, source)
 
 
