@@ -12,10 +12,14 @@ daemon maps ``http_status`` into a JSON ``error`` body.
     ├── ModelLoadError                   exit 5   llama.cpp refused to load the file
     ├── ContextOverflow                  exit 6   prompt longer than the context window
     ├── StoreError                       exit 7   disk full, checksum mismatch, download failed
+    │   ├── DownloadError                exit 7   the Hub unreachable or the connection lost
+    │   ├── AccessDenied                 exit 7   a gated or private repo (HTTP 401/403)
+    │   ├── OfflineError                 exit 7   a download asked for in offline mode
+    │   └── ModelInUse                   exit 7   removing a model the daemon has loaded
     ├── DaemonError                      exit 8   daemon unreachable, already running, port in use
     │   └── Busy                         exit 8   the request queue is full (HTTP 503)
     ├── BackendUnavailable               exit 9   llama-cpp-python missing or unusable
-    └── Cancelled                        exit 130 generation cancelled (Ctrl+C)
+    └── Cancelled                        exit 130 a generation or download cancelled (Ctrl+C)
 
 Exit code 2 is also what argparse uses for usage errors.
 """
@@ -84,6 +88,26 @@ class StoreError(LocalInferError):
     title = "model store error"
     exit_code = 7
     http_status = 500
+
+
+class DownloadError(StoreError):
+    title = "download failed"
+    http_status = 502
+
+
+class AccessDenied(StoreError):
+    title = "access denied"
+    http_status = 403
+
+
+class OfflineError(StoreError):
+    title = "offline"
+    http_status = 503
+
+
+class ModelInUse(StoreError):
+    title = "model in use"
+    http_status = 409
 
 
 class DaemonError(LocalInferError):

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localinfer"
 CORE = ["localinfer.hardware", "localinfer.gguf", "localinfer.catalog", "localinfer.planner",
-        "localinfer.store", "localinfer.runtime", "localinfer.runtime.engine",
+        "localinfer.store", "localinfer.hub", "localinfer.runtime", "localinfer.runtime.engine",
         "localinfer.runtime.loader", "localinfer.runtime.llama", "localinfer.config",
         "localinfer.paths", "localinfer.errors"]
 FRONT_END_LIBS = {"textual", "fastapi", "starlette", "uvicorn"}
@@ -40,7 +40,7 @@ def test_core_source_imports_no_front_end_library():
     core_files = [p for p in PACKAGE.rglob("*.py")
                   if p.relative_to(PACKAGE).parts[0] in
                   {"hardware", "runtime", "gguf.py", "catalog.py", "planner.py", "store.py",
-                   "config.py", "paths.py", "errors.py"}]
+                   "hub.py", "config.py", "paths.py", "errors.py"}]
     assert core_files
     for path in core_files:
         assert not imported_modules(path) & FRONT_END_LIBS, path
