@@ -3,6 +3,9 @@
 Both are thin: ``hw`` prints the hardware profile the probes return; ``plan`` turns a model
 name, a family, a GGUF path (or the whole catalog) into candidates, hands them to the pure
 planner with the profile of this machine (or of ``--hardware FILE``) and prints its table.
+For a model or variant that is not installed, ``plan`` reads only the GGUF header from the Hub
+(HTTP Range requests, a few MB, cached) to plan with exact sizes; offline, or for a whole
+family, it uses cached headers and else the catalog's estimates, marked ``~``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all", action="store_true",
                    help="with no MODEL: list every variant, not the best per model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
+                   help="do not read headers from the Hub: cached headers, else estimates")
     p.set_defaults(func=cmd_plan)
 
 
@@ -126,7 +131,12 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
         raise InvalidRequest(f"--min-tps must be 0 or more, got {args.min_tps}.")
     if args.slots is not None and args.slots < 0:
         raise InvalidRequest(f"--slots must be 0 (as many as fit) or more, got {args.slots}.")
-    groups = _candidates(args.model)  # a bad name fails before any probing
+    from .store import HeaderFetch
+
+    fetch = HeaderFetch(enabled=not config.offline, announce=None if args.json else (
+        lambda name: print(f"Reading the GGUF header of {name} from the Hub...",
+                           file=sys.stderr)))
+    groups = _candidates(args.model, fetch)  # a bad name fails before any probing
     if args.hardware:
         hw = load_profile(args.hardware)
         calibration: dict[str, float] = {}
@@ -157,21 +167,61 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
         shown = rows
     else:
         shown = list(overall.evaluations)
+    notes = _header_notes(shown, fetch, offline=config.offline, single=_names_one_model(
+        args.model))
     if args.json:
         data = overall.to_dict()
         data["hardware"] = hw.to_dict()
         data["shown"] = [e.candidate.name for e in shown]
+        data["notes"] = notes
         print(json.dumps(data, indent=2))
         return 0
     _print_plan(hw, overall, shown, calibration, from_file=args.hardware)
+    for note in notes:
+        print(note)
     return 0
 
 
-def _candidates(ref: str | None):
-    """[(model name, [Candidate...])] for a model, a family, a path, or the whole catalog."""
+def _names_one_model(ref: str | None) -> bool:
+    from .store import ModelStore, looks_like_path
+
+    if ref is None or looks_like_path(ref):
+        return False
+    try:
+        ModelStore().catalog.lookup(ref.strip().lower())
+    except KeyError:
+        return False
+    return True
+
+
+def _header_notes(shown, fetch, *, offline: bool, single: bool) -> list[str]:
+    """Where the sizes came from: headers read from the Hub, or estimates and why."""
+    from .progress import human_bytes
+
+    notes = []
+    if fetch.files_read:
+        notes.append(f"Read the GGUF headers of {fetch.files_read} variant(s) from the Hub"
+                     f" ({human_bytes(fetch.bytes_read)}, HTTP Range requests; cached).")
+    notes += fetch.notes
+    estimated = [e.candidate.name for e in shown if e.candidate.estimated]
+    if estimated:
+        if offline:
+            notes.append(f"Offline: {len(estimated)} size(s) marked ~ are the catalog's"
+                         " estimates (no header cached for them), so the plan is an estimate"
+                         " too.")
+        elif not single:
+            notes.append("Sizes marked ~ are the catalog's estimates; `localinfer plan"
+                         " family:size` reads the exact sizes from the Hub (a few MB each).")
+    return notes
+
+
+def _candidates(ref: str | None, fetch=None):
+    """[(model name, [Candidate...])] for a model, a family, a path, or the whole catalog.
+    Headers of variants not installed are read from the Hub (``fetch``) only for one model
+    or variant; otherwise only cached ones are used."""
     from . import gguf
     from .planner import Candidate
-    from .store import ModelStore, looks_like_path
+    from .store import HeaderFetch, ModelStore, looks_like_path
 
     store = ModelStore()
     catalog = store.catalog
@@ -179,32 +229,21 @@ def _candidates(ref: str | None):
         model = store.resolve(ref)
         header = gguf.read_header(model.path)
         return [(model.name, [Candidate.from_header(header, name=model.name)])]
-    installed = {m.name: m for m in store.list()}
-
-    def variants(spec, only=None):
-        out = []
-        for v in spec.variants:
-            if only is not None and v.quant != only.quant:
-                continue
-            name = spec.variant_name(v)
-            if name in installed:  # exact sizes from the file we have
-                header = gguf.read_header(installed[name].path)
-                out.append(Candidate.from_header(header, name=name, model=spec.name))
-            else:
-                out.append(Candidate.from_spec(spec, v))
-        return out
+    cached_only = HeaderFetch(enabled=False)
 
     if ref is None:
-        return [(s.name, variants(s)) for s in catalog.models.values()]
+        return [(s.name, store.candidates(s, fetch=cached_only))
+                for s in catalog.models.values()]
     name = ref.strip().lower()
     try:
         spec, variant = catalog.lookup(name)
-        return [(spec.name, variants(spec, variant))]
+        variants = [variant] if variant is not None else None
+        return [(spec.name, store.candidates(spec, variants, fetch=fetch))]
     except KeyError:
         pass
     specs = catalog.in_family(name)
     if specs:
-        return [(s.name, variants(s)) for s in specs]
+        return [(s.name, store.candidates(s, fetch=cached_only)) for s in specs]
     families = ", ".join(sorted(catalog.families))
     raise ModelNotFound(f"unknown model or family {ref!r}: the catalog has {families}; give"
                         " family:size (gemma3:4b), family:size-quant, or a .gguf path.")
@@ -270,5 +309,5 @@ def record_calibration(info, done, config: Config) -> None:
         record_run(model_path=info.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
                    n_threads=config.threads, prompt_tokens=t.prompt_tokens,
                    decode_tokens=t.decode_tokens, decode_tps=t.decode_tps)
-    except Exception:  # noqa: BLE001 - the run itself succeeded
+    except Exception:
         logging.getLogger(__name__).debug("calibration not recorded", exc_info=True)

@@ -1,0 +1,386 @@
+"""``localinfer pull``, ``list``, ``show``, ``rm`` and ``add``: the model store from the shell.
+
+Thin: each command parses its flags, calls ``ModelStore`` and prints. ``pull`` draws the
+download as a progress bar and turns Ctrl+C into a "run it again to resume" message (the store
+keeps the partial file); ``rm`` asks first and will not remove what the daemon has loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from .config import Config
+from .errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
+from .progress import TerminalProgress, human_bytes
+
+TEMPLATE_LINES = 8
+"""Lines of the chat template ``show`` prints (``--template`` prints it all)."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pull", help="download a model from the catalog (resumable, verified)",
+        description="Download MODEL from the Hugging Face Hub into the store. MODEL is"
+                    " family:size-quant (qwen3:1.7b-q5_k_m); without the quant (qwen3:1.7b)"
+                    " or the size (qwen3) the planner picks the best variant for this machine"
+                    " and says why. Run it again after an interruption to resume. The SHA-256"
+                    " the Hub publishes and the GGUF header are checked before the model is"
+                    " listed. Gated repos need HF_TOKEN; HF_ENDPOINT selects a mirror.")
+    p.add_argument("model", metavar="MODEL")
+    _offline_flag(p)
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("list", aliases=["ls"], help="list installed models")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser(
+        "show", help="what an installed model is and how it runs here",
+        description="Architecture, parameters, quant, context, chat template, license, file"
+                    " and the plan for this machine of an installed MODEL (or a .gguf PATH).")
+    p.add_argument("model", metavar="MODEL|PATH")
+    p.add_argument("--template", action="store_true", help="print the whole chat template")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "rm", help="remove installed models",
+        description="Remove MODEL from the store (its file, unless it was added with --link,"
+                    " and any partial download). Asks first unless --yes.")
+    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser(
+        "add", help="register a local .gguf file as a model",
+        description="Check that PATH is a GGUF model and add it to the store: copied (the"
+                    " default) or linked where it is (--link). Its name comes from the file's"
+                    " header (family:size-quant) unless --name is given.")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--name", help="family:size (the quant is appended), or family")
+    p.add_argument("--link", action="store_true",
+                   help="do not copy: point at the file where it is (keep it there)")
+    p.set_defaults(func=cmd_add)
+
+
+def _offline_flag(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: given after the command it sets the same flag as `localinfer --offline`,
+    # and left out it does not reset that one.
+    p.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
+                   help="never touch the network (as HF_HUB_OFFLINE=1)")
+
+
+def _store(config: Config):
+    from .store import ModelStore
+
+    return ModelStore(offline=config.offline)
+
+
+# --- pull --------------------------------------------------------------------------------------
+class _PullDisplay:
+    """Progress bars for the download and the verification, one line each."""
+
+    def __init__(self) -> None:
+        self.bar: TerminalProgress | None = None
+        self.stage = ""
+        self.started = time.monotonic()
+        self.first = 0
+        self.last = None
+
+    def __call__(self, step) -> None:
+        if step.status in ("downloading", "verifying"):
+            if step.status != self.stage:
+                self.finish()
+                self.first = step.completed
+                self.stage = step.status
+                self.started = time.monotonic()
+                if step.status == "downloading" and step.completed and step.total:
+                    print(f"Resuming at {human_bytes(step.completed)} of"
+                          f" {human_bytes(step.total)}.", file=sys.stderr)
+                label = (f"Pulling {step.name}" if step.status == "downloading"
+                         else "Verifying SHA-256")
+                self.bar = TerminalProgress(label, total=step.total or None,
+                                            initial=step.completed)
+            assert self.bar is not None
+            self.bar.update(step.completed, step.total or None)
+        self.last = step
+
+    def finish(self, message: str | None = None) -> None:
+        if self.bar is None:
+            return
+        if message is None and self.last is not None and self.stage:
+            seconds = max(time.monotonic() - self.started, 1e-3)
+            done = self.last.completed - self.first
+            what = "Downloaded" if self.stage == "downloading" else "Verified"
+            message = (f"{what} {human_bytes(done)} in {seconds:.1f}s"
+                       f" ({human_bytes(done / seconds)}/s)")
+        self.bar.finish(message)
+        self.bar = None
+        self.stage = ""
+
+
+def cmd_pull(args: argparse.Namespace, config: Config) -> int:
+    if not args.debug:  # its retry warnings would break the progress line
+        from huggingface_hub.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    store = _store(config)
+    target = store.resolve_pull(args.model)
+    if target.reason:
+        print(f"{args.model} -> {target.reason}")
+    display = _PullDisplay()
+    try:
+        model = store.pull_resolved(target, progress=display)
+    except KeyboardInterrupt:
+        display.finish("Stopped.")
+        partial = next((p for p in store.partials() if p.name == target.name), None)
+        kept = (f": {human_bytes(partial.size_bytes)} of {human_bytes(partial.total_bytes or 0)}"
+                f" is kept in {partial.path}" if partial and partial.size_bytes else "")
+        raise Cancelled(f"the pull of {target.name} was interrupted{kept}; run `localinfer"
+                        f" pull {target.name}` again to resume.") from None
+    finally:
+        display.finish()
+    final = display.last
+    print(final.message if final is not None and final.message else f"pulled {model.name}")
+    return 0
+
+
+# --- list --------------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace, config: Config) -> int:
+    from .cli import print_table
+
+    store = _store(config)
+    models = store.list()
+    if args.json:
+        print(json.dumps([asdict(m) for m in models], indent=2))
+        return 0
+    if not models:
+        print("No models installed. `localinfer run gemma3:270m \"Hello\"` installs the starter"
+              " model; `localinfer pull NAME` downloads one.")
+    else:
+        rows = [("NAME", "QUANT", "SIZE", "PATH")]
+        rows += [(m.name, m.quant, human_bytes(m.size_bytes),
+                  m.path + (" (linked)" if m.linked else "")) for m in models]
+        print_table(rows)
+    for partial in store.partials():
+        total = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
+        print(f"Partial download: {partial.name}, {human_bytes(partial.size_bytes)}{total}"
+              f" (`localinfer pull {partial.name}` resumes it, `localinfer rm"
+              f" {partial.name}` deletes it).")
+    return 0
+
+
+# --- show --------------------------------------------------------------------------------------
+def cmd_show(args: argparse.Namespace, config: Config) -> int:
+    from . import gguf
+    from .hardware import probe
+    from .planner import Candidate, plan
+    from .store import looks_like_path
+
+    store = _store(config)
+    installed = None
+    if looks_like_path(args.model):
+        resolved = store.resolve(args.model)
+        path, name = resolved.path, resolved.name
+    else:
+        try:
+            installed = store.find_installed(args.model)
+        except ModelNotFound:
+            name = args.model.strip().lower()
+            if not _in_catalog(store, name):
+                raise
+            raise ModelNotFound(f"{name} is not installed: `localinfer plan {name}` shows what"
+                                f" it needs here, `localinfer pull {name}` downloads it."
+                                ) from None
+        path, name = installed.path, installed.name
+    header = gguf.read_header(path)
+    catalog = store.catalog
+    family = catalog.family_for(installed.family if installed else header.architecture)
+    if family is None:
+        family = catalog.family_for(header.architecture)
+    template_source = "the file"
+    template = header.chat_template
+    if template is None and family is not None:
+        template_source = f"built-in {family.chat_template!r} (the file has none)"
+    license_ = header.license or (family.license if family else "") or "not stated"
+
+    hw = probe()
+    candidate = Candidate.from_header(header, name=name,
+                                      model=installed.model if installed else name)
+    result = plan(hw, [candidate], store.plan_prefs(hw))
+    evaluation = result.evaluations[0]
+
+    if args.template:
+        print(template if template is not None else
+              f"# {name} has no chat template in its file; localinfer uses its built-in"
+              f" {family.chat_template if family else 'plain'} template.")
+        return 0
+    if args.json:
+        data: dict[str, Any] = {
+            "name": name, "path": str(path), "architecture": header.architecture,
+            "parameters": header.parameter_count, "quant": header.quant,
+            "context_length": header.context_length, "layers": header.block_count,
+            "embedding_length": header.embedding_length, "vocab_size": header.vocab_size,
+            "license": license_, "chat_template": template,
+            "chat_template_builtin": None if template else (family.chat_template
+                                                            if family else None),
+            "installed": asdict(installed) if installed else None,
+            "plan": result.to_dict(),
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+
+    size = installed.size_bytes if installed else header.file_size
+    rows = [
+        ("architecture", header.architecture + (f" ({family.title})" if family else "")),
+        ("parameters", _params(header.parameter_count)),
+        ("quantization", header.quant),
+        ("context length", f"{header.context_length} tokens (trained)"),
+        ("layers", f"{header.block_count}, embedding {header.embedding_length},"
+                   f" {header.head_count} heads ({header.head_count_kv} KV),"
+                   f" vocabulary {header.vocab_size}"),
+        ("KV cache", f"{header.kv_bytes_per_token() / 1024:.1f} KiB per token (F16)"),
+        ("license", license_),
+        ("file", f"{path} ({human_bytes(size)})" + (" (linked)" if installed and
+                                                    installed.linked else "")),
+    ]
+    if installed:
+        if installed.sha256:
+            rows.append(("sha256", installed.sha256))
+        source = installed.source + (f" @ {installed.revision[:12]}" if installed.revision
+                                     else "")
+        rows += [("source", source),
+                 ("added", datetime.fromtimestamp(installed.added).strftime("%Y-%m-%d %H:%M"))]
+    print(name)
+    for key, value in rows:
+        print(f"  {key:<15} {value}")
+    print()
+    if template is not None:
+        lines = template.strip("\n").splitlines()
+        more = (f"; the first {TEMPLATE_LINES} of {len(lines)} lines, `--template` prints it"
+                " all" if len(lines) > TEMPLATE_LINES else "")
+        print(f"Chat template (from {template_source}{more}):")
+        for line in lines[:TEMPLATE_LINES]:
+            print(f"  {line}")
+    else:
+        print(f"Chat template: {template_source}.")
+    print()
+    print("Plan for this machine:")
+    e = evaluation
+    where = (f"{e.n_gpu_layers}/{e.n_layers_total} layers on {e.gpu.device}" if e.gpu
+             else "all layers on the CPU")
+    if e.fits:
+        memory = f"RAM {e.host.total_bytes / 2**30:.1f} GiB" + (
+            f", VRAM {e.gpu.total_bytes / 2**30:.1f} GiB" if e.gpu else "")
+        print(f"  {where}, context {e.n_ctx}: {memory}; predicted prefill"
+              f" {e.prefill_tps:.0f} tok/s, decode {e.decode_tps:.1f} tok/s"
+              f"{' (calibrated)' if e.calibration != 1.0 else ''}.")
+    else:
+        print(f"  does not fit: {e.reason}.")
+    if e.verdict == "slow":
+        print(f"  {e.reason}.")
+    return 0
+
+
+def _in_catalog(store, name: str) -> bool:
+    try:
+        store.catalog.lookup(name)
+    except KeyError:
+        return bool(store.catalog.in_family(name))
+    return True
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+# --- rm ----------------------------------------------------------------------------------------
+def cmd_rm(args: argparse.Namespace, config: Config) -> int:
+    from .store import InstalledModel
+
+    store = _store(config)
+    found = []
+    for ref in args.models:
+        try:
+            found.append(store.find_installed(ref))
+        except ModelNotFound:
+            name = ref.strip().lower()
+            partial = next((p for p in store.partials() if p.name == name), None)
+            if partial is None:
+                raise
+            found.append(partial)
+    loaded = _loaded_in_daemon()
+    for item in found:
+        if isinstance(item, InstalledModel) and (item.name in loaded or item.path in loaded):
+            raise ModelInUse(f"the daemon has {item.name} loaded; unload it with `localinfer"
+                             f" stop {item.name}`, then remove it.")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise InvalidRequest("`rm` asks before removing models and this is not a terminal;"
+                                 " pass --yes to remove without asking.")
+        what = ", ".join(_describe(item) for item in found)
+        sys.stderr.write(f"Remove {what}? [y/N] ")
+        sys.stderr.flush()
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("Nothing removed.")
+            return 0
+    for item in found:
+        store.remove(item.name)
+        if isinstance(item, InstalledModel):
+            kept = f" (the linked file {item.path} is kept)" if item.linked else ""
+            print(f"removed {item.name}{kept}")
+        else:
+            print(f"removed the partial download of {item.name}")
+    return 0
+
+
+def _describe(item) -> str:
+    from .store import InstalledModel
+
+    if isinstance(item, InstalledModel):
+        if item.linked:
+            return f"{item.name} (a link to {item.path}, which is kept)"
+        return f"{item.name} ({human_bytes(item.size_bytes)}, {item.path})"
+    return f"the partial download of {item.name} ({human_bytes(item.size_bytes)})"
+
+
+def _loaded_in_daemon() -> set[str]:
+    """Names and paths of what a running daemon holds (or is loading); empty when none runs."""
+    from .client import DaemonClient
+
+    client = DaemonClient.discover()
+    if client is None:
+        return set()
+    with client:
+        status = client.status()
+    held = {status["loading"]} if status.get("loading") else set()
+    for entry in status.get("loaded", []):
+        info = entry.get("info") or {}
+        held.update(str(info[k]) for k in ("name", "path") if info.get(k))
+    return held
+
+
+# --- add ---------------------------------------------------------------------------------------
+def cmd_add(args: argparse.Namespace, config: Config) -> int:
+    store = _store(config)
+    bar: list[TerminalProgress] = []
+
+    def copied(done: int, total: int) -> None:
+        if not bar:
+            bar.append(TerminalProgress("Copying into the store", total=total))
+        bar[0].update(done, total)
+
+    try:
+        model = store.add(args.path, name=args.name, link=args.link, progress=copied)
+    finally:
+        for b in bar:
+            b.finish()
+    how = f"linked to {model.path}" if model.linked else f"copied to {model.path}"
+    print(f"added {model.name} ({model.quant}, {human_bytes(model.size_bytes)}): {how}")
+    return 0
