@@ -1,28 +1,40 @@
-"""Ollama-compatible routes: /api/version, tags, ps, show, chat, generate (and / for probes).
+"""Ollama-compatible routes: /api/version, tags, ps, show, chat, generate, pull, delete (and /
+for probes).
 
 Streaming is NDJSON by default (``"stream": false`` for one object); the final object carries
 ``done_reason`` and the durations in nanoseconds, as Ollama's does. As in Ollama, a chat with
 no messages (or a generate with no prompt) only loads the model, and with ``keep_alive: 0``
-unloads it. Each streamed object also carries localinfer's ``timings``.
+unloads it. Each streamed object also carries localinfer's ``timings``. ``/api/pull`` runs the
+store's blocking pull on its own thread and streams Ollama's progress objects (``status``,
+``digest``, ``total``, ``completed``, then ``{"status": "success"}``); a client that goes away
+cancels the download, which keeps its partial file for the next pull.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from .. import gguf
-from ..errors import InvalidRequest, LocalInferError
+from ..errors import InvalidRequest, LocalInferError, ModelInUse
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Message, Token
-from ..store import InstalledModel
+from ..store import InstalledModel, ModelStore, PullProgress, PullTarget
 from .app import VERSION, DaemonState, guarded, json_line
 from .bridge import EventStream, EventStreamResponse
 from .manager import LoadedModel
@@ -33,7 +45,7 @@ from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampl
 OLLAMA_API_VERSION = "0.9.0"
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def details(model: InstalledModel | None, quant: str = "", arch: str = "",
@@ -160,6 +172,49 @@ def routes(state: DaemonState) -> list[Route]:
 
         return await _generate(state, request, f, name, submit, chat=False)
 
+    async def pull(request: Request) -> Response:
+        body = await read_json(request)
+        f = Fields(body)
+        name = f.str("model", None) or f.str("name", None)
+        if not name:
+            raise InvalidRequest("'model' is required.")
+        stream = f.bool("stream", True)
+        # An unknown name, a path or a bad quant fails here, with a status code.
+        target = await asyncio.to_thread(manager.store.resolve_pull, name)
+        job = PullJob(manager.store, target)
+        if not stream:
+            await job.wait(request)
+            return JSONResponse({"status": "success"})
+
+        async def lines() -> AsyncIterator[str]:
+            status = ""
+            try:
+                async for step in job:
+                    if step.status == "downloading" or step.status != status:
+                        yield json_line(pull_json(step)) + "\n"
+                    status = step.status
+            except Exception as exc:  # noqa: BLE001 - headers sent: report it in the stream
+                message = exc.message if isinstance(exc, LocalInferError) else str(exc)
+                yield json_line({"error": message}) + "\n"
+
+        return PullResponse(lines(), job)
+
+    async def delete(request: Request) -> Response:
+        body = await read_json(request)
+        f = Fields(body)
+        name = f.str("model", None) or f.str("name", None)
+        if not name:
+            raise InvalidRequest("'model' is required.")
+        model = await asyncio.to_thread(manager.store.find_installed, name)
+        entry = manager.loaded.get(model.name)
+        if entry is not None:
+            if entry.in_flight:
+                raise ModelInUse(f"{model.name} is answering requests; try again when they"
+                                 " are done.")
+            await manager.unload(model.name)
+        await asyncio.to_thread(manager.store.remove, model.name)
+        return Response(status_code=200)
+
     async def unsupported(request: Request) -> Response:
         return JSONResponse({"error": f"{request.url.path} is not supported by localinfer"},
                             status_code=501)
@@ -172,10 +227,123 @@ def routes(state: DaemonState) -> list[Route]:
         Route("/api/show", guarded(state, "api/show", show), methods=["POST"]),
         Route("/api/chat", guarded(state, "api/chat", chat), methods=["POST"]),
         Route("/api/generate", guarded(state, "api/generate", generate), methods=["POST"]),
+        Route("/api/pull", guarded(state, "api/pull", pull), methods=["POST"]),
+        Route("/api/delete", guarded(state, "api/delete", delete), methods=["DELETE"]),
         *[Route(path, unsupported, methods=["POST", "DELETE"]) for path in
           ("/api/create", "/api/copy", "/api/push", "/api/embed", "/api/embeddings",
            "/api/blobs/{digest}")],
     ]
+
+
+# --- pull ------------------------------------------------------------------------------------
+class PullJob:
+    """A pull running on its own thread, its progress handed to the event loop. Cancelling
+    it (the client went away) stops the download within a chunk; the partial file stays."""
+
+    running: ClassVar[set[PullJob]] = set()
+    """Pulls whose thread has not finished."""
+
+    def __init__(self, store: ModelStore, target: PullTarget) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[PullProgress | InstalledModel | BaseException] = \
+            asyncio.Queue()
+        self._cancel = threading.Event()
+        self._store = store
+        self.target = target
+        PullJob.running.add(self)
+        threading.Thread(target=self._run, name=f"pull {target.name}", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            model = self._store.pull_resolved(self.target, progress=self._put,
+                                              cancel=self._cancel)
+        except BaseException as exc:  # noqa: BLE001 - handed to the request, raised there
+            self._put(exc)
+        else:
+            self._put(model)
+        finally:
+            PullJob.running.discard(self)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def _put(self, item: PullProgress | InstalledModel | BaseException) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self._cancel.set()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def __aiter__(self) -> AsyncIterator[PullProgress]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, InstalledModel):
+                    return
+                yield item
+        finally:
+            self.cancel()  # a no-op once the pull is done
+
+    async def wait(self, request: Request) -> None:
+        """Until the pull is done (``stream: false``), cancelled if the client disconnects."""
+
+        async def consume() -> None:
+            async for _ in self:
+                pass
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        consumer = asyncio.ensure_future(consume())
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not consumer.done():
+                consumer.cancel()
+                self.cancel()
+        if consumer.cancelled():
+            raise asyncio.CancelledError("the client disconnected")
+        consumer.result()  # raise the pull's error
+
+
+class PullResponse(StreamingResponse):
+    """Streams a pull's progress and cancels the pull however the response ends."""
+
+    def __init__(self, lines: AsyncIterator[str], job: PullJob) -> None:
+        super().__init__(lines, media_type="application/x-ndjson",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._job.cancel()
+
+
+PULL_STATUS = {"resolving": "pulling manifest", "verifying": "verifying sha256 digest",
+               "writing": "writing manifest", "success": "success"}
+
+
+def pull_json(step: PullProgress) -> dict[str, Any]:
+    """A pull step as Ollama streams it."""
+    if step.status == "downloading":
+        out: dict[str, Any] = {"status": f"pulling {step.digest[:12]}" if step.digest
+                               else f"pulling {step.name}"}
+        if step.digest:
+            out["digest"] = f"sha256:{step.digest}"
+        out["total"] = step.total
+        out["completed"] = step.completed
+        return out
+    return {"status": PULL_STATUS.get(step.status, step.status)}
 
 
 def _options(f: Fields):
@@ -290,5 +458,5 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
 
 
 def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(
         timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,111 @@
+"""The daemon's /api/pull and /api/delete, driven by the real ollama client library, with
+the local Hub (tests/hub_server.py) behind HF_ENDPOINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import ollama
+import pytest
+from daemon_util import fake_factory, install_fake_models, serve
+from hub_server import STARTER_BYTES, STARTER_SHA256
+
+from localinfer.daemon.ollama_routes import PullJob
+from localinfer.store import ModelStore
+
+pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home
+NAME = "tinygemma:270m-q4_k_m"
+
+
+@pytest.fixture
+def daemon(hub_home, local_hub):
+    with serve(fake_factory(reply="hi")) as d:
+        yield d
+
+
+def client(d) -> ollama.Client:
+    return ollama.Client(host="http://localhost", transport=httpx.HTTPTransport(uds=str(d.socket)))
+
+
+def test_pull_streams_ollama_progress(daemon, local_hub):
+    steps = list(client(daemon).pull("tinygemma:270m", stream=True))
+    statuses = [s.status for s in steps]
+    assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
+    assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+    layer = [s for s in steps if s.status == f"pulling {STARTER_SHA256[:12]}"]
+    assert layer and all(s.digest == f"sha256:{STARTER_SHA256}" for s in layer)
+    assert all(s.total == STARTER_BYTES for s in layer)
+    assert [s.completed for s in layer] == sorted(s.completed for s in layer)
+    assert layer[-1].completed == STARTER_BYTES
+    tags = client(daemon).list().models
+    assert [m.model for m in tags] == [NAME] and tags[0].digest == STARTER_SHA256
+    # Pulled again without streaming: one object, and nothing downloaded.
+    local_hub.reset_log()
+    assert client(daemon).pull(NAME, stream=False).status == "success"
+    assert local_hub.body_bytes() == 0
+
+
+def test_pull_errors_in_ollama_shape(daemon):
+    with pytest.raises(ollama.ResponseError) as info:
+        client(daemon).pull("nope:1b")
+    assert info.value.status_code == 404 and "the catalog has no model 'nope:1b'" in \
+        info.value.error
+    # Not streamed: the error comes with its status.
+    with pytest.raises(ollama.ResponseError) as info:
+        client(daemon).pull("tinygemma:gated-q4_k_m", stream=False)
+    assert info.value.status_code == 403 and "is a gated repo" in info.value.error
+    # Streamed: the headers are sent, the error is a line of the stream.
+    with pytest.raises(ollama.ResponseError, match="is a gated repo"):
+        list(client(daemon).pull("tinygemma:gated-q4_k_m", stream=True))
+    with daemon.uds() as http:
+        response = http.post("/api/pull", json={})
+    assert response.status_code == 400 and response.json() == {"error": "'model' is required."}
+
+
+def test_delete_removes_the_model(daemon):
+    client(daemon).pull(NAME)
+    path = ModelStore().find_installed(NAME).path
+    assert client(daemon).delete(NAME).status == "success"
+    assert client(daemon).list().models == []
+    with pytest.raises(ollama.ResponseError) as info:
+        client(daemon).delete(NAME)
+    assert info.value.status_code == 404
+    assert not os.path.exists(path)
+
+
+def test_delete_unloads_a_loaded_model_first(daemon):
+    install_fake_models("fake:1b-f16")
+    client(daemon).generate(model="fake:1b", prompt="hello")
+    assert "fake:1b-f16" in daemon.manager.loaded
+    assert client(daemon).delete("fake:1b-f16").status == "success"
+    assert "fake:1b-f16" not in daemon.manager.loaded
+    assert [m.name for m in ModelStore().list()] == []
+
+
+def test_a_client_that_leaves_cancels_the_pull(daemon, local_hub):
+    local_hub.faults.pause_at = 60_000_000  # holds the download until the client has left
+    store = ModelStore()
+    with daemon.uds() as http:
+        with http.stream("POST", "/api/pull", json={"model": NAME}) as response:
+            for line in response.iter_lines():
+                if json.loads(line).get("completed", 0) >= 50_000_000:
+                    break  # leaving the loop closes the connection
+    [job] = PullJob.running
+    deadline = time.monotonic() + 60
+    while not job.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.cancelled, "the daemon did not notice the client leaving"
+    local_hub.release()  # the next chunk arrives, and the pull stops there
+    while PullJob.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not PullJob.running, "the pull did not stop"
+    [partial] = store.partials()
+    assert 50_000_000 <= partial.size_bytes < STARTER_BYTES and store.list() == []
+    assert not (store.root / "tinygemma" / "270m-q4_k_m.gguf.partial.lock").exists()
+    # The next pull picks up from there.
+    local_hub.reset_log()
+    assert client(daemon).pull(NAME, stream=False).status == "success"
+    assert local_hub.body_bytes() == STARTER_BYTES - partial.size_bytes
