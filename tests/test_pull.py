@@ -338,3 +338,37 @@ variants = [{{ quant = "Q8_0", file = "q8.gguf" }}]
     monkeypatch.setenv("LOCALINFER_CATALOG", str(tmp_path / "missing.toml"))
     with pytest.raises(Exception, match="LOCALINFER_CATALOG"):
         load_catalog()
+
+
+def test_a_second_pull_of_the_same_model_waits_its_turn(hub_home, local_hub):
+    local_hub.faults.pause_at = 30_000_000
+    errors = []
+
+    def first():
+        try:
+            ModelStore().pull(NAME)
+        except Exception as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert local_hub.faults.paused.wait(60)
+        with pytest.raises(StoreError) as info:
+            ModelStore().pull(NAME)
+        assert info.value.title == "pull in progress"
+    finally:
+        local_hub.release()
+        thread.join(120)
+    assert errors == [] and ModelStore().find_installed(NAME).sha256 == STARTER_SHA256
+
+
+def test_removing_an_unfinished_download(hub_home, local_hub):
+    store = ModelStore()
+    cancel = threading.Event()
+    with pytest.raises(Cancelled):
+        store.pull(NAME, progress=lambda step: cancel.set() if step.completed else None,
+                   cancel=cancel)
+    [partial] = store.partials()
+    assert store.remove(NAME) == partial
+    assert store.partials() == [] and no_leftovers(store)
