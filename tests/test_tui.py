@@ -593,3 +593,44 @@ def test_a_busy_port_falls_back_to_the_unix_socket(home, monkeypatch):
     finally:
         taken.close()
     assert "in use" in (home / "cache" / "daemon.log").read_text()
+
+
+# --- pulling ----------------------------------------------------------------------------------
+pytest_plugins = ["hub_fixtures"]  # the local Hub of the store's pull tests
+
+
+def test_a_pull_shows_progress_and_a_cancelled_pull_is_shown(hub_home, local_hub):
+    from localinfer.store import ModelStore
+
+    local_hub.faults.pause_at = 30_000_000
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            await until(pilot, lambda: screen.rows, "the plan")
+            row = next(i for i, r in enumerate(screen.rows) if r.name.startswith(
+                "tinygemma:270m"))
+            screen.query_one("DataTable").move_cursor(row=row)
+            await pilot.press("p")
+            await until(pilot, lambda: local_hub.faults.paused.is_set(), "the download")
+            await until(pilot, lambda: screen.query_one("#pull-bar").progress > 0,
+                        "the progress bar moves")
+            assert screen.query_one("#pull-row").display
+            assert "MB" in text_of(screen.query_one("#pull-text"))
+            await pilot.press("escape")  # cancels the pull, not the screen
+            assert screen.pulling and isinstance(app.screen, ModelsScreen)
+            local_hub.release()
+            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the dialog")
+            assert app.screen.title_text == "Pull cancelled"
+            assert "resumes" in app.screen.message
+            await pilot.pause()
+            await pilot.click("#ok")
+            assert not screen.pulling and not screen.query_one("#pull-row").display
+        assert ModelStore().list() == [] and ModelStore().partials()
+        opener.close()
+
+    run(main())

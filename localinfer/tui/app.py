@@ -499,9 +499,9 @@ class ChatApp(App[None]):
         reply.tracker.add(event.live.n_tokens, event.at)
         if reply.flush_timer is None:
             delay = max(0.001, reply.last_flush + FRAME_S - time.monotonic())
-            reply.flush_timer = self.set_timer(delay, partial(self._flush, reply))
+            reply.flush_timer = self.set_timer(delay, partial(self._draw_reply, reply))
 
-    async def _flush(self, reply: Reply) -> None:
+    async def _draw_reply(self, reply: Reply) -> None:
         """Draw what arrived since the last frame: one append, one status update."""
         reply.flush_timer = None
         if reply is not self.reply:
@@ -521,7 +521,7 @@ class ChatApp(App[None]):
         if reply.flush_timer is not None:
             reply.flush_timer.stop()
             reply.flush_timer = None
-        await self._flush(reply)
+        await self._draw_reply(reply)
         done = event.done
         stats = _reply_stats(done, reply, self.roofline)
         message = ChatMessage("assistant", done.text, model=reply.model,
