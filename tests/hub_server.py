@@ -237,13 +237,13 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
                             self.headers.get("Range"), 0,
                             authorized=self.headers.get("Authorization") == f"Bearer {TOKEN}",
                             had_auth="Authorization" in self.headers)
-            try:
-                if role == "hub":
-                    self._resolve(served)
-                else:
-                    self._blob(served, head)
-            finally:
-                hub.record(served)
+            # Recorded first, and every field set before the bytes it describes are sent: the
+            # client may act on a response before this thread runs another line.
+            hub.record(served)
+            if role == "hub":
+                self._resolve(served)
+            else:
+                self._blob(served, head)
 
         def _error(self, served: Served, status: int, code: str | None, message: str) -> None:
             served.status = status
@@ -305,11 +305,11 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
             if served.range:
                 match = _RANGE.match(served.range)
                 if match is None or int(match[1]) >= entry.size:
+                    served.status = 416
                     self.send_response(416)
                     self.send_header("Content-Range", f"bytes */{entry.size}")
                     self.send_header("Content-Length", "0")
                     self.end_headers()
-                    served.status = 416
                     return
                 start = int(match[1])
                 end = min(int(match[2]), entry.size - 1) if match[2] else entry.size - 1
@@ -335,12 +335,13 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
                     data = bytearray(f.read(n))
                     if faults.corrupt_at is not None and pos <= faults.corrupt_at < pos + n:
                         data[faults.corrupt_at - pos] ^= 0xFF
+                    served.body_bytes += len(data)
                     try:
                         self.wfile.write(data)
                         self.wfile.flush()
                     except OSError:
+                        served.body_bytes -= len(data)
                         return  # the client went away
-                    served.body_bytes += len(data)
                     pos += len(data)
                     if faults.rate_bytes_per_s:
                         time.sleep(len(data) / faults.rate_bytes_per_s)
