@@ -62,21 +62,35 @@ class ClientGeneration:
     """A generation running in the daemon: iterate for events; ``cancel()`` from any thread
     closes the stream, and the daemon stops the generation within a token."""
 
-    def __init__(self, response: httpx.Response, close: Any) -> None:
+    def __init__(self, response: httpx.Response, close: Any,
+                 cancel: Any | None = None) -> None:
         self._response = response
         self._close = close
+        self._cancel_request = cancel
         self.info: ModelInfo | None = None
         self.model: str | None = None
+        self.id: str | None = None
+        self.prompt_tokens: int | None = None
+        """The prompt's length in tokens, known from the stream's first event."""
         self.cancelled = False
         self.done: Done | None = None
         self._text: list[str] = []
         self._lock = threading.Lock()
 
     def cancel(self) -> None:
+        """Ask the daemon to stop; the stream then ends with its own ``Done`` (cancelled,
+        with the usage and timings so far). If the daemon cannot be asked, the connection is
+        closed, which cancels too (but loses the final figures)."""
         with self._lock:
             if self.cancelled or self.done is not None:
                 return
             self.cancelled = True
+        if self.id is not None and self._cancel_request is not None:
+            try:
+                self._cancel_request(self.id)
+                return
+            except (DaemonError, httpx.HTTPError, OSError):
+                pass
         self._close()
 
     def __iter__(self) -> Iterator[Token | Done]:
@@ -88,6 +102,8 @@ class ClientGeneration:
                 kind = event.get("type")
                 if kind == "start":
                     self.model = event.get("model")
+                    self.id = event.get("id")
+                    self.prompt_tokens = event.get("prompt_tokens")
                     self.info = _model_info(event.get("info") or {})
                 elif kind == "token":
                     live = event.get("live") or {}
@@ -127,6 +143,7 @@ class DaemonClient:
             raise ValueError("a socket path or a URL is needed")
         self.socket_path = socket_path
         self.url = url
+        self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key and url else {}
         transport = httpx.HTTPTransport(uds=str(socket_path)) if socket_path else None
         self._http = httpx.Client(
@@ -199,6 +216,47 @@ class DaemonClient:
     def status(self) -> dict:
         return self._request("GET", "/localinfer/status")
 
+    def load(self, model: str, *, keep_alive: float | None = None,
+             progress: Any | None = None) -> ModelInfo:
+        """Have the daemon load ``model`` (if it has not) and describe it. ``progress`` gets
+        the load's fraction done (0..1), polled from /health while it loads."""
+        body: dict[str, Any] = {"model": model}
+        if keep_alive is not None:
+            body["keep_alive"] = keep_alive
+        done = threading.Event()
+
+        def poll() -> None:
+            with self._sibling() as probe:
+                while not done.wait(0.1):
+                    try:
+                        health = probe.health()
+                    except DaemonError:
+                        return
+                    if health.get("status") == "loading" and "progress" in health:
+                        progress(float(health["progress"]))
+
+        poller = threading.Thread(target=poll, daemon=True) if progress else None
+        if poller:
+            poller.start()
+        try:
+            payload = self._request("POST", "/localinfer/load", json=body)
+        finally:
+            done.set()
+        if progress:
+            progress(1.0)
+        info = _model_info(payload.get("info") or {})
+        if info is None:
+            raise DaemonError(f"the daemon loaded {model} but did not describe it.")
+        return info
+
+    def cancel(self, generation_id: str) -> bool:
+        return bool(self._request("POST", "/localinfer/cancel",
+                                  json={"id": generation_id}).get("cancelled"))
+
+    def _sibling(self) -> DaemonClient:
+        """Another client of the same daemon (its own connection, for another thread)."""
+        return DaemonClient(socket_path=self.socket_path, url=self.url, api_key=self._api_key)
+
     def unload(self, model: str | None = None) -> list[str]:
         return self._request("POST", "/localinfer/unload", json={"model": model})["unloaded"]
 
@@ -233,7 +291,11 @@ class DaemonClient:
             payload = _json(response)
             response.close()
             raise _error_from(payload, response.status_code)
-        return ClientGeneration(response, response.close)
+        def cancel(generation_id: str) -> None:
+            with self._sibling() as other:  # this client's connection is busy streaming
+                other.cancel(generation_id)
+
+        return ClientGeneration(response, response.close, cancel)
 
 
 def _json(response: httpx.Response) -> Any:

@@ -53,7 +53,9 @@ def install_fake_models(*names: str) -> None:
 
 def fake_factory(max_queue: int = 64, loads: list | None = None, **backend_kwargs
                  ) -> Callable:
-    def factory(model, num_ctx):
+    def factory(model, num_ctx, progress=None):
+        if progress is not None:
+            progress(1.0)
         if loads is not None:
             loads.append((model.name, num_ctx))
         kwargs = dict(backend_kwargs)

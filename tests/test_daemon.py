@@ -197,9 +197,10 @@ def test_health_is_503_while_loading(home):
     gate = threading.Event()
     base = fake_factory()
 
-    def slow_factory(model, num_ctx):
+    def slow_factory(model, num_ctx, progress=None):
+        progress(0.5)
         gate.wait(10)
-        return base(model, num_ctx)
+        return base(model, num_ctx, progress)
 
     with serve(slow_factory) as d:
         with d.uds() as c:
@@ -214,6 +215,7 @@ def test_health_is_503_while_loading(home):
             gate.set()
             worker.join()
         assert health.status_code == 503 and health.json()["status"] == "loading"
+        assert health.json()["progress"] == 0.5
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
@@ -522,3 +524,36 @@ def test_client_cancel_and_errors(home):
             client.generate("missing:1b", prompt="x")
         with pytest.raises(ContextOverflow, match="512 tokens"):
             client.generate("fake:1b", prompt="word " * 600)
+
+
+def test_client_load_reports_progress_and_describes_the_model(home):
+    install_fake_models("fake:1b-f16")
+    seen = []
+    with serve(fake_factory()) as d:
+        client = DaemonClient(socket_path=d.socket)
+        info = client.load("fake:1b", progress=seen.append)
+        assert info.name == "fake:1b-f16" and info.n_ctx == 2048
+        assert seen[-1] == 1.0
+        assert list(d.manager.loaded) == ["fake:1b-f16"]
+
+
+def test_client_cancel_ends_with_the_daemons_own_figures(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005)) as d:
+        client = DaemonClient(socket_path=d.socket)
+        generation = client.generate("fake:1b", prompt="count with me")
+        for event in generation:
+            if isinstance(event, Token) and event.live.n_tokens >= 5:
+                assert generation.prompt_tokens == 6  # bos + "count", " ", "with", " ", "me"
+                generation.cancel()
+        done = generation.done
+        assert done.finish_reason == "cancelled"
+        assert done.usage.prompt_tokens == 6 and done.usage.completion_tokens >= 5
+        assert done.timings.decode_tps > 0 and done.timings.ttft_ms > 0
+        assert d.manager.loaded["fake:1b-f16"].engine.stats().active == 0
+
+
+def test_status_describes_the_daemons_hardware(daemon):
+    status = DaemonClient(socket_path=daemon.socket).status()
+    assert status["hardware"]["cpu"]["logical_cores"] >= 1
+    assert "CPU" in status["hardware"]["backends"]

@@ -74,6 +74,9 @@ class DaemonState:
         self.in_flight = 0
         self.shutting_down = False
         self.exit_requested = asyncio.Event()
+        self.generations: dict[str, Any] = {}
+        """Streams of /localinfer/generate by id, for /localinfer/cancel."""
+        self.hardware: dict[str, Any] | None = None
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()

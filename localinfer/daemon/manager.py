@@ -24,8 +24,9 @@ from ..store import ModelStore, ResolvedModel, looks_like_path
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[ResolvedModel, "int | None"], Engine]
-"""Loads a model (blocking; run in a thread): (model, requested context or None) -> engine."""
+EngineFactory = Callable[..., Engine]
+"""Loads a model (blocking; run in a thread):
+``factory(model, num_ctx, progress=fraction_callback) -> Engine``; num_ctx may be None."""
 
 
 @dataclass
@@ -57,6 +58,8 @@ class ModelManager:
         self.max_loaded = max(1, max_loaded)
         self.loaded: dict[str, LoadedModel] = {}
         self.loading: str | None = None
+        self.load_fraction = 0.0
+        """How far the current load is (0..1), while ``loading`` names a model."""
         self._switch = asyncio.Lock()
         self._changed = asyncio.Condition()
         self._closed = False
@@ -127,9 +130,15 @@ class ModelManager:
 
     async def _load(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
         self.loading = model.name
+        self.load_fraction = 0.0
         started = time.perf_counter()
+
+        def progress(fraction: float) -> None:
+            self.load_fraction = fraction
+
         try:
-            engine = await asyncio.to_thread(self._factory, model, num_ctx)
+            engine = await asyncio.to_thread(self._factory, model, num_ctx, progress=progress)
+            await asyncio.to_thread(engine.ready.wait)  # warmed up: ready to answer at once
         finally:
             self.loading = None
         load_ms = (time.perf_counter() - started) * 1000.0

@@ -7,7 +7,9 @@ same figures through the daemon as in-process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import os
 import time
 from dataclasses import asdict, fields
@@ -35,7 +37,8 @@ def routes(state: DaemonState) -> list[Route]:
 
     async def health(request: Request) -> Response:
         if manager.loading:
-            return JSONResponse({"status": "loading", "model": manager.loading}, 503)
+            return JSONResponse({"status": "loading", "model": manager.loading,
+                                 "progress": round(manager.load_fraction, 3)}, 503)
         return JSONResponse({"status": "ok", "version": VERSION,
                              "loaded": sorted(manager.loaded)})
 
@@ -54,7 +57,8 @@ def routes(state: DaemonState) -> list[Route]:
                            "keep_alive_s": entry.keep_alive_s, "expires_in_s": expires_in,
                            "stats": asdict(stats)})
         return JSONResponse({"version": VERSION, "pid": os.getpid(), "started": state.started,
-                             "loading": manager.loading, "loaded": loaded})
+                             "loading": manager.loading, "loaded": loaded,
+                             "hardware": await _hardware(state)})
 
     async def generate(request: Request) -> Response:
         body = await read_json(request)
@@ -81,8 +85,12 @@ def routes(state: DaemonState) -> list[Route]:
             await stack.aclose()
             raise
 
+        request_id = f"gen-{next(_ids)}"
+        state.generations[request_id] = events
+
         async def stream() -> AsyncIterator[str]:
-            yield json_line({"type": "start", "model": entry.name,
+            yield json_line({"type": "start", "id": request_id, "model": entry.name,
+                             "prompt_tokens": len(events.generation.request.prompt),
                              "info": asdict(engine.info) | {"chat_template": None}}) + "\n"
             try:
                 async for event in events:
@@ -97,8 +105,30 @@ def routes(state: DaemonState) -> list[Route]:
                 yield json_line({"type": "error", "error": type(err).__name__,
                                  "title": err.title, "message": err.message}) + "\n"
 
+        async def close() -> None:
+            state.generations.pop(request_id, None)
+            await stack.aclose()
+
         return EventStreamResponse(stream(), events, media_type="application/x-ndjson",
-                                   on_close=stack.aclose)
+                                   on_close=close)
+
+    async def cancel(request: Request) -> Response:
+        """Cancel a generation by the id its stream started with; the stream then ends with
+        its full ``done`` event (finish_reason "cancelled", usage and timings so far)."""
+        body = await read_json(request)
+        events = state.generations.get(Fields(body).str("id"))
+        if events is not None:
+            events.cancel()
+        return JSONResponse({"cancelled": events is not None})
+
+    async def load(request: Request) -> Response:
+        """Load a model (as Ollama's empty generate does) and describe it."""
+        body = await read_json(request)
+        f = Fields(body)
+        async with manager.lease(f.str("model"),
+                                 keep_alive_s=parse_keep_alive(body.get("keep_alive"))) as entry:
+            info = asdict(entry.engine.info)
+        return JSONResponse({"model": entry.name, "load_ms": entry.load_ms, "info": info})
 
     async def unload(request: Request) -> Response:
         body = await read_json(request)
@@ -121,6 +151,9 @@ def routes(state: DaemonState) -> list[Route]:
               methods=["GET"]),
         Route("/localinfer/generate", guarded(state, "localinfer/generate", generate),
               methods=["POST"]),
+        Route("/localinfer/cancel", guarded(state, "localinfer/cancel", cancel),
+              methods=["POST"]),
+        Route("/localinfer/load", guarded(state, "localinfer/load", load), methods=["POST"]),
         Route("/localinfer/unload", guarded(state, "localinfer/unload", unload),
               methods=["POST"]),
         Route("/localinfer/shutdown", guarded(state, "localinfer/shutdown", shutdown),
@@ -129,6 +162,18 @@ def routes(state: DaemonState) -> list[Route]:
 
 
 _PARAM_FIELDS = {f.name for f in fields(SamplingParams)}
+_ids = itertools.count(1)
+
+
+async def _hardware(state: DaemonState) -> dict[str, Any]:
+    """This machine as the daemon sees it (with llama.cpp's backends, which a client that
+    never loads llama.cpp cannot know); probed once, the bandwidth from its cache."""
+    if state.hardware is None:
+        from ..hardware import probe
+
+        profile = await asyncio.to_thread(probe)
+        state.hardware = profile.to_dict()
+    return state.hardware
 
 
 def _params(f: Fields) -> SamplingParams:

@@ -122,13 +122,14 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
     """The daemon's way to load a model: (resolved model, requested context) -> engine."""
     from ..store import ResolvedModel
 
-    def load(model: ResolvedModel, num_ctx: int | None) -> Engine:
+    def load(model: ResolvedModel, num_ctx: int | None, progress: ProgressCallback | None = None
+             ) -> Engine:
         header = gguf.read_header(model.path)
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
         options = options_for(header, config.replace(ctx=num_ctx),
                               n_slots=n_slots or config.slots, name=model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
-                           header=header, max_queue=max_queue)
+                           header=header, max_queue=max_queue, progress=progress)
 
     return load
 

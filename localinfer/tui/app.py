@@ -471,6 +471,9 @@ class ChatApp(App[None]):
             if reply.cancel_requested:
                 generation.cancel()
             for event in generation:
+                if prompt_tokens is None and getattr(generation, "prompt_tokens", None):
+                    prompt_tokens = generation.prompt_tokens  # the daemon counted it
+                    self.post_message(ReplyStarted(reply.id, prompt_tokens))
                 if isinstance(event, Done):
                     self.post_message(ReplyDone(reply.id, event))
                 else:

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
@@ -116,6 +116,11 @@ class _InfoTracking:
         self._generation = generation
         self._session = session
 
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's size as the daemon counted it (known after the first event)."""
+        return self._generation.prompt_tokens
+
     def __iter__(self) -> Iterator[Token | Done]:
         for event in self._generation:
             info = self._generation.info
@@ -125,15 +130,6 @@ class _InfoTracking:
 
     def cancel(self) -> None:
         self._generation.cancel()
-
-
-def model_info_from(data: dict) -> ModelInfo:
-    """ModelInfo from the daemon's status JSON."""
-    names = {f.name for f in fields(ModelInfo)}
-    values = {k: v for k, v in data.items() if k in names}
-    if isinstance(values.get("fim"), list):
-        values["fim"] = tuple(values["fim"])
-    return ModelInfo(**values)
 
 
 EngineOpener = Callable[..., Any]
@@ -206,18 +202,17 @@ class Launcher:
         # Resolve here, with progress: the starter is copied into the store on first use,
         # and an unknown name fails before the daemon is asked.
         resolved = self.store.resolve(model, progress=_copy_progress(progress))
-        progress(LoadStep(f"Loading {resolved.name} in the daemon…"))
+        label = f"Loading {resolved.name} in the daemon…"
+        progress(LoadStep(label))
         try:
-            client._request("POST", "/api/generate", json={"model": resolved.name})
+            info = client.load(resolved.name,
+                               progress=lambda f: progress(LoadStep(label, f)))
         except DaemonError as exc:
             if "cannot reach" in exc.message:
                 raise
             raise ModelLoadError(f"the daemon could not load {resolved.name}: {exc.message}"
                                  ) from None
-        for entry in client.status().get("loaded", []):
-            if entry["info"]["name"] == resolved.name:
-                return DaemonSession(client, resolved.name, model_info_from(entry["info"]))
-        raise ModelLoadError(f"the daemon did not keep {resolved.name} loaded.")
+        return DaemonSession(client, resolved.name, info)
 
     def _open_in_process(self, model: str, progress: Progress) -> ChatSession:
         opener = self._open_engine
