@@ -54,6 +54,7 @@ class BenchResult:
     n_gpu_layers: int
     n_layers: int
     quick: bool
+    kv_type: str = "f16"
     load_ms: float = 0.0
     prefill: list[dict[str, float]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)
@@ -103,7 +104,8 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         model=info.name, quant=info.quant, size_bytes=info.size_bytes,
         machine=hardware.cpu.model or "unknown CPU",
         threads=options.n_threads or hardware.cpu.runtime_threads, n_gpu_layers=info.n_gpu_layers, n_layers=info.n_layers,
-        quick=quick, load_ms=(time.perf_counter() - started) * 1000.0)
+        quick=quick, kv_type=options.kv_type,
+        load_ms=(time.perf_counter() - started) * 1000.0)
     try:
         stage("bare decode step")
         bare_tps = engine.measure_decode_step(32)
@@ -341,6 +343,8 @@ def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
         "speedup": spec.timings.decode_tps / plain.timings.decode_tps
         if plain.timings.decode_tps else 0.0,
         "identical": spec.text == plain.text,
+        "first_divergent_token": None if spec.text == plain.text else _first_difference(
+            engine, plain.text, spec.text),
         "drafted": spec.timings.drafted_tokens,
         "accepted": spec.timings.accepted_tokens,
     }

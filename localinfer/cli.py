@@ -125,6 +125,8 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="layers to offload to the GPU (-1 = all)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads")
+    g.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
+                   help="KV cache type (q8_0 halves its memory)")
 
 
 def _sampling_params(args: argparse.Namespace):
@@ -143,7 +145,8 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _config_with_flags(config: Config, args: argparse.Namespace) -> Config:
-    return config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads)
+    return config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads,
+                          kv_type=args.kv_type)
 
 
 # --- run -------------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         messages = ([Message("system", args.system)] if args.system else []) + [
             Message("user", prompt)]
     client = None
-    load_flags = (args.ctx, args.gpu_layers, args.threads) != (None, None, None)
+    load_flags = (args.ctx, args.gpu_layers, args.threads, args.kv_type) != (None,) * 4
     if not (args.no_daemon or load_flags):
         from .client import DaemonClient
         from .store import looks_like_path

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="context per stream (default 4096)")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
+    p.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
+                   help="KV cache type (q8_0: half the memory, exact speculation)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -35,7 +37,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from .progress import TerminalProgress
 
     model = args.model or config.default_model or "gemma3:270m"
-    config = config.replace(ctx=args.ctx, threads=args.threads, gpu_layers=args.gpu_layers)
+    config = config.replace(ctx=args.ctx, threads=args.threads, gpu_layers=args.gpu_layers,
+                            kv_type=args.kv_type)
     bar = TerminalProgress(f"bench {model}", unit="steps")
 
     def progress(stage: str, step: int, total: int) -> None:
@@ -59,7 +62,7 @@ def report(r) -> str:
     lines = [
         f"{r.model} ({r.quant}, {human_bytes(r.size_bytes)}) on {r.machine}, {r.threads}"
         f" threads, " + (f"{r.n_gpu_layers}/{r.n_layers} layers on GPU" if r.n_gpu_layers
-                         else "CPU only"),
+                         else "CPU only") + f", {r.kv_type} KV cache",
         "",
         f"  load                    {r.load_ms / 1000:.2f} s",
     ]
@@ -102,8 +105,11 @@ def report(r) -> str:
         lines.append(
             f"  code edit ({s['tokens']} tokens): {s['plain_tps']:.1f} tok/s plain,"
             f" {s['speculative_tps']:.1f} tok/s with prompt lookup ({s['speedup']:.2f}x,"
-            f" {s['accepted']}/{s['drafted']} drafted tokens accepted),"
-            f" {'identical' if s['identical'] else 'DIFFERENT'} text")
+            f" {s['accepted']}/{s['drafted']} drafted tokens accepted), "
+            + ("identical text" if s["identical"] else
+               f"text parts from plain decoding at token {s['first_divergent_token']}"
+               f" (F16 KV cache: see --kv-type q8_0)" if r.kv_type == "f16" else
+               f"text parts from plain decoding at token {s['first_divergent_token']}"))
     raw = r.raw_llama_cpp_python
     if raw.get("decode_tps"):
         lines.append(

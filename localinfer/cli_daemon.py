@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context per sequence")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
     p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
+                   help="KV cache type (q8_0 halves its memory)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow this browser origin (repeatable; none by default)")
     p.add_argument("--model", default=None, metavar="MODEL", help="load this model at start")
@@ -76,7 +78,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from .runtime.loader import engine_factory
 
     config = config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads,
-                            slots=args.slots)
+                            slots=args.slots, kv_type=args.kv_type)
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
         port = args.port

@@ -37,6 +37,9 @@ class Config:
     """CPU threads (default: physical cores)."""
     slots: int | None = None
     """Sequences the daemon decodes in parallel (default: from the memory plan)."""
+    kv_type: str = "f16"
+    """KV cache type: "f16", or "q8_0" to halve its memory (and make batched and speculative
+    decoding bit-identical to one-token-at-a-time decoding on the CPU)."""
     host: str = "127.0.0.1"
     """Loopback address the daemon listens on and clients connect to."""
     port: int = 11480
@@ -111,4 +114,6 @@ def _check(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
     if key in ("ctx", "threads", "slots", "port") and value <= 0:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")
+    if key == "kv_type" and value not in ("f16", "q8_0"):
+        raise ConfigError(f"{where}: kv_type must be \"f16\" or \"q8_0\", got {value!r}.")
     return value

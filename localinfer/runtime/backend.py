@@ -14,6 +14,8 @@ from typing import Any, Callable, Protocol, Sequence
 from .types import SamplingParams
 
 ProgressCallback = Callable[[float], None]
+
+KV_TYPES = ("f16", "q8_0")
 """Called with the fraction done (0..1) while a model loads."""
 
 
@@ -36,6 +38,9 @@ class LoadOptions:
     flash_attn: bool | None = None
     """None lets llama.cpp decide."""
     use_mmap: bool = True
+    kv_type: str = "f16"
+    """KV cache element type: "f16", or "q8_0" (half the memory; with it, batched and
+    speculative steps compute bit-identically to single-token steps on the CPU)."""
     chat_template: str | None = None
     """Jinja template used when the GGUF has none."""
 

@@ -74,6 +74,7 @@ class Device:
 
 
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+_GGML_KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids
 
 
 def devices() -> list[Device]:
@@ -193,6 +194,13 @@ class LlamaBackend:
         )
         if options.flash_attn is not None:
             _set(cparams, flash_attn_type=1 if options.flash_attn else 0)
+        if options.kv_type != "f16":
+            kv = _GGML_KV_TYPES.get(options.kv_type)
+            if kv is None:
+                raise ModelLoadError(f"unknown KV cache type {options.kv_type!r}; use one of"
+                                     f" {', '.join(_GGML_KV_TYPES)}.")
+            # A quantized V cache needs flash attention in llama.cpp.
+            _set(cparams, type_k=kv, type_v=kv, flash_attn_type=1)
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()

@@ -9,11 +9,14 @@ Verifying costs more than a single-token step (every drafted position needs its 
 the draft length adapts: it doubles while drafts are fully accepted, shrinks to what was
 accepted otherwise, and after a draft is rejected outright drafting pauses for a few steps.
 
-Why at most 3 drafted tokens: llama.cpp's CPU matrix kernels give bit-identical results for
-batches of up to 7 rows and switch to a faster kernel (different rounding) at 8, so a short
-draft verifies with exactly the numbers a plain decode would produce, and greedy output stays
-identical with and without speculation. Measured on the starter model (2-core x86): a step of
-1 row 21.5 ms, 4 rows 31.5 ms, 5-7 rows 46-53 ms; 4 rows is also the best value per token.
+Why at most 3 drafted tokens: a step of 1 + 3 rows is the best value per token (starter
+model, 2-core x86: 1 row 21.5 ms, 4 rows 31.5 ms, 5-7 rows 46-53 ms), and llama.cpp's CPU
+matrix kernels compute batches of up to 7 rows bit-identically to single rows (at 8 they
+switch to a faster kernel that rounds differently). Attention is the other half: with an F16
+KV cache, a single-token step over 512 or more cells uses a split-KV flash-attention kernel
+whose reduction rounds differently from the multi-row kernel that verifies a draft, so greedy
+output can part from plain decoding where two tokens are nearly tied. With a q8_0 KV cache
+(``kv_type``) both use the same kernel and speculative greedy output is identical.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ NGRAM_SIZES = (4, 3, 2)
 MIN_DRAFT = 2
 MAX_DRAFT = 3
 EXACT_ROWS = 7
-"""Largest batch that llama.cpp's CPU kernels compute exactly like single-token decodes."""
+"""Largest batch that llama.cpp's CPU matrix kernels compute exactly like single rows."""
 
 
 class PromptLookup:
