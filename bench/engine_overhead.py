@@ -61,7 +61,9 @@ def stream_engine(engine, prompt: str, n: int) -> tuple[float, float, int]:
 
     t0 = time.perf_counter()
     times = []
-    for event in engine.complete(prompt, SamplingParams(temperature=0.0, max_tokens=n)):
+    # No speculation: this compares one-token steps with llama-cpp-python's own.
+    params = SamplingParams(temperature=0.0, max_tokens=n, speculative=False)
+    for event in engine.complete(prompt, params):
         if isinstance(event, Token):
             times.append(time.perf_counter())
     return _figures(t0, times)
