@@ -14,13 +14,15 @@ offline.
 
 from __future__ import annotations
 
+import contextlib
+
 import errno
 import functools
 import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,18 +174,10 @@ def download(remote: RemoteFile, dest: Path, *, on_bytes: BytesCallback | None =
         raise Cancelled("the download was cancelled.")
     done = dest.stat().st_size if dest.exists() else 0
     bar = functools.partial(_ProgressBar, on_bytes=on_bytes, cancel=cancel)
-    with open(dest, "ab") as out:
-        try:
-            http_get(remote.location, out, resume_size=done, headers=_headers_for(remote),
-                     expected_size=remote.size, displayed_filename=remote.file,
-                     tqdm_class=bar)  # type: ignore[arg-type]
-        except (LocalInferError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            error = translate(exc, repo=remote.repo, file=remote.file)
-            if error is None:
-                raise
-            raise error from None
+    with open(dest, "ab") as out, _hub_errors(remote):
+        http_get(remote.location, out, resume_size=done, headers=_headers_for(remote),
+                 expected_size=remote.size, displayed_filename=remote.file,
+                 tqdm_class=bar)  # type: ignore[arg-type]
 
 
 def read_header(remote: RemoteFile, *, on_bytes: BytesCallback | None = None
@@ -215,6 +209,20 @@ def read_header(remote: RemoteFile, *, on_bytes: BytesCallback | None = None
         return header, bytes(buf[: min(len(buf), header.data_offset)]), len(buf)
 
 
+@contextlib.contextmanager
+def _hub_errors(remote: RemoteFile) -> Iterator[None]:
+    """Turn huggingface_hub's and the network's exceptions into the store's errors."""
+    try:
+        yield
+    except (LocalInferError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        error = translate(exc, repo=remote.repo, file=remote.file)
+        if error is None:
+            raise
+        raise error from None
+
+
 def _read_range(remote: RemoteFile, start: int, end: int, headers: dict[str, str]) -> bytes:
     """Bytes ``start..end`` (inclusive) of the file; never more, even from a server that
     ignores ``Range`` and sends the whole file."""
@@ -222,7 +230,7 @@ def _read_range(remote: RemoteFile, start: int, end: int, headers: dict[str, str
     from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
     want = end - start + 1
-    try:
+    with _hub_errors(remote):
         with http_stream_backoff("GET", remote.location,
                                  headers={**headers, "Range": f"bytes={start}-{end}"},
                                  timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
@@ -243,13 +251,6 @@ def _read_range(remote: RemoteFile, start: int, end: int, headers: dict[str, str
                 out += chunk
                 if len(out) >= want:
                     break
-    except LocalInferError:
-        raise
-    except Exception as exc:
-        error = translate(exc, repo=remote.repo, file=remote.file)
-        if error is None:
-            raise
-        raise error from None
     if len(out) < want:
         raise DownloadError(f"the server sent {len(out)} of the {want} bytes asked for from"
                             f" {remote.repo}/{remote.file}.")

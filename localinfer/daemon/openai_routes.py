@@ -131,10 +131,9 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     model = entry.name
     if not stream:
         try:
-            collected = await events.collect(request)
+            done = await events.result(request)
         finally:
             await stack.aclose()
-        done = collected[-1]
         state.record(done)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": done.text},

@@ -121,11 +121,9 @@ def cached(cache_dir: Path, key: str) -> BandwidthMeasurement | None:
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    from ..store import read_json_object
+
+    return read_json_object(path)
 
 
 def default_threads() -> int:

@@ -53,11 +53,9 @@ def _path(cache_dir: Path | None) -> Path:
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    from ..store import read_json_object
+
+    return read_json_object(path)
 
 
 def load_ratios(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, float]:
