@@ -305,6 +305,8 @@ def record_calibration(info, done, config: Config) -> None:
     t = done.timings if done is not None else None
     if t is None or done.finish_reason == "cancelled":
         return
+    if t.drafted_tokens:  # speculation makes several tokens per step: not a decode rate
+        return
     try:
         record_run(model_path=info.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
                    n_threads=config.threads, prompt_tokens=t.prompt_tokens,

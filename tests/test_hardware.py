@@ -176,3 +176,21 @@ def test_plan_bad_input_is_one_line(args, code, words):
     assert out.returncode == code, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("localinfer: ") and words in lines[0]
+
+
+def test_a_speculative_run_is_not_a_calibration_sample(home):
+    from localinfer.cli_plan import record_calibration
+    from localinfer.config import Config
+    from localinfer.paths import get_paths
+    from localinfer.runtime.backend import ModelInfo
+    from localinfer.runtime.types import Done, Timings, Usage
+
+    info = ModelInfo(name="m", path="/nonexistent.gguf", architecture="llama", quant="Q4_K_M",
+                     size_bytes=1, n_params=1, n_layers=1, n_gpu_layers=0, n_ctx_train=1,
+                     n_ctx=1, n_slots=1, n_vocab=1)
+    # Several tokens per step: 100 tokens in 1 s is not what one decode step costs.
+    done = Done("x", "length", Usage(10, 101), Timings(
+        prompt_tokens=10, completion_tokens=101, decode_tokens=100, decode_ms=1000.0,
+        drafted_tokens=90, accepted_tokens=80))
+    record_calibration(info, done, Config())
+    assert not (get_paths().cache_dir / "hardware" / "calibration.json").exists()
