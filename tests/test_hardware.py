@@ -178,19 +178,26 @@ def test_plan_bad_input_is_one_line(args, code, words):
     assert len(lines) == 1 and lines[0].startswith("localinfer: ") and words in lines[0]
 
 
-def test_a_speculative_run_is_not_a_calibration_sample(home):
+@pytest.mark.model
+def test_a_speculative_run_is_not_a_calibration_sample(home, starter_path):
     from localinfer.cli_plan import record_calibration
     from localinfer.config import Config
     from localinfer.paths import get_paths
     from localinfer.runtime.backend import ModelInfo
     from localinfer.runtime.types import Done, Timings, Usage
 
-    info = ModelInfo(name="m", path="/nonexistent.gguf", architecture="llama", quant="Q4_K_M",
-                     size_bytes=1, n_params=1, n_layers=1, n_gpu_layers=0, n_ctx_train=1,
-                     n_ctx=1, n_slots=1, n_vocab=1)
+    info = ModelInfo(name="gemma3:270m-q4_k_m", path=str(starter_path), architecture="gemma3",
+                     quant="Q4_K_M", size_bytes=1, n_params=1, n_layers=18, n_gpu_layers=0,
+                     n_ctx_train=32768, n_ctx=2048, n_slots=1, n_vocab=262144)
+    calibration_file = get_paths().cache_dir / "hardware" / "calibration.json"
+
+    def run(drafted: int) -> Done:
+        return Done("x", "length", Usage(10, 101), Timings(
+            prompt_tokens=10, completion_tokens=101, decode_tokens=100, decode_ms=1000.0,
+            drafted_tokens=drafted, accepted_tokens=drafted // 2))
+
     # Several tokens per step: 100 tokens in 1 s is not what one decode step costs.
-    done = Done("x", "length", Usage(10, 101), Timings(
-        prompt_tokens=10, completion_tokens=101, decode_tokens=100, decode_ms=1000.0,
-        drafted_tokens=90, accepted_tokens=80))
-    record_calibration(info, done, Config())
-    assert not (get_paths().cache_dir / "hardware" / "calibration.json").exists()
+    record_calibration(info, run(drafted=90), Config())
+    assert not calibration_file.exists()
+    record_calibration(info, run(drafted=0), Config())  # a plain run is recorded
+    assert calibration_file.exists()
