@@ -99,6 +99,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     engine = load_engine(model.path, options, name=model.name, family=model.family,
                          header=header)
     engine.ready.wait()
+    engine.check()
     info = engine.info
     result = BenchResult(
         model=info.name, quant=info.quant, size_bytes=info.size_bytes,

@@ -87,6 +87,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
         api_key=config.api_key,
         cors_origins=tuple(args.cors_origin),
         extra_hosts=() if host_is_loopback(host) else (host,),
+        any_host=host in ("0.0.0.0", "::"),
         idle_exit_s=args.idle_exit,
     )
     options = ServeOptions(

@@ -35,26 +35,25 @@ HOST_ENV = "LOCALINFER_HOST"
 
 
 def _error_from(payload: Any, status: int | None = None) -> LocalInferError:
-    """Rebuild a core error from the daemon's JSON (either API shape or ours)."""
+    """Rebuild a core error from the daemon's JSON: the class it names (localinfer's own
+    routes send it, in the stream or in the error body), else one fitting the HTTP status.
+    The CLI then exits with the same code as if the model ran in-process."""
+    name = message = code = None
     if isinstance(payload, dict) and payload.get("type") == "error":
-        cls = getattr(errors, str(payload.get("error")), LocalInferError)
-        if not (isinstance(cls, type) and issubclass(cls, LocalInferError)):
-            cls = LocalInferError
-        err = cls.__new__(cls)
-        LocalInferError.__init__(err, payload.get("message", "error"))
-        return err
-    message = payload.get("error") if isinstance(payload, dict) else None
-    code = None
-    if isinstance(message, dict):
-        code = message.get("code")
-        message = message.get("message")
-    message = str(message or f"HTTP {status}")
-    cls = {400: errors.InvalidRequest, 404: errors.ModelNotFound, 503: errors.Busy}.get(
-        status or 0, DaemonError)
-    if code == "context_length_exceeded":
-        cls = errors.ContextOverflow
+        name, message = payload.get("error"), payload.get("message")
+    elif isinstance(payload, dict):
+        message = payload.get("error")
+        if isinstance(message, dict):
+            name, code, message = message.get("class"), message.get("code"), message.get(
+                "message")
+    cls = getattr(errors, str(name), None) if name else None
+    if not (isinstance(cls, type) and issubclass(cls, LocalInferError)):
+        cls = {400: errors.InvalidRequest, 404: errors.ModelNotFound, 503: errors.Busy}.get(
+            status or 0, DaemonError)
+        if code == "context_length_exceeded":
+            cls = errors.ContextOverflow
     err = cls.__new__(cls)
-    LocalInferError.__init__(err, message)
+    LocalInferError.__init__(err, str(message or f"HTTP {status}"))
     return err
 
 
@@ -271,8 +270,7 @@ class DaemonClient:
             "model": model,
             "params": {k: v for k, v in asdict(params).items() if k != "speculative" or
                        v is not None},
-            "priority": {Priority.INTERACTIVE: "interactive",
-                         Priority.BACKGROUND: "background"}.get(priority, "normal"),
+            "priority": priority.name.lower(),  # interactive, normal or background
         }
         body["params"]["stop"] = list(params.stop)
         if messages is not None:

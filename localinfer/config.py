@@ -78,7 +78,9 @@ def load_config(paths: Paths | None = None, environ: dict[str, str] | None = Non
     for f in fields(Config):
         env = environ.get(_ENV_PREFIX + f.name.upper())
         if env is not None and env != "":
-            values[f.name] = _check(f.name, _parse_env(env), _ENV_PREFIX + f.name.upper())
+            # A string setting (an API key, a model name) is taken as written, never parsed.
+            value = env if _TYPES[f.name].startswith("str") else _parse_env(env)
+            values[f.name] = _check(f.name, value, _ENV_PREFIX + f.name.upper())
     if environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         values["offline"] = True
     return Config(**values)

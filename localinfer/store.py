@@ -516,9 +516,11 @@ class ModelStore:
         """One pull of a model at a time, across processes (the CLI and the daemon)."""
         from filelock import FileLock, Timeout
 
-        partial, _ = self._partial_paths(name)
-        ensure_dir(partial.parent)
-        lock = FileLock(str(partial) + ".lock", timeout=0)
+        # In the cache, and never deleted: removing a lock file could let two processes
+        # hold "the" lock; kept out of the store, it never looks like a leftover there.
+        locks = ensure_dir(self.paths.cache_dir / "locks")
+        lock = FileLock(str(locks / (validate_name(name).replace(":", "--") + ".lock")),
+                        timeout=0)
         try:
             lock.acquire()
         except Timeout:
@@ -528,7 +530,6 @@ class ModelStore:
             yield
         finally:
             lock.release()
-            Path(lock.lock_file).unlink(missing_ok=True)
 
     def _download(self, target: PullTarget, remote: RemoteFile, expected: str | None,
                   emit: PullCallback, cancel: threading.Event | None) -> InstalledModel:
@@ -539,7 +540,7 @@ class ModelStore:
         partial, meta_path = self._partial_paths(name)
         wanted = {"repo": remote.repo, "file": remote.file, "etag": remote.etag,
                   "size": remote.size}
-        meta = _read_json(meta_path)
+        meta = read_json_object(meta_path) or None
         if meta is not None and {k: meta.get(k) for k in wanted} != wanted:
             log.info("%s changed on the Hub since the partial download; starting again", name)
             meta = None
@@ -643,7 +644,7 @@ class ModelStore:
             family = meta_path.parent.name
             tag = meta_path.name[: -len(".gguf.partial.meta")]
             data = meta_path.with_name(meta_path.name[: -len(".meta")])
-            meta = _read_json(meta_path) or {}
+            meta = read_json_object(meta_path)
             size = data.stat().st_size if data.exists() else 0
             total = meta.get("size") if isinstance(meta.get("size"), int) else None
             found.append(PartialDownload(f"{family}:{tag}", data, size, total))
@@ -687,7 +688,7 @@ class ModelStore:
         if not file:
             return None
         data_path, meta_path = self._header_cache(repo, file)
-        meta = _read_json(meta_path)
+        meta = read_json_object(meta_path) or None
         if meta is not None and data_path.is_file():
             try:
                 return gguf.parse_header(data_path.read_bytes(), int(meta["size"]),
@@ -900,14 +901,6 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _mb(n: int | None) -> str:

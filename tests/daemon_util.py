@@ -59,8 +59,8 @@ def fake_factory(max_queue: int = 64, loads: list | None = None, **backend_kwarg
         if loads is not None:
             loads.append((model.name, num_ctx))
         kwargs = dict(backend_kwargs)
-        if num_ctx:
-            kwargs["n_ctx"] = num_ctx
+        if num_ctx:  # as engine_factory does: at most the trained context
+            kwargs["n_ctx"] = min(num_ctx, kwargs.get("n_ctx_train") or num_ctx)
         return Engine(FakeBackend(name=model.name, **kwargs), max_queue=max_queue,
                       load_ms=5.0)
     return factory

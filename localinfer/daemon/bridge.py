@@ -18,10 +18,20 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..runtime.engine import Generation, Sink
-from ..runtime.types import Done, Event
+from ..runtime.engine import Engine, Generation, Sink
+from ..runtime.types import Done, Event, Priority, SamplingParams
 
 T = TypeVar("T")
+
+
+async def open_events(engine: Engine, encode: Callable[[Engine], list[int]],
+                      params: SamplingParams, priority: Priority) -> EventStream:
+    """Tokenize on a worker thread (a large prompt takes a while: the event loop must keep
+    streaming other replies meanwhile), then submit: a prompt longer than the context or a
+    full queue fails here, before any response is sent."""
+    tokens = await asyncio.to_thread(encode, engine)
+    return EventStream(lambda sink: engine.submit(tokens, params, priority=priority,
+                                                  sink=sink))
 
 
 class EventStream:
@@ -84,6 +94,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T],
         if not worker.done():
             worker.cancel()
             cancel()
+            await asyncio.gather(worker, return_exceptions=True)  # let it finish cancelling
     if worker.cancelled():
         raise asyncio.CancelledError("the client disconnected")
     return worker.result()  # or raise the work's own error

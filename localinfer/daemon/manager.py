@@ -97,6 +97,9 @@ class ModelManager:
     async def _acquire(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
         async with self._switch:
             entry = self.loaded.get(model.name)
+            if entry is not None and num_ctx:
+                # As Ollama does, a context beyond what the model was trained for is capped.
+                num_ctx = min(num_ctx, entry.engine.info.n_ctx_train or num_ctx)
             if entry is not None and num_ctx and num_ctx > entry.engine.info.n_ctx:
                 # Ollama's num_ctx: a larger context than loaded means reloading this model.
                 await self._drain_and_unload(entry)
@@ -139,6 +142,11 @@ class ModelManager:
         try:
             engine = await asyncio.to_thread(self._factory, model, num_ctx, progress=progress)
             await asyncio.to_thread(engine.ready.wait)  # warmed up: ready to answer at once
+            try:
+                engine.check()  # the warm-up itself can fail (out of GPU memory...)
+            except BaseException:
+                await asyncio.to_thread(engine.close)
+                raise
         finally:
             self.loading = None
         load_ms = (time.perf_counter() - started) * 1000.0

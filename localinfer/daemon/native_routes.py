@@ -20,11 +20,18 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..errors import InvalidRequest, LocalInferError
-from ..runtime.types import Done, Priority, SamplingParams, Token
+from ..runtime.types import Done, SamplingParams, Token
 from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStream, EventStreamResponse
+from .bridge import EventStreamResponse, open_events
 from .openai_routes import live_json, timings_json
-from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
+from .requests import (
+    Fields,
+    parse_keep_alive,
+    parse_messages,
+    parse_priority,
+    read_json,
+    sampling,
+)
 
 
 def done_json(done: Done) -> dict[str, Any]:
@@ -65,8 +72,7 @@ def routes(state: DaemonState) -> list[Route]:
         f = Fields(body)
         name = f.str("model")
         params = _params(Fields(body.get("params") or {}, "params."))
-        priority = {"interactive": Priority.INTERACTIVE, "background": Priority.BACKGROUND
-                    }.get(f.str("priority", "normal"), Priority.NORMAL)
+        priority = parse_priority(body.get("priority"))
         if "messages" in body:
             messages = parse_messages(body["messages"])
             prompt = None
@@ -75,12 +81,11 @@ def routes(state: DaemonState) -> list[Route]:
         stack = contextlib.AsyncExitStack()
         entry = await stack.enter_async_context(manager.lease(
             name, keep_alive_s=parse_keep_alive(body.get("keep_alive"))))
+        engine = entry.engine
         try:
-            engine = entry.engine
-            events = EventStream(
-                lambda sink: engine.chat(messages, params, sink=sink, priority=priority)
-                if messages is not None else
-                engine.complete(prompt, params, sink=sink, priority=priority))
+            events = await open_events(
+                engine, lambda e: e.chat_tokens(messages) if messages is not None
+                else e.completion_tokens(prompt), params, priority)
         except BaseException:
             await stack.aclose()
             raise
@@ -171,7 +176,9 @@ async def _hardware(state: DaemonState) -> dict[str, Any]:
     if state.hardware is None:
         from ..hardware import probe
 
-        profile = await asyncio.to_thread(probe)
+        # The bandwidth from the cache only: a measurement here would load every core while
+        # replies stream (and record a figure skewed by them).
+        profile = await asyncio.to_thread(probe, measure_bandwidth=False)
         state.hardware = profile.to_dict()
     return state.hardware
 

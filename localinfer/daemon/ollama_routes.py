@@ -32,11 +32,11 @@ from starlette.types import Receive, Scope, Send
 
 from .. import gguf
 from ..errors import InvalidRequest, LocalInferError, ModelInUse
-from ..runtime.engine import Engine, Generation, Sink
-from ..runtime.types import Done, Message, Token
+from ..runtime.engine import Engine
+from ..runtime.types import Done, Message, Priority, SamplingParams, Token
 from ..store import InstalledModel, ModelStore, PullProgress, PullTarget
 from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStream, EventStreamResponse, unless_disconnected
+from .bridge import EventStreamResponse, open_events, unless_disconnected
 from .manager import LoadedModel
 from .openai_routes import live_json, priority_of, timings_json
 from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
@@ -137,11 +137,8 @@ def routes(state: DaemonState) -> list[Route]:
         if not messages:
             return await _load_only(state, name, f, chat=True)
 
-        def submit(engine: Engine, sink: Sink) -> Generation:
-            return engine.chat(messages, params, sink=sink, priority=priority_of(request, body))
-
-        params = _options(f)
-        return await _generate(state, request, f, name, submit, chat=True)
+        return await _generate(state, request, f, name, lambda e: e.chat_tokens(messages),
+                               _options(f), priority_of(request, body), chat=True)
 
     async def generate(request: Request) -> Response:
         body = await read_json(request)
@@ -158,19 +155,17 @@ def routes(state: DaemonState) -> list[Route]:
                                  " true with a fully formatted prompt instead.")
         if not prompt and not suffix:
             return await _load_only(state, name, f, chat=False)
-        params = _options(f)
-
-        def submit(engine: Engine, sink: Sink) -> Generation:
-            priority = priority_of(request, body)
+        def encode(engine: Engine) -> list[int]:
             if suffix:
-                return engine.infill(prompt, suffix, params, sink=sink, priority=priority)
+                return engine.infill_tokens(prompt, suffix)
             if raw:
-                return engine.complete(prompt, params, sink=sink, priority=priority)
+                return engine.completion_tokens(prompt)
             messages = ([Message("system", system)] if system else []) + [
                 Message("user", prompt)]
-            return engine.chat(messages, params, sink=sink, priority=priority)
+            return engine.chat_tokens(messages)
 
-        return await _generate(state, request, f, name, submit, chat=False)
+        return await _generate(state, request, f, name, encode, _options(f),
+                               priority_of(request, body), chat=False)
 
     async def pull(request: Request) -> Response:
         body = await read_json(request)
@@ -371,13 +366,14 @@ async def _load_only(state: DaemonState, name: str, f: Fields, *, chat: bool) ->
 
 
 async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
-                    submit: Callable[[Engine, Sink], Generation], *, chat: bool) -> Response:
+                    encode: Callable[[Engine], list[int]], params: SamplingParams,
+                    priority: Priority, *, chat: bool) -> Response:
     stream = f.bool("stream", True)
     stack = contextlib.AsyncExitStack()
     entry: LoadedModel = await stack.enter_async_context(
         state.manager.lease(name, keep_alive_s=_keep_alive(f), num_ctx=_num_ctx(f)))
     try:
-        events = EventStream(lambda sink: submit(entry.engine, sink))
+        events = await open_events(entry.engine, encode, params, priority)
     except BaseException:
         await stack.aclose()
         raise

@@ -19,11 +19,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import InvalidRequest, LocalInferError
-from ..runtime.engine import Engine, Generation, Sink
+from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token
 from .app import DaemonState, error_body, guarded, json_line
-from .bridge import EventStream, EventStreamResponse
-from .requests import Fields, parse_messages, read_json, sampling
+from .bridge import EventStreamResponse, open_events
+from .requests import Fields, parse_messages, parse_priority, read_json, sampling
 
 
 def timings_json(done: Done) -> dict[str, Any]:
@@ -50,9 +50,7 @@ def finish_reason(done: Done) -> str:
 
 def priority_of(request: Request, body: dict[str, Any]) -> Priority:
     """Interactive chat goes first; a client may say so (localinfer's chat UI does)."""
-    value = body.get("priority") or request.headers.get("x-localinfer-priority")
-    return {"interactive": Priority.INTERACTIVE, "background": Priority.BACKGROUND}.get(
-        value, Priority.NORMAL)
+    return parse_priority(body.get("priority") or request.headers.get("x-localinfer-priority"))
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -66,12 +64,8 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         f = Fields(body)
         messages = parse_messages(body.get("messages"))
-        params = _params(f)
-
-        def submit(engine: Engine, sink: Sink) -> Generation:
-            return engine.chat(messages, params, sink=sink, priority=priority_of(request, body))
-
-        return await _generate(state, request, f, submit, chat=True)
+        return await _generate(state, request, f, lambda e: e.chat_tokens(messages),
+                               _params(f), priority_of(request, body), chat=True)
 
     async def completions(request: Request) -> Response:
         body = await read_json(request)
@@ -84,13 +78,8 @@ def routes(state: DaemonState) -> list[Route]:
         if body.get("suffix"):
             raise InvalidRequest("'suffix' (fill-in-the-middle) is served by Ollama's"
                                  " /api/generate; /v1/completions takes a prompt only.")
-        params = _params(f)
-
-        def submit(engine: Engine, sink: Sink) -> Generation:
-            return engine.complete(prompt, params, sink=sink,
-                                   priority=priority_of(request, body))
-
-        return await _generate(state, request, f, submit, chat=False)
+        return await _generate(state, request, f, lambda e: e.completion_tokens(prompt),
+                               _params(f), priority_of(request, body), chat=False)
 
     return [
         Route("/v1/models", guarded(state, "v1/models", list_models), methods=["GET"]),
@@ -114,7 +103,8 @@ def _params(f: Fields) -> SamplingParams:
 
 
 async def _generate(state: DaemonState, request: Request, f: Fields,
-                    submit: Callable[[Engine, Sink], Generation], *, chat: bool) -> Response:
+                    encode: Callable[[Engine], list[int]], params: SamplingParams,
+                    priority: Priority, *, chat: bool) -> Response:
     stream = f.bool("stream", False)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
@@ -122,7 +112,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     stack = contextlib.AsyncExitStack()
     entry = await stack.enter_async_context(state.manager.lease(name))
     try:
-        events = EventStream(lambda sink: submit(entry.engine, sink))
+        events = await open_events(entry.engine, encode, params, priority)
     except BaseException:
         await stack.aclose()
         raise

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..errors import InvalidRequest
-from ..runtime.types import Message, SamplingParams
+from ..runtime.types import Message, Priority, SamplingParams
 
 _MISSING = object()
 
@@ -26,6 +26,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}.") from None
+    except RecursionError:
+        raise InvalidRequest("the request body nests JSON too deeply.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object.")
     return body
@@ -143,14 +145,22 @@ def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = SamplingP
         top_k=f.int("top_k", d.top_k, low=0),
         min_p=f.number("min_p", d.min_p),
         repeat_penalty=f.number("repeat_penalty", d.repeat_penalty),
-        repeat_last_n=f.int("repeat_last_n", d.repeat_last_n, low=0),
+        repeat_last_n=f.int("repeat_last_n", d.repeat_last_n, low=-1),
         frequency_penalty=f.number("frequency_penalty", d.frequency_penalty),
         presence_penalty=f.number("presence_penalty", d.presence_penalty),
-        seed=f.int("seed", None),
+        seed=_seed(f.int("seed", None)),
         stop=f.stop(),
         # localinfer's extension: prompt-lookup speculation on/off (default: the engine's).
         speculative=f.bool("speculative", None),
     ).validate()
+
+
+def _seed(value: int | None) -> int | None:
+    """Ollama and llama.cpp's server use -1 for "a random seed"."""
+    return None if value is None or value == -1 else value
+
+
+FOREVER = -1.0
 
 
 def parse_keep_alive(value: Any) -> float | None:
@@ -160,11 +170,11 @@ def parse_keep_alive(value: Any) -> float | None:
     if isinstance(value, bool):
         raise InvalidRequest("'keep_alive' must be a duration like \"5m\" or seconds.")
     if isinstance(value, (int, float)):
-        return float(value)
+        return _keep_alive_seconds(float(value))
     if isinstance(value, str):
         text = value.strip()
         try:
-            return float(text)
+            return _keep_alive_seconds(float(text))
         except ValueError:
             pass
         total, number, units = 0.0, "", {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
@@ -184,10 +194,26 @@ def parse_keep_alive(value: Any) -> float | None:
             i += len(unit)
         else:
             if not number and total:
-                return sign * total
+                return _keep_alive_seconds(sign * total)
     raise InvalidRequest(f"'keep_alive' must be a duration like \"5m\" or seconds, got {value!r}.")
+
+
+def _keep_alive_seconds(seconds: float) -> float:
+    """Negative or absurdly long (beyond a year, infinite) means forever; NaN is refused."""
+    if math.isnan(seconds):
+        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration.")
+    return FOREVER if seconds < 0 or seconds > 365 * 86400 else seconds
 
 
 def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def parse_priority(value: Any) -> Priority:
+    """``"interactive"`` (a person is waiting), ``"background"`` or anything else: normal."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest("'priority' must be \"interactive\", \"normal\" or"
+                             " \"background\".")
+    return {"interactive": Priority.INTERACTIVE,
+            "background": Priority.BACKGROUND}.get(value or "", Priority.NORMAL)

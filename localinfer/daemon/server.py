@@ -58,8 +58,10 @@ def bind_unix(path: Path) -> socket.socket:
         raise DaemonError(f"the socket path {path} is too long for a Unix socket; pass a"
                           " shorter one with --socket (or a shorter LOCALINFER_HOME).")
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.exists() or path.is_symlink():
-        path.unlink()  # we hold the instance lock: whatever is there is a crash's leftover
+    if path.is_socket():
+        path.unlink()  # we hold the instance lock: a socket there is a crash's leftover
+    elif path.exists() or path.is_symlink():
+        raise DaemonError(f"{path} exists and is not a socket; choose another --socket path.")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # created 0600 from the start: no window for other users
     try:
@@ -225,6 +227,8 @@ class Daemon:
                 sock.close()
         self._sockets.clear()
         with contextlib.suppress(OSError):
-            if self._lock.fd is not None:  # only the owner removes the socket
+            # Only the owner removes the socket, and only a socket (never a file that was
+            # at a mistyped --socket path).
+            if self._lock.fd is not None and self.socket_path.is_socket():
                 self.socket_path.unlink()
         self._lock.release()

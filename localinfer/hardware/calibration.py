@@ -65,6 +65,8 @@ def load_ratios(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str,
     if not isinstance(entries, dict):
         return ratios
     for backend, records in entries.items():
+        if not isinstance(records, list):  # a hand-edited or foreign cache: ignore it
+            continue
         values = [r.get("ratio") for r in records[-USE_LAST:] if isinstance(r, dict)]
         values = [v for v in values if isinstance(v, (int, float)) and 0.05 <= v <= 20]
         if values:

@@ -14,8 +14,6 @@ from typing import Any, Callable, Protocol, Sequence
 from .types import SamplingParams
 
 ProgressCallback = Callable[[float], None]
-
-KV_TYPES = ("f16", "q8_0")
 """Called with the fraction done (0..1) while a model loads."""
 
 

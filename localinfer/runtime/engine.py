@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError
+from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, ModelLoadError
 from .backend import Backend, ModelInfo
 from .chat_template import ChatTemplate
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
@@ -117,7 +117,6 @@ class _Request:
     """Prompt tokens found in the KV cache at first admission."""
     n_drafted: int = 0
     n_accepted: int = 0
-    n_preempted: int = 0
     generated: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
     """What must be in the KV cache before the next sample: the prompt, or after a
@@ -204,7 +203,10 @@ class Engine:
         self._last_decode_tps = 0.0
         self._jobs: list[tuple[Callable[[], object], Future]] = []
         self.ready = threading.Event()
-        """Set once the worker has warmed the model up (load_ms then includes it)."""
+        """Set once the worker has warmed the model up (load_ms then includes it), or has
+        failed to: ``check()`` says which."""
+        self.failed: BaseException | None = None
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -229,10 +231,13 @@ class Engine:
         sink: Sink | None = None,
     ) -> Generation:
         """Continue ``prompt`` as raw text (no chat template)."""
+        return self.submit(self.completion_tokens(prompt), params, priority=priority,
+                           sink=sink)
+
+    def completion_tokens(self, prompt: str) -> list[int]:
         if not prompt:
             raise InvalidRequest("prompt must not be empty.")
-        tokens = self.backend.tokenize(prompt, add_special=True)
-        return self.submit(tokens, params, priority=priority, sink=sink)
+        return self.backend.tokenize(prompt, add_special=True)
 
     def infill(
         self,
@@ -245,14 +250,17 @@ class Engine:
     ) -> Generation:
         """Fill in the middle between ``prefix`` and ``suffix`` (code completion), with the
         model's FIM tokens in prefix-suffix-middle order."""
+        return self.submit(self.infill_tokens(prefix, suffix), params, priority=priority,
+                           sink=sink)
+
+    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
         if self.info.fim is None:
             raise InvalidRequest(f"{self.info.name} has no fill-in-the-middle tokens; use a"
                                  " code model (e.g. qwen2.5-coder) for completions with a"
                                  " suffix.")
         pre, suf, mid = self.info.fim
-        tokens = self.backend.tokenize(f"{pre}{prefix}{suf}{suffix}{mid}",
-                                       add_special=self.info.add_bos)
-        return self.submit(tokens, params, priority=priority, sink=sink)
+        return self.backend.tokenize(f"{pre}{prefix}{suf}{suffix}{mid}",
+                                     add_special=self.info.add_bos)
 
     def render_chat(self, messages: Sequence[Message], *,
                     add_generation_prompt: bool = True) -> str:
@@ -277,7 +285,7 @@ class Engine:
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
     ) -> Generation:
-        params.validate()
+        params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
         n_ctx = self.info.n_ctx
         if not prompt:
             raise InvalidRequest("the prompt is empty after tokenization.")
@@ -384,14 +392,23 @@ class Engine:
             request.generation.cancel()
 
     def close(self) -> None:
-        """End every request (``cancelled``), stop the worker and free the model."""
+        """End every request (``cancelled``), stop the worker and free the model. Safe to
+        call again, and after the worker died."""
         with self._cv:
-            if self._closing:
-                return
             self._closing = True
             self._cv.notify_all()
         self._thread.join()
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
         self.backend.close()
+
+    def check(self) -> None:
+        """Raise the error that stopped the worker (e.g. a failed warm-up), if one did."""
+        if self.failed is not None:
+            raise ModelLoadError(f"{self.info.name} stopped working: {self.failed}") \
+                from self.failed
 
     def __enter__(self) -> Engine:
         return self
@@ -402,12 +419,11 @@ class Engine:
     def _on_cancel(self, generation: Generation) -> None:
         with self._cv:
             request = generation.request
-            if request is not None and request in self._pending:
+            # A request that never started has sent nothing: answer it here. One that was
+            # preempted may still have tokens in the worker's outbox: the worker ends it.
+            if request is not None and request in self._pending and request.sampler is None:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
-                if request.sampler is not None:  # preempted while it was running
-                    self.backend.free_sampler(request.sampler)
-                    request.sampler = None
                 generation._emit(_done(request, "cancelled", time.perf_counter()))
             self._cv.notify()
 
@@ -439,8 +455,8 @@ class Engine:
                     self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
             log.exception("engine worker crashed")
+            self.failed = exc
             self._fail_all(exc)
-            raise
         finally:
             self.ready.set()  # never leave a waiter hanging, even if the warm-up failed
             self._shutdown()
@@ -470,6 +486,13 @@ class Engine:
         """Move waiting requests into free slots, reusing the best-matching cached prefix.
         An interactive request that finds every slot busy takes one from a lower-priority
         request, which goes back to the queue and resumes later where it stopped."""
+        cancelled = [r for r in self._pending if r.generation.cancelled]
+        if cancelled:  # preempted, then cancelled while waiting: end them now
+            self._pending = [r for r in self._pending if not r.generation.cancelled]
+            heapq.heapify(self._pending)
+            for request in cancelled:
+                self._free_sampler(request)
+                self._post(request, _done(request, "cancelled", time.perf_counter()))
         if self._pending and not any(s.req is None for s in self._slots):
             self._preempt_for(self._pending[0])
         free = [s for s in self._slots if s.req is None]
@@ -512,7 +535,6 @@ class Engine:
         # Everything generated so far is already streamed; it resumes by reading it back
         # (mostly from this slot's cache, if nobody overwrote it) and sampling on.
         request.target = request.prompt + request.generated
-        request.n_preempted += 1
         self._preemptions_total += 1
         slot.req = None
         slot.next_token = None
@@ -669,9 +691,8 @@ class Engine:
         self._post(request, exc)
 
     def _release(self, slot: _Slot, now: float) -> None:
-        if slot.req is not None and slot.req.sampler is not None:
-            self.backend.free_sampler(slot.req.sampler)
-            slot.req.sampler = None
+        if slot.req is not None:
+            self._free_sampler(slot.req)
         slot.req = None
         slot.next_token = None
         slot.draft = []
@@ -685,13 +706,22 @@ class Engine:
             jobs, self._jobs = self._jobs, []
             self._closing = True
         for request in pending:
+            self._free_sampler(request)
             request.generation._emit(error)
         for slot in self._active():
             request = slot.req
+            self._free_sampler(request)
             slot.req = None
             request.generation._emit(error)
         for _, future in jobs:
             future.set_exception(error)
+
+    def _free_sampler(self, request: _Request) -> None:
+        if request.sampler is not None:
+            try:
+                self.backend.free_sampler(request.sampler)
+            finally:
+                request.sampler = None
 
     def _shutdown(self) -> None:
         now = time.perf_counter()
@@ -699,10 +729,8 @@ class Engine:
             pending, self._pending = self._pending, []
             jobs, self._jobs = self._jobs, []
         for request in pending:
-            if request.sampler is not None:  # a preempted request still holds its sampler
-                self.backend.free_sampler(request.sampler)
-                request.sampler = None
-            request.generation._emit(_done(request, "cancelled", now))
+            self._free_sampler(request)  # a preempted request still holds its sampler
+            self._post(request, _done(request, "cancelled", now))  # after its last tokens
         for slot in self._active():
             self._finish(slot, "cancelled", now)
         for _, future in jobs:

@@ -53,6 +53,7 @@ class FakeBackend:
         name: str = "fake:test",
         architecture: str = "gemma3",
         fim: bool = False,
+        n_ctx_train: int | None = None,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
@@ -76,7 +77,7 @@ class FakeBackend:
             n_params=1_000_000,
             n_layers=4,
             n_gpu_layers=0,
-            n_ctx_train=n_ctx,
+            n_ctx_train=n_ctx_train or n_ctx,
             n_ctx=n_ctx,
             n_slots=n_slots,
             n_vocab=1000,

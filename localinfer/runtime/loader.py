@@ -126,6 +126,8 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
     def load(model: ResolvedModel, num_ctx: int | None, progress: ProgressCallback | None = None
              ) -> Engine:
         header = gguf.read_header(model.path)
+        if num_ctx and header.context_length:  # a request's num_ctx, capped as Ollama does
+            num_ctx = min(num_ctx, header.context_length)
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
         options = options_for(header, config.replace(ctx=num_ctx),
                               n_slots=n_slots or config.slots, name=model.name)

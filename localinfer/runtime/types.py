@@ -7,6 +7,7 @@ that the CLI, the daemon and the chat UI can all read them without importing the
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -15,6 +16,9 @@ from typing import Literal
 from ..errors import InvalidRequest
 
 FinishReason = Literal["stop", "length", "cancelled"]
+
+MAX_STOP_CHARS = 512
+"""Longer stop strings would make every token's check slow (and no client needs them)."""
 
 
 class Priority(enum.IntEnum):
@@ -71,14 +75,17 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} must be between {low:g} and {high:g}, got {value}.")
         if self.repeat_penalty == 0:
             raise InvalidRequest("repeat_penalty must be above 0 (1 turns it off).")
-        if self.top_k < 0:
+        if not 0 <= self.top_k < 2**31:
             raise InvalidRequest(f"top_k must be 0 (off) or more, got {self.top_k}.")
-        if self.repeat_last_n < 0:
-            raise InvalidRequest(f"repeat_last_n must be 0 or more, got {self.repeat_last_n}.")
+        if not -1 <= self.repeat_last_n < 2**31:
+            raise InvalidRequest(f"repeat_last_n must be -1 (the whole context), 0 (off) or"
+                                 f" more, got {self.repeat_last_n}.")
         if self.seed is not None and not 0 <= self.seed < 2**32:
             raise InvalidRequest(f"seed must be between 0 and 2^32-1, got {self.seed}.")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty strings.")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise InvalidRequest(f"stop strings must be at most {MAX_STOP_CHARS} characters.")
         if len(self.stop) > 16:
             raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}.")
         return self
@@ -86,6 +93,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def bounded(self, n_ctx: int, n_vocab: int) -> SamplingParams:
+        """The same parameters with the model's limits applied: repeat_last_n -1 means the
+        whole context, and neither window reaches past what the model has."""
+        last_n = n_ctx if self.repeat_last_n < 0 else min(self.repeat_last_n, n_ctx)
+        top_k = min(self.top_k, n_vocab) if n_vocab else self.top_k
+        if (last_n, top_k) == (self.repeat_last_n, self.top_k):
+            return self
+        return dataclasses.replace(self, repeat_last_n=last_n, top_k=top_k)
 
 
 @dataclass(frozen=True)

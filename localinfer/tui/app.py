@@ -283,9 +283,6 @@ class ChatApp(App[None]):
 
     @on(SessionReady)
     async def _session_ready(self, event: SessionReady) -> None:
-        old = self.session
-        if old is not None and old is not event.session and not self.launcher.in_process:
-            pass  # the daemon swapped the model; its client is shared, nothing to close
         self.session = event.session
         self.candidate = event.candidate
         self.model_name = event.session.model
@@ -429,7 +426,8 @@ class ChatApp(App[None]):
             return
         chat_input.accept(text)
         message = self.chat.add(ChatMessage("user", text))
-        if self.session is not None:
+        switching = self.loading is not None  # a model is loading: it answers, not the old one
+        if self.session is not None and not switching:
             self.chat.model = self.session.model
         self._save()
         welcome = self.query("#welcome")
@@ -437,7 +435,7 @@ class ChatApp(App[None]):
             await welcome.remove()
         await self.query_one("#transcript").mount(UserMessage(message))
         self.sub_title = f"{self.model_name or ''} · {self.chat.display_title}"
-        if self.session is None:
+        if self.session is None or switching:
             self._queued = text  # sent as soon as the model is ready
             self.notify("Sending when the model is ready.")
             return

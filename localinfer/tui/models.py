@@ -78,6 +78,3 @@ def model_rows(store: Any, hardware: Any, *, calibration: dict[str, float] | Non
     return rows
 
 
-def store_can_pull(store: Any) -> bool:
-    """True once the store has ``pull`` (the download feature)."""
-    return callable(getattr(store, "pull", None))

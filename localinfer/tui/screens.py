@@ -31,7 +31,7 @@ from textual.widgets import (
 from ..chats import ChatStore, ChatSummary, check_settings
 from ..errors import LocalInferError
 from ..progress import human_bytes
-from .models import ModelRow, model_rows, store_can_pull
+from .models import ModelRow, model_rows
 from .speed import tps
 
 HELP = """\
@@ -425,11 +425,9 @@ class ModelsScreen(Screen[ModelChoice | None]):
                           tps(row.decode_tps), "installed" if row.installed else "catalog",
                           key=row.name)
         n_installed = sum(r.installed for r in self.rows)
-        pull = "" if store_can_pull(self.store) else "; pulling needs a localinfer with" \
-            " `localinfer pull`"
         title.update(f"{n_installed} installed, {len(self.rows) - n_installed} more in the"
                      f" catalog. Enter switches to an installed model or pulls a catalog"
-                     f" one{pull}.")
+                     f" one.")
         self._show_detail()
 
     @on(DataTable.RowHighlighted)
@@ -469,11 +467,6 @@ class ModelsScreen(Screen[ModelChoice | None]):
             return
         if row.installed:
             self.notify(f"{row.name} is already installed: Enter switches to it.")
-            return
-        if not store_can_pull(self.store):
-            self.notify("This localinfer cannot download models yet (no `localinfer pull`)."
-                        " Add a .gguf file you have with `localinfer chat PATH`.",
-                        title="Cannot pull", severity="warning")
             return
         self.pulling = row.name
         self._pull_cancel = threading.Event()

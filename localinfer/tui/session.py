@@ -222,6 +222,11 @@ class Launcher:
         engine = opener(model, self.config, on_copy=_copy_progress(progress),
                         on_load=lambda f: progress(LoadStep(f"Loading {model}…", f)))
         engine.ready.wait()
+        try:
+            engine.check()
+        except BaseException:
+            engine.close()
+            raise
         progress(LoadStep(f"Loaded {engine.info.name}", 1.0))
         return EngineSession(engine)
 
