@@ -184,7 +184,7 @@ def test_long_prompt_is_chunked_while_others_decode(fake_engine):
 def test_interactive_requests_jump_the_queue(fake_engine):
     engine = fake_engine(reply="tok " * 20, n_slots=1, step_delay_s=0.001)
     blocker = engine.complete("busy", SamplingParams(max_tokens=None))
-    stream = started(blocker)
+    stream = started(blocker)  # noqa: F841 - held: dropping the iterator would cancel
     order = []
     lock = threading.Lock()
 
