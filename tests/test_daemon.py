@@ -365,8 +365,10 @@ def test_full_queue_is_503_with_retry_after(home):
     install_fake_models("fake:1b-f16")
     factory = fake_factory(max_queue=1, reply="tok " * 2000, step_delay_s=0.005, n_slots=1)
     with serve(factory) as d, d.uds() as c1, d.uds() as c2, d.uds() as c3:
+        # No speculation: the first reply must still be running when the third request comes.
         with c1.stream("POST", "/v1/completions", json={"model": "fake:1b", "prompt": "a",
-                                                         "stream": True}) as r1:
+                                                         "stream": True, "speculative": False}
+                       ) as r1:
             next(r1.iter_lines())
             with c2.stream("POST", "/v1/completions", json={"model": "fake:1b",
                                                              "prompt": "b", "stream": True}):
