@@ -27,43 +27,38 @@ class TextAssembler:
         return self._release()
 
     def flush(self) -> str:
-        """Release what is held back at the end of generation (no stop string came)."""
+        """Release what is held back at the end of generation (no more text will come)."""
         if self.stopped:
             return ""
         self._pending += self._decoder.decode(b"", final=True)
-        out, self._pending = self._pending, ""
-        self.text += out
-        return out
+        return self._release(final=True)
 
-    def _release(self) -> str:
+    def _release(self, final: bool = False) -> str:
         if not self._stop:
             out, self._pending = self._pending, ""
             self.text += out
             return out
-        # The stop string may straddle released text and the pending text: search from
-        # just far enough back into what was released.
+        # A stop string may straddle released text and pending text: look back just far
+        # enough into what was released (which never holds the start of a stop string).
         window_start = max(0, len(self.text) - self._longest_stop + 1)
         joined = self.text[window_start:] + self._pending
-        first = -1
-        for s in self._stop:
-            i = joined.find(s)
-            if i != -1 and (first == -1 or i < first):
-                first = i
-        if first != -1:
-            cut = window_start + first  # index in the full text where the stop string begins
-            already = len(self.text)
-            if cut < already:  # cannot happen: we never release a possible stop prefix
-                cut = already
-            out = (self.text + self._pending)[already:cut]
+        released = len(self.text) - window_start  # where the pending text begins in joined
+        found = [i for i in (joined.find(s) for s in self._stop) if i != -1]
+        first = min(found) if found else None
+        # Text from ``hold`` on could still turn out to begin a stop string.
+        hold = len(joined) if final else len(joined) - _longest_stop_prefix_suffix(
+            joined, self._stop)
+        if first is not None and first <= hold:
+            # The earliest stop string, and no longer one starting before it may still come.
+            out = joined[released:max(first, released)]
             self.text += out
             self._pending = ""
             self.stopped = True
             return out
-        hold = _longest_stop_prefix_suffix(joined, self._stop)
-        keep = len(self._pending) - hold if hold <= len(self._pending) else 0
-        out = self._pending[:keep]
-        self._pending = self._pending[keep:]
+        hold = max(hold, released)
+        out = joined[released:hold]
         self.text += out
+        self._pending = joined[hold:]
         return out
 
 
