@@ -98,8 +98,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     started = time.perf_counter()
     engine = load_engine(model.path, options, name=model.name, family=model.family,
                          header=header)
-    engine.ready.wait()
-    engine.check()
+    engine.wait_ready()
     info = engine.info
     result = BenchResult(
         model=info.name, quant=info.quant, size_bytes=info.size_bytes,

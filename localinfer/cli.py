@@ -216,12 +216,7 @@ def _load_in_process(args: argparse.Namespace, config: Config):
     finally:
         for bar in copying:
             bar.finish()
-    engine.ready.wait()
-    try:
-        engine.check()
-    except BaseException:
-        engine.close()
-        raise
+    engine.wait_ready()
     if loading:
         info = engine.info
         loading.finish(f"Loaded {info.name} ({info.quant}, {info.n_gpu_layers}/"

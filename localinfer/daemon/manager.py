@@ -141,12 +141,9 @@ class ModelManager:
 
         try:
             engine = await asyncio.to_thread(self._factory, model, num_ctx, progress=progress)
-            await asyncio.to_thread(engine.ready.wait)  # warmed up: ready to answer at once
-            try:
-                engine.check()  # the warm-up itself can fail (out of GPU memory...)
-            except BaseException:
-                await asyncio.to_thread(engine.close)
-                raise
+            # Warmed up, ready to answer at once (the warm-up itself can fail: out of GPU
+            # memory...; the model is then freed and the error raised).
+            await asyncio.to_thread(engine.wait_ready)
         finally:
             self.loading = None
         load_ms = (time.perf_counter() - started) * 1000.0

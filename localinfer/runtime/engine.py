@@ -410,6 +410,16 @@ class Engine:
             raise ModelLoadError(f"{self.info.name} stopped working: {self.failed}") \
                 from self.failed
 
+    def wait_ready(self) -> Engine:
+        """Wait for the warm-up; if it failed, free the model and raise why."""
+        self.ready.wait()
+        try:
+            self.check()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
     def __enter__(self) -> Engine:
         return self
 

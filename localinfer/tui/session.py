@@ -221,12 +221,7 @@ class Launcher:
         progress(LoadStep(f"Loading {model}…", 0.0))
         engine = opener(model, self.config, on_copy=_copy_progress(progress),
                         on_load=lambda f: progress(LoadStep(f"Loading {model}…", f)))
-        engine.ready.wait()
-        try:
-            engine.check()
-        except BaseException:
-            engine.close()
-            raise
+        engine.wait_ready()
         progress(LoadStep(f"Loaded {engine.info.name}", 1.0))
         return EngineSession(engine)
 
