@@ -10,6 +10,7 @@ freeing its slot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import anyio
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
@@ -20,18 +21,32 @@ from starlette.types import Receive, Scope, Send
 
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
+from .manager import LoadedModel, ModelManager
 
 T = TypeVar("T")
 
 
-async def open_events(engine: Engine, encode: Callable[[Engine], list[int]],
-                      params: SamplingParams, priority: Priority) -> EventStream:
-    """Tokenize on a worker thread (a large prompt takes a while: the event loop must keep
-    streaming other replies meanwhile), then submit: a prompt longer than the context or a
-    full queue fails here, before any response is sent."""
-    tokens = await asyncio.to_thread(encode, engine)
-    return EventStream(lambda sink: engine.submit(tokens, params, priority=priority,
-                                                  sink=sink))
+async def start_generation(
+    manager: ModelManager, name: str, encode: Callable[[Engine], list[int]],
+    params: SamplingParams, priority: Priority, *, keep_alive_s: float | None = None,
+    num_ctx: int | None = None,
+) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
+    """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
+    loop must keep streaming other replies meanwhile) and submit. A prompt longer than the
+    context or a full queue fails here, before any response is sent. Closing the returned
+    stack gives the model back."""
+    stack = contextlib.AsyncExitStack()
+    entry = await stack.enter_async_context(
+        manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
+    try:
+        engine = entry.engine
+        tokens = await asyncio.to_thread(encode, engine)
+        events = EventStream(lambda sink: engine.submit(tokens, params, priority=priority,
+                                                        sink=sink))
+    except BaseException:
+        await stack.aclose()
+        raise
+    return entry, events, stack
 
 
 class EventStream:

@@ -8,7 +8,6 @@ same figures through the daemon as in-process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import time
@@ -22,7 +21,7 @@ from starlette.routing import Route
 from ..errors import InvalidRequest, LocalInferError
 from ..runtime.types import Done, SamplingParams, Token
 from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStreamResponse, open_events
+from .bridge import EventStreamResponse, start_generation
 from .openai_routes import live_json, timings_json
 from .requests import (
     Fields,
@@ -78,17 +77,11 @@ def routes(state: DaemonState) -> list[Route]:
             prompt = None
         else:
             messages, prompt = None, f.str("prompt")
-        stack = contextlib.AsyncExitStack()
-        entry = await stack.enter_async_context(manager.lease(
-            name, keep_alive_s=parse_keep_alive(body.get("keep_alive"))))
+        entry, events, stack = await start_generation(
+            manager, name, lambda e: e.chat_tokens(messages) if messages is not None
+            else e.completion_tokens(prompt), params, priority,
+            keep_alive_s=parse_keep_alive(body.get("keep_alive")))
         engine = entry.engine
-        try:
-            events = await open_events(
-                engine, lambda e: e.chat_tokens(messages) if messages is not None
-                else e.completion_tokens(prompt), params, priority)
-        except BaseException:
-            await stack.aclose()
-            raise
 
         request_id = f"gen-{next(_ids)}"
         state.generations[request_id] = events

@@ -13,7 +13,6 @@ cancels the download, which keeps its partial file for the next pull.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -36,7 +35,7 @@ from ..runtime.engine import Engine
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token
 from ..store import InstalledModel, ModelStore, PullProgress, PullTarget
 from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStreamResponse, open_events, unless_disconnected
+from .bridge import EventStreamResponse, start_generation, unless_disconnected
 from .manager import LoadedModel
 from .openai_routes import live_json, priority_of, timings_json
 from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
@@ -369,14 +368,10 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
                     priority: Priority, *, chat: bool) -> Response:
     stream = f.bool("stream", True)
-    stack = contextlib.AsyncExitStack()
-    entry: LoadedModel = await stack.enter_async_context(
-        state.manager.lease(name, keep_alive_s=_keep_alive(f), num_ctx=_num_ctx(f)))
-    try:
-        events = await open_events(entry.engine, encode, params, priority)
-    except BaseException:
-        await stack.aclose()
-        raise
+    entry, events, stack = await start_generation(
+        state.manager, name, encode, params, priority, keep_alive_s=_keep_alive(f),
+        num_ctx=_num_ctx(f))
+
     def piece(text: str) -> dict[str, Any]:
         if chat:
             return {"message": {"role": "assistant", "content": text}}

@@ -8,7 +8,6 @@ tok/s) that standard clients ignore; the final chunk carries the request's full 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from dataclasses import asdict
@@ -22,7 +21,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token
 from .app import DaemonState, error_body, guarded, json_line
-from .bridge import EventStreamResponse, open_events
+from .bridge import EventStreamResponse, start_generation
 from .requests import Fields, parse_messages, parse_priority, read_json, sampling
 
 
@@ -108,14 +107,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     stream = f.bool("stream", False)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-    name = f.str("model")
-    stack = contextlib.AsyncExitStack()
-    entry = await stack.enter_async_context(state.manager.lease(name))
-    try:
-        events = await open_events(entry.engine, encode, params, priority)
-    except BaseException:
-        await stack.aclose()
-        raise
+    entry, events, stack = await start_generation(state.manager, f.str("model"), encode,
+                                                  params, priority)
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = entry.name
