@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 
 import anyio
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -89,6 +89,17 @@ class EventStream:
 
         await unless_disconnected(request, consume(), self.cancel)
         return done[-1]
+
+
+async def whole_reply(state: Any, request: Request, events: EventStream,
+                      stack: contextlib.AsyncExitStack) -> Done:
+    """A non-streaming response's reply: wait for it, give the model back, count it."""
+    try:
+        done = await events.result(request)
+    finally:
+        await stack.aclose()
+    state.record(done)
+    return done
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T],

@@ -35,7 +35,7 @@ from ..runtime.engine import Engine
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token
 from ..store import InstalledModel, ModelStore, PullProgress, PullTarget
 from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStreamResponse, start_generation, unless_disconnected
+from .bridge import EventStreamResponse, start_generation, whole_reply, unless_disconnected
 from .manager import LoadedModel
 from .openai_routes import live_json, priority_of, timings_json
 from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
@@ -383,11 +383,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                 **durations(done), "timings": timings_json(done)}
 
     if not stream:
-        try:
-            done = await events.result(request)
-        finally:
-            await stack.aclose()
-        state.record(done)
+        done = await whole_reply(state, request, events, stack)
         return JSONResponse(final(done, done.text))
 
     async def body() -> AsyncIterator[str]:

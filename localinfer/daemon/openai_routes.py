@@ -21,7 +21,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token
 from .app import DaemonState, error_body, guarded, json_line
-from .bridge import EventStreamResponse, start_generation
+from .bridge import EventStreamResponse, start_generation, whole_reply
 from .requests import Fields, parse_messages, parse_priority, read_json, sampling
 
 
@@ -113,11 +113,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     created = int(time.time())
     model = entry.name
     if not stream:
-        try:
-            done = await events.result(request)
-        finally:
-            await stack.aclose()
-        state.record(done)
+        done = await whole_reply(state, request, events, stack)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
                       "logprobs": None, "finish_reason": finish_reason(done)}
