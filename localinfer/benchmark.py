@@ -55,6 +55,8 @@ class BenchResult:
     n_layers: int
     quick: bool
     kv_type: str = "f16"
+    flash_attn: bool | None = None
+    """None: llama.cpp chose (on a GPU)."""
     load_ms: float = 0.0
     prefill: list[dict[str, float]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)
@@ -104,7 +106,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         model=info.name, quant=info.quant, size_bytes=info.size_bytes,
         machine=hardware.cpu.model or "unknown CPU",
         threads=options.n_threads or hardware.cpu.runtime_threads, n_gpu_layers=info.n_gpu_layers, n_layers=info.n_layers,
-        quick=quick, kv_type=options.kv_type,
+        quick=quick, kv_type=options.kv_type, flash_attn=info.flash_attn,
         load_ms=(time.perf_counter() - started) * 1000.0)
     try:
         stage("prefill")
@@ -176,7 +178,8 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     if not quick:
         stage("llama-cpp-python")
         result.raw_llama_cpp_python = _raw(model.path, options, prompt=f"Run 0. {STORY_PROMPTS[0]}",
-                                           n_tokens=n_decode, filler=_PARAGRAPH * 60)
+                                           n_tokens=n_decode, filler=_PARAGRAPH * 60,
+                                           flash_attn=info.flash_attn is not False)
         if result.raw_llama_cpp_python.get("decode_tps"):
             raw = result.raw_llama_cpp_python
             raw["engine_vs_create_completion"] = decode_tps / raw["decode_tps"]
@@ -230,31 +233,39 @@ def _first_difference(engine: Engine, a: str, b: str) -> int:
 
 def _chat_reuse(engine: Engine) -> dict[str, Any]:
     """TTFT of a chat's 5th turn (~1,500 tokens of history) with the history cached, with
-    nothing cached, and of the new message alone."""
+    nothing cached, and of the new message alone; medians over three new messages."""
     topics = ["the history of the printing press", "how tides work", "baking sourdough bread",
               "the rules of chess"]
     history: list[Message] = []
     for i, topic in enumerate(topics):
         history.append(Message("user", f"Turn {i + 1}. Tell me about {topic}. " + _PARAGRAPH * 3))
         history.append(Message("assistant", f"Here is an overview of {topic}. " + _PARAGRAPH * 2))
-    question = Message("user", "Now summarise everything we discussed in three sentences.")
+    questions = [Message("user", text) for text in (
+        "Now summarise everything we discussed in three sentences.",
+        "Which of these topics would you explain to a child first, and why?",
+        "List the four topics we covered, one per line, with a short title each.")]
     one = SamplingParams(temperature=0, max_tokens=1, speculative=False)
-    full = engine.chat_tokens(history + [question])
     engine.clear_cache()
-    # What the cache holds after the 4th reply: the conversation so far.
+    # What the cache holds after the 4th reply: the conversation so far. Each 5th turn then
+    # reads only its new message (the one before it is dropped from the cache).
     engine.submit(engine.chat_tokens(history, add_generation_prompt=False), one).result()
-    warm = engine.submit(full, one).result()
+    warm = [engine.submit(engine.chat_tokens(history + [q]), one).result() for q in questions]
     engine.clear_cache()
+    full = engine.chat_tokens(history + [questions[0]])
     cold = engine.submit(full, one).result()
-    engine.clear_cache()
-    alone = engine.chat([question], one).result()
+    alone = []
+    for question in questions:
+        engine.clear_cache()
+        alone.append(engine.chat([question], one).result())
+    warm_ms = statistics.median(d.timings.ttft_ms for d in warm)
+    alone_ms = statistics.median(d.timings.ttft_ms for d in alone)
     return {
         "history_tokens": len(full),
-        "ttft_with_reuse_ms": warm.timings.ttft_ms,
-        "cached_tokens": warm.usage.cached_tokens,
+        "ttft_with_reuse_ms": warm_ms,
+        "cached_tokens": min(d.usage.cached_tokens for d in warm),
         "ttft_without_reuse_ms": cold.timings.ttft_ms,
-        "ttft_new_message_alone_ms": alone.timings.ttft_ms,
-        "ratio_to_message_alone": warm.timings.ttft_ms / alone.timings.ttft_ms,
+        "ttft_new_message_alone_ms": alone_ms,
+        "ratio_to_message_alone": warm_ms / alone_ms,
     }
 
 
@@ -352,11 +363,13 @@ def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
     }
 
 
-def _raw(path: Any, options: Any, *, prompt: str, n_tokens: int, filler: str) -> dict:
-    """llama-cpp-python's Llama class in a child process (see runtime.llama.measure_raw_llama)."""
+def _raw(path: Any, options: Any, *, prompt: str, n_tokens: int, filler: str,
+         flash_attn: bool) -> dict:
+    """llama-cpp-python's Llama class in a child process (see runtime.llama.measure_raw_llama),
+    with the engine's flash attention setting."""
     args = {"path": str(path), "prompt": prompt, "max_tokens": n_tokens,
             "n_ctx": options.n_ctx, "n_threads": options.n_threads or _threads(),
-            "prefill_tokens": 512, "prefill_text": filler}
+            "prefill_tokens": 512, "prefill_text": filler, "flash_attn": flash_attn}
     code = ("import json, sys; from localinfer.runtime.llama import measure_raw_llama;"
             " print(json.dumps(measure_raw_llama(**json.loads(sys.argv[1]))))")
     try:

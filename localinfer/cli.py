@@ -125,8 +125,16 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="layers to offload to the GPU (-1 = all)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads")
-    g.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
-                   help="KV cache type (q8_0 halves its memory)")
+    add_attention_flags(g)
+
+
+def add_attention_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--kv-type and --flash-attn, for every command that loads a model."""
+    p.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
+                   help="KV cache type (q8_0 halves its memory; needs flash attention)")
+    p.add_argument("--flash-attn", choices=["auto", "on", "off"], default=None,
+                   help="flash attention (auto: off on the CPU, where speculative greedy"
+                        " text is then exact; llama.cpp's choice on a GPU)")
 
 
 def _sampling_params(args: argparse.Namespace):
@@ -146,7 +154,7 @@ def _sampling_params(args: argparse.Namespace):
 
 def _config_with_flags(config: Config, args: argparse.Namespace) -> Config:
     return config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads,
-                          kv_type=args.kv_type)
+                          kv_type=args.kv_type, flash_attn=args.flash_attn)
 
 
 # --- run -------------------------------------------------------------------------------------
@@ -160,7 +168,8 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         messages = ([Message("system", args.system)] if args.system else []) + [
             Message("user", prompt)]
     client = None
-    load_flags = (args.ctx, args.gpu_layers, args.threads, args.kv_type) != (None,) * 4
+    load_flags = (args.ctx, args.gpu_layers, args.threads, args.kv_type,
+                  args.flash_attn) != (None,) * 5
     if not (args.no_daemon or load_flags):
         from .client import DaemonClient
         from .store import looks_like_path

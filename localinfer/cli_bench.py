@@ -9,6 +9,8 @@ from .config import Config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .cli import add_attention_flags
+
     p = sub.add_parser(
         "bench", help="measure prefill, decode, batching, prefix reuse and speculation",
         description="Load MODEL and measure, through the same engine that serves chats:"
@@ -27,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="context per stream (default 4096)")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
-    p.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
-                   help="KV cache type (q8_0: half the memory, exact speculation)")
+    add_attention_flags(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -38,7 +39,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
     model = args.model or config.default_model or "gemma3:270m"
     config = config.replace(ctx=args.ctx, threads=args.threads, gpu_layers=args.gpu_layers,
-                            kv_type=args.kv_type)
+                            kv_type=args.kv_type, flash_attn=args.flash_attn)
     bar = TerminalProgress(f"bench {model}", unit="steps")
 
     def progress(stage: str, step: int, total: int) -> None:
@@ -62,7 +63,8 @@ def report(r) -> str:
     lines = [
         f"{r.model} ({r.quant}, {human_bytes(r.size_bytes)}) on {r.machine}, {r.threads}"
         f" threads, " + (f"{r.n_gpu_layers}/{r.n_layers} layers on GPU" if r.n_gpu_layers
-                         else "CPU only") + f", {r.kv_type} KV cache",
+                         else "CPU only") + f", {r.kv_type} KV cache"
+        + {True: ", flash attention", False: ", no flash attention"}.get(r.flash_attn, ""),
         "",
         f"  load                    {r.load_ms / 1000:.2f} s",
     ]
@@ -108,8 +110,8 @@ def report(r) -> str:
             f" {s['accepted']}/{s['drafted']} drafted tokens accepted), "
             + ("identical text" if s["identical"] else
                f"text parts from plain decoding at token {s['first_divergent_token']}"
-               f" (F16 KV cache: see --kv-type q8_0)" if r.kv_type == "f16" else
-               f"text parts from plain decoding at token {s['first_divergent_token']}"))
+               + (" (flash attention on an F16 cache: see --flash-attn)"
+                  if r.flash_attn and r.kv_type == "f16" else "")))
     raw = r.raw_llama_cpp_python
     if raw.get("decode_tps"):
         lines.append(

@@ -11,6 +11,8 @@ from .errors import DaemonError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .cli import add_attention_flags
+
     p = sub.add_parser(
         "serve", help="run the daemon (OpenAI and Ollama API on a socket and loopback TCP)",
         description="Hold one model for the whole machine and serve it to the chat UI and to"
@@ -35,8 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context per sequence")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
     p.add_argument("--threads", type=int, default=None, metavar="N")
-    p.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
-                   help="KV cache type (q8_0 halves its memory)")
+    add_attention_flags(p)
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow this browser origin (repeatable; none by default)")
     p.add_argument("--model", default=None, metavar="MODEL", help="load this model at start")
@@ -78,7 +79,8 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from .runtime.loader import engine_factory
 
     config = config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads,
-                            slots=args.slots, kv_type=args.kv_type)
+                            slots=args.slots, kv_type=args.kv_type,
+                            flash_attn=args.flash_attn)
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
         port = args.port

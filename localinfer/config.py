@@ -23,6 +23,10 @@ from .errors import ConfigError
 from .paths import Paths, get_paths
 
 
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+"""The flash_attn setting's values, as LoadOptions.flash_attn takes them."""
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by the CLI, the daemon and the chat UI."""
@@ -38,8 +42,10 @@ class Config:
     slots: int | None = None
     """Sequences the daemon decodes in parallel (default: from the memory plan)."""
     kv_type: str = "f16"
-    """KV cache type: "f16", or "q8_0" to halve its memory (and make batched and speculative
-    decoding bit-identical to one-token-at-a-time decoding on the CPU)."""
+    """KV cache type: "f16", or "q8_0" to halve its memory (needs flash attention)."""
+    flash_attn: str = "auto"
+    """Flash attention: "auto" (off on the CPU, where greedy text with speculation is then
+    identical to plain decoding; llama.cpp's choice on a GPU), "on" or "off"."""
     host: str = "127.0.0.1"
     """Loopback address the daemon listens on and clients connect to."""
     port: int = 11480
@@ -118,4 +124,7 @@ def _check(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")
     if key == "kv_type" and value not in ("f16", "q8_0"):
         raise ConfigError(f"{where}: kv_type must be \"f16\" or \"q8_0\", got {value!r}.")
+    if key == "flash_attn" and value not in FLASH_ATTN:
+        raise ConfigError(f"{where}: flash_attn must be \"auto\", \"on\" or \"off\","
+                          f" got {value!r}.")
     return value

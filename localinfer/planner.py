@@ -8,7 +8,8 @@ Memory, per device (bytes):
     evenly from the catalog's file size) + the KV cache of those layers for n_slots x n_ctx
     tokens (F16; a sliding-window layer keeps min(n_ctx, window + n_ubatch) cells per slot, as
     llama.cpp allocates it) + a compute buffer (the logits of one ubatch, 4 x n_ubatch x n_vocab,
-    on the device with the output layer, plus activations) + a fixed runtime overhead; each
+    on the device with the output layer, plus activations; CPU-only, at least the attention
+    scores of one ubatch, 4 x n_ubatch x n_ctx x n_head) + a fixed runtime overhead; each
     device keeps a reserve free (VRAM: 10% and at least 512 MiB; RAM: 10% and at least 1 GiB).
     The token embedding always stays in RAM (llama.cpp keeps it on the CPU).
 
@@ -154,6 +155,8 @@ class Candidate:
     estimated: bool
     """True when the sizes come from the catalog, not a header."""
     installed: bool = False
+    n_head: int = 0
+    """Attention (query) heads: size the attention scores when flash attention is off."""
 
     @property
     def n_layers(self) -> int:
@@ -218,6 +221,7 @@ class Candidate:
             n_ff=header.feed_forward_length, n_vocab=header.vocab_size,
             context_length=header.context_length, params=params, active_params=active,
             quality=QUANT_QUALITY.get(quant, 0.9), estimated=False, installed=installed,
+            n_head=header.head_count,
         )
 
     @classmethod
@@ -251,7 +255,7 @@ class Candidate:
             n_embd=spec.embedding, n_ff=spec.feed_forward or 4 * spec.embedding,
             n_vocab=spec.vocab, context_length=spec.context, params=spec.params,
             active_params=spec.active_params or spec.params, quality=variant.quality,
-            estimated=variant.estimated, installed=installed,
+            estimated=variant.estimated, installed=installed, n_head=spec.heads,
         )
 
 
@@ -477,7 +481,12 @@ def memory(c: Candidate, machine: _Machine, n_gpu_layers: int, n_ctx: int, n_slo
     else:
         # A tied head is the embedding table already counted; a separate head is extra.
         host_weights += c.output_bytes - (c.embedding_bytes if c.tied_embeddings else 0)
-    host_compute = activations + (0 if output_on_gpu else logits) + 4 * c.n_vocab * n_slots
+    # CPU-only, attention runs without flash attention (runtime.llama.flash_attn_type): the
+    # scores of one ubatch against the whole context are a buffer of their own, which llama.cpp
+    # reuses for the logits later in the graph, so the larger of the two counts.
+    scores = 4 * N_UBATCH * n_ctx * c.n_head if k == 0 else 0
+    host_logits = max(0 if output_on_gpu else logits, scores)
+    host_compute = activations + host_logits + 4 * c.n_vocab * n_slots
     host = DeviceUse("RAM", "CPU", host_weights, host_kv, host_compute, HOST_OVERHEAD,
                      machine.ram_budget)
     if machine.gpu is None or k == 0:

@@ -68,6 +68,8 @@ def test_list_shows_the_installed_starter(starter_path):
     # reach /etc/passwd from wherever the tests run (CI checks out deeper than a dev does).
     (["run", os.path.relpath("/etc/passwd"), "hi"], 4, ["not a GGUF model file"]),
     (["run", "bad..name", "hi"], 2, ["invalid model name"]),
+    (["run", "gemma3:270m", "hi", "--kv-type", "q8_0", "--flash-attn", "off"], 2,
+     ["needs flash attention", "--flash-attn on"]),
 ])
 def test_bad_input_is_one_line_and_an_exit_code(args, code, words):
     out = cli(*args)

@@ -46,6 +46,8 @@ def test_file_then_environment(home):
     ("color = 1", ["unknown setting 'color'"]),
     ("ctx = [", ["cannot be read"]),
     ("port = -1", ["port must be positive"]),
+    ('flash_attn = "yes"', ['flash_attn must be "auto", "on" or "off"']),
+    ('kv_type = "q4_0"', ['kv_type must be "f16" or "q8_0"']),
 ])
 def test_bad_config_file(home, text, words):
     paths = get_paths()

@@ -123,27 +123,46 @@ def test_load_refuses_a_file_that_is_not_gguf(tmp_path):
         load_engine(path, LoadOptions(), name="bad")
 
 
-@pytest.fixture(scope="module")
-def q8_engine(starter_path):
-    """The starter with a q8_0 KV cache: verification steps then use the same attention
-    kernel as single-token steps (with F16, llama.cpp splits long single-query attention)."""
+def test_flash_attention_is_off_on_the_cpu_unless_asked_or_needed():
+    from localinfer.runtime.llama import flash_attn_type
+
+    assert flash_attn_type(LoadOptions(), on_gpu=False) == 0
+    assert flash_attn_type(LoadOptions(), on_gpu=True) == -1  # llama.cpp decides
+    assert flash_attn_type(LoadOptions(flash_attn=True), on_gpu=False) == 1
+    assert flash_attn_type(LoadOptions(flash_attn=False), on_gpu=True) == 0
+    assert flash_attn_type(LoadOptions(kv_type="q8_0"), on_gpu=False) == 1
+    with pytest.raises(InvalidRequest, match="needs flash attention"):
+        flash_attn_type(LoadOptions(kv_type="q8_0", flash_attn=False), on_gpu=False)
+
+
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def exact_engine(request, real_engine, starter_path):
+    """The two CPU set-ups in which speculative and batched steps compute exactly like
+    single-token steps: the default (F16 KV cache, flash attention off; with it on,
+    llama.cpp would split the attention of a long single-token step differently) and a q8_0
+    KV cache (flash attention on, one kernel for any number of rows)."""
+    if request.param == "f16":
+        assert real_engine.info.flash_attn is False
+        yield real_engine
+        return
     engine = load_engine(starter_path, LoadOptions(n_ctx=2048, n_slots=2, kv_type="q8_0"),
                          name="gemma3:270m", family="gemma3")
+    assert engine.info.flash_attn is True
     yield engine
     engine.close()
 
 
-def test_speculation_gives_the_same_greedy_text(q8_engine):
+def test_speculation_gives_the_same_greedy_text(exact_engine):
     from localinfer.benchmark import CODE_EDIT_PROMPT
 
     params = dict(temperature=0, max_tokens=600, stop=("```",))
     # Both read the prompt cold, in the same chunks (a cached prompt's last token would be
     # computed in a different batch shape, which is its own source of rounding).
-    q8_engine.clear_cache()
-    plain = q8_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=False)
+    exact_engine.clear_cache()
+    plain = exact_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=False)
                                ).result()
-    q8_engine.clear_cache()
-    fast = q8_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=True)
+    exact_engine.clear_cache()
+    fast = exact_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=True)
                               ).result()
     assert fast.text == plain.text
     assert plain.timings.drafted_tokens == 0
@@ -151,17 +170,17 @@ def test_speculation_gives_the_same_greedy_text(q8_engine):
     assert "totals_by_customer" in fast.text  # the model really is copying the function
 
 
-def test_batched_sequences_equal_their_solo_runs_with_a_q8_cache(q8_engine):
+def test_batched_sequences_equal_their_solo_runs(exact_engine):
     # Prompts of the same length are read in the same chunks alone and together; then each
-    # step decodes two rows, which llama.cpp computes exactly like one. The KV cache passes
-    # 512 cells, where an F16 cache would switch attention kernels between one and two rows.
+    # step decodes two rows, which llama.cpp computes exactly like one (the KV cache passes
+    # 512 cells).
     params = SamplingParams(temperature=0, max_tokens=64, speculative=False)
     texts = ["A long time ago, in a kingdom by the sea, " * 30, "Once upon a time, a fox " * 40]
-    prompts = [q8_engine.backend.tokenize(t, add_special=True)[:400] for t in texts]
+    prompts = [exact_engine.backend.tokenize(t, add_special=True)[:400] for t in texts]
     solo = []
     for prompt in prompts:
-        q8_engine.clear_cache()
-        solo.append(q8_engine.submit(prompt, params).result().text)
-    q8_engine.clear_cache()
-    together = [g.result().text for g in [q8_engine.submit(p, params) for p in prompts]]
+        exact_engine.clear_cache()
+        solo.append(exact_engine.submit(prompt, params).result().text)
+    exact_engine.clear_cache()
+    together = [g.result().text for g in [exact_engine.submit(p, params) for p in prompts]]
     assert together == solo

@@ -212,6 +212,19 @@ def test_sliding_window_layers_keep_only_their_window():
     assert kv_cells(sliding[0], 1000, 2) == 2000
 
 
+def test_cpu_only_the_attention_scores_buffer_counts_when_larger_than_the_logits():
+    # CPU-only, attention runs without flash attention: one ubatch's scores against the
+    # whole context (4 B x 512 x n_ctx x 32 heads) share a buffer with the logits (4 B x 512
+    # x 128,256), so past ~4k tokens of context they decide the compute buffer.
+    hw = profile("laptop-16gb-igpu")
+    short = one(hw, "llama3.1:8b-q4_k_m", n_ctx=2048, n_gpu_layers=0)
+    long = one(hw, "llama3.1:8b-q4_k_m", n_ctx=32768, n_gpu_layers=0)
+    logits = 4 * 512 * 128256
+    assert short.host.compute_bytes - logits == long.host.compute_bytes - 4 * 512 * 32768 * 32
+    offloaded = one(hw, "llama3.1:8b-q4_k_m", n_ctx=32768, n_gpu_layers=33)
+    assert offloaded.host.compute_bytes < short.host.compute_bytes
+
+
 def test_a_cpu_only_build_never_offloads_even_with_a_big_gpu():
     hw = profile("desktop-rtx4090-64gb")
     cpu_only = replace(hw, backends=("CPU",))

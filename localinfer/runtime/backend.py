@@ -34,11 +34,10 @@ class LoadOptions:
     n_batch: int = 512
     """Most tokens submitted to one decode call (prefill is chunked to this)."""
     flash_attn: bool | None = None
-    """None lets llama.cpp decide."""
+    """None: off on the CPU, llama.cpp's choice on a GPU (see runtime.llama.flash_attn_type)."""
     use_mmap: bool = True
     kv_type: str = "f16"
-    """KV cache element type: "f16", or "q8_0" (half the memory; with it, batched and
-    speculative steps compute bit-identically to single-token steps on the CPU)."""
+    """KV cache element type: "f16", or "q8_0" (half the memory; needs flash attention)."""
     chat_template: str | None = None
     """Jinja template used when the GGUF has none."""
 
@@ -63,6 +62,8 @@ class ModelInfo:
     n_vocab: int
     gpu_backend: str | None = None
     """"CUDA", "Metal", "Vulkan"... or None for a CPU-only build."""
+    flash_attn: bool | None = None
+    """Whether attention uses flash attention; None when llama.cpp chose (on a GPU)."""
     chat_template: str | None = None
     bos_text: str = ""
     eos_text: str = ""

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import llama_cpp as L
 
-from ..errors import LocalInferError, ModelLoadError
+from ..errors import InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from .backend import LoadOptions, ModelInfo, ProgressCallback
 from .types import SamplingParams
@@ -135,6 +135,39 @@ def _ggml_lib() -> ctypes.CDLL:
     return _ggml
 
 
+def _offloaded_layers(requested: int, n_layers: int, *, gpu_build: bool) -> int:
+    """Repeating layers llama.cpp puts on the GPU for ``n_gpu_layers=requested``: it counts
+    the output layer as one more "layer" (n_layer + 1 = all)."""
+    if not gpu_build:
+        return 0
+    return n_layers if requested < 0 else min(requested, n_layers)
+
+
+def flash_attn_type(options: LoadOptions, *, on_gpu: bool) -> int:
+    """llama.cpp's ``flash_attn_type`` for these options: -1 auto, 0 off, 1 on.
+
+    Auto means off when the model runs on the CPU. There, flash attention computes a
+    one-token step over 512 or more cached cells with a split-KV kernel and a step of several
+    rows (a speculative draft being verified, a batch of sequences) with another, which rounds
+    differently, so greedy text with speculation could part from plain decoding. Without it,
+    attention is two matrix products whose every element is computed the same way for one
+    row or seven, and speculative greedy output is identical. It costs about 3% of decode
+    speed at a 1,000-token position and 9% at 7,000 (starter model, 2-core x86), and a
+    buffer of n_ubatch x n_ctx x n_head floats that the planner counts. llama-cpp-python's
+    ``Llama`` leaves it off by default too. On a GPU llama.cpp decides.
+    A quantized KV cache needs flash attention (llama.cpp quantizes V only with it), and
+    with it both kinds of step use one kernel."""
+    if options.kv_type != "f16":
+        if options.flash_attn is False:
+            raise InvalidRequest(f"a {options.kv_type} KV cache needs flash attention: use"
+                                 " --flash-attn on or auto (flash_attn in config.toml), or"
+                                 " --kv-type f16.")
+        return 1
+    if options.flash_attn is not None:
+        return int(options.flash_attn)
+    return -1 if on_gpu else 0
+
+
 def _use_extra_buffer_types() -> bool:
     """Whether to let llama.cpp repack weights into its extra CPU buffer types (AMX, REPACK).
 
@@ -158,6 +191,10 @@ class LlamaBackend:
         self._model = None
         self._ctx = None
         self._batch = None
+        gpu = ([d for d in devices() if d.kind in ("gpu", "igpu")]
+               if L.llama_supports_gpu_offload() else [])
+        # Checked before the weights load: a bad combination fails at once.
+        flash_attn = flash_attn_type(options, on_gpu=bool(gpu) and options.n_gpu_layers != 0)
         path = Path(path)
         self._progress = progress
         mparams = L.llama_model_default_params()
@@ -178,6 +215,8 @@ class LlamaBackend:
 
         n_slots = max(1, options.n_slots)
         threads = options.n_threads or _physical_cores()
+        n_layers = L.llama_model_n_layer(self._model)
+        offloaded = _offloaded_layers(options.n_gpu_layers, n_layers, gpu_build=bool(gpu))
         cparams = L.llama_context_default_params()
         _set(
             cparams,
@@ -191,16 +230,14 @@ class LlamaBackend:
             kv_unified=False,  # each slot gets its own n_ctx cells
             swa_full=False,  # sliding-window layers keep only their window
             no_perf=True,
+            flash_attn_type=flash_attn,
         )
-        if options.flash_attn is not None:
-            _set(cparams, flash_attn_type=1 if options.flash_attn else 0)
         if options.kv_type != "f16":
             kv = _GGML_KV_TYPES.get(options.kv_type)
             if kv is None:
                 raise ModelLoadError(f"unknown KV cache type {options.kv_type!r}; use one of"
                                      f" {', '.join(_GGML_KV_TYPES)}.")
-            # A quantized V cache needs flash attention in llama.cpp.
-            _set(cparams, type_k=kv, type_v=kv, flash_attn_type=1)
+            _set(cparams, type_k=kv, type_v=kv)
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
@@ -217,7 +254,8 @@ class LlamaBackend:
         self._token_buf_len = 0
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
-        self.info = self._describe(path, name, header, options, n_slots)
+        self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
+                                   offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
 
     def warm_up(self) -> None:
         """Decode one token and forget it, as llama.cpp's own tools do: the first decode
@@ -237,15 +275,9 @@ class LlamaBackend:
         return True
 
     def _describe(self, path: Path, name: str, header: GGUFHeader, options: LoadOptions,
-                  n_slots: int) -> ModelInfo:
+                  n_slots: int, *, n_layers: int, offloaded: int, gpu: list[Device],
+                  flash_attn: int) -> ModelInfo:
         model, vocab = self._model, self._vocab
-        n_layers = L.llama_model_n_layer(model)
-        gpu = [d for d in devices() if d.kind in ("gpu", "igpu")]
-        offloaded = 0
-        if gpu and L.llama_supports_gpu_offload():
-            requested = options.n_gpu_layers
-            # llama.cpp counts the output layer as one more "layer" (n_layer + 1 = all).
-            offloaded = n_layers if requested < 0 else min(requested, n_layers)
         template = L.llama_model_chat_template(model, None)
         bos = L.llama_vocab_bos(vocab)
         eos = L.llama_vocab_eos(vocab)
@@ -263,6 +295,7 @@ class LlamaBackend:
             n_slots=n_slots,
             n_vocab=L.llama_vocab_n_tokens(vocab),
             gpu_backend=gpu[0].backend if offloaded else None,
+            flash_attn={0: False, 1: True}.get(flash_attn),
             chat_template=(template.decode(errors="replace") if template
                            else options.chat_template),
             bos_text=self._special_text(bos),
@@ -409,7 +442,7 @@ def _llama_said() -> str:
 
 
 def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_threads: int,
-                      prefill_tokens: int, prefill_text: str) -> dict:
+                      prefill_tokens: int, prefill_text: str, flash_attn: bool = False) -> dict:
     """llama-cpp-python's own high-level ``Llama`` class on the same model, for comparison
     (``localinfer bench`` runs this in a child process: two threads driving llama.cpp in one
     process slow each other down). Returns create_completion's streaming decode rate between
@@ -425,7 +458,7 @@ def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_
 
         L.llama_cpp.llama_model_default_params = params
     llm = L.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
-                  n_threads_batch=n_threads, n_batch=512, verbose=False)
+                  n_threads_batch=n_threads, n_batch=512, flash_attn=flash_attn, verbose=False)
     llm.create_completion("Warm up", max_tokens=4, temperature=0.0)
     started = time.perf_counter()
     times = [time.perf_counter() for _ in llm.create_completion(

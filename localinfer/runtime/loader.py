@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import gguf
 from ..catalog import Catalog, load_catalog
-from ..config import Config
+from ..config import FLASH_ATTN, Config
 from ..store import CopyProgress, ModelStore
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError
 from .backend import LoadOptions, ProgressCallback
@@ -98,6 +98,7 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
                       else chosen.n_gpu_layers if chosen else 0),
         n_threads=config.threads or (chosen.n_threads if chosen else 0),
         kv_type=config.kv_type,
+        flash_attn=FLASH_ATTN[config.flash_attn],
     )
 
 

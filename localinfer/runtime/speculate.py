@@ -12,11 +12,13 @@ accepted otherwise, and after a draft is rejected outright drafting pauses for a
 Why at most 3 drafted tokens: a step of 1 + 3 rows is the best value per token (starter
 model, 2-core x86: 1 row 21.5 ms, 4 rows 31.5 ms, 5-7 rows 46-53 ms), and llama.cpp's CPU
 matrix kernels compute batches of up to 7 rows bit-identically to single rows (at 8 they
-switch to a faster kernel that rounds differently). Attention is the other half: with an F16
-KV cache, a single-token step over 512 or more cells uses a split-KV flash-attention kernel
-whose reduction rounds differently from the multi-row kernel that verifies a draft, so greedy
-output can part from plain decoding where two tokens are nearly tied. With a q8_0 KV cache
-(``kv_type``) both use the same kernel and speculative greedy output is identical.
+switch to a faster kernel that rounds differently). Attention is the other half: flash
+attention on an F16 KV cache computes a single-token step over 512 or more cells with a
+split-KV kernel whose reduction rounds differently from the multi-row kernel that verifies a
+draft, so greedy output could part from plain decoding where two tokens are nearly tied. So on
+the CPU flash attention is off by default (runtime.llama.flash_attn_type), and with a q8_0 KV
+cache, which needs it, both steps use one kernel: either way speculative greedy output is
+identical to plain decoding.
 """
 
 from __future__ import annotations
