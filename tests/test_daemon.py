@@ -440,6 +440,25 @@ def test_num_ctx_larger_than_loaded_reloads_and_is_capped_at_training(home):
     assert loads == [("fake:1b-f16", None), ("fake:1b-f16", 4096), ("fake:1b-f16", 8192)]
 
 
+def test_a_model_whose_engine_crashed_is_loaded_again(home):
+    install_fake_models("fake:1b-f16")
+    loads = []
+    with serve(fake_factory(loads=loads)) as d:
+        client = ollama_client(d)
+        client.generate(model="fake:1b", prompt="hi")
+        engine = d.manager.loaded["fake:1b-f16"].engine
+
+        def broken(params, seed):
+            raise TypeError("a bug in the backend")
+
+        engine.backend.new_sampler = broken
+        with pytest.raises(ollama.ResponseError, match="stopped unexpectedly"):
+            client.generate(model="fake:1b", prompt="hi")
+        assert client.generate(model="fake:1b", prompt="hi").done
+        assert d.manager.loaded["fake:1b-f16"].engine is not engine
+    assert [name for name, _ in loads] == ["fake:1b-f16", "fake:1b-f16"]
+
+
 # --- lifecycle --------------------------------------------------------------------------------
 def test_stop_ends_in_flight_streams_and_removes_the_socket(home):
     install_fake_models("fake:1b-f16")

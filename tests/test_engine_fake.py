@@ -376,7 +376,7 @@ def test_a_failed_warm_up_is_reported_and_the_model_still_freed():
     assert engine.ready.wait(5)
     with pytest.raises(Exception, match="out of device memory"):
         engine.check()
-    with pytest.raises(Busy):
+    with pytest.raises(Exception, match="stopped working: out of device memory"):
         engine.complete("x")
     engine.close()
     assert engine.backend.closed
@@ -399,3 +399,28 @@ def test_a_preempted_request_cancelled_while_waiting_ends_after_its_tokens(fake_
     assert events[-1].text == "tok" + "".join(e.text for e in events[:-1])
     chat.cancel()
     assert list(chat_stream)[-1].finish_reason == "cancelled"
+
+
+def test_a_crash_while_admitting_a_request_fails_it_instead_of_hanging(fake_engine):
+    engine = fake_engine()
+
+    def broken(params, seed):
+        raise TypeError("a bug in the backend")
+
+    engine.backend.new_sampler = broken
+    generation = engine.complete("hello", SamplingParams(max_tokens=4))
+    done = threading.Event()
+    outcome = []
+
+    def wait():
+        try:
+            generation.result()
+        except Exception as exc:  # noqa: BLE001 - the error is what the test looks at
+            outcome.append(exc)
+        done.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    assert done.wait(10), "the request was left waiting after the worker crashed"
+    assert "the engine stopped unexpectedly" in str(outcome[0])
+    with pytest.raises(Exception, match="stopped working: a bug in the backend"):
+        engine.complete("again", SamplingParams(max_tokens=4)).result()

@@ -184,3 +184,20 @@ def test_batched_sequences_equal_their_solo_runs(exact_engine):
     exact_engine.clear_cache()
     together = [g.result().text for g in [exact_engine.submit(p, params) for p in prompts]]
     assert together == solo
+
+
+def test_greedy_argmax_picks_what_llama_cpps_greedy_sampler_picks(real_engine, monkeypatch):
+    # Plain greedy reads the argmax of the logits directly (runtime.llama: LlamaBackend.sample);
+    # it must choose the tokens llama.cpp's own greedy sampler chooses.
+    params = SamplingParams(temperature=0, max_tokens=48, speculative=False)
+    real_engine.clear_cache()
+    fast = real_engine.complete(PROMPT, params).result()
+
+    class NeverArgmax(set):
+        def add(self, item):
+            pass
+
+    monkeypatch.setattr(real_engine.backend, "_argmax_chains", NeverArgmax())
+    real_engine.clear_cache()
+    native = real_engine.complete(PROMPT, params).result()
+    assert fast.text == native.text and fast.usage.completion_tokens == 48

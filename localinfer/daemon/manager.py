@@ -97,6 +97,13 @@ class ModelManager:
     async def _acquire(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
         async with self._switch:
             entry = self.loaded.get(model.name)
+            if entry is not None and entry.engine.failed is not None:
+                # Its worker stopped on an error (a bug, already reported to the requests
+                # it had): load the model afresh rather than fail every request after it.
+                log.warning("%s stopped working (%s); loading it again", model.name,
+                            entry.engine.failed)
+                await self._drain_and_unload(entry)
+                entry = None
             if entry is not None and num_ctx:
                 # As Ollama does, a context beyond what the model was trained for is capped.
                 num_ctx = min(num_ctx, entry.engine.info.n_ctx_train or num_ctx)

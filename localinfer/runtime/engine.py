@@ -313,6 +313,7 @@ class Engine:
         generation.request = request
         with self._cv:
             if self._closing:
+                self.check()  # it stopped because it failed: say why
                 raise Busy("the engine is shutting down.")
             if len(self._pending) >= self.max_queue:
                 raise Busy(
@@ -345,6 +346,7 @@ class Engine:
         future: Future = Future()
         with self._cv:
             if self._closing:
+                self.check()  # it stopped because it failed: say why
                 raise Busy("the engine is shutting down.")
             self._jobs.append((fn, future))
             self._cv.notify()
@@ -511,6 +513,8 @@ class Engine:
             target = request.target
             slot = max(free, key=lambda s: _slot_score(s, target))
             free.remove(slot)
+            # In its slot first: should anything below fail, _fail_all finds it there.
+            slot.req, slot.next_token = request, None
             # At least the last token must be evaluated to get its logits.
             n_keep = min(_common_prefix(slot.cached, target), len(target) - 1)
             n_keep = self.backend.seq_trim(slot.seq_id, n_keep)
@@ -530,8 +534,6 @@ class Engine:
                     request.lookup = PromptLookup(request.prompt)
                 self._prompt_tokens_total += len(request.prompt)
                 self._cached_tokens_total += n_keep
-            slot.req = request
-            slot.next_token = None
 
     def _preempt_for(self, waiting: _Request) -> None:
         if waiting.priority != Priority.INTERACTIVE:
