@@ -163,7 +163,8 @@ def test_prefix_reuse_picks_the_slot_holding_the_prefix(fake_engine):
     engine = fake_engine(reply="ok", n_slots=3)
     for topic in ("apples", "pears", "plums"):
         engine.complete(f"context about {topic} " * 10, GREEDY).result()
-    again = engine.complete("context about pears " * 10 + "more", GREEDY).result()
+    again = engine.complete("context about pears " * 10 + "and a question of ten words that"
+                            " follows the context", GREEDY).result()
     assert again.usage.cached_tokens == len(engine.backend.tokenize(
         "context about pears " * 10, add_special=True))
 

@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 # While other sequences are decoding, a prompt is read in chunks this small so that their
 # streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
 PREFILL_CHUNK_WHILE_DECODING = 64
+REREAD_TAIL = EXACT_ROWS + 1
+"""Prompt tokens read again even when cached. llama.cpp's CPU matrix kernels compute batches of
+1-7 rows one way and of 8 or more another, which rounds differently: re-reading only the last
+token gave a different greedy reply than a cold read to the same prompt in 5 of 24 tries
+(starter model), re-reading 8 in none. 8 rows cost ~15 ms more than one on a fully cached
+prompt, nothing on a new chat turn. Not exact either way: once a slot has passed the sliding
+window cache's size (Gemma 3: 1,024 cells), its cells hold positions out of order, attention
+sums them in another order, and a cached prompt can part from a cold read at a near-tie."""
 
 Sink = Callable[["Event | BaseException"], None]
 
@@ -515,8 +523,11 @@ class Engine:
             free.remove(slot)
             # In its slot first: should anything below fail, _fail_all finds it there.
             slot.req, slot.next_token = request, None
-            # At least the last token must be evaluated to get its logits.
-            n_keep = min(_common_prefix(slot.cached, target), len(target) - 1)
+            # The last REREAD_TAIL tokens are always read again (at least the last one must
+            # be, for its logits): then the last token's logits come from a batch of as many
+            # rows as when the prompt is read cold, and a cached prompt gives the same greedy
+            # text as a cold one (see REREAD_TAIL).
+            n_keep = min(_common_prefix(slot.cached, target), max(0, len(target) - REREAD_TAIL))
             n_keep = self.backend.seq_trim(slot.seq_id, n_keep)
             del slot.cached[n_keep:]
             if request.sampler is None:  # first admission (not a resumption)
