@@ -233,7 +233,7 @@ def _first_difference(engine: Engine, a: str, b: str) -> int:
 
 def _chat_reuse(engine: Engine) -> dict[str, Any]:
     """TTFT of a chat's 5th turn (~1,500 tokens of history) with the history cached, with
-    nothing cached, and of the new message alone; medians over three new messages."""
+    nothing cached, and of the new message alone; medians over three new messages, 3 times."""
     topics = ["the history of the printing press", "how tides work", "baking sourdough bread",
               "the rules of chess"]
     history: list[Message] = []
@@ -245,18 +245,20 @@ def _chat_reuse(engine: Engine) -> dict[str, Any]:
         "Which of these topics would you explain to a child first, and why?",
         "List the four topics we covered, one per line, with a short title each.")]
     one = SamplingParams(temperature=0, max_tokens=1, speculative=False)
-    engine.clear_cache()
-    # What the cache holds after the 4th reply: the conversation so far. Each 5th turn then
-    # reads only its new message (the one before it is dropped from the cache).
-    engine.submit(engine.chat_tokens(history, add_generation_prompt=False), one).result()
-    warm = [engine.submit(engine.chat_tokens(history + [q]), one).result() for q in questions]
+    warm, alone = [], []
+    for _ in range(3):  # a few milliseconds apart: medians of 9 runs each
+        engine.clear_cache()
+        # What the cache holds after the 4th reply: the conversation so far. Each 5th turn
+        # then reads only its new message (the one before it is dropped from the cache).
+        engine.submit(engine.chat_tokens(history, add_generation_prompt=False), one).result()
+        warm += [engine.submit(engine.chat_tokens(history + [q]), one).result()
+                 for q in questions]
+        for question in questions:
+            engine.clear_cache()
+            alone.append(engine.chat([question], one).result())
     engine.clear_cache()
     full = engine.chat_tokens(history + [questions[0]])
     cold = engine.submit(full, one).result()
-    alone = []
-    for question in questions:
-        engine.clear_cache()
-        alone.append(engine.chat([question], one).result())
     warm_ms = statistics.median(d.timings.ttft_ms for d in warm)
     alone_ms = statistics.median(d.timings.ttft_ms for d in alone)
     return {
