@@ -152,9 +152,10 @@ def flash_attn_type(options: LoadOptions, *, on_gpu: bool) -> int:
     rows (a speculative draft being verified, a batch of sequences) with another, which rounds
     differently, so greedy text with speculation could part from plain decoding. Without it,
     attention is two matrix products whose every element is computed the same way for one
-    row or seven, and speculative greedy output is identical. It costs about 3% of decode
-    speed at a 1,000-token position and 9% at 7,000 (starter model, 2-core x86), and a
-    buffer of n_ubatch x n_ctx x n_head floats that the planner counts. llama-cpp-python's
+    row or seven, and speculative greedy output is identical. It costs 0-4% of decode speed
+    up to a 1,000-token position, 7% at 3,000 and 9% at 7,000 (starter model, 2-core x86;
+    prefill measured the same), and a buffer of n_ubatch x n_ctx x n_head floats that the
+    planner counts. llama-cpp-python's
     ``Llama`` leaves it off by default too. On a GPU llama.cpp decides.
     A quantized KV cache needs flash attention (llama.cpp quantizes V only with it), and
     with it both kinds of step use one kernel."""
