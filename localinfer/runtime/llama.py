@@ -162,8 +162,8 @@ def flash_attn_type(options: LoadOptions, *, on_gpu: bool) -> int:
     if options.kv_type != "f16":
         if options.flash_attn is False:
             raise InvalidRequest(f"a {options.kv_type} KV cache needs flash attention: use"
-                                 " --flash-attn on or auto (flash_attn in config.toml), or"
-                                 " --kv-type f16.")
+                                 " --flash-attn on or auto (flash_attn in config.toml,"
+                                 " LOCALINFER_FLASH_ATTN), or --kv-type f16.")
         return 1
     if options.flash_attn is not None:
         return int(options.flash_attn)
