@@ -68,8 +68,6 @@ def test_list_shows_the_installed_starter(starter_path):
     # reach /etc/passwd from wherever the tests run (CI checks out deeper than a dev does).
     (["run", os.path.relpath("/etc/passwd"), "hi"], 4, ["not a GGUF model file"]),
     (["run", "bad..name", "hi"], 2, ["invalid model name"]),
-    (["run", "gemma3:270m", "hi", "--kv-type", "q8_0", "--flash-attn", "off"], 2,
-     ["needs flash attention", "--flash-attn on"]),
 ])
 def test_bad_input_is_one_line_and_an_exit_code(args, code, words):
     out = cli(*args)
@@ -79,6 +77,15 @@ def test_bad_input_is_one_line_and_an_exit_code(args, code, words):
     for word in words:
         assert word in lines[0]
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.model
+def test_a_q8_cache_without_flash_attention_is_refused_before_loading(starter_path):
+    out = cli("run", "gemma3:270m", "hi", "--kv-type", "q8_0", "--flash-attn", "off")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert "needs flash attention" in lines[-1] and "--flash-attn on" in lines[-1]
+    assert "Loaded" not in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.model
