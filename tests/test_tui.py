@@ -24,7 +24,8 @@ from localinfer.tui.screens import (
     TextPrompt,
 )
 from localinfer.tui.widgets import AssistantMessage, ChatInput, ContextNote, UserMessage
-from tui_util import REPLY, GatedBackend, Opener, in_process_app, laptop, ready, text_of, until
+from tui_util import (REPLY, GatedBackend, Opener, in_process_app, laptop, ready, text_of, until,
+                      until_screen)
 
 
 def run(coro) -> None:
@@ -420,7 +421,7 @@ def test_daemon_unreachable_is_shown_and_offers_running_in_process(home, monkeyp
         app = create_app("fake:1b", hardware=laptop(), start_daemon=False,
                          open_engine=opener)
         async with app.run_test(size=(100, 32)) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "an error")
+            await until_screen(pilot, app, ErrorScreen, "an error")
             assert app.screen.title_text == "Daemon unreachable"
             assert "no localinfer daemon is running" in app.screen.message
             assert "no model" in text_of(app.query_one("#status-model"))
@@ -440,7 +441,7 @@ def test_a_model_that_fails_to_load_is_shown(home):
     async def main():
         app = in_process_app(opener)
         async with app.run_test(size=(100, 32)) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "an error")
+            await until_screen(pilot, app, ErrorScreen, "an error")
             assert app.screen.title_text == "Model failed to load"
             assert "out of memory" in app.screen.message
             await pilot.click("#close")
@@ -464,7 +465,7 @@ def test_a_full_context_offers_to_drop_the_oldest_turns(home):
             await send(pilot, "first " + LONG)
             await finished(pilot, 2)
             await send(pilot, "second " + LONG)
-            await until(pilot, lambda: isinstance(app.screen, ContextFullScreen), "the dialog")
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
             assert "no longer fits" in app.screen.message
             await pilot.click("#drop")
             await finished(pilot, 4)
@@ -489,7 +490,7 @@ def test_a_full_context_can_move_the_message_to_a_new_chat(home):
             await finished(pilot, 2)
             old_id = app.chat.id
             await send(pilot, "second " + LONG)
-            await until(pilot, lambda: isinstance(app.screen, ContextFullScreen), "the dialog")
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
             await pilot.click("#new")
             await until(pilot, lambda: app.chat.id != old_id, "a new chat")
             assert app.query_one(ChatInput).text == "second " + LONG
@@ -624,7 +625,7 @@ def test_a_pull_shows_progress_and_a_cancelled_pull_is_shown(hub_home, local_hub
             await pilot.press("escape")  # cancels the pull, not the screen
             assert screen.pulling and isinstance(app.screen, ModelsScreen)
             local_hub.release()
-            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the dialog")
+            await until_screen(pilot, app, ErrorScreen, "the dialog")
             assert app.screen.title_text == "Pull cancelled"
             assert "resumes" in app.screen.message
             await pilot.pause()

@@ -88,6 +88,13 @@ async def until(pilot, condition: Callable[[], object], what: str, timeout_s: fl
         await pilot.pause(0.01)
 
 
+async def until_screen(pilot, app, screen_type: type, what: str) -> None:
+    """Until ``app.screen`` is a ``screen_type`` and mounted: the screen becomes current
+    before its buttons are composed, and a click in between finds nothing to press."""
+    await until(pilot, lambda: isinstance(app.screen, screen_type) and app.screen.is_mounted,
+                what)
+
+
 def text_of(widget) -> str:
     """What a Label/Static shows, as plain text."""
     return str(widget.render())
