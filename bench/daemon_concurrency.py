@@ -24,6 +24,8 @@ import httpx
 
 from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
 
+from streaming import figures
+
 
 def client(sock: Path) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
@@ -48,8 +50,8 @@ def stream(c: httpx.Client, path: str, body: dict) -> dict:
                     text.append(piece)
                 if choice.get("finish_reason"):
                     timings = chunk.get("timings", {})
-    return {"text": "".join(text), "ttft_ms": (times[0] - t0) * 1000 if times else 0.0,
-            "decode_tps": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
+    ttft_ms, decode_tps, _ = figures(t0, times)
+    return {"text": "".join(text), "ttft_ms": ttft_ms, "decode_tps": decode_tps,
             "server": timings}
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from streaming import figures, stream_engine
+
 PROMPTS = [
     "The history of the printing press begins",
     "Here is a recipe for a simple tomato soup:",
@@ -43,21 +45,7 @@ def stream_http(client: httpx.Client, model: str, prompt: str, n: int) -> tuple[
                 chunk = json.loads(line[6:])
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     times.append(time.perf_counter())
-    return _figures(t0, times)
-
-
-def stream_engine(engine, model: str, prompt: str, n: int) -> tuple[float, float]:
-    from localinfer.runtime.types import SamplingParams, Token
-
-    t0 = time.perf_counter()
-    times = [time.perf_counter() for e in engine.complete(
-        prompt, SamplingParams(temperature=0, max_tokens=n, speculative=False))
-        if isinstance(e, Token)]
-    return _figures(t0, times)
-
-
-def _figures(t0: float, times: list[float]) -> tuple[float, float]:
-    return (times[0] - t0) * 1000, (len(times) - 1) / (times[-1] - times[0])
+    return figures(t0, times)[:2]
 
 
 def main() -> int:
@@ -88,7 +76,7 @@ def main() -> int:
         print(f"model {engine.info.name}, {args.tokens} tokens, {args.runs} runs x"
               f" {len(PROMPTS)} prompts", flush=True)
         sides = {
-            "in-process": lambda p: stream_engine(engine, args.model, p, args.tokens),
+            "in-process": lambda p: stream_engine(engine, p, args.tokens)[:2],
             "socket": lambda p: stream_http(clients["socket"], args.model, p, args.tokens),
             "tcp": lambda p: stream_http(clients["tcp"], args.model, p, args.tokens),
         }

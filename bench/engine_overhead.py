@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from streaming import figures, stream_engine
+
 PROMPTS = [
     "The history of the printing press begins",
     "Here is a recipe for a simple tomato soup:",
@@ -53,26 +55,7 @@ def stream_raw(llm, prompt: str, n: int) -> tuple[float, float, int]:
     times = []
     for _ in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True):
         times.append(time.perf_counter())
-    return _figures(t0, times)
-
-
-def stream_engine(engine, prompt: str, n: int) -> tuple[float, float, int]:
-    from localinfer.runtime.types import SamplingParams, Token
-
-    t0 = time.perf_counter()
-    times = []
-    # No speculation: this compares one-token steps with llama-cpp-python's own.
-    params = SamplingParams(temperature=0.0, max_tokens=n, speculative=False)
-    for event in engine.complete(prompt, params):
-        if isinstance(event, Token):
-            times.append(time.perf_counter())
-    return _figures(t0, times)
-
-
-def _figures(t0: float, times: list[float]) -> tuple[float, float, int]:
-    ttft_ms = (times[0] - t0) * 1000
-    decode_tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-    return ttft_ms, decode_tps, len(times)
+    return figures(t0, times)
 
 
 def measure(side: str, path: str, name: str, family: str | None, run: int, n: int,

@@ -26,6 +26,22 @@ def started(generation):
     return stream
 
 
+def finish_order():
+    """A list that records generations' names in the order they finish, and the sink that
+    records one (``sink_for(name)``): sinks run on the engine's worker thread."""
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def sink_for(name):
+        def sink(event):
+            if isinstance(event, Done):
+                with lock:
+                    order.append(name)
+        return sink
+
+    return order, sink_for
+
+
 def events(generation):
     tokens, done = [], None
     for ev in generation:
@@ -186,16 +202,7 @@ def test_interactive_requests_jump_the_queue(fake_engine):
     engine = fake_engine(reply="tok " * 20, n_slots=1, step_delay_s=0.001)
     blocker = engine.complete("busy", SamplingParams(max_tokens=None))
     stream = started(blocker)  # noqa: F841 - held: dropping the iterator would cancel
-    order = []
-    lock = threading.Lock()
-
-    def sink_for(name):
-        def sink(event):
-            if isinstance(event, Done):
-                with lock:
-                    order.append(name)
-        return sink
-
+    order, sink_for = finish_order()
     for i in range(3):
         engine.complete(f"editor {i}", GREEDY, priority=Priority.BACKGROUND,
                         sink=sink_for(f"editor{i}"))
@@ -324,16 +331,7 @@ def test_interactive_request_preempts_a_background_one(fake_engine):
 
 def test_burst_of_editor_requests_does_not_starve_a_chat(fake_engine):
     engine = fake_engine(reply="tok " * 40, n_slots=2, step_delay_s=0.001)
-    order = []
-    lock = threading.Lock()
-
-    def sink_for(name):
-        def sink(event):
-            if isinstance(event, Done):
-                with lock:
-                    order.append(name)
-        return sink
-
+    order, sink_for = finish_order()
     for i in range(8):
         engine.complete(f"file {i}", GREEDY, priority=Priority.BACKGROUND,
                         sink=sink_for(f"editor{i}"))

@@ -24,8 +24,8 @@ from localinfer.tui.screens import (
     TextPrompt,
 )
 from localinfer.tui.widgets import AssistantMessage, ChatInput, ContextNote, UserMessage
-from tui_util import (REPLY, GatedBackend, Opener, in_process_app, laptop, ready, text_of, until,
-                      until_screen)
+from tui_util import (REPLY, GatedBackend, Opener, in_process_app, laptop, ready, streamed,
+                      text_of, until, until_screen)
 
 
 def run(coro) -> None:
@@ -86,8 +86,8 @@ def test_a_reply_streams_token_by_token_with_live_speed(home):
             assert reply_widget.has_class("-streaming")
 
             backend.release(6)  # the prompt, then five decode steps
-            await until(pilot, lambda: app.reply.live and app.reply.live.n_tokens >= 6
-                        and "6 tok" in text_of(speed), "six tokens shown")
+            await until(pilot, lambda: streamed(app, 6) and "6 tok" in text_of(speed),
+                        "six tokens shown")
             first_text, first_samples = text_of(speed), list(spark.data)
             shown = reply_widget.markdown.source
             assert shown and REPLY.startswith(shown) and shown != REPLY
@@ -137,8 +137,7 @@ def test_escape_cancels_and_keeps_the_partial_reply(home):
             assert app.check_action("cancel_reply", ()) is False  # hidden: nothing streams
             await send(pilot, "Tell me a story")
             backends[0].release(5)
-            await until(pilot, lambda: app.reply and app.reply.live and
-                        app.reply.live.n_tokens >= 5, "a few tokens")
+            await until(pilot, lambda: streamed(app, 5), "a few tokens")
             assert app.check_action("cancel_reply", ()) is True
             await pilot.press("escape")
             backends[0].open()
@@ -166,8 +165,7 @@ def test_quitting_mid_reply_keeps_the_partial_reply(home):
             await ready(pilot)
             await send(pilot, "Tell me more")
             backends[0].release(8)
-            await until(pilot, lambda: app.reply and app.reply.live and
-                        app.reply.live.n_tokens >= 8 and app.reply.widget.markdown.source,
+            await until(pilot, lambda: streamed(app, 8) and app.reply.widget.markdown.source,
                         "a few tokens shown")
             chat_id = app.chat.id
             await pilot.press("ctrl+q")
@@ -302,8 +300,7 @@ def test_escape_cancels_a_reply_streamed_by_the_daemon(home, monkeypatch):
             async with app.run_test(size=(100, 32)) as pilot:
                 await ready(pilot)
                 await send(pilot, "count")
-                await until(pilot, lambda: app.reply and app.reply.live and
-                            app.reply.live.n_tokens >= 10, "some tokens")
+                await until(pilot, lambda: streamed(app, 10), "some tokens")
                 await pilot.press("escape")
                 await finished(pilot, 2)
                 reply = app.chat.messages[-1]

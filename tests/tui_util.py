@@ -88,6 +88,11 @@ async def until(pilot, condition: Callable[[], object], what: str, timeout_s: fl
         await pilot.pause(0.01)
 
 
+def streamed(app, n: int) -> bool:
+    """Whether the reply being streamed has at least ``n`` tokens."""
+    return bool(app.reply and app.reply.live and app.reply.live.n_tokens >= n)
+
+
 async def until_screen(pilot, app, screen_type: type, what: str) -> None:
     """Until ``app.screen`` is a ``screen_type`` and mounted: the screen becomes current
     before its buttons are composed, and a click in between finds nothing to press."""

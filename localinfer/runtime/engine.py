@@ -320,9 +320,7 @@ class Engine:
         )
         generation.request = request
         with self._cv:
-            if self._closing:
-                self.check()  # it stopped because it failed: say why
-                raise Busy("the engine is shutting down.")
+            self._check_open()
             if len(self._pending) >= self.max_queue:
                 raise Busy(
                     f"{len(self._pending)} requests are already waiting; try again shortly."
@@ -353,9 +351,7 @@ class Engine:
         For measurements that must drive llama.cpp from the engine's own thread."""
         future: Future = Future()
         with self._cv:
-            if self._closing:
-                self.check()  # it stopped because it failed: say why
-                raise Busy("the engine is shutting down.")
+            self._check_open()
             self._jobs.append((fn, future))
             self._cv.notify()
         return future.result(timeout)
@@ -413,6 +409,12 @@ class Engine:
                 return
             self._closed = True
         self.backend.close()
+
+    def _check_open(self) -> None:
+        """Refuse new work once the engine is closing (called holding the lock)."""
+        if self._closing:
+            self.check()  # it stopped because it failed: say why
+            raise Busy("the engine is shutting down.")
 
     def check(self) -> None:
         """Raise the error that stopped the worker (e.g. a failed warm-up), if one did."""

@@ -257,7 +257,7 @@ class LlamaBackend:
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
         self._n_vocab = L.llama_vocab_n_tokens(self._vocab)
-        self._argmax_chains: set[int] = set()
+        self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
         self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
                                    offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
 
@@ -376,7 +376,7 @@ class LlamaBackend:
         if params.greedy:
             add(chain, L.llama_sampler_init_greedy())
             if L.llama_sampler_chain_n(chain) == 1:
-                self._argmax_chains.add(_address(chain))
+                self._argmax_chains.add(id(chain))
             return chain
         if params.top_k > 0:
             add(chain, L.llama_sampler_init_top_k(params.top_k))
@@ -389,7 +389,7 @@ class LlamaBackend:
         return chain
 
     def sample(self, sampler: ctypes.c_void_p, index: int) -> int:
-        if _address(sampler) in self._argmax_chains:
+        if id(sampler) in self._argmax_chains:
             # Greedy with nothing before it picks the first largest logit. numpy finds it in
             # the logits llama.cpp holds (a view, no copy) in ~20 us; llama_sampler_sample
             # first fills a candidate array of the whole vocabulary, 0.6 ms a token for the
@@ -403,7 +403,7 @@ class LlamaBackend:
             L.llama_sampler_accept(sampler, token)
 
     def free_sampler(self, sampler: ctypes.c_void_p) -> None:
-        self._argmax_chains.discard(_address(sampler))
+        self._argmax_chains.discard(id(sampler))
         L.llama_sampler_free(sampler)
 
     def seq_trim(self, seq_id: int, n_keep: int) -> int:
@@ -428,11 +428,6 @@ class LlamaBackend:
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
-
-
-def _address(pointer: object) -> int:
-    """A ctypes pointer's address, or the int llama-cpp-python already gave."""
-    return pointer if isinstance(pointer, int) else ctypes.cast(pointer, ctypes.c_void_p).value
 
 
 def _set(struct: ctypes.Structure, **values: object) -> None:
