@@ -369,7 +369,10 @@ def test_full_queue_is_503_with_retry_after(home):
         with c1.stream("POST", "/v1/completions", json={"model": "fake:1b", "prompt": "a",
                                                          "stream": True, "speculative": False}
                        ) as r1:
-            next(r1.iter_lines())
+            # Keep the iterator: a dropped one is closed, and httpx then closes the connection
+            # (the daemon would rightly cancel the first reply).
+            lines = r1.iter_lines()
+            next(lines)
             with c2.stream("POST", "/v1/completions", json={"model": "fake:1b",
                                                              "prompt": "b", "stream": True}):
                 third = c3.post("/v1/completions", json={"model": "fake:1b", "prompt": "c"})
