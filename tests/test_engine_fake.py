@@ -330,7 +330,8 @@ def test_interactive_request_preempts_a_background_one(fake_engine):
 
 
 def test_burst_of_editor_requests_does_not_starve_a_chat(fake_engine):
-    engine = fake_engine(reply="tok " * 40, n_slots=2, step_delay_s=0.001)
+    # Editor replies long enough that none can finish before the chat is even submitted.
+    engine = fake_engine(reply="tok " * 200, n_slots=2, step_delay_s=0.001)
     order, sink_for = finish_order()
     for i in range(8):
         engine.complete(f"file {i}", GREEDY, priority=Priority.BACKGROUND,
