@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidRequest, LocalInferError
-from .paths import Paths, get_paths
+from .paths import Paths, atomic_write_text, get_paths
 from .runtime.types import Done, Message, SamplingParams
-from .store import atomic_write_text
 
 log = logging.getLogger(__name__)
 

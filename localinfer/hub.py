@@ -15,7 +15,6 @@ offline.
 from __future__ import annotations
 
 import contextlib
-
 import errno
 import functools
 import logging

@@ -7,7 +7,9 @@ callers ask for a directory with ``ensure=True`` when they are about to write in
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,3 +73,27 @@ def ensure_dir(path: Path, mode: int = 0o755) -> Path:
     """Create ``path`` (and parents) if missing and return it."""
     path.mkdir(parents=True, exist_ok=True, mode=mode)
     return path
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON object from ``path``, or {} when it is missing or unreadable (caches)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never a mix."""
+    ensure_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

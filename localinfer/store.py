@@ -45,7 +45,7 @@ from .errors import (
     OfflineError,
     StoreError,
 )
-from .paths import Paths, ensure_dir, get_paths
+from .paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
 
 if TYPE_CHECKING:
     from .hardware.profile import HardwareProfile
@@ -877,30 +877,6 @@ def _copy_hashed(sources: list[Path], directory: Path, progress: CopyProgress | 
             tmp.unlink(missing_ok=True)
             raise
     return tmp, digest.hexdigest()
-
-
-def read_json_object(path: Path) -> dict:
-    """A JSON object from ``path``, or {} when it is missing or unreadable (caches)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never a mix."""
-    ensure_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _mb(n: int | None) -> str:

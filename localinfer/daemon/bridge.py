@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-
-import anyio
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send

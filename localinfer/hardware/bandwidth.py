@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..paths import atomic_write_text, read_json_object
+
 log = logging.getLogger(__name__)
 
 MIN_BUFFER = 256 << 20
@@ -95,7 +97,7 @@ def cached_or_measured(cache_dir: Path, key: str, *, threads: int, size_bytes: i
                        remeasure: bool = False) -> BandwidthMeasurement:
     """The cached measurement for ``key``, or a new one (stored in the cache)."""
     path = cache_dir / CACHE_FILE
-    entries = _read(path)
+    entries = read_json_object(path)
     if not remeasure and key in entries:
         try:
             return BandwidthMeasurement(**entries[key])
@@ -104,8 +106,6 @@ def cached_or_measured(cache_dir: Path, key: str, *, threads: int, size_bytes: i
     result = measure(threads, size_bytes)
     entries[key] = asdict(result)
     try:
-        from ..store import atomic_write_text
-
         atomic_write_text(path, json.dumps(entries, indent=2) + "\n")
     except OSError as exc:  # a read-only cache is not worth failing `hw` for
         log.warning("cannot write %s: %s", path, exc)
@@ -113,17 +113,11 @@ def cached_or_measured(cache_dir: Path, key: str, *, threads: int, size_bytes: i
 
 
 def cached(cache_dir: Path, key: str) -> BandwidthMeasurement | None:
-    entry = _read(cache_dir / CACHE_FILE).get(key)
+    entry = read_json_object(cache_dir / CACHE_FILE).get(key)
     try:
         return BandwidthMeasurement(**entry) if entry else None
     except TypeError:
         return None
-
-
-def _read(path: Path) -> dict:
-    from ..store import read_json_object
-
-    return read_json_object(path)
 
 
 def default_threads() -> int:

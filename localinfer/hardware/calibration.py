@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..paths import get_paths
+from ..paths import atomic_write_text, get_paths, read_json_object
 from .profile import HardwareProfile
 
 log = logging.getLogger(__name__)
@@ -52,15 +52,9 @@ def _path(cache_dir: Path | None) -> Path:
     return (cache_dir or get_paths().cache_dir) / "hardware" / FILE
 
 
-def _read(path: Path) -> dict:
-    from ..store import read_json_object
-
-    return read_json_object(path)
-
-
 def load_ratios(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, float]:
     """{backend: ratio} for this machine: the geometric mean of the last measurements."""
-    entries = _read(_path(cache_dir)).get(profile_key(hw), {})
+    entries = read_json_object(_path(cache_dir)).get(profile_key(hw), {})
     ratios = {}
     if not isinstance(entries, dict):
         return ratios
@@ -75,7 +69,7 @@ def load_ratios(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str,
 
 
 def history(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, list[Measurement]]:
-    entries = _read(_path(cache_dir)).get(profile_key(hw), {})
+    entries = read_json_object(_path(cache_dir)).get(profile_key(hw), {})
     out: dict[str, list[Measurement]] = {}
     for backend, records in (entries.items() if isinstance(entries, dict) else []):
         try:
@@ -88,10 +82,8 @@ def history(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, lis
 def record(hw: HardwareProfile, backend: str, measurement: Measurement,
            cache_dir: Path | None = None) -> None:
     """Append one measurement (the file keeps the last few per machine and backend)."""
-    from ..store import atomic_write_text
-
     path = _path(cache_dir)
-    data = _read(path)
+    data = read_json_object(path)
     machine = data.setdefault(profile_key(hw), {})
     records = machine.setdefault(backend, [])
     records.append(asdict(measurement))

@@ -155,8 +155,8 @@ def flash_attn_type(options: LoadOptions, *, on_gpu: bool) -> int:
     row or seven, and speculative greedy output is identical. It costs 0-4% of decode speed
     up to a 1,000-token position, 7% at 3,000 and 9% at 7,000 (starter model, 2-core x86;
     prefill measured the same), and a buffer of n_ubatch x n_ctx x n_head floats that the
-    planner counts. llama-cpp-python's
-    ``Llama`` leaves it off by default too. On a GPU llama.cpp decides.
+    planner counts. llama-cpp-python's ``Llama`` leaves it off by default too. On a GPU
+    llama.cpp decides.
     A quantized KV cache needs flash attention (llama.cpp quantizes V only with it), and
     with it both kinds of step use one kernel."""
     if options.kv_type != "f16":
@@ -297,7 +297,7 @@ class LlamaBackend:
             n_ctx_train=L.llama_model_n_ctx_train(model),
             n_ctx=L.llama_n_ctx_seq(self._ctx),
             n_slots=n_slots,
-            n_vocab=L.llama_vocab_n_tokens(vocab),
+            n_vocab=self._n_vocab,
             gpu_backend=gpu[0].backend if offloaded else None,
             flash_attn={0: False, 1: True}.get(flash_attn),
             chat_template=(template.decode(errors="replace") if template

@@ -11,8 +11,8 @@ from pathlib import Path
 from .. import gguf
 from ..catalog import Catalog, load_catalog
 from ..config import FLASH_ATTN, Config
-from ..store import CopyProgress, ModelStore
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError
+from ..store import CopyProgress, ModelStore
 from .backend import LoadOptions, ProgressCallback
 from .chat_template import BUILTIN_TEMPLATES
 from .engine import Engine
