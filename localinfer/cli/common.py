@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import Sequence, TextIO
 
 from ..config import Config
 
@@ -71,7 +71,7 @@ def sampling_params(args: argparse.Namespace):
     ).validate()
 
 
-def print_table(rows: list[tuple[str, ...]], stream: TextIO | None = None) -> None:
+def print_table(rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> None:
     """Left-aligned columns two spaces apart; the first row is the header."""
     stream = stream or sys.stdout
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

@@ -128,9 +128,9 @@ def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
 def record_calibration(info: ModelInfo, done: Done | None, config: Config) -> None:
     """After an in-process ``localinfer run``: record its measured/predicted decode for this
     machine. Never fails the run (a calibration problem is logged, not shown)."""
-    t = done.timings if done is not None else None
-    if t is None or done.finish_reason == "cancelled":
+    if done is None or done.finish_reason == "cancelled":
         return
+    t = done.timings
     if t.drafted_tokens:  # speculation makes several tokens per step: not a decode rate
         return
     try:
