@@ -10,6 +10,9 @@ import sys
 
 import pytest
 
+from localinfer import errors
+from localinfer.cli import build_parser
+
 
 def cli(*args: str, stdin: str | None = None, env: dict | None = None):
     return subprocess.run([sys.executable, "-m", "localinfer", *args], input=stdin,
@@ -21,6 +24,27 @@ def test_help_and_version():
     out = cli("--help")
     assert out.returncode == 0 and "run" in out.stdout and "Exit codes" in out.stdout
     assert cli("--version").stdout.startswith("localinfer ")
+
+
+def test_the_exit_codes_in_help_come_from_the_error_tree():
+    epilog = build_parser().epilog
+    codes = {cls.exit_code for cls in vars(errors).values()
+             if isinstance(cls, type) and issubclass(cls, errors.LocalInferError)}
+    assert codes >= {1, 2, 3, 9, 130}
+    for code in codes | {0, 70}:
+        assert re.search(rf"[ :]{code} [a-z]", epilog), (code, epilog)
+    assert "3 model not found" in epilog and "130 cancelled" in epilog
+
+
+def test_building_the_parser_loads_no_engine_daemon_ui_or_store():
+    heavy = ["llama_cpp", "textual", "starlette", "uvicorn", "httpx", "huggingface_hub",
+             "localinfer.runtime.engine", "localinfer.store", "localinfer.client",
+             "localinfer.tui.app", "localinfer.daemon.server", "localinfer.benchmark"]
+    code = ("import sys, localinfer.cli; localinfer.cli.build_parser();"
+            f" print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.model

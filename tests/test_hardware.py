@@ -180,8 +180,8 @@ def test_plan_bad_input_is_one_line(args, code, words):
 
 @pytest.mark.model
 def test_a_speculative_run_is_not_a_calibration_sample(home, starter_path):
-    from localinfer.cli_plan import record_calibration
     from localinfer.config import Config
+    from localinfer.hardware.calibration import record_calibration
     from localinfer.paths import get_paths
     from localinfer.runtime.backend import ModelInfo
     from localinfer.runtime.types import Done, Timings, Usage

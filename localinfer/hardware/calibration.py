@@ -16,9 +16,15 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..paths import atomic_write_text, get_paths, read_json_object
 from .profile import HardwareProfile
+
+if TYPE_CHECKING:  # annotations only: runtime/__init__ would load the engine
+    from ..config import Config
+    from ..runtime.backend import ModelInfo
+    from ..runtime.types import Done
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +123,19 @@ def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
     log.debug("calibration: %s predicted %.1f tok/s, measured %.1f (ratio %.3f)", model_name,
               prediction.decode_tps, decode_tps, measurement.ratio)
     return measurement
+
+
+def record_calibration(info: ModelInfo, done: Done | None, config: Config) -> None:
+    """After an in-process ``localinfer run``: record its measured/predicted decode for this
+    machine. Never fails the run (a calibration problem is logged, not shown)."""
+    if done is None or done.finish_reason == "cancelled":
+        return
+    t = done.timings
+    if t.drafted_tokens:  # speculation makes several tokens per step: not a decode rate
+        return
+    try:
+        record_run(model_path=info.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
+                   n_threads=config.threads, prompt_tokens=t.prompt_tokens,
+                   decode_tokens=t.decode_tokens, decode_tps=t.decode_tps)
+    except Exception:
+        log.debug("calibration not recorded", exc_info=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import Config
+from ..config import Config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chat(args: argparse.Namespace, config: Config) -> int:
-    from .tui.app import create_app
+    from ..tui.app import create_app  # Textual: not for building the parser
 
     app = create_app(args.model, config=config, no_daemon=args.no_daemon, resume=args.resume,
                      theme="textual-light" if args.light else None)

@@ -15,9 +15,10 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from .config import Config
-from .errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
-from .progress import TerminalProgress, human_bytes
+from ..config import Config
+from ..errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
+from ..progress import TerminalProgress, human_bytes
+from .common import print_table
 
 TEMPLATE_LINES = 8
 """Lines of the chat template ``show`` prints (``--template`` prints it all)."""
@@ -77,7 +78,7 @@ def _offline_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _store(config: Config):
-    from .store import ModelStore
+    from ..store import ModelStore  # the store: not for building the parser
 
     return ModelStore(offline=config.offline)
 
@@ -153,8 +154,6 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
 
 # --- list --------------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace, config: Config) -> int:
-    from .cli import print_table
-
     store = _store(config)
     models = store.list()
     if args.json:
@@ -178,10 +177,11 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
 
 # --- show --------------------------------------------------------------------------------------
 def cmd_show(args: argparse.Namespace, config: Config) -> int:
-    from . import gguf
-    from .hardware import probe
-    from .planner import Candidate, plan
-    from .store import looks_like_path
+    # GGUF parsing, the probes, the planner and the store: not for building the parser.
+    from .. import gguf
+    from ..hardware import probe
+    from ..planner import Candidate, plan
+    from ..store import looks_like_path
 
     store = _store(config)
     installed = None
@@ -302,7 +302,7 @@ def _params(n: int) -> str:
 
 # --- rm ----------------------------------------------------------------------------------------
 def cmd_rm(args: argparse.Namespace, config: Config) -> int:
-    from .store import InstalledModel
+    from ..store import InstalledModel  # the store: not for building the parser
 
     store = _store(config)
     found = []
@@ -341,7 +341,7 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
 
 
 def _describe(item) -> str:
-    from .store import InstalledModel
+    from ..store import InstalledModel  # the store: not for building the parser
 
     if isinstance(item, InstalledModel):
         if item.linked:
@@ -352,7 +352,7 @@ def _describe(item) -> str:
 
 def _loaded_in_daemon() -> set[str]:
     """Names and paths of what a running daemon holds (or is loading); empty when none runs."""
-    from .client import DaemonClient
+    from ..client import DaemonClient  # httpx: not for building the parser
 
     client = DaemonClient.discover()
     if client is None:

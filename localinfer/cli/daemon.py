@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import threading
 import time
+from pathlib import Path
 
-from .config import Config
-from .errors import DaemonError
+from ..config import Config
+from ..daemon.instance import running_daemon
+from ..errors import DaemonError
+from ..progress import human_bytes
+from .common import add_load_flags, config_with_flags, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_attention_flags
-
     p = sub.add_parser(
         "serve", help="run the daemon (OpenAI and Ollama API on a socket and loopback TCP)",
         description="Hold one model for the whole machine and serve it to the chat UI and to"
@@ -34,10 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for a slot before 503 (default 64)")
     p.add_argument("--slots", type=int, default=None, metavar="N",
                    help="sequences decoded in parallel per model")
-    p.add_argument("--ctx", type=int, default=None, metavar="N", help="context per sequence")
-    p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
-    p.add_argument("--threads", type=int, default=None, metavar="N")
-    add_attention_flags(p)
+    add_load_flags(p)
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow this browser origin (repeatable; none by default)")
     p.add_argument("--model", default=None, metavar="MODEL", help="load this model at start")
@@ -71,16 +73,13 @@ def parse_address(address: str, default_port: int) -> tuple[str, int]:
 
 
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
-    from pathlib import Path
+    # Starlette, uvicorn and the engine: not for building the parser.
+    from ..daemon.app import DaemonSettings, host_is_loopback
+    from ..daemon.requests import parse_keep_alive
+    from ..daemon.server import Daemon, ServeOptions
+    from ..runtime.loader import engine_factory
 
-    from .daemon.app import DaemonSettings, host_is_loopback
-    from .daemon.requests import parse_keep_alive
-    from .daemon.server import Daemon, ServeOptions
-    from .runtime.loader import engine_factory
-
-    config = config.replace(ctx=args.ctx, gpu_layers=args.gpu_layers, threads=args.threads,
-                            slots=args.slots, kv_type=args.kv_type,
-                            flash_attn=args.flash_attn)
+    config = config_with_flags(config, args).replace(slots=args.slots)
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
         port = args.port
@@ -103,7 +102,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
               " reachable from the network" + ("" if config.api_key else
                                                 " without an API key (set LOCALINFER_API_KEY)"),
               file=sys.stderr)
-    print(f"localinfer serve: listening on {daemon.where} (pid {__import__('os').getpid()});"
+    print(f"localinfer serve: listening on {daemon.where} (pid {os.getpid()});"
           " Ctrl+C to stop", flush=True)
     if args.model:
         _preload(daemon, args.model)
@@ -114,9 +113,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 
 def _preload(daemon, model: str) -> None:
     """Load a model as soon as the server runs, through its own API (so keep-alive applies)."""
-    import threading
-
-    from .client import DaemonClient
+    from ..client import DaemonClient  # httpx: not for building the parser
 
     def load() -> None:
         if not daemon.ready.wait(30):
@@ -134,7 +131,7 @@ def _preload(daemon, model: str) -> None:
 
 
 def _client():
-    from .client import DaemonClient
+    from ..client import DaemonClient  # httpx: not for building the parser
 
     client = DaemonClient.discover()
     if client is None:
@@ -144,11 +141,6 @@ def _client():
 
 
 def cmd_ps(args: argparse.Namespace, config: Config) -> int:
-    import json
-
-    from .cli import print_table
-    from .progress import human_bytes
-
     with _client() as client:
         status = client.status()
     if args.json:
@@ -195,8 +187,6 @@ def cmd_stop(args: argparse.Namespace, config: Config) -> int:
         where = client.where
         client.shutdown()
     # Wait for it to go, so that a following `serve` does not find it still running.
-    from .daemon.instance import running_daemon
-
     deadline = time.monotonic() + 15
     while running_daemon() is not None and time.monotonic() < deadline:
         time.sleep(0.1)

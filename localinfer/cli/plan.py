@@ -14,8 +14,10 @@ import argparse
 import json
 import sys
 
-from .config import Config
-from .errors import InvalidRequest, ModelNotFound
+from ..config import Config
+from ..errors import InvalidRequest, ModelNotFound
+from ..progress import human_bytes
+from .common import print_table
 
 PROFILE_HELP = """\
 A --hardware file is the JSON that `localinfer hw --json` prints, or one written by hand:
@@ -72,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --- hw ----------------------------------------------------------------------------------------
 def cmd_hw(args: argparse.Namespace, config: Config) -> int:
-    from .hardware import probe
+    from ..hardware import probe  # the probes: not for building the parser
 
     hw = probe(remeasure=args.remeasure)
     if args.json:
@@ -121,9 +123,11 @@ def hardware_lines(hw) -> list[tuple[str, str]]:
 
 # --- plan --------------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace, config: Config) -> int:
-    from .hardware import load_profile, probe
-    from .hardware.calibration import load_ratios
-    from .planner import PlanPrefs, plan
+    # The hardware probes, the planner and the store: not for building the parser.
+    from ..hardware import load_profile, probe
+    from ..hardware.calibration import load_ratios
+    from ..planner import PlanPrefs, plan
+    from ..store import HeaderFetch
 
     if args.ctx is not None and args.ctx <= 0:
         raise InvalidRequest(f"--ctx must be at least 1 token, got {args.ctx}.")
@@ -131,8 +135,6 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
         raise InvalidRequest(f"--min-tps must be 0 or more, got {args.min_tps}.")
     if args.slots is not None and args.slots < 0:
         raise InvalidRequest(f"--slots must be 0 (as many as fit) or more, got {args.slots}.")
-    from .store import HeaderFetch
-
     fetch = HeaderFetch(enabled=not config.offline, announce=None if args.json else (
         lambda name: print(f"Reading the GGUF header of {name} from the Hub...",
                            file=sys.stderr)))
@@ -183,7 +185,7 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
 
 
 def _names_one_model(ref: str | None) -> bool:
-    from .store import ModelStore, looks_like_path
+    from ..store import ModelStore, looks_like_path  # the store: not for building the parser
 
     if ref is None or looks_like_path(ref):
         return False
@@ -196,8 +198,6 @@ def _names_one_model(ref: str | None) -> bool:
 
 def _header_notes(shown, fetch, *, offline: bool, single: bool) -> list[str]:
     """Where the sizes came from: headers read from the Hub, or estimates and why."""
-    from .progress import human_bytes
-
     notes = []
     if fetch.files_read:
         notes.append(f"Read the GGUF headers of {fetch.files_read} variant(s) from the Hub"
@@ -219,9 +219,10 @@ def _candidates(ref: str | None, fetch=None):
     """[(model name, [Candidate...])] for a model, a family, a path, or the whole catalog.
     Headers of variants not installed are read from the Hub (``fetch``) only for one model
     or variant; otherwise only cached ones are used."""
-    from . import gguf
-    from .planner import Candidate
-    from .store import HeaderFetch, ModelStore, looks_like_path
+    # GGUF parsing, the planner and the store: not for building the parser.
+    from .. import gguf
+    from ..planner import Candidate
+    from ..store import HeaderFetch, ModelStore, looks_like_path
 
     store = ModelStore()
     catalog = store.catalog
@@ -254,8 +255,6 @@ def _gib(n: int) -> str:
 
 
 def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> None:
-    from .cli import print_table
-
     where = f"the profile {from_file}" if from_file else "this machine"
     gpu = hw.usable_gpus()
     gpu_text = ", ".join(f"{g.name} {g.vram_free_gib:.1f} GiB free, {g.bandwidth_gbps:.0f} GB/s"
@@ -290,26 +289,3 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         notes.append("uncalibrated: `localinfer run` records measured/predicted decode.")
     for note in notes:
         print(note, file=sys.stdout)
-
-
-
-
-
-def record_calibration(info, done, config: Config) -> None:
-    """After an in-process ``run``: record measured/predicted decode for this machine. Never
-    fails the run (a calibration problem is logged, not shown)."""
-    import logging
-
-    from .hardware.calibration import record_run
-
-    t = done.timings if done is not None else None
-    if t is None or done.finish_reason == "cancelled":
-        return
-    if t.drafted_tokens:  # speculation makes several tokens per step: not a decode rate
-        return
-    try:
-        record_run(model_path=info.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
-                   n_threads=config.threads, prompt_tokens=t.prompt_tokens,
-                   decode_tokens=t.decode_tokens, decode_tps=t.decode_tps)
-    except Exception:
-        logging.getLogger(__name__).debug("calibration not recorded", exc_info=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import Config
+from ..config import Config
+from ..progress import TerminalProgress, human_bytes
+from .common import add_load_flags, config_with_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_attention_flags
-
     p = sub.add_parser(
         "bench", help="measure prefill, decode, batching, prefix reuse and speculation",
         description="Load MODEL and measure, through the same engine that serves chats:"
@@ -25,21 +25,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="fewer and shorter runs (about 30 s on a laptop)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--ctx", type=int, default=None, metavar="N",
-                   help="context per stream (default 4096)")
-    p.add_argument("--threads", type=int, default=None, metavar="N")
-    p.add_argument("--gpu-layers", type=int, default=None, metavar="N")
-    add_attention_flags(p)
+    add_load_flags(p, ctx_help="context per stream, tokens (default 4096)")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
-    from .benchmark import run_bench
-    from .progress import TerminalProgress
+    from ..benchmark import run_bench  # the engine: not for building the parser
 
     model = args.model or config.default_model or "gemma3:270m"
-    config = config.replace(ctx=args.ctx, threads=args.threads, gpu_layers=args.gpu_layers,
-                            kv_type=args.kv_type, flash_attn=args.flash_attn)
+    config = config_with_flags(config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
 
     def progress(stage: str, step: int, total: int) -> None:
@@ -58,8 +52,6 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
 
 def report(r) -> str:
-    from .progress import human_bytes
-
     lines = [
         f"{r.model} ({r.quant}, {human_bytes(r.size_bytes)}) on {r.machine}, {r.threads}"
         f" threads, " + (f"{r.n_gpu_layers}/{r.n_layers} layers on GPU" if r.n_gpu_layers
