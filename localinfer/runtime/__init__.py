@@ -4,8 +4,9 @@
 (backend.py) is the contract it drives, implemented by llama.cpp (llama.py, the only module
 that imports ``llama_cpp``) and by a scripted fake for tests (fake.py).
 
-The names below load on first use (PEP 562): importing ``runtime.types`` alone then costs no
-engine, scheduler or jinja2.
+The names below load on first use (PEP 562): importing ``runtime.types`` alone, as the daemon's
+client does through the protocol module, then costs no engine, scheduler or jinja2 (about half
+of ``import localinfer.client``'s time).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib
 from typing import Any
 
 _MODULE_OF = {
-    "Backend": "backend", "LoadOptions": "backend", "ModelInfo": "backend",
+    "Backend": "backend", "LoadOptions": "backend",
     "Engine": "engine", "EngineStats": "engine", "Generation": "engine",
     "Done": "types", "LiveStats": "types", "Message": "types", "Priority": "types",
     "SamplingParams": "types", "Timings": "types", "Token": "types", "Usage": "types",
