@@ -2,7 +2,8 @@
 
 It finds the daemon through its pid file (or ``LOCALINFER_HOST``), talks to it over the Unix
 socket (or TCP), and turns the daemon's event stream back into the runtime's own ``Token`` and
-``Done`` events, so a front end cannot tell a daemon from an in-process engine.
+``Done`` events (the wire format is protocol.py's), so a front end cannot tell a daemon from an
+in-process engine.
 """
 
 from __future__ import annotations
@@ -10,51 +11,25 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import httpx
 
-from . import errors
 from .errors import DaemonError, LocalInferError
 from .paths import Paths
-from .runtime.backend import ModelInfo
-from .runtime.types import (
-    Done,
-    LiveStats,
-    Message,
-    Priority,
-    SamplingParams,
-    Timings,
-    Token,
-    Usage,
+from .protocol import (
+    ModelInfo,
+    Start,
+    error_from,
+    event_from,
+    generate_request_json,
+    load_fraction_from,
+    model_info_from,
 )
+from .runtime.types import Done, Message, Priority, SamplingParams, Token, Usage
 
 HOST_ENV = "LOCALINFER_HOST"
-
-
-def _error_from(payload: Any, status: int | None = None) -> LocalInferError:
-    """Rebuild a core error from the daemon's JSON: the class it names (localinfer's own
-    routes send it, in the stream or in the error body), else one fitting the HTTP status.
-    The CLI then exits with the same code as if the model ran in-process."""
-    name = message = code = None
-    if isinstance(payload, dict) and payload.get("type") == "error":
-        name, message = payload.get("error"), payload.get("message")
-    elif isinstance(payload, dict):
-        message = payload.get("error")
-        if isinstance(message, dict):
-            name, code, message = message.get("class"), message.get("code"), message.get(
-                "message")
-    cls = getattr(errors, str(name), None) if name else None
-    if not (isinstance(cls, type) and issubclass(cls, LocalInferError)):
-        cls = {400: errors.InvalidRequest, 404: errors.ModelNotFound, 503: errors.Busy}.get(
-            status or 0, DaemonError)
-        if code == "context_length_exceeded":
-            cls = errors.ContextOverflow
-    err = cls.__new__(cls)
-    LocalInferError.__init__(err, str(message or f"HTTP {status}"))
-    return err
 
 
 class ClientGeneration:
@@ -97,26 +72,19 @@ class ClientGeneration:
             for line in self._response.iter_lines():
                 if not line:
                     continue
-                event = json.loads(line)
-                kind = event.get("type")
-                if kind == "start":
-                    self.model = event.get("model")
-                    self.id = event.get("id")
-                    self.prompt_tokens = event.get("prompt_tokens")
-                    self.info = _model_info(event.get("info") or {})
-                elif kind == "token":
-                    live = event.get("live") or {}
-                    self._text.append(event["text"])
-                    yield Token(event["text"], LiveStats(
-                        n_tokens=live.get("n_tokens", 0), ttft_ms=live.get("ttft_ms", 0.0),
-                        prefill_tps=live.get("prefill_tps", 0.0),
-                        decode_tps=live.get("decode_tps", 0.0)))
-                elif kind == "done":
-                    self.done = _done(event)
-                    yield self.done
+                event = event_from(json.loads(line))
+                if isinstance(event, Start):
+                    self.model, self.id = event.model, event.id
+                    self.prompt_tokens, self.info = event.prompt_tokens, event.info
+                elif isinstance(event, Token):
+                    self._text.append(event.text)
+                    yield event
+                elif isinstance(event, Done):
+                    self.done = event
+                    yield event
                     return
-                elif kind == "error":
-                    raise _error_from(event)
+                elif isinstance(event, LocalInferError):
+                    raise event
         except (httpx.HTTPError, OSError, RuntimeError):
             if not self.cancelled:
                 raise DaemonError("the connection to the daemon was lost mid-reply.") from None
@@ -206,7 +174,7 @@ class DaemonClient:
         payload = _json(response)
         if response.status_code >= 400 and not (path == "/health" and
                                                  response.status_code == 503):
-            raise _error_from(payload, response.status_code)
+            raise error_from(payload, response.status_code)
         return payload
 
     def health(self) -> dict:
@@ -231,8 +199,9 @@ class DaemonClient:
                         health = probe.health()
                     except DaemonError:
                         return
-                    if health.get("status") == "loading" and "progress" in health:
-                        progress(float(health["progress"]))
+                    fraction = load_fraction_from(health)
+                    if fraction is not None:
+                        progress(fraction)
 
         poller = threading.Thread(target=poll, daemon=True) if progress else None
         if poller:
@@ -243,7 +212,7 @@ class DaemonClient:
             done.set()
         if progress:
             progress(1.0)
-        info = _model_info(payload.get("info") or {})
+        info = model_info_from(payload.get("info") or {})
         if info is None:
             raise DaemonError(f"the daemon loaded {model} but did not describe it.")
         return info
@@ -266,19 +235,8 @@ class DaemonClient:
                  prompt: str | None = None, params: SamplingParams = SamplingParams(),
                  priority: Priority = Priority.NORMAL,
                  keep_alive: float | None = None) -> ClientGeneration:
-        body: dict[str, Any] = {
-            "model": model,
-            "params": {k: v for k, v in asdict(params).items() if k != "speculative" or
-                       v is not None},
-            "priority": priority.name.lower(),  # interactive, normal or background
-        }
-        body["params"]["stop"] = list(params.stop)
-        if messages is not None:
-            body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
-        else:
-            body["prompt"] = prompt
-        if keep_alive is not None:
-            body["keep_alive"] = keep_alive
+        body = generate_request_json(model, messages=messages, prompt=prompt, params=params,
+                                     priority=priority, keep_alive=keep_alive)
         request = self._http.build_request("POST", "/localinfer/generate", json=body)
         try:
             response = self._http.send(request, stream=True)
@@ -288,7 +246,7 @@ class DaemonClient:
             response.read()
             payload = _json(response)
             response.close()
-            raise _error_from(payload, response.status_code)
+            raise error_from(payload, response.status_code)
         def cancel(generation_id: str) -> None:
             with self._sibling() as other:  # this client's connection is busy streaming
                 other.cancel(generation_id)
@@ -301,22 +259,3 @@ def _json(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return {"error": response.text[:200]}
-
-
-def _done(event: dict) -> Done:
-    timing_fields = {f.name for f in fields(Timings)}
-    timings = Timings(**{k: v for k, v in (event.get("timings") or {}).items()
-                         if k in timing_fields})
-    usage = Usage(**event.get("usage", {}))
-    return Done(event.get("text", ""), event.get("finish_reason", "stop"), usage, timings)
-
-
-def _model_info(data: dict) -> ModelInfo | None:
-    names = {f.name for f in fields(ModelInfo)}
-    try:
-        values = {k: v for k, v in data.items() if k in names}
-        if isinstance(values.get("fim"), list):
-            values["fim"] = tuple(values["fim"])
-        return ModelInfo(**values)
-    except TypeError:
-        return None

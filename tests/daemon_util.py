@@ -1,4 +1,5 @@
-"""Starting the real daemon in-process (a thread) on a temporary socket and a free port."""
+"""Starting the real daemon in-process (a thread) on a temporary socket and a free port, and
+the openai and ollama clients that talk to it (its fixture is in daemon_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import httpx
+import ollama
+import openai
 
 import ggufgen
 
-from localinfer.daemon.app import DaemonSettings
 from localinfer.daemon.server import Daemon, ServeOptions
+from localinfer.daemon.state import DaemonSettings
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
 from localinfer.store import ModelStore
@@ -94,3 +97,21 @@ def serve(factory: Callable, *, settings: DaemonSettings = DaemonSettings(),
         daemon.stop()
         thread.join(30)
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+REPLY = "Hello from the fake model, streaming word by word."
+
+
+def openai_client(d, tcp=False, **kwargs) -> openai.OpenAI:
+    if tcp:
+        return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, **kwargs)
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(d.socket)))
+    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", http_client=http,
+                         max_retries=0, **kwargs)
+
+
+def ollama_client(d, tcp=False) -> ollama.Client:
+    if tcp:
+        return ollama.Client(host=d.url)
+    return ollama.Client(host="http://localhost",
+                         transport=httpx.HTTPTransport(uds=str(d.socket)))

@@ -183,7 +183,7 @@ def test_a_speculative_run_is_not_a_calibration_sample(home, starter_path):
     from localinfer.config import Config
     from localinfer.hardware.calibration import record_calibration
     from localinfer.paths import get_paths
-    from localinfer.runtime.backend import ModelInfo
+    from localinfer.protocol import ModelInfo
     from localinfer.runtime.types import Done, Timings, Usage
 
     info = ModelInfo(name="gemma3:270m-q4_k_m", path=str(starter_path), architecture="gemma3",

@@ -1,8 +1,8 @@
 """localinfer's own routes: /health, /metrics, and /localinfer/* used by its own client.
 
 ``POST /localinfer/generate`` streams the engine's events as they are (NDJSON of tokens with
-live speed, then the full usage and timings), so the chat UI and ``localinfer run`` show the
-same figures through the daemon as in-process.
+live speed, then the full usage and timings, in protocol.py's format), so the chat UI and
+``localinfer run`` show the same figures through the daemon as in-process.
 """
 
 from __future__ import annotations
@@ -11,18 +11,27 @@ import asyncio
 import itertools
 import os
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from .. import __version__
 from ..errors import InvalidRequest, LocalInferError
-from ..runtime.types import Done, SamplingParams, Token
-from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStreamResponse, start_generation
-from .openai_routes import live_json, timings_json
+from ..protocol import (
+    Start,
+    event_json,
+    health_json,
+    json_line,
+    load_reply_json,
+    loaded_model_json,
+    status_json,
+)
+from ..runtime.types import Done, SamplingParams
+from .bridge import BridgeResponse, start_generation
+from .errors import guarded
 from .requests import (
     Fields,
     parse_keep_alive,
@@ -31,22 +40,17 @@ from .requests import (
     read_json,
     sampling,
 )
-
-
-def done_json(done: Done) -> dict[str, Any]:
-    return {"type": "done", "text": done.text, "finish_reason": done.finish_reason,
-            "usage": asdict(done.usage), "timings": timings_json(done)}
+from .state import DaemonState
 
 
 def routes(state: DaemonState) -> list[Route]:
     manager = state.manager
 
     async def health(request: Request) -> Response:
-        if manager.loading:
-            return JSONResponse({"status": "loading", "model": manager.loading,
-                                 "progress": round(manager.load_fraction, 3)}, 503)
-        return JSONResponse({"status": "ok", "version": VERSION,
-                             "loaded": sorted(manager.loaded)})
+        body, status_code = health_json(version=__version__, loading=manager.loading,
+                                        load_fraction=manager.load_fraction,
+                                        loaded=list(manager.loaded))
+        return JSONResponse(body, status_code)
 
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(_metrics(state),
@@ -58,13 +62,12 @@ def routes(state: DaemonState) -> list[Route]:
             stats = entry.engine.stats()
             expires_in = None if entry.expires_at is None else max(
                 0.0, entry.expires_at - time.monotonic())
-            loaded.append({"info": asdict(entry.engine.info) | {"chat_template": None},
-                           "in_flight": entry.in_flight, "load_ms": entry.load_ms,
-                           "keep_alive_s": entry.keep_alive_s, "expires_in_s": expires_in,
-                           "stats": asdict(stats)})
-        return JSONResponse({"version": VERSION, "pid": os.getpid(), "started": state.started,
-                             "loading": manager.loading, "loaded": loaded,
-                             "hardware": await _hardware(state)})
+            loaded.append(loaded_model_json(
+                entry.engine.info, in_flight=entry.in_flight, load_ms=entry.load_ms,
+                keep_alive_s=entry.keep_alive_s, expires_in_s=expires_in, stats=stats))
+        return JSONResponse(status_json(version=__version__, pid=os.getpid(),
+                                        started=state.started, loading=manager.loading,
+                                        loaded=loaded, hardware=await _hardware(state)))
 
     async def generate(request: Request) -> Response:
         body = await read_json(request)
@@ -87,28 +90,24 @@ def routes(state: DaemonState) -> list[Route]:
         state.generations[request_id] = events
 
         async def stream() -> AsyncIterator[str]:
-            yield json_line({"type": "start", "id": request_id, "model": entry.name,
-                             "prompt_tokens": len(events.generation.request.prompt),
-                             "info": asdict(engine.info) | {"chat_template": None}}) + "\n"
+            yield json_line(event_json(Start(
+                id=request_id, model=entry.name,
+                prompt_tokens=len(events.generation.request.prompt), info=engine.info))) + "\n"
             try:
                 async for event in events:
-                    if isinstance(event, Token):
-                        yield json_line({"type": "token", "text": event.text,
-                                         "live": live_json(event)}) + "\n"
-                    else:
+                    if isinstance(event, Done):
                         state.record(event)
-                        yield json_line(done_json(event)) + "\n"
+                    yield json_line(event_json(event)) + "\n"
             except Exception as exc:
                 err = exc if isinstance(exc, LocalInferError) else LocalInferError(str(exc))
-                yield json_line({"type": "error", "error": type(err).__name__,
-                                 "title": err.title, "message": err.message}) + "\n"
+                yield json_line(event_json(err)) + "\n"
 
         async def close() -> None:
             state.generations.pop(request_id, None)
             await stack.aclose()
 
-        return EventStreamResponse(stream(), events, media_type="application/x-ndjson",
-                                   on_close=close)
+        return BridgeResponse(stream(), events, media_type="application/x-ndjson",
+                              on_close=close)
 
     async def cancel(request: Request) -> Response:
         """Cancel a generation by the id its stream started with; the stream then ends with
@@ -125,8 +124,8 @@ def routes(state: DaemonState) -> list[Route]:
         f = Fields(body)
         async with manager.lease(f.str("model"),
                                  keep_alive_s=parse_keep_alive(body.get("keep_alive"))) as entry:
-            info = asdict(entry.engine.info)
-        return JSONResponse({"model": entry.name, "load_ms": entry.load_ms, "info": info})
+            reply = load_reply_json(entry.name, entry.load_ms, entry.engine.info)
+        return JSONResponse(reply)
 
     async def unload(request: Request) -> Response:
         body = await read_json(request)

@@ -13,32 +13,33 @@ cancels the download, which keeps its partial file for the next pull.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import (
-    JSONResponse,
-    PlainTextResponse,
-    Response,
-    StreamingResponse,
-)
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
-from .. import gguf
+from .. import __version__, gguf
 from ..errors import InvalidRequest, LocalInferError, ModelInUse
+from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token
-from ..store import InstalledModel, ModelStore, PullProgress, PullTarget
-from .app import VERSION, DaemonState, guarded, json_line
-from .bridge import EventStreamResponse, start_generation, whole_reply, unless_disconnected
+from ..store import InstalledModel, PullProgress
+from .bridge import BridgeResponse, PullJob, start_generation, whole_reply
+from .errors import guarded
 from .manager import LoadedModel
-from .openai_routes import live_json, priority_of, timings_json
-from .requests import Fields, parse_keep_alive, parse_messages, read_json, sampling
+from .requests import (
+    Fields,
+    parse_keep_alive,
+    parse_messages,
+    priority_of,
+    read_json,
+    sampling,
+)
+from .state import DaemonState
 
 # The Ollama API version whose routes and fields this daemon implements; some clients check it.
 OLLAMA_API_VERSION = "0.9.0"
@@ -84,7 +85,7 @@ def routes(state: DaemonState) -> list[Route]:
         return PlainTextResponse("localinfer is running (OpenAI and Ollama compatible API)")
 
     async def version(request: Request) -> Response:
-        return JSONResponse({"version": OLLAMA_API_VERSION, "localinfer": VERSION})
+        return JSONResponse({"version": OLLAMA_API_VERSION, "localinfer": __version__})
 
     async def tags(request: Request) -> Response:
         installed = await asyncio.to_thread(manager.store.list)
@@ -177,7 +178,7 @@ def routes(state: DaemonState) -> list[Route]:
         target = await asyncio.to_thread(manager.store.resolve_pull, name)
         job = PullJob(manager.store, target)
         if not stream:
-            await job.wait(request)
+            await job.drain(request)
             return JSONResponse({"status": "success"})
 
         async def lines() -> AsyncIterator[str]:
@@ -191,7 +192,7 @@ def routes(state: DaemonState) -> list[Route]:
                 message = exc.message if isinstance(exc, LocalInferError) else str(exc)
                 yield json_line({"error": message}) + "\n"
 
-        return PullResponse(lines(), job)
+        return BridgeResponse(lines(), job, media_type="application/x-ndjson")
 
     async def delete(request: Request) -> Response:
         body = await read_json(request)
@@ -227,85 +228,6 @@ def routes(state: DaemonState) -> list[Route]:
           ("/api/create", "/api/copy", "/api/push", "/api/embed", "/api/embeddings",
            "/api/blobs/{digest}")],
     ]
-
-
-# --- pull ------------------------------------------------------------------------------------
-class PullJob:
-    """A pull running on its own thread, its progress handed to the event loop. Cancelling
-    it (the client went away) stops the download within a chunk; the partial file stays."""
-
-    running: ClassVar[set[PullJob]] = set()
-    """Pulls whose thread has not finished."""
-
-    def __init__(self, store: ModelStore, target: PullTarget) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[PullProgress | InstalledModel | BaseException] = \
-            asyncio.Queue()
-        self._cancel = threading.Event()
-        self._store = store
-        self.target = target
-        PullJob.running.add(self)
-        threading.Thread(target=self._run, name=f"pull {target.name}", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            model = self._store.pull_resolved(self.target, progress=self._put,
-                                              cancel=self._cancel)
-        except BaseException as exc:  # noqa: BLE001 - handed to the request, raised there
-            self._put(exc)
-        else:
-            self._put(model)
-        finally:
-            PullJob.running.discard(self)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def _put(self, item: PullProgress | InstalledModel | BaseException) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self._cancel.set()
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    async def __aiter__(self) -> AsyncIterator[PullProgress]:
-        try:
-            while True:
-                item = await self._queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, InstalledModel):
-                    return
-                yield item
-        finally:
-            self.cancel()  # a no-op once the pull is done
-
-    async def wait(self, request: Request) -> None:
-        """Until the pull is done (``stream: false``), cancelled if the client disconnects."""
-
-        async def consume() -> None:
-            async for _ in self:
-                pass
-
-        await unless_disconnected(request, consume(), self.cancel)
-
-
-class PullResponse(StreamingResponse):
-    """Streams a pull's progress and cancels the pull however the response ends."""
-
-    def __init__(self, lines: AsyncIterator[str], job: PullJob) -> None:
-        super().__init__(lines, media_type="application/x-ndjson",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._job = job
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._job.cancel()
 
 
 PULL_STATUS = {"resolving": "pulling manifest", "verifying": "verifying sha256 digest",
@@ -380,7 +302,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
     def final(done: Done, text: str) -> dict[str, Any]:
         return {"model": name, "created_at": now_iso(), **piece(text), "done": True,
                 "done_reason": "length" if done.finish_reason == "length" else "stop",
-                **durations(done), "timings": timings_json(done)}
+                **durations(done), "timings": timings_json(done.timings)}
 
     if not stream:
         done = await whole_reply(state, request, events, stack)
@@ -391,7 +313,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
             async for event in events:
                 if isinstance(event, Token):
                     yield json_line({"model": name, "created_at": now_iso(), **piece(event.text),
-                                     "done": False, "timings": live_json(event)}) + "\n"
+                                     "done": False, "timings": live_json(event.live)}) + "\n"
                     continue
                 state.record(event)
                 if event.finish_reason == "cancelled":
@@ -402,8 +324,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
             message = exc.message if isinstance(exc, LocalInferError) else str(exc)
             yield json_line({"error": message}) + "\n"
 
-    return EventStreamResponse(body(), events, media_type="application/x-ndjson",
-                               on_close=stack.aclose)
+    return BridgeResponse(body(), events, media_type="application/x-ndjson",
+                          on_close=stack.aclose)
 
 
 def _tag(m: InstalledModel, n_params: int) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import asdict
 from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
@@ -18,22 +17,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import InvalidRequest, LocalInferError
+from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token
-from .app import DaemonState, error_body, guarded, json_line
-from .bridge import EventStreamResponse, start_generation, whole_reply
-from .requests import Fields, parse_messages, parse_priority, read_json, sampling
-
-
-def timings_json(done: Done) -> dict[str, Any]:
-    t = done.timings
-    return {**asdict(t), "prefill_tps": t.prefill_tps, "decode_tps": t.decode_tps}
-
-
-def live_json(event: Token) -> dict[str, Any]:
-    live = event.live
-    return {"n_tokens": live.n_tokens, "decode_tps": live.decode_tps, "ttft_ms": live.ttft_ms,
-            "prefill_tps": live.prefill_tps}
+from .bridge import BridgeResponse, start_generation, whole_reply
+from .errors import error_body, guarded
+from .requests import Fields, parse_messages, priority_of, read_json, sampling
+from .state import DaemonState
 
 
 def usage_json(done: Done) -> dict[str, Any]:
@@ -45,11 +35,6 @@ def usage_json(done: Done) -> dict[str, Any]:
 
 def finish_reason(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
-
-
-def priority_of(request: Request, body: dict[str, Any]) -> Priority:
-    """Interactive chat goes first; a client may say so (localinfer's chat UI does)."""
-    return parse_priority(body.get("priority") or request.headers.get("x-localinfer-priority"))
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -123,7 +108,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
         return JSONResponse({
             "id": ident, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": model, "choices": [choice],
-            "usage": usage_json(done), "timings": timings_json(done),
+            "usage": usage_json(done), "timings": timings_json(done.timings),
         })
 
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -152,13 +137,13 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
         try:
             async for event in events:
                 if isinstance(event, Token):
-                    yield chunk(event.text, None, live_json(event))
+                    yield chunk(event.text, None, live_json(event.live))
                     continue
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
                                           " shutting down or the model was unloaded).")
-                yield chunk(None, finish_reason(event), timings_json(event))
+                yield chunk(None, finish_reason(event), timings_json(event.timings))
                 if include_usage:
                     tail = {"id": ident, "object": kind, "created": created, "model": model,
                             "choices": [], "usage": usage_json(event)}
@@ -169,5 +154,5 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
             yield f"data: {json_line(error_body(request.url.path, status, message))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return EventStreamResponse(body(), events, media_type="text/event-stream",
-                               on_close=stack.aclose)
+    return BridgeResponse(body(), events, media_type="text/event-stream",
+                          on_close=stack.aclose)

@@ -217,3 +217,9 @@ def parse_priority(value: Any) -> Priority:
                              " \"background\".")
     return {"interactive": Priority.INTERACTIVE,
             "background": Priority.BACKGROUND}.get(value or "", Priority.NORMAL)
+
+
+def priority_of(request: Request, body: dict[str, Any]) -> Priority:
+    """Interactive chat goes first; a client may say so (localinfer's chat UI does) with a
+    ``priority`` field or an ``X-Localinfer-Priority`` header."""
+    return parse_priority(body.get("priority") or request.headers.get("x-localinfer-priority"))

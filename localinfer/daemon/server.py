@@ -28,9 +28,10 @@ import uvicorn
 
 from ..errors import DaemonError
 from ..paths import Paths, get_paths
-from .app import DaemonSettings, DaemonState, create_app
+from .app import create_app
 from .instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from .manager import EngineFactory, ModelManager
+from .state import DaemonSettings, DaemonState
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from ..protocol import ModelInfo
 from .types import SamplingParams
 
 ProgressCallback = Callable[[float], None]
@@ -40,36 +41,6 @@ class LoadOptions:
     """KV cache element type: "f16", or "q8_0" (half the memory; needs flash attention)."""
     chat_template: str | None = None
     """Jinja template used when the GGUF has none."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts about the loaded model that front ends display."""
-
-    name: str
-    path: str
-    architecture: str
-    quant: str
-    size_bytes: int
-    n_params: int
-    n_layers: int
-    n_gpu_layers: int
-    """Layers actually offloaded to the GPU."""
-    n_ctx_train: int
-    n_ctx: int
-    """Context per slot."""
-    n_slots: int
-    n_vocab: int
-    gpu_backend: str | None = None
-    """"CUDA", "Metal", "Vulkan"... or None for a CPU-only build."""
-    flash_attn: bool | None = None
-    """Whether attention uses flash attention; None when llama.cpp chose (on a GPU)."""
-    chat_template: str | None = None
-    bos_text: str = ""
-    eos_text: str = ""
-    add_bos: bool = True
-    fim: tuple[str, str, str] | None = None
-    """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
 
 
 class Backend(Protocol):

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, ModelLoadError
-from .backend import Backend, ModelInfo
+from ..protocol import ModelInfo
+from .backend import Backend
 from .chat_template import ChatTemplate
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler

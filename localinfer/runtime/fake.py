@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import LocalInferError
-from .backend import ModelInfo
+from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
 from .types import SamplingParams
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
-from .backend import LoadOptions, ModelInfo, ProgressCallback
+from ..protocol import ModelInfo
+from .backend import LoadOptions, ProgressCallback
 from .types import SamplingParams
 
 log = logging.getLogger(__name__)

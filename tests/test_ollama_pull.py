@@ -13,7 +13,7 @@ import pytest
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES, STARTER_SHA256
 
-from localinfer.daemon.ollama_routes import PullJob
+from localinfer.daemon.bridge import PullJob
 from localinfer.store import ModelStore
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home

@@ -1,0 +1,84 @@
+"""Every error the daemon answers, as a JSON body in the shape of the API the route belongs to:
+Ollama's ``{"error": message}`` under /api, OpenAI's ``{"error": {message, type, code}}``
+elsewhere, and on localinfer's own routes also the class, so its client raises the same one.
+Never a traceback, never a dead daemon: ``guarded`` wraps every route."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..errors import Busy, LocalInferError
+from ..protocol import ERROR_CODES, error_json, http_status
+from .state import DaemonState
+
+log = logging.getLogger(__name__)
+
+
+class RequestTooLarge(LocalInferError):
+    title = "request too large"
+    http_status = 413
+
+
+_CODES = {**ERROR_CODES, RequestTooLarge: "request_too_large"}
+
+
+def is_ollama_path(path: str) -> bool:
+    return path.startswith("/api/")
+
+
+def error_body(path: str, status: int, message: str, code: str | None = None
+               ) -> dict[str, Any]:
+    """The error shape of the API a path belongs to."""
+    if is_ollama_path(path):
+        return {"error": message}
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+
+def error_response(path: str, exc: Exception) -> JSONResponse:
+    if isinstance(exc, LocalInferError):
+        status = http_status(exc)
+        code = _CODES.get(type(exc))
+        if code is None and status >= 500:
+            code = "server_error"
+        headers = {"Retry-After": "2"} if isinstance(exc, Busy) else None
+        body = error_body(path, status, exc.message, code)
+        if path.startswith("/localinfer/"):  # localinfer's own client rebuilds the error
+            body["error"] |= error_json(exc)
+        return JSONResponse(body, status, headers=headers)
+    if isinstance(exc, HTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
+        if exc.status_code == 404:
+            message = f"no such endpoint: {path}"
+        return JSONResponse(error_body(path, exc.status_code, message), exc.status_code)
+    log.exception("unhandled error on %s", path)
+    return JSONResponse(error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}",
+                                   "internal_error"), 500)
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """Starlette's exception handler, for what happens outside a guarded route (a 404, a
+    wrong method)."""
+    return error_response(request.url.path, exc)
+
+
+def guarded(state: DaemonState, name: str,
+            handler: Callable[[Request], Awaitable[Response]]) -> Callable:
+    """Wrap a route: count it for /metrics, keep the daemon awake, and turn any error into a
+    JSON response in the route's API shape (never a traceback, never a dead daemon)."""
+
+    async def endpoint(request: Request) -> Response:
+        state.touch()
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            response = error_response(request.url.path, exc)
+        state.counters.count(name, response.status_code)
+        return response
+
+    return endpoint

@@ -1,0 +1,107 @@
+"""The guard in front of every route (pure ASGI): it rejects what a local daemon must not
+serve: a Host header that is not loopback over TCP (DNS rebinding), a browser Origin that was
+not configured, a missing API key over TCP when one is set, and oversized bodies."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import RequestTooLarge, error_body
+from .state import DaemonSettings
+
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+_TRUSTED_ORIGIN_SCHEMES = ("vscode-webview://", "vscode-file://", "app://", "file://",
+                           "tauri://")
+
+
+def host_is_loopback(host: str) -> bool:
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:port
+        name = name[1:].split("]", 1)[0]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """Host, Origin, API key and body-size checks in front of every route."""
+
+    def __init__(self, app: ASGIApp, settings: DaemonSettings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = Headers(scope=scope)
+        server = scope.get("server")
+        via_tcp = bool(server) and server[1] is not None  # a Unix socket has no port
+        settings = self.settings
+
+        if via_tcp and not settings.any_host:
+            host = headers.get("host")
+            if host is not None and not (host_is_loopback(host) or
+                                         host.split(":")[0] in settings.extra_hosts):
+                return await self._reject(scope, receive, send, 403,
+                                          f"Host {host!r} is not allowed: this daemon only"
+                                          " answers to localhost (DNS rebinding protection).")
+        origin = headers.get("origin")
+        if origin and not self._origin_allowed(origin):
+            return await self._reject(scope, receive, send, 403,
+                                      f"Origin {origin!r} is not allowed; add it with"
+                                      " `localinfer serve --cors-origin ORIGIN`.")
+        # A CORS preflight never carries credentials: it is answered without the key (and
+        # says nothing); the request it announces needs the key as usual.
+        preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
+        if via_tcp and settings.api_key and path != "/health" and not preflight:
+            auth = headers.get("authorization", "")
+            if auth != f"Bearer {settings.api_key}":
+                return await self._reject(
+                    scope, receive, send, 401,
+                    "missing or wrong API key: send 'Authorization: Bearer <key>' (the key is"
+                    " LOCALINFER_API_KEY)." if auth else
+                    "this daemon requires an API key over TCP: send 'Authorization: Bearer"
+                    " <key>' (LOCALINFER_API_KEY).", code="invalid_api_key")
+        length = headers.get("content-length")
+        limit = settings.max_body_bytes
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await self._reject(scope, receive, send, 413,
+                                      f"the request body is larger than {limit >> 20} MiB.")
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:  # a chunked body with no Content-Length
+                    raise RequestTooLarge(f"the request body is larger than {limit >> 20} MiB.")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _origin_allowed(self, origin: str) -> bool:
+        if origin in self.settings.cors_origins or "*" in self.settings.cors_origins:
+            return True
+        if origin.startswith(_TRUSTED_ORIGIN_SCHEMES):
+            return True
+        for scheme in ("http://", "https://"):
+            if origin.startswith(scheme):
+                return host_is_loopback(origin[len(scheme):].split("/", 1)[0])
+        return False
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, status: int,
+                      message: str, code: str | None = None) -> None:
+        body = error_body(scope["path"], status, message, code or {
+            401: "invalid_api_key", 403: "forbidden", 413: "request_too_large"}.get(status))
+        await JSONResponse(body, status)(scope, receive, send)

@@ -1,0 +1,77 @@
+"""What every route shares: the daemon's settings, its counters for /metrics, and the state
+(model manager, generations in flight, activity) that one running daemon holds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..runtime.types import Done
+from .manager import ModelManager
+
+if TYPE_CHECKING:
+    from .bridge import EventStream
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """How the daemon guards and paces its API."""
+
+    api_key: str | None = None
+    """When set, TCP requests need ``Authorization: Bearer <api_key>``."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed to call the API (no CORS headers otherwise)."""
+    extra_hosts: tuple[str, ...] = ()
+    """Host names accepted besides loopback ones (the address the daemon was bound to)."""
+    any_host: bool = False
+    """Bound to every interface (0.0.0.0 or ::) on purpose: any Host header is accepted."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    idle_exit_s: float | None = None
+    """Exit after this many seconds without requests (an auto-started daemon)."""
+
+
+@dataclass
+class Counters:
+    requests: dict[tuple[str, int], int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    last_decode_tps: float = 0.0
+    last_ttft_ms: float = 0.0
+
+    def count(self, route: str, status: int) -> None:
+        key = (route, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+
+class DaemonState:
+    def __init__(self, manager: ModelManager, settings: DaemonSettings) -> None:
+        self.manager = manager
+        self.settings = settings
+        self.counters = Counters()
+        self.started = time.time()
+        self.last_activity = time.monotonic()
+        self.in_flight = 0
+        self.shutting_down = False
+        self.exit_requested = asyncio.Event()
+        self.generations: dict[str, EventStream] = {}
+        """Streams of /localinfer/generate by id, for /localinfer/cancel."""
+        self.hardware: dict[str, Any] | None = None
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def record(self, done: Done) -> None:
+        """Count a finished generation's tokens for /metrics."""
+        c = self.counters
+        c.prompt_tokens += done.usage.prompt_tokens
+        c.cached_tokens += done.usage.cached_tokens
+        c.generated_tokens += done.usage.completion_tokens
+        if done.timings.decode_tokens:
+            c.last_decode_tps = done.timings.decode_tps
+        if done.timings.ttft_ms:
+            c.last_ttft_ms = done.timings.ttft_ms

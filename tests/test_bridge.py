@@ -1,0 +1,48 @@
+"""A client that goes away cancels its generation, streaming or not, and frees its slot."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, serve
+
+
+def test_client_disconnect_cancels_and_frees_the_slot(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 2000, step_delay_s=0.005, n_slots=1)) as d:
+        with d.uds() as c:
+            with c.stream("POST", "/api/generate", json={"model": "fake:1b", "prompt": "x"}
+                          ) as response:
+                lines = response.iter_lines()
+                for _ in range(3):
+                    next(lines)
+            engine = d.manager.loaded["fake:1b-f16"].engine
+            deadline = time.monotonic() + 5
+            while engine.stats().active and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.stats().active == 0
+            generated = engine.stats().generated_tokens_total
+            assert generated < 200  # stopped long before the 4000-token reply ended
+            # The only slot is free again: the next request runs at once.
+            quick = c.post("/api/generate", json={"model": "fake:1b", "prompt": "y",
+                                                  "stream": False,
+                                                  "options": {"num_predict": 2}})
+            assert quick.json()["done_reason"] == "length"
+
+
+def test_a_client_leaving_a_non_streaming_request_is_not_a_server_error(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005)) as d:
+        with d.uds() as c:
+            with pytest.raises(httpx.ReadTimeout):
+                c.post("/v1/completions", json={"model": "fake:1b", "prompt": "x"},
+                       timeout=httpx.Timeout(5, read=0.5))
+            engine = d.manager.loaded["fake:1b-f16"].engine
+            deadline = time.monotonic() + 10
+            while engine.stats().active and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert engine.stats().active == 0  # the generation was cancelled
+            assert 'status="500"' not in c.get("/metrics").text

@@ -1,0 +1,102 @@
+"""The daemon's lifecycle: one instance per user, a private Unix socket (curl can use it),
+clear errors for a busy port or a bad socket path, and a stop that ends in-flight streams."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import openai
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, openai_client, serve
+from localinfer.client import DaemonClient
+from localinfer.daemon.server import Daemon, ServeOptions
+from localinfer.errors import DaemonError
+
+pytest_plugins = ["daemon_fixtures"]  # daemon
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_over_the_unix_socket(daemon):
+    out = subprocess.run(["curl", "-s", "--unix-socket", str(daemon.socket),
+                          "http://localhost/api/tags"], capture_output=True, text=True,
+                         check=True)
+    assert {m["name"] for m in json.loads(out.stdout)["models"]} == {"fake:1b-f16",
+                                                                      "other:2b-f16"}
+    out = subprocess.run(["curl", "-sN", "--unix-socket", str(daemon.socket),
+                          "http://localhost/v1/chat/completions", "-d",
+                          '{"model":"fake:1b","stream":true,"messages":[{"role":"user",'
+                          '"content":"hi"}]}'], capture_output=True, text=True, check=True)
+    assert out.stdout.rstrip().endswith("data: [DONE]")
+
+
+def test_stop_ends_in_flight_streams_and_removes_the_socket(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005)) as d:
+        client = openai_client(d)
+        stream = client.chat.completions.create(model="fake:1b", stream=True, messages=[
+            {"role": "user", "content": "x"}])
+        next(iter(stream))
+        d.daemon.stop()
+        with pytest.raises(openai.APIError, match="cancelled"):
+            for _ in stream:
+                pass
+    assert not d.socket.exists()
+
+
+def test_second_instance_and_stale_files(home, tmp_path):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory()) as d:
+        second = Daemon(ServeOptions(socket_path=tmp_path / "x.sock", port=0), fake_factory())
+        with pytest.raises(DaemonError, match="already serving"):
+            second.start()
+        pid = os.getpid()
+        assert str(pid) in json.dumps(DaemonClient(socket_path=d.socket).status())
+    # A crash leaves a socket file and an unlocked pid file behind: the next start reuses them.
+    from localinfer.daemon.instance import pid_file, runtime_dir
+
+    runtime_dir()
+    stale = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    pid_file().write_text(json.dumps({"pid": 999999, "socket": str(stale)}))
+    daemon = Daemon(ServeOptions(socket_path=stale, port=0), fake_factory())
+    daemon.start()
+    try:
+        assert stale.exists() and (stale.stat().st_mode & 0o777) == 0o600
+    finally:
+        daemon._cleanup()
+    assert not stale.exists() and not pid_file().exists()
+
+
+def test_port_in_use_is_a_clear_error(home, tmp_path):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    try:
+        daemon = Daemon(ServeOptions(socket_path=tmp_path / "p.sock", port=port),
+                        fake_factory())
+        with pytest.raises(DaemonError, match=f"port {port}.*in use"):
+            daemon.start()
+        assert not (tmp_path / "p.sock").exists()
+    finally:
+        blocker.close()
+
+
+def test_socket_is_private(daemon):
+    assert (daemon.socket.stat().st_mode & 0o777) == 0o600
+
+
+def test_socket_path_that_is_a_file_is_not_deleted(home, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    daemon = Daemon(ServeOptions(socket_path=notes, tcp=False), fake_factory())
+    with pytest.raises(DaemonError, match="not a socket"):
+        daemon.start()
+    assert notes.read_text() == "precious"
