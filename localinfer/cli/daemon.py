@@ -74,9 +74,10 @@ def parse_address(address: str, default_port: int) -> tuple[str, int]:
 
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     # Starlette, uvicorn and the engine: not for building the parser.
-    from ..daemon.app import DaemonSettings, host_is_loopback
+    from ..daemon.guard import host_is_loopback
     from ..daemon.requests import parse_keep_alive
     from ..daemon.server import Daemon, ServeOptions
+    from ..daemon.state import DaemonSettings
     from ..runtime.loader import engine_factory
 
     config = config_with_flags(config, args).replace(slots=args.slots)

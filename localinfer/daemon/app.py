@@ -12,12 +12,8 @@ from starlette.middleware.cors import CORSMiddleware
 from ..errors import LocalInferError
 from . import native_routes, ollama_routes, openai_routes
 from .errors import handle_error
-from .guard import Guard, host_is_loopback
-from .state import DaemonSettings, DaemonState
-
-# cli_daemon.py imports these two from here (it is moving to cli/daemon.py; it can then import
-# them from state.py and guard.py).
-__all__ = ["DaemonSettings", "create_app", "host_is_loopback"]
+from .guard import Guard
+from .state import DaemonState
 
 
 def create_app(state: DaemonState) -> Starlette:
