@@ -6,10 +6,11 @@ how fast it will run, with the reasons in numbers. Pure: data in, data out, no I
 Memory, per device (bytes):
     weights of the layers placed there (exact per-layer bytes from a GGUF header, else spread
     evenly from the catalog's file size) + the KV cache of those layers for n_slots x n_ctx
-    tokens (F16; a sliding-window layer keeps min(n_ctx, window + n_ubatch) cells per slot, as
-    llama.cpp allocates it) + a compute buffer (the logits of one ubatch, 4 x n_ubatch x n_vocab,
-    on the device with the output layer, plus activations; CPU-only, at least the attention
-    scores of one ubatch, 4 x n_ubatch x n_ctx x n_head) + a fixed runtime overhead; each
+    tokens (x kv_bytes_per_element of the cache type; a sliding-window layer keeps
+    min(n_ctx, window + n_ubatch) cells per slot, as llama.cpp allocates it) + a compute buffer
+    (the logits of one ubatch, 4 x n_ubatch x n_vocab, on the device with the output layer,
+    plus activations; CPU-only, at least the attention scores of one ubatch,
+    4 x n_ubatch x n_ctx x n_head) + a fixed runtime overhead; each
     device keeps a reserve free (VRAM: 10% and at least 512 MiB; RAM: 10% and at least 1 GiB).
     The token embedding always stays in RAM (llama.cpp keeps it on the CPU).
 
@@ -20,7 +21,8 @@ Silicon, integrated GPUs) both parts come out of the same RAM.
 Decode, per token:
     t = sum over devices d of bytes_d / (eta_d x q x bw_d)  +  layers_d x s_d  +  t_token
 bytes_d = the weights read on d (for a mixture of experts only the active experts' share) and
-the KV cache read at the current position; eta_d = the achieved share of the bandwidth for the
+the KV cache read at the current position (``decode_reads``; the ``Roofline`` of a loaded model
+is the same bytes over the bare bandwidth); eta_d = the achieved share of the bandwidth for the
 backend, q = a factor < 1 for the low-bit quants whose kernels do more arithmetic per byte,
 s_d = a fixed dispatch/synchronisation cost per layer, t_token = sampling and logits. On the CPU
 the bandwidth term is max(bytes / (eta x bw(threads)), bytes / (threads x per-core dequant
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from .catalog import ModelSpec, Variant
     from .gguf import GGUFHeader
     from .hardware.profile import GPUInfo, HardwareProfile
+    from .runtime.backend import ModelInfo
 
 GIB = 2**30
 MIB = 2**20
@@ -59,8 +62,9 @@ MIN_AUTO_CTX = 2048
 """The default context is halved down to this to make a model fit, never further."""
 N_UBATCH = 512
 """llama.cpp's physical batch (the runtime's n_ubatch): sizes the compute buffer."""
-KV_BYTES_PER_ELEMENT = 2.0
-"""F16 KV cache."""
+KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+"""Bytes per KV cache element, by cache type (Config.kv_type), as ggml stores it: Q8_0 keeps
+blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements."""
 MAX_AUTO_SLOTS = 4
 
 # --- fitted constants (see the module docstring) ---------------------------------------------
@@ -110,6 +114,16 @@ def quant_factor(quant: str) -> float:
     if q.startswith("IQ4"):
         return 0.92
     return 1.0
+
+
+def kv_bytes_per_element(kv_type: str) -> float:
+    """Bytes one element of a ``kv_type`` KV cache takes: the factor of every KV size and of
+    the KV bytes a decoded token reads."""
+    try:
+        return KV_ELEMENT_BYTES[kv_type]
+    except KeyError:
+        raise InvalidRequest(f"unknown KV cache type {kv_type!r}; use one of"
+                             f" {', '.join(KV_ELEMENT_BYTES)}.") from None
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -274,6 +288,8 @@ class PlanPrefs:
     """Force this many GPU layers (llama.cpp semantics, -1 = all); None = as many as fit."""
     n_threads: int | None = None
     """CPU threads; None = the profile's (physical cores)."""
+    kv_type: str = "f16"
+    """KV cache type (Config.kv_type): sizes the cache and the KV bytes read per token."""
     vram_reserve_fraction: float = 0.10
     vram_reserve_min_bytes: int = 512 * MIB
     ram_reserve_fraction: float = 0.10
@@ -409,6 +425,7 @@ class _Machine:
     simd: str
     ghz: float
     cores: int
+    kv_type: str
 
 
 def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
@@ -439,7 +456,8 @@ def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
     return _Machine(ram_budget=ram_budget, gpu=gpu, gpu_backend=backend, gpu_budget=gpu_budget,
                     unified=unified, host_bw_gbps=host_bw, host_bw_1core_gbps=host_bw1,
                     cpu_eta=eta, threads=threads, simd=hw.cpu.simd,
-                    ghz=hw.cpu.ghz or DEFAULT_GHZ, cores=hw.cpu.physical_cores)
+                    ghz=hw.cpu.ghz or DEFAULT_GHZ, cores=hw.cpu.physical_cores,
+                    kv_type=prefs.kv_type)
 
 
 def _estimated_host_bandwidth(hw: HardwareProfile) -> float:
@@ -457,9 +475,9 @@ def kv_cells(layer: LayerShape, n_ctx: int, n_slots: int, n_ubatch: int = N_UBAT
     return min(n_ctx, swa) * n_slots
 
 
-def layer_kv_bytes(layer: LayerShape, n_ctx: int, n_slots: int) -> int:
+def layer_kv_bytes(layer: LayerShape, n_ctx: int, n_slots: int, kv_type: str) -> int:
     return int(kv_cells(layer, n_ctx, n_slots) * layer.kv_elements_per_token
-               * KV_BYTES_PER_ELEMENT)
+               * kv_bytes_per_element(kv_type))
 
 
 def memory(c: Candidate, machine: _Machine, n_gpu_layers: int, n_ctx: int, n_slots: int
@@ -470,10 +488,12 @@ def memory(c: Candidate, machine: _Machine, n_gpu_layers: int, n_ctx: int, n_slo
     first_gpu = n - min(k, n)
     output_on_gpu = k > n
     gpu_weights = sum(layer.weight_bytes for layer in c.layers[first_gpu:])
-    gpu_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots) for layer in c.layers[first_gpu:])
+    gpu_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type)
+                 for layer in c.layers[first_gpu:])
     host_weights = (sum(layer.weight_bytes for layer in c.layers[:first_gpu])
                     + c.embedding_bytes + c.other_bytes)
-    host_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots) for layer in c.layers[:first_gpu])
+    host_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type)
+                  for layer in c.layers[:first_gpu])
     logits = 4 * N_UBATCH * c.n_vocab
     activations = 4 * N_UBATCH * 3 * c.n_embd
     if output_on_gpu:
@@ -522,6 +542,118 @@ def _best_split(c: Candidate, machine: _Machine, n_ctx: int, n_slots: int
     return best, host, gpu
 
 
+# --- bytes read per token, and the roofline ------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeReads:
+    """What one decoded token reads on each device: the weights placed there (for a mixture of
+    experts only the active experts' share; the output head on the device that holds it) and,
+    per layer, the KV bytes per cached position with the layer's sliding window (such a layer
+    reads at most its window of cells)."""
+
+    cpu_weight_bytes: float
+    gpu_weight_bytes: float
+    cpu_kv: tuple[tuple[float, int | None], ...] = ()
+    gpu_kv: tuple[tuple[float, int | None], ...] = ()
+
+    def bytes_at(self, position: int) -> tuple[float, float]:
+        """(host bytes, GPU bytes) read to decode one token at ``position``."""
+        return (self.cpu_weight_bytes + _kv_read(self.cpu_kv, position),
+                self.gpu_weight_bytes + _kv_read(self.gpu_kv, position))
+
+
+def _kv_read(layers: tuple[tuple[float, int | None], ...], position: int) -> float:
+    return sum(per_position * (position if window is None else min(position, window))
+               for per_position, window in layers)
+
+
+def decode_reads(c: Candidate, n_gpu_layers: int, kv_type: str) -> DecodeReads:
+    """The bytes per token of ``c`` with its last ``n_gpu_layers`` on the GPU (llama.cpp
+    offloads the last layers first; n_layers + 1 adds the output head)."""
+    n = c.n_layers
+    k = max(0, min(n_gpu_layers, n + 1))
+    first_gpu = n - min(k, n)
+    per_element = kv_bytes_per_element(kv_type)
+
+    def kv(layers: Sequence[LayerShape]) -> tuple[tuple[float, int | None], ...]:
+        return tuple((layer.kv_elements_per_token * per_element, layer.sliding_window)
+                     for layer in layers)
+
+    cpu_layers, gpu_layers = c.layers[:first_gpu], c.layers[first_gpu:]
+    cpu_bytes = float(sum(layer.read_bytes for layer in cpu_layers))
+    gpu_bytes = float(sum(layer.read_bytes for layer in gpu_layers))
+    if k > n:
+        gpu_bytes += c.output_bytes
+    else:
+        cpu_bytes += c.output_bytes
+    return DecodeReads(cpu_bytes, gpu_bytes, kv(cpu_layers), kv(gpu_layers))
+
+
+def decode_bytes_per_token(c: Candidate, position: int, kv_type: str = "f16") -> float:
+    """Bytes one decoded token reads at ``position``, all devices together. Divided into the
+    memory bandwidth, it is the roofline of the decode rate."""
+    return sum(decode_reads(c, 0, kv_type).bytes_at(position))
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The decode rate memory bandwidth allows a loaded model:
+
+        ceiling tok/s = 1 / sum over devices d of (bytes read per token on d / bandwidth of d)
+
+    with the bytes of ``reads`` at the current context length, and the host's measured read
+    bandwidth (``localinfer hw``) or the GPU's data-sheet figure."""
+
+    reads: DecodeReads
+    host_bandwidth_gbps: float
+    host_bandwidth_source: str
+    """"measured", "spec" or "estimated" (how the host figure was obtained)."""
+    gpu_bandwidth_gbps: float = 0.0
+    exact: bool = True
+    """False when the weights per token are the file size (no header could be read)."""
+
+    def ceiling_tps(self, position: int) -> float | None:
+        """The decode rate memory bandwidth allows at ``position`` (None if unknown)."""
+        cpu, gpu = self.reads.bytes_at(position)
+        seconds = 0.0
+        if cpu:
+            if self.host_bandwidth_gbps <= 0:
+                return None
+            seconds += cpu / (self.host_bandwidth_gbps * 1e9)
+        if gpu:
+            if self.gpu_bandwidth_gbps <= 0:
+                return None
+            seconds += gpu / (self.gpu_bandwidth_gbps * 1e9)
+        return 1.0 / seconds if seconds > 0 else None
+
+    def percent(self, decode_tps: float, position: int) -> float | None:
+        """Decode as a percent of the ceiling: how close the machine runs to its memory
+        limit."""
+        ceiling = self.ceiling_tps(position)
+        if not ceiling or decode_tps <= 0:
+            return None
+        return 100.0 * decode_tps / ceiling
+
+
+def roofline_for(info: ModelInfo, hardware: HardwareProfile, candidate: Candidate | None,
+                 kv_type: str) -> Roofline:
+    """The roofline of a loaded model: exact per layer from its header (``candidate``) with a
+    ``kv_type`` KV cache, else the whole file read once per token, all from one device."""
+    gpu_bw = 0.0
+    if info.n_gpu_layers > 0 and hardware.gpus:
+        gpu = next((g for g in hardware.gpus if info.gpu_backend in g.drivers),
+                   hardware.gpus[0])
+        gpu_bw = gpu.bandwidth_gbps
+    host_bw, source = hardware.host_bandwidth_gbps, hardware.bandwidth_source
+    if candidate is None:
+        on_gpu = info.n_gpu_layers >= info.n_layers > 0
+        size = float(info.size_bytes)
+        reads = DecodeReads(cpu_weight_bytes=0.0 if on_gpu else size,
+                            gpu_weight_bytes=size if on_gpu else 0.0)
+        return Roofline(reads, host_bw, source, gpu_bw, exact=False)
+    return Roofline(decode_reads(candidate, info.n_gpu_layers, kv_type), host_bw, source,
+                    gpu_bw)
+
+
 # --- prediction ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Prediction:
@@ -533,12 +665,15 @@ class Prediction:
 
 
 def predict(c: Candidate, hw: HardwareProfile, n_gpu_layers: int, *, position: int,
-            n_threads: int | None = None, prefs: PlanPrefs | None = None) -> Prediction:
+            n_threads: int | None = None, kv_type: str | None = None,
+            prefs: PlanPrefs | None = None) -> Prediction:
     """Uncalibrated decode and prefill speed of ``c`` placed with ``n_gpu_layers`` on ``hw``,
     decoding at ``position`` tokens into the context."""
     prefs = prefs or PlanPrefs(n_threads=n_threads)
     if n_threads:
         prefs = replace(prefs, n_threads=n_threads)
+    if kv_type:
+        prefs = replace(prefs, kv_type=kv_type)
     return _predict(c, _machine(hw, prefs), n_gpu_layers, position)
 
 
@@ -548,32 +683,22 @@ def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Pre
     first_gpu = n - min(k, n)
     output_on_gpu = k > n
     q = quant_factor(c.quant)
-
-    def kv_read(layer: LayerShape) -> float:
-        cells = position if layer.sliding_window is None else min(position, layer.sliding_window)
-        return cells * layer.kv_elements_per_token * KV_BYTES_PER_ELEMENT
-
-    gpu_layers, cpu_layers = c.layers[first_gpu:], c.layers[:first_gpu]
-    gpu_bytes = sum(layer.read_bytes + kv_read(layer) for layer in gpu_layers)
-    cpu_bytes = sum(layer.read_bytes + kv_read(layer) for layer in cpu_layers)
-    if output_on_gpu:
-        gpu_bytes += c.output_bytes
-    else:
-        cpu_bytes += c.output_bytes
+    n_gpu, n_cpu = n - first_gpu, first_gpu
+    cpu_bytes, gpu_bytes = decode_reads(c, k, m.kv_type).bytes_at(position)
     ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
-    if gpu_layers or output_on_gpu:
+    if n_gpu or output_on_gpu:
         assert m.gpu is not None
         integrated = m.gpu.kind == "integrated" and m.gpu.vendor != "apple"
         eta = IGPU_ETA if integrated else GPU_ETA.get(m.gpu_backend or "", 0.6)
         per_layer = IGPU_LAYER_MS if integrated else GPU_LAYER_MS.get(m.gpu_backend or "", 0.05)
         ms["gpu"] = gpu_bytes / (eta * q * m.gpu.bandwidth_gbps * 1e9) * 1e3
-        ms["fixed"] += len(gpu_layers) * per_layer
-    if cpu_layers or not output_on_gpu:
+        ms["fixed"] += n_gpu * per_layer
+    if n_cpu or not output_on_gpu:
         threads = max(1, m.threads)
         bandwidth = min(m.host_bw_gbps, threads * m.host_bw_1core_gbps) * m.cpu_eta * q
         dot = threads * m.ghz * CPU_DOT_GBPS_PER_GHZ.get(m.simd, 1.0) * q
         ms["cpu"] = cpu_bytes / (min(bandwidth, dot) * 1e9) * 1e3
-        ms["fixed"] += len(cpu_layers) * CPU_LAYER_MS
+        ms["fixed"] += n_cpu * CPU_LAYER_MS
     on_gpu_output = output_on_gpu and m.gpu is not None
     ms["fixed"] += c.n_vocab * SAMPLING_NS_PER_VOCAB["gpu" if on_gpu_output else "cpu"] / 1e6
     total_ms = ms["gpu"] + ms["cpu"] + ms["fixed"]
@@ -581,7 +706,7 @@ def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Pre
 
     # Prefill: the layers' FLOPs on each device, one after the other.
     flops = c.prefill_flops_per_token
-    share_gpu = len(gpu_layers) / n if n else 0.0
+    share_gpu = n_gpu / n if n else 0.0
     cpu_flops = max(1, m.threads) * m.ghz * 1e9 * CPU_FLOPS_PER_CYCLE.get(m.simd, 4.0)
     prefill_s = flops * (1 - share_gpu) / cpu_flops
     if share_gpu:
@@ -590,18 +715,6 @@ def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Pre
         prefill_s += flops * share_gpu / (tflops * 1e12 * GPU_COMPUTE_ETA)
     return Prediction(decode_tps=1000.0 / total_ms, decode_ms=ms,
                       prefill_tps=1.0 / prefill_s if prefill_s > 0 else 0.0, key=key)
-
-
-def decode_bytes_per_token(c: Candidate, position: int) -> float:
-    """Bytes one decoded token reads at ``position``: the weights in use (the active experts'
-    share for a mixture of experts), the output head, and the KV cache so far. Divided into
-    the memory bandwidth, it is the roofline of the decode rate."""
-    total = float(c.output_bytes)
-    for layer in c.layers:
-        cells = position if layer.sliding_window is None else min(position,
-                                                                  layer.sliding_window)
-        total += layer.read_bytes + cells * layer.kv_elements_per_token * KV_BYTES_PER_ELEMENT
-    return total
 
 
 # --- planning ------------------------------------------------------------------------------------
@@ -635,6 +748,7 @@ def _check_prefs(prefs: PlanPrefs, candidates: Sequence[Candidate]) -> None:
         raise InvalidRequest(f"the number of slots must be at least 1, got {prefs.n_slots}.")
     if prefs.n_threads is not None and prefs.n_threads < 1:
         raise InvalidRequest(f"threads must be at least 1, got {prefs.n_threads}.")
+    kv_bytes_per_element(prefs.kv_type)  # an unknown cache type fails here, with its name
 
 
 def _evaluate(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs) -> Evaluation:

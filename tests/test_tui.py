@@ -550,7 +550,7 @@ def _stop(client) -> None:
 def test_a_daemon_is_started_in_the_background_when_none_runs(home, monkeypatch):
     from localinfer.config import Config
     from localinfer.daemon.instance import running_daemon
-    from localinfer.tui.session import Launcher
+    from localinfer.session import Launcher
 
     monkeypatch.delenv("LOCALINFER_HOST", raising=False)
     launcher = Launcher(Config(), serve_args=["--no-tcp"])
@@ -574,7 +574,7 @@ def test_a_busy_port_falls_back_to_the_unix_socket(home, monkeypatch):
 
     from localinfer.config import load_config
     from localinfer.daemon.instance import running_daemon
-    from localinfer.tui.session import Launcher
+    from localinfer.session import Launcher
 
     monkeypatch.delenv("LOCALINFER_HOST", raising=False)
     taken = socket.socket()

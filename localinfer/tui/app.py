@@ -1,8 +1,9 @@
 """``localinfer chat``: the Textual chat UI with live speed.
 
-The app owns the screen and the chat history; the model is reached through a ``ChatSession``
-(session.py) from thread workers, which post messages back (as Textual's examples/mother.py
-and harlequin do), so the UI never waits on the model. A reply streams into one Markdown
+The app owns the screen and the chat history; the model, and what to show about models, are
+reached through the core's ``localinfer.session`` from thread workers, which post messages back
+(as Textual's examples/mother.py and harlequin do), so the UI never waits on the model. The app
+keeps only state and rendering. A reply streams into one Markdown
 widget that is appended to at most once per frame (FRAME_S): the render cost per token does not
 grow with the reply, nor with the transcript, whose other messages are never touched.
 
@@ -29,7 +30,18 @@ from textual.widgets import Button, Footer, Header, Static
 from ..chats import Chat, ChatMessage, ChatStore, ReplyStats
 from ..config import Config
 from ..errors import ContextOverflow, DaemonError, LocalInferError
+from ..planner import Roofline
 from ..runtime.types import Done, LiveStats, Usage
+from ..session import (
+    DecodeReference,
+    EngineOpener,
+    Launcher,
+    LoadStep,
+    Session,
+    decode_reference,
+    loaded_candidate,
+    with_loaded_backend,
+)
 from .screens import (
     ChatChoice,
     ChatsChanged,
@@ -42,8 +54,7 @@ from .screens import (
     ModelsScreen,
     SettingsScreen,
 )
-from .session import ChatSession, EngineOpener, Launcher, LoadStep
-from .speed import Roofline, SpeedTracker, roofline_for
+from .speed import SpeedTracker
 from .widgets import (
     AssistantMessage,
     ChatInput,
@@ -71,7 +82,7 @@ class LoadProgress(Message):
 
 
 class SessionReady(Message):
-    def __init__(self, session: ChatSession, candidate: Any) -> None:
+    def __init__(self, session: Session, candidate: Any) -> None:
         super().__init__()
         self.session = session
         self.candidate = candidate
@@ -173,12 +184,12 @@ class ChatApp(App[None]):
         self.calibration = calibration or {}
         self.measure_bandwidth = measure_bandwidth and hardware is None
         self.chat: Chat = chats.new(temperature=0.8, max_tokens=512)
-        self.session: ChatSession | None = None
+        self.session: Session | None = None
         self.loading: str | None = None
         self.load_error: LocalInferError | None = None
         self.model_name: str | None = model
         self.candidate: Any = None
-        self.roofline: Roofline | None = None
+        self.reference: DecodeReference | None = None
         self.reply: Reply | None = None
         self.context_tokens: int | None = None
         self._reply_ids = 0
@@ -227,10 +238,11 @@ class ChatApp(App[None]):
         self._connect(model, self.session)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="connect")
-    def _connect(self, model: str | None, old: ChatSession | None) -> None:
+    def _connect(self, model: str | None, old: Session | None) -> None:
         try:
             if self.hardware is None:
-                self.post_message(HardwareReady(*self._probe(measure=False)))
+                self.post_message(HardwareReady(
+                    *self.launcher.probe_hardware(measure_bandwidth=False)))
             if model is None:
                 model = self.launcher.pick_model(self.hardware)
             self.post_message(LoadProgress(LoadStep(f"Getting {model} ready…")))
@@ -238,7 +250,7 @@ class ChatApp(App[None]):
                 old.close()  # two models at once may not fit: free the old one first
             session = self.launcher.open(model,
                                          lambda step: self.post_message(LoadProgress(step)))
-            self.post_message(SessionReady(session, _candidate(session.info)))
+            self.post_message(SessionReady(session, loaded_candidate(session.info)))
         except LocalInferError as exc:
             self.post_message(SessionFailed(model, exc))
         except Exception as exc:  # noqa: BLE001 - a bug shows in the UI, not as a traceback
@@ -246,19 +258,11 @@ class ChatApp(App[None]):
             self.post_message(SessionFailed(model, LocalInferError(
                 f"internal error: {type(exc).__name__}: {exc}")))
 
-    def _probe(self, *, measure: bool) -> tuple[Any, dict[str, float]]:
-        from ..hardware import probe
-        from ..hardware.calibration import load_ratios
-
-        # Only an in-process engine may load llama.cpp here (to list its GPU backends); with
-        # the daemon, the backend it used is taken from the model it loaded.
-        hw = probe(measure_bandwidth=measure, with_build=self.launcher.in_process)
-        return hw, load_ratios(hw)
-
     @work(thread=True, exclusive=True, exit_on_error=False, group="bandwidth")
     def _measure(self) -> None:
         try:
-            self.post_message(HardwareReady(*self._probe(measure=True)))
+            self.post_message(HardwareReady(
+                *self.launcher.probe_hardware(measure_bandwidth=True)))
         except Exception:  # noqa: BLE001 - the roofline stays unknown; chatting works
             log.warning("measuring the memory bandwidth failed", exc_info=True)
             self._measuring = False
@@ -278,7 +282,7 @@ class ChatApp(App[None]):
             self._measuring = False
         self.hardware = event.hardware
         self.calibration = event.calibration
-        self._update_roofline()
+        self._update_reference()
         self._show_status()
 
     @on(SessionReady)
@@ -289,7 +293,7 @@ class ChatApp(App[None]):
         self.loading = None
         self.query_one(LoadingPanel).display = False
         self.sub_title = f"{event.session.info.name} · {self.chat.display_title}"
-        self._update_roofline()
+        self._update_reference()
         if self.context_tokens is None and self._last_stats is not None:
             self.context_tokens = self._last_stats.context_tokens
         self._show_status()
@@ -335,25 +339,13 @@ class ChatApp(App[None]):
 
         self.push_screen(ErrorScreen(title, error.one_line(), buttons), chosen)
 
-    def _update_roofline(self) -> None:
+    def _update_reference(self) -> None:
         if self.session is None or self.hardware is None:
-            self.roofline = None
+            self.reference = None
             return
-        self.hardware = _with_loaded_backend(self.hardware, self.session.info)
-        self.roofline = roofline_for(self.session.info, self.hardware, self.candidate)
-
-    def _predicted_tps(self, position: int) -> float | None:
-        if self.session is None or self.hardware is None or self.candidate is None:
-            return None
-        from ..planner import predict
-
-        try:
-            p = predict(self.candidate, self.hardware, self.session.info.n_gpu_layers,
-                        position=position, n_threads=self.launcher.config.threads)
-        except Exception:  # noqa: BLE001 - a prediction is a nicety
-            log.debug("no prediction", exc_info=True)
-            return None
-        return p.decode_tps * self.calibration.get(p.key, 1.0)
+        self.hardware = with_loaded_backend(self.hardware, self.session.info)
+        self.reference = decode_reference(self.session.info, self.hardware, self.candidate,
+                                          self.launcher.config, self.calibration)
 
     # --- the transcript -------------------------------------------------------------------
     async def _render_chat(self) -> None:
@@ -458,7 +450,7 @@ class ChatApp(App[None]):
         self._stream(reply, session, self.chat.prompt_messages(), self.chat.params())
 
     @work(thread=True, exit_on_error=False, group="reply")
-    def _stream(self, reply: Reply, session: ChatSession, messages: Sequence[Any],
+    def _stream(self, reply: Reply, session: Session, messages: Sequence[Any],
                 params: Any) -> None:
         """Run one generation and post its events; never touches a widget."""
         try:
@@ -524,7 +516,8 @@ class ChatApp(App[None]):
             reply.flush_timer = None
         await self._draw_reply(reply)
         done = event.done
-        stats = _reply_stats(done, reply, self.roofline)
+        stats = _reply_stats(done, reply,
+                             self.reference.roofline if self.reference else None)
         message = ChatMessage("assistant", done.text, model=reply.model,
                               finish_reason=done.finish_reason, stats=stats)
         self.chat.add(message)
@@ -644,8 +637,7 @@ class ChatApp(App[None]):
         session = self.session
         reply = self.reply
         info = session.info if session else None
-        where = ("daemon" if session and session.where.startswith("daemon") else
-                 "in-process") if session else ""
+        where = ("in-process" if session.in_process else "daemon") if session else ""
         context = self.context_tokens
         at_least = self._context_at_least
         if reply is not None:
@@ -682,9 +674,10 @@ class ChatApp(App[None]):
             note = "roofline: measuring the memory bandwidth (once per machine)…"
         else:
             note = "roofline: memory bandwidth unknown (`localinfer hw` measures it)"
-        status.show_roofline(self.roofline if session else None, decode_tps=decode,
-                             position=position, predicted_tps=self._predicted_tps(position),
-                             bandwidth_note=note)
+        reference = self.reference if session else None
+        predicted = reference.predicted_tps(position) if reference else None
+        status.show_roofline(reference.roofline if reference else None, decode_tps=decode,
+                             position=position, predicted_tps=predicted, bandwidth_note=note)
 
     # --- actions ----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -775,8 +768,8 @@ class ChatApp(App[None]):
 
         current = self.session.model if self.session else self.model_name
         self.push_screen(ModelsScreen(self.launcher.store, self.hardware, current,
-                                      calibration=self.calibration,
-                                      min_tps=self.launcher.config.min_tps), chosen)
+                                      self.launcher.config, calibration=self.calibration),
+                         chosen)
 
     def action_settings(self) -> None:
         chat = self.chat
@@ -854,30 +847,6 @@ def _reply_stats(done: Done, reply: Reply, roofline: Roofline | None) -> ReplySt
     return replace(ReplyStats.from_done(done, pct), **figures)
 
 
-def _candidate(info: Any) -> Any:
-    """The planner's view of the loaded file (exact per-layer bytes), or None."""
-    from .. import gguf
-    from ..planner import Candidate
-
-    path = Path(info.path)
-    if not path.is_file():
-        return None
-    try:
-        return Candidate.from_header(gguf.read_header(path), name=info.name)
-    except Exception:  # noqa: BLE001 - the roofline then falls back to the file size
-        log.debug("cannot read %s's header", path, exc_info=True)
-        return None
-
-
-def _with_loaded_backend(hardware: Any, info: Any) -> Any:
-    """With the daemon the UI does not load llama.cpp to list its backends; the model the
-    daemon offloaded says which one it has."""
-    backend = getattr(info, "gpu_backend", None)
-    if backend and info.n_gpu_layers > 0 and backend not in hardware.backends:
-        return replace(hardware, backends=(*hardware.backends, backend))
-    return hardware
-
-
 def create_app(model: str | None = None, *, config: Config | None = None,
                no_daemon: bool = False, resume: str | None = None,
                hardware: Any = None, calibration: dict[str, float] | None = None,
@@ -890,6 +859,6 @@ def create_app(model: str | None = None, *, config: Config | None = None,
 
     config = config or load_config()
     launcher = Launcher(config, no_daemon=no_daemon, open_engine=open_engine, store=store,
-                        serve_args=serve_args, start_daemon=start_daemon)
+                        serve_args=serve_args, if_no_daemon="start" if start_daemon else "fail")
     return ChatApp(launcher, chats or ChatStore(), model=model, resume=resume,
                    hardware=hardware, calibration=calibration, theme=theme)

@@ -29,9 +29,10 @@ from textual.widgets import (
 )
 
 from ..chats import ChatStore, ChatSummary, check_settings
+from ..config import Config
 from ..errors import LocalInferError
 from ..progress import human_bytes
-from .models import ModelRow, model_rows
+from ..session import ModelRow, model_rows
 from .speed import tps
 
 HELP = """\
@@ -362,15 +363,14 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.error = error
             self.cancelled = cancelled
 
-    def __init__(self, store: Any, hardware: Any, current: str | None, *,
-                 calibration: dict[str, float] | None = None, min_tps: float = 10.0,
-                 **kwargs: Any) -> None:
+    def __init__(self, store: Any, hardware: Any, current: str | None, config: Config, *,
+                 calibration: dict[str, float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store = store
         self.hardware = hardware
         self.current = current
         self.calibration = calibration or {}
-        self.min_tps = min_tps
+        self.config = config
         self.rows: list[ModelRow] = []
         self._pull_cancel: threading.Event | None = None
         self.pulling: str | None = None
@@ -401,8 +401,8 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.post_message(self.RowsReady(None, "the hardware profile is not ready yet."))
             return
         try:
-            rows = model_rows(self.store, self.hardware, calibration=self.calibration,
-                              min_tps=self.min_tps)
+            rows = model_rows(self.store, self.hardware, self.config,
+                              calibration=self.calibration)
         except LocalInferError as exc:
             self.post_message(self.RowsReady(None, exc.one_line()))
             return

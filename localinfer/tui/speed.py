@@ -1,125 +1,20 @@
-"""The chat UI's speed figures, as plain functions (no Textual here, so they test in isolation).
+"""The chat UI's speed figures in words, and the sparkline's samples, as plain functions (no
+Textual here, so they test in isolation).
 
 Measured: decode, TTFT and prefill come from the engine's own timings (``LiveStats`` on every
 token, ``Timings`` at the end); the sparkline's samples are tokens over wall time between
-token arrivals, measured by the UI. Predicted: the memory-bandwidth roofline,
-
-    ceiling tok/s = 1 / sum over devices d of (bytes read per token on d / bandwidth of d)
-
-where the bytes are the weights of the layers placed on d (exact, from the GGUF header) plus
-their KV cache read at the current context length, and the bandwidth is the host's measured
-read bandwidth (``localinfer hw``) or the GPU's data-sheet figure; and the planner's predicted
-decode speed for the same placement. Decode as a percent of the ceiling says how close the
-machine runs to its memory limit.
+token arrivals, measured by the UI. Predicted: the memory-bandwidth roofline and the planner's
+decode speed for the same placement (``planner.Roofline``, ``session.DecodeReference``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..chats import ReplyStats
-    from ..hardware import HardwareProfile
-    from ..planner import Candidate
     from ..runtime.backend import ModelInfo
-
-KV_BYTES_PER_ELEMENT = 2.0  # F16 KV cache, as the runtime allocates it
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """Where the bytes of one decoded token come from, and how fast each device reads them."""
-
-    cpu_bytes: float
-    """Weight bytes read per token from host memory."""
-    gpu_bytes: float
-    cpu_kv_per_position: float
-    """KV bytes read per token for each token already in the context (host layers)."""
-    gpu_kv_per_position: float
-    host_bandwidth_gbps: float
-    host_bandwidth_source: str
-    """"measured", "spec" or "estimated" (how the host figure was obtained)."""
-    gpu_bandwidth_gbps: float = 0.0
-    exact: bool = True
-    """False when the weights per token are the file size (no header could be read)."""
-    cpu_windows: tuple[tuple[float, int | None], ...] = ()
-    gpu_windows: tuple[tuple[float, int | None], ...] = ()
-    """(KV bytes per position, sliding window or None) per layer, when known: a sliding-window
-    layer reads at most its window of cells."""
-
-    def bytes_per_token(self, position: int) -> tuple[float, float]:
-        """(host bytes, GPU bytes) read to decode one token at ``position``."""
-        def kv(windows, per_position: float) -> float:
-            if windows:
-                return sum(b * (position if w is None else min(position, w))
-                           for b, w in windows)
-            return per_position * position
-        return (self.cpu_bytes + kv(self.cpu_windows, self.cpu_kv_per_position),
-                self.gpu_bytes + kv(self.gpu_windows, self.gpu_kv_per_position))
-
-    def ceiling_tps(self, position: int) -> float | None:
-        """The decode rate memory bandwidth allows at ``position`` (None if unknown)."""
-        cpu, gpu = self.bytes_per_token(position)
-        seconds = 0.0
-        if cpu:
-            if self.host_bandwidth_gbps <= 0:
-                return None
-            seconds += cpu / (self.host_bandwidth_gbps * 1e9)
-        if gpu:
-            if self.gpu_bandwidth_gbps <= 0:
-                return None
-            seconds += gpu / (self.gpu_bandwidth_gbps * 1e9)
-        return 1.0 / seconds if seconds > 0 else None
-
-    def percent(self, decode_tps: float, position: int) -> float | None:
-        ceiling = self.ceiling_tps(position)
-        if not ceiling or decode_tps <= 0:
-            return None
-        return 100.0 * decode_tps / ceiling
-
-
-def roofline_for(info: ModelInfo, hardware: HardwareProfile,
-                 candidate: Candidate | None) -> Roofline:
-    """The roofline of a loaded model: exact per layer from its header (``candidate``), else
-    the whole file read once per token, all from host memory."""
-    gpu_bw = 0.0
-    if info.n_gpu_layers > 0 and hardware.gpus:
-        gpu = next((g for g in hardware.gpus if info.gpu_backend in g.drivers),
-                   hardware.gpus[0])
-        gpu_bw = gpu.bandwidth_gbps
-    host_bw, source = hardware.host_bandwidth_gbps, hardware.bandwidth_source
-    if candidate is None:
-        on_gpu = info.n_gpu_layers >= info.n_layers > 0
-        return Roofline(cpu_bytes=0.0 if on_gpu else float(info.size_bytes),
-                        gpu_bytes=float(info.size_bytes) if on_gpu else 0.0,
-                        cpu_kv_per_position=0.0, gpu_kv_per_position=0.0,
-                        host_bandwidth_gbps=host_bw, host_bandwidth_source=source,
-                        gpu_bandwidth_gbps=gpu_bw, exact=False)
-    layers = candidate.layers
-    n = len(layers)
-    k = max(0, min(info.n_gpu_layers, n + 1))  # llama.cpp offloads the last layers first
-    first_gpu = n - min(k, n)
-
-    def windows(part) -> tuple[tuple[float, int | None], ...]:
-        return tuple((layer.kv_elements_per_token * KV_BYTES_PER_ELEMENT, layer.sliding_window)
-                     for layer in part)
-
-    cpu_layers, gpu_layers = layers[:first_gpu], layers[first_gpu:]
-    cpu_bytes = float(sum(layer.read_bytes for layer in cpu_layers))
-    gpu_bytes = float(sum(layer.read_bytes for layer in gpu_layers))
-    if k > n:
-        gpu_bytes += candidate.output_bytes
-    else:
-        cpu_bytes += candidate.output_bytes
-    return Roofline(
-        cpu_bytes=cpu_bytes, gpu_bytes=gpu_bytes,
-        cpu_kv_per_position=sum(b for b, _ in windows(cpu_layers)),
-        gpu_kv_per_position=sum(b for b, _ in windows(gpu_layers)),
-        host_bandwidth_gbps=host_bw, host_bandwidth_source=source, gpu_bandwidth_gbps=gpu_bw,
-        cpu_windows=windows(cpu_layers), gpu_windows=windows(gpu_layers),
-    )
 
 
 class SpeedTracker:

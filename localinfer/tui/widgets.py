@@ -13,9 +13,10 @@ from textual.widgets import Label, Markdown, ProgressBar, Sparkline, Static, Tex
 from textual.widgets.markdown import MarkdownStream
 
 from ..chats import ChatMessage
+from ..planner import Roofline
 from ..runtime.backend import ModelInfo
 from ..runtime.types import LiveStats
-from .speed import Roofline, placement, summary_line, thousands, tps
+from .speed import placement, summary_line, thousands, tps
 
 HISTORY_LIMIT = 200
 
@@ -240,10 +241,10 @@ class StatusBar(Vertical):
             share = f"{pct:.0f}% of " if pct is not None and pct >= 10 else \
                 f"{pct:.1f}% of " if pct is not None else ""
             bw = []
-            if roofline.cpu_bytes:
+            if roofline.reads.cpu_weight_bytes:
                 bw.append(f"host {roofline.host_bandwidth_gbps:.1f} GB/s"
                           f" {roofline.host_bandwidth_source}")
-            if roofline.gpu_bytes:
+            if roofline.reads.gpu_weight_bytes:
                 bw.append(f"GPU {roofline.gpu_bandwidth_gbps:.0f} GB/s spec")
             approx = "" if roofline.exact else "~"
             parts.append(f"{share}roofline {approx}{tps(ceiling)} tok/s ({', '.join(bw)})")

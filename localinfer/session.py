@@ -1,0 +1,505 @@
+"""The one way a front end reaches a model: the daemon (started in the background when none runs)
+or an engine in this process, behind one interface; and what a front end shows about models
+besides their replies (which one to pick, the planner's verdict on each, the roofline and the
+predicted speed of the loaded one). No UI here: the chat UI calls these from its worker threads.
+
+    Launcher(config).open(model, progress) -> Session
+    Session.chat(messages, params) | Session.complete(prompt, params) -> a generation:
+        iterate Token/Done events, cancel() from any thread
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+
+from . import gguf
+from .config import Config
+from .errors import DaemonError, LocalInferError, ModelLoadError
+from .paths import ensure_dir, get_paths
+from .planner import Candidate, PlanPrefs, Roofline, plan, predict, roofline_for
+from .runtime.backend import ModelInfo
+from .runtime.types import Done, Message, Priority, SamplingParams, Token
+from .store import STARTER_NAME, InstalledModel, ModelStore, looks_like_path
+
+if TYPE_CHECKING:
+    from .client import DaemonClient
+    from .hardware import HardwareProfile
+
+log = logging.getLogger(__name__)
+
+DAEMON_IDLE_EXIT_S = 1800.0
+"""An auto-started daemon exits after this long without requests (the model itself unloads
+after the daemon's keep-alive, 5 minutes by default)."""
+DAEMON_START_TIMEOUT_S = 30.0
+IF_NO_DAEMON = ("start", "fail", "in_process")
+"""What a Launcher does when no daemon answers: start one (the chat UI), fail with a message,
+or load the model in this process (``localinfer run``)."""
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """Progress while a model gets ready, for a loading screen or a progress bar."""
+
+    message: str
+    fraction: float | None = None
+    """0..1, or None when the step cannot say how far it is."""
+    stage: str = ""
+    """"starter" (copying the starter model into the store; ``total_bytes`` is its size),
+    "daemon" (starting it), "load" (fraction: of the load) or "loaded" (in process)."""
+    total_bytes: int = 0
+
+
+Progress = Callable[[LoadStep], None]
+
+
+class Generation(Protocol):
+    def __iter__(self) -> Iterator[Token | Done]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Session(Protocol):
+    """One model, ready to generate."""
+
+    info: ModelInfo
+    model: str
+    """The name to ask for (canonical, with the quant)."""
+    where: str
+    """Where it runs, in words: "daemon unix:/run/...sock" or "in this process"."""
+    in_process: bool
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation: ...
+
+    def complete(self, prompt: str, params: SamplingParams) -> Generation:
+        """Continue ``prompt`` as raw text (no chat template)."""
+        ...
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        """Tokens the conversation takes in the context, when this session can count them."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EngineSession:
+    """An engine loaded in this process (``--no-daemon``)."""
+
+    in_process = True
+
+    def __init__(self, engine: Any, model: str | None = None, *,
+                 priority: Priority = Priority.INTERACTIVE) -> None:
+        self.engine = engine
+        self.info: ModelInfo = engine.info
+        self.model = model or engine.info.name
+        self.where = "in this process"
+        self.priority = priority
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
+        return self.engine.chat(messages, params, priority=self.priority)
+
+    def complete(self, prompt: str, params: SamplingParams) -> Generation:
+        return self.engine.complete(prompt, params, priority=self.priority)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return len(self.engine.chat_tokens(messages))
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class DaemonSession:
+    """A model held by the daemon; a chat UI's requests go first (interactive priority)."""
+
+    in_process = False
+
+    def __init__(self, client: Any, model: str, info: ModelInfo, *,
+                 priority: Priority = Priority.INTERACTIVE) -> None:
+        self.client = client
+        self.model = model
+        self.info = info
+        self.where = f"daemon {client.where}"
+        self.priority = priority
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
+        return _InfoTracking(self.client.generate(self.model, messages=list(messages),
+                                                  params=params, priority=self.priority), self)
+
+    def complete(self, prompt: str, params: SamplingParams) -> Generation:
+        return _InfoTracking(self.client.generate(self.model, prompt=prompt, params=params,
+                                                  priority=self.priority), self)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return None  # the daemon counts at submit: ContextOverflow says when it is too long
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _InfoTracking:
+    """A daemon generation that updates the session's ModelInfo from its start event (the
+    daemon may have reloaded the model with other settings since)."""
+
+    def __init__(self, generation: Any, session: DaemonSession) -> None:
+        self._generation = generation
+        self._session = session
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's size as the daemon counted it (known after the first event)."""
+        return self._generation.prompt_tokens
+
+    def __iter__(self) -> Iterator[Token | Done]:
+        for event in self._generation:
+            info = self._generation.info
+            if info is not None and info is not self._session.info:
+                self._session.info = info
+            yield event
+
+    def cancel(self) -> None:
+        self._generation.cancel()
+
+
+EngineOpener = Callable[..., Any]
+"""``runtime.loader.open_engine``'s signature: (ref, config, on_copy=, on_load=) -> Engine."""
+
+
+class Launcher:
+    """Finds or starts what runs the model, and opens sessions on it. Whether that is the
+    daemon or this process is decided once: by ``no_daemon``, else by the first daemon look-up
+    (with ``if_no_daemon="in_process"``, no daemon means this process from then on)."""
+
+    def __init__(self, config: Config, *, no_daemon: bool = False,
+                 open_engine: EngineOpener | None = None,
+                 store: ModelStore | None = None,
+                 serve_args: Sequence[str] = (),
+                 if_no_daemon: str = "start",
+                 priority: Priority = Priority.INTERACTIVE,
+                 idle_exit_s: float = DAEMON_IDLE_EXIT_S) -> None:
+        if if_no_daemon not in IF_NO_DAEMON:
+            raise ValueError(f"if_no_daemon must be one of {IF_NO_DAEMON}, got {if_no_daemon!r}")
+        self.config = config
+        self.no_daemon = no_daemon
+        self._open_engine = open_engine
+        self.store = store or ModelStore()
+        self.serve_args = tuple(serve_args)
+        self.if_no_daemon = if_no_daemon
+        self.priority = priority
+        self.idle_exit_s = idle_exit_s
+        self.started_daemon_pid: int | None = None
+        self._client: DaemonClient | None = None
+
+    @property
+    def in_process(self) -> bool:
+        return self.no_daemon
+
+    # --- the machine --------------------------------------------------------------------
+    def probe_hardware(self, *, measure_bandwidth: bool) -> tuple[HardwareProfile,
+                                                                  dict[str, float]]:
+        """This machine's profile and its measured/predicted decode ratios."""
+        from .hardware import probe
+        from .hardware.calibration import load_ratios
+
+        # Only an in-process engine may load llama.cpp here (to list its GPU backends); with
+        # the daemon, the backend it used is taken from the model it loaded.
+        hardware = probe(measure_bandwidth=measure_bandwidth, with_build=self.in_process)
+        return hardware, load_ratios(hardware)
+
+    # --- choosing a model ---------------------------------------------------------------
+    def pick_model(self, hardware: HardwareProfile | None) -> str:
+        """No model named: the config's default, else the planner's pick among the installed
+        models, else the starter (installed from the ``starter`` extra on first use)."""
+        if self.config.default_model:
+            return self.config.default_model
+        installed = self.store.list()
+        if not installed:
+            return STARTER_NAME
+        if len(installed) == 1 or hardware is None:
+            return installed[0].name
+        from .hardware.calibration import load_ratios
+
+        candidates = []
+        for m in installed:
+            try:
+                candidates.append(installed_candidate(m))
+            except LocalInferError as exc:
+                log.warning("not planning %s: %s", m.name, exc)
+        if not candidates:
+            return installed[0].name
+        try:
+            chosen = plan(hardware, candidates, PlanPrefs(
+                n_ctx=self.config.ctx, min_tps=self.config.min_tps,
+                n_gpu_layers=self.config.gpu_layers, n_threads=self.config.threads,
+                kv_type=self.config.kv_type, calibration=load_ratios(hardware))).choice
+        except LocalInferError:
+            chosen = None
+        return chosen.candidate.name if chosen else candidates[0].name
+
+    # --- opening ------------------------------------------------------------------------
+    def open(self, model: str, progress: Progress) -> Session:
+        """Get ``model`` ready (install the starter, start the daemon, load) and return a
+        session on it. Raises LocalInferError subclasses with a message for the user."""
+        if not self.no_daemon and not looks_like_path(model):
+            client = self.client(progress)
+            if client is not None:
+                return self._open_in_daemon(client, model, progress)
+        return self._open_in_process(model, progress)
+
+    def _open_in_daemon(self, client: DaemonClient, model: str, progress: Progress
+                        ) -> Session:
+        # Resolve here, with progress: the starter is copied into the store on first use,
+        # and an unknown name fails before the daemon is asked.
+        resolved = self.store.resolve(model, progress=_copy_progress(progress))
+        label = f"Loading {resolved.name} in the daemon…"
+        progress(LoadStep(label, stage="load"))
+        try:
+            info = client.load(resolved.name,
+                               progress=lambda f: progress(LoadStep(label, f, "load")))
+        except DaemonError as exc:
+            if "cannot reach" in exc.message:
+                raise
+            raise ModelLoadError(f"the daemon could not load {resolved.name}: {exc.message}"
+                                 ) from None
+        return DaemonSession(client, resolved.name, info, priority=self.priority)
+
+    def _open_in_process(self, model: str, progress: Progress) -> Session:
+        opener = self._open_engine
+        if opener is None:
+            from .runtime.loader import open_engine as opener
+        label = f"Loading {model}…"
+        progress(LoadStep(label, 0.0, "load"))
+        engine = opener(model, self.config, on_copy=_copy_progress(progress),
+                        on_load=lambda f: progress(LoadStep(label, f, "load")))
+        engine.wait_ready()
+        progress(LoadStep(f"Loaded {engine.info.name}", 1.0, "loaded"))
+        return EngineSession(engine, priority=self.priority)
+
+    def client(self, progress: Progress | None = None) -> DaemonClient | None:
+        """The daemon's client: the running daemon, or one started now (detached, with an
+        idle exit, so the model stays warm for editors after the chat ends). None when none
+        runs and ``if_no_daemon`` is "in_process" (this launcher then stays in process)."""
+        from .client import HOST_ENV, DaemonClient
+
+        if self._client is not None:
+            try:
+                self._client.health()
+                return self._client
+            except DaemonError:
+                self._client.close()
+                self._client = None
+        client = DaemonClient.discover()
+        if client is None:
+            if self.if_no_daemon == "in_process":
+                self.no_daemon = True
+                return None
+            if os.environ.get(HOST_ENV):
+                raise DaemonError(f"no daemon answers at {HOST_ENV}={os.environ[HOST_ENV]}."
+                                  f" Start it there, unset {HOST_ENV}, or chat with"
+                                  " --no-daemon.", title="daemon unreachable")
+            if self.if_no_daemon == "fail":
+                raise DaemonError("no localinfer daemon is running. Start one with"
+                                  " `localinfer serve`, or chat with --no-daemon.",
+                                  title="daemon unreachable")
+            if progress:
+                progress(LoadStep("Starting the localinfer daemon…", stage="daemon"))
+            client = self._spawn_daemon()
+        self._client = client
+        return client
+
+    def _spawn_daemon(self) -> DaemonClient:
+        from .client import DaemonClient
+
+        log_path = ensure_dir(get_paths().cache_dir) / "daemon.log"
+        args = [*self.serve_args]
+        for attempt in range(2):
+            proc = spawn_daemon(args, self.idle_exit_s, log_path)
+            deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+            while time.monotonic() < deadline:
+                client = DaemonClient.discover()
+                if client is not None:
+                    self.started_daemon_pid = proc.pid
+                    return client
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            else:
+                raise DaemonError(f"the daemon started (pid {proc.pid}) but did not answer"
+                                  f" within {DAEMON_START_TIMEOUT_S:.0f} s; see {log_path}.",
+                                  title="daemon unreachable")
+            reason = last_error_line(log_path)
+            if attempt == 0 and "port" in reason and "--no-tcp" not in args:
+                # Another program has the TCP port: the Unix socket is enough for this UI.
+                log.warning("daemon: %s; starting it on the Unix socket only", reason)
+                args.append("--no-tcp")
+                continue
+            client = DaemonClient.discover()  # another UI may have started one meanwhile
+            if client is not None:
+                return client
+            raise DaemonError(f"the daemon could not start: {reason or 'it exited'}"
+                              f" (log: {log_path}).", title="daemon unreachable")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def spawn_daemon(args: Iterable[str], idle_exit_s: float, log_path: Path) -> subprocess.Popen:
+    """``localinfer serve --idle-exit N`` in its own session: it outlives this front end."""
+    command = [sys.executable, "-m", "localinfer", "serve", "--idle-exit",
+               f"{idle_exit_s:g}", *args]
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=log_file, start_new_session=True, close_fds=True)
+
+
+def last_error_line(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines[-20:]):
+        if line.startswith("localinfer:"):
+            return line.removeprefix("localinfer:").strip()
+    return lines[-1].strip() if lines else ""
+
+
+def _copy_progress(progress: Progress) -> Callable[[int, int], None]:
+    def on_copy(done: int, total: int) -> None:
+        progress(LoadStep("Installing the starter model into the store…",
+                          done / total if total else None, "starter", total))
+    return on_copy
+
+
+# --- models, as the planner sees them ----------------------------------------------------------
+def installed_candidate(model: InstalledModel) -> Candidate:
+    """The planner's view of an installed model, exact from its header."""
+    return Candidate.from_header(gguf.read_header(model.path), name=model.name,
+                                 model=model.model)
+
+
+def loaded_candidate(info: ModelInfo) -> Candidate | None:
+    """The planner's view of the loaded file (exact per-layer bytes), or None when its header
+    cannot be read here (the daemon's file elsewhere, or unreadable)."""
+    path = Path(info.path)
+    if not path.is_file():
+        return None
+    try:
+        return Candidate.from_header(gguf.read_header(path), name=info.name)
+    except Exception:  # noqa: BLE001 - the roofline then falls back to the file size
+        log.debug("cannot read %s's header", path, exc_info=True)
+        return None
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One line of a models list: a model and the planner's verdict for this machine."""
+
+    name: str
+    """What to load or pull: an installed model's full name, or a catalog variant's."""
+    installed: bool
+    size_bytes: int
+    size_estimated: bool
+    fits: bool | None
+    """None when the planner could not evaluate it."""
+    gpu_layers: str
+    """"24/32", or "" when unknown."""
+    decode_tps: float
+    """Predicted decode tok/s for this machine (0 when unknown)."""
+    verdict: str
+    reason: str
+    description: str = ""
+
+
+def model_rows(store: ModelStore, hardware: HardwareProfile, config: Config, *,
+               calibration: Mapping[str, float] | None = None) -> list[ModelRow]:
+    """Installed models first (exact sizes from their headers), then the best variant of each
+    catalog model that is not installed, each with the plan for ``hardware``."""
+    prefs = PlanPrefs(min_tps=config.min_tps, kv_type=config.kv_type,
+                      calibration=calibration or {})
+    installed = store.list()
+    rows = []
+    for m in installed:
+        try:
+            candidate = installed_candidate(m)
+        except LocalInferError as exc:
+            log.warning("cannot plan %s: %s", m.name, exc)
+            rows.append(ModelRow(m.name, True, m.size_bytes, False, None, "", 0.0, "?",
+                                 f"unreadable: {exc.message}"))
+            continue
+        rows.append(_model_row(True, "", [candidate], hardware, prefs))
+    installed_models = {m.model for m in installed}
+    for spec in store.catalog.models.values():
+        if spec.name not in installed_models:
+            rows.append(_model_row(False, spec.family.description,
+                                   [Candidate.from_spec(spec, v) for v in spec.variants],
+                                   hardware, prefs))
+    return rows
+
+
+def _model_row(installed: bool, note: str, candidates: list[Candidate],
+               hardware: HardwareProfile, prefs: PlanPrefs) -> ModelRow:
+    try:
+        result = plan(hardware, candidates, prefs)
+    except LocalInferError as exc:
+        c = candidates[0]
+        return ModelRow(c.name, installed, c.file_bytes, c.estimated, None, "", 0.0, "?",
+                        exc.message, note)
+    e = result.choice or min(result.evaluations, key=lambda e: e.candidate.file_bytes)
+    c = e.candidate
+    return ModelRow(name=c.name, installed=installed, size_bytes=c.file_bytes,
+                    size_estimated=c.estimated, fits=e.fits,
+                    gpu_layers=f"{e.n_gpu_layers}/{e.n_layers_total}", decode_tps=e.decode_tps,
+                    verdict="fits" if e.fits else "too big", reason=e.reason, description=note)
+
+
+# --- the loaded model's speed, predicted ---------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeReference:
+    """What the measured decode of a loaded model is compared with: the memory-bandwidth
+    roofline, and the planner's prediction for the same placement (calibrated for this
+    machine when a ratio is known)."""
+
+    roofline: Roofline
+    candidate: Candidate | None
+    hardware: HardwareProfile
+    n_gpu_layers: int
+    n_threads: int | None
+    kv_type: str
+    calibration: Mapping[str, float]
+
+    def predicted_tps(self, position: int) -> float | None:
+        if self.candidate is None:
+            return None
+        try:
+            p = predict(self.candidate, self.hardware, self.n_gpu_layers, position=position,
+                        n_threads=self.n_threads, kv_type=self.kv_type)
+        except Exception:  # noqa: BLE001 - a prediction is a nicety
+            log.debug("no prediction", exc_info=True)
+            return None
+        return p.decode_tps * self.calibration.get(p.key, 1.0)
+
+
+def decode_reference(info: ModelInfo, hardware: HardwareProfile, candidate: Candidate | None,
+                     config: Config, calibration: Mapping[str, float]) -> DecodeReference:
+    """The reference for ``info`` loaded with ``config``'s settings. The KV cache type is the
+    config's: ModelInfo does not say which type the daemon loaded."""
+    return DecodeReference(roofline_for(info, hardware, candidate, config.kv_type), candidate,
+                           hardware, info.n_gpu_layers, config.threads, config.kv_type,
+                           calibration)
+
+
+def with_loaded_backend(hardware: HardwareProfile, info: ModelInfo) -> HardwareProfile:
+    """With the daemon a front end does not load llama.cpp to list its backends; the model
+    the daemon offloaded says which one it has."""
+    backend = info.gpu_backend
+    if backend and info.n_gpu_layers > 0 and backend not in hardware.backends:
+        return replace(hardware, backends=(*hardware.backends, backend))
+    return hardware
