@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .catalog import ModelSpec, Variant
     from .gguf import GGUFHeader
     from .hardware.profile import GPUInfo, HardwareProfile
-    from .runtime.backend import ModelInfo
+    from .protocol import ModelInfo
 
 GIB = 2**30
 MIB = 2**20

@@ -56,6 +56,8 @@ class ModelInfo:
     """"CUDA", "Metal", "Vulkan"... or None for a CPU-only build."""
     flash_attn: bool | None = None
     """Whether attention uses flash attention; None when llama.cpp chose (on a GPU)."""
+    kv_type: str = "f16"
+    """The KV cache's element type (f16, q8_0): what the roofline reads per cached token."""
     chat_template: str | None = None
     bos_text: str = ""
     eos_text: str = ""

@@ -24,7 +24,7 @@ from .config import Config
 from .errors import DaemonError, LocalInferError, ModelLoadError
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, PlanPrefs, Roofline, plan, predict, roofline_for
-from .runtime.backend import ModelInfo
+from .protocol import ModelInfo
 from .runtime.types import Done, Message, Priority, SamplingParams, Token
 from .store import STARTER_NAME, InstalledModel, ModelStore, looks_like_path
 
@@ -489,10 +489,10 @@ class DecodeReference:
 
 def decode_reference(info: ModelInfo, hardware: HardwareProfile, candidate: Candidate | None,
                      config: Config, calibration: Mapping[str, float]) -> DecodeReference:
-    """The reference for ``info`` loaded with ``config``'s settings. The KV cache type is the
-    config's: ModelInfo does not say which type the daemon loaded."""
-    return DecodeReference(roofline_for(info, hardware, candidate, config.kv_type), candidate,
-                           hardware, info.n_gpu_layers, config.threads, config.kv_type,
+    """The reference for ``info`` as it was loaded (its GPU layers and KV cache type), with
+    ``config``'s thread count."""
+    return DecodeReference(roofline_for(info, hardware, candidate, info.kv_type), candidate,
+                           hardware, info.n_gpu_layers, config.threads, info.kv_type,
                            calibration)
 
 

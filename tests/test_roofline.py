@@ -21,7 +21,7 @@ from localinfer.planner import (
     predict,
     roofline_for,
 )
-from localinfer.runtime.backend import ModelInfo
+from localinfer.protocol import ModelInfo
 
 PROFILES = Path(__file__).parent / "profiles"
 CATALOG = load_catalog()

@@ -4,20 +4,21 @@ reference (roofline and prediction with the configured KV cache type)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from daemon_util import fake_factory, install_fake_models, serve
+
 from localinfer.catalog import load_catalog
 from localinfer.config import Config
 from localinfer.errors import DaemonError
 from localinfer.hardware import load_profile
 from localinfer.planner import Candidate, roofline_for
-from localinfer.runtime.backend import ModelInfo
+from localinfer.protocol import ModelInfo
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
 from localinfer.runtime.types import Done, Message, Priority, SamplingParams, Token
@@ -125,7 +126,7 @@ def test_a_daemon_session_chats_and_completes_and_follows_the_model_info(home, m
             launcher.close()
 
 
-def test_the_speed_reference_uses_the_configured_kv_cache_type():
+def test_the_speed_reference_uses_the_loaded_kv_cache_type():
     hardware = load_profile(PROFILES / "laptop-8gb-cpu.json")
     spec, variant = load_catalog().lookup("llama3.2:1b-q8_0")
     candidate = Candidate.from_spec(spec, variant)
@@ -133,14 +134,14 @@ def test_the_speed_reference_uses_the_configured_kv_cache_type():
                      quant="Q8_0", size_bytes=candidate.file_bytes, n_params=candidate.params,
                      n_layers=candidate.n_layers, n_gpu_layers=0, n_ctx_train=131072,
                      n_ctx=8192, n_slots=1, n_vocab=candidate.n_vocab)
+    info_q8 = dataclasses.replace(info, kv_type="q8_0")
     f16 = decode_reference(info, hardware, candidate, Config(), {})
-    q8 = decode_reference(info, hardware, candidate, Config(kv_type="q8_0"), {})
+    q8 = decode_reference(info_q8, hardware, candidate, Config(), {})
     assert f16.roofline == roofline_for(info, hardware, candidate, "f16")
     assert q8.roofline == roofline_for(info, hardware, candidate, "q8_0")
     assert q8.roofline.ceiling_tps(8000) > f16.roofline.ceiling_tps(8000)
     assert q8.predicted_tps(8000) > f16.predicted_tps(8000)
-    calibrated = decode_reference(info, hardware, candidate, Config(kv_type="q8_0"),
-                                  {"CPU": 0.5})
+    calibrated = decode_reference(info_q8, hardware, candidate, Config(), {"CPU": 0.5})
     assert calibrated.predicted_tps(8000) == pytest.approx(q8.predicted_tps(8000) * 0.5)
 
 

@@ -23,7 +23,7 @@ from .profile import HardwareProfile
 
 if TYPE_CHECKING:  # annotations only: runtime/__init__ would load the engine
     from ..config import Config
-    from ..runtime.backend import ModelInfo
+    from ..protocol import ModelInfo
     from ..runtime.types import Done
 
 log = logging.getLogger(__name__)

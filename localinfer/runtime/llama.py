@@ -301,6 +301,7 @@ class LlamaBackend:
             n_vocab=self._n_vocab,
             gpu_backend=gpu[0].backend if offloaded else None,
             flash_attn={0: False, 1: True}.get(flash_attn),
+            kv_type=options.kv_type,
             chat_template=(template.decode(errors="replace") if template
                            else options.chat_template),
             bos_text=self._special_text(bos),

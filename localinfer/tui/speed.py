@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..chats import ReplyStats
-    from ..runtime.backend import ModelInfo
+    from ..protocol import ModelInfo
 
 
 class SpeedTracker:

@@ -14,7 +14,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from ..chats import ChatMessage
 from ..planner import Roofline
-from ..runtime.backend import ModelInfo
+from ..protocol import ModelInfo
 from ..runtime.types import LiveStats
 from .speed import placement, summary_line, thousands, tps
 
