@@ -18,7 +18,10 @@ def test_readme_has_exactly_two_setup_commands():
     commands = setup_commands()
     assert len(commands) == 2
     assert all("\n" not in c for c in commands)
-    assert "pytest" in commands[1]
+    # The test command runs the check script, which ends with the test suite.
+    assert commands[1].endswith(".ci/check")
+    check = (ROOT / ".ci" / "check").read_text(encoding="utf-8")
+    assert check.rstrip().splitlines()[-1].startswith('"$bin/pytest"')
 
 
 def test_ci_runs_the_readme_test_command():
