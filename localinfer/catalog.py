@@ -296,7 +296,7 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             spec.variant()
         except KeyError:
             raise r.error("default_quant",
-                          f"{spec.default_quant} is not among the variants")
+                          f"{spec.default_quant} is not among the variants") from None
         _check_spec(spec, r)
         r.done()
         models[name] = spec

@@ -29,6 +29,7 @@ from .chat_template import ChatTemplate
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
 from .types import (
+    DEFAULT_SAMPLING,
     Done,
     Event,
     FinishReason,
@@ -231,7 +232,7 @@ class Engine:
     def chat(
         self,
         messages: Sequence[Message],
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -242,7 +243,7 @@ class Engine:
     def complete(
         self,
         prompt: str,
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -260,7 +261,7 @@ class Engine:
         self,
         prefix: str,
         suffix: str,
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -297,7 +298,7 @@ class Engine:
     def submit(
         self,
         prompt: list[int],
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
