@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
+from streaming import figures
 
 from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
-
-from streaming import figures
 
 
 def client(sock: Path) -> httpx.Client:
@@ -64,6 +63,7 @@ def main() -> int:
     daemon = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "--socket", str(sock),
                                "--no-tcp", "--slots", "8", "--ctx", "4096", "--keep-alive",
                                "-1"], stdout=subprocess.PIPE, text=True)
+    assert daemon.stdout is not None  # stdout=PIPE
     try:
         print(daemon.stdout.readline().strip(), flush=True)
         c = client(sock)
@@ -75,16 +75,15 @@ def main() -> int:
         solo = {p: stream(c, "/v1/completions", {**completion, "prompt": p})
                 for p in STORY_PROMPTS}
         single = 0.0
+
+        def run(http: httpx.Client, prompt: str, results: dict[str, dict]) -> None:
+            results[prompt] = stream(http, "/v1/completions", {**completion, "prompt": prompt})
+
         for width in (1, 2, 4, 8):
             results: dict[str, dict] = {}
             clients = [client(sock) for _ in range(width)]
-
-            def run(i: int) -> None:
-                prompt = STORY_PROMPTS[i]
-                results[prompt] = stream(clients[i], "/v1/completions",
-                                         {**completion, "prompt": prompt})
-
-            threads = [threading.Thread(target=run, args=(i,)) for i in range(width)]
+            threads = [threading.Thread(target=run, args=(clients[i], STORY_PROMPTS[i], results))
+                       for i in range(width)]
             started = time.perf_counter()
             for t in threads:
                 t.start()
@@ -97,9 +96,10 @@ def main() -> int:
             equal = sum(results[p]["text"] == solo[p]["text"] for p in results)
             complete = all(r["server"].get("completion_tokens") == args.tokens
                            for r in results.values())
-            print(f"  {width} streams: {aggregate:6.1f} tok/s aggregate ({aggregate / single:.2f}x),"
-                  f" per-stream decode {statistics.median(r['decode_tps'] for r in results.values()):.1f}"
-                  f" tok/s, all complete: {complete}, equal to the solo run: {equal}/{width}")
+            per_stream = statistics.median(r["decode_tps"] for r in results.values())
+            print(f"  {width} streams: {aggregate:6.1f} tok/s aggregate"
+                  f" ({aggregate / single:.2f}x), per-stream decode {per_stream:.1f} tok/s,"
+                  f" all complete: {complete}, equal to the solo run: {equal}/{width}")
             for x in clients:
                 x.close()
 

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from streaming import figures, stream_engine
 
 PROMPTS = [
@@ -65,6 +64,7 @@ def main() -> int:
         [sys.executable, "-m", "localinfer", "serve", "--socket", str(sock), "--port",
          str(port), "--ctx", str(args.ctx), "--slots", "1", "--keep-alive", "-1"],
         stdout=subprocess.PIPE, text=True)
+    assert daemon.stdout is not None  # stdout=PIPE
     try:
         print(daemon.stdout.readline().strip(), flush=True)
         clients = {

@@ -21,6 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from streaming import figures, stream_engine
 
@@ -61,6 +63,7 @@ def stream_raw(llm, prompt: str, n: int) -> tuple[float, float, int]:
 def measure(side: str, path: str, name: str, family: str | None, run: int, n: int,
             n_ctx: int, threads: int) -> list[tuple[float, float, int]]:
     """One run of every prompt on one side, in this process."""
+    fn: Callable[[Any, str, int], tuple[float, float, int]]
     if side == "raw":
         target, fn = raw_llama(path, n_ctx, threads), stream_raw
     else:
@@ -102,7 +105,7 @@ def main() -> int:
     print(f"model {model.name} ({model.path}), {threads} threads, {args.tokens} tokens,"
           f" {args.runs} runs x {len(PROMPTS)} prompts, one child process per side and run",
           flush=True)
-    results: dict[str, list[tuple[float, float, int]]] = {"raw": [], "engine": []}
+    results: dict[str, list[tuple[float, float]]] = {"raw": [], "engine": []}  # (ttft, tps)
     for run in range(args.runs):
         order = ["raw", "engine"] if run % 2 == 0 else ["engine", "raw"]
         for side in order:

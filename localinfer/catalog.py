@@ -220,12 +220,12 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
         r = _Reader(raw, where, lines)
         families[fam_id] = Family(
             id=fam_id,
-            title=r.str("title"),
-            architecture=r.str("architecture"),
-            chat_template=r.str("chat_template"),
-            license=r.str("license", ""),
+            title=r.string("title"),
+            architecture=r.string("architecture"),
+            chat_template=r.string("chat_template"),
+            license=r.string("license", ""),
             use=tuple(r.list_of_str("use", ["chat"])),
-            description=r.str("description", ""),
+            description=r.string("description", ""),
         )
         r.done()
 
@@ -236,34 +236,34 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
     for index, raw in enumerate(raw_models):
         where = lines.array_item("models", index)
         r = _Reader(raw, where, lines)
-        name = r.str("name")
+        name = r.string("name")
         if not NAME_RE.match(name) or ":" not in name:
             raise r.error("name", f"must look like family:size, got {name!r}")
         if name in models:
             raise r.error("name", f"{name!r} is listed twice")
-        fam_id = r.str("family")
+        fam_id = r.string("family")
         if fam_id not in families:
             raise r.error("family", f"unknown family {fam_id!r}")
-        params = r.int("params")
+        params = r.integer("params")
         variants = []
         for v_index, raw_v in enumerate(r.list_of_tables("variants")):
             anchor = raw_v.get("file") or raw_v.get("quant") if isinstance(raw_v, dict) else None
             v_where = (where[0], lines.text_line(where[1], anchor) if anchor else where[1])
             vr = _Reader(raw_v, v_where, lines, prefix=f"variants[{v_index}].")
-            quant = vr.str("quant").upper()
+            quant = vr.string("quant").upper()
             if quant not in BITS_PER_WEIGHT:
                 raise vr.error("quant", f"unknown quant {quant!r}")
-            size = vr.int("size", 0)
+            size = vr.integer("size", 0)
             estimated = size == 0
             if estimated:
                 size = int(params * BITS_PER_WEIGHT[quant] / 8)
-            sha = vr.str("sha256", "") or None
+            sha = vr.string("sha256", "") or None
             if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
                 raise vr.error("sha256", "must be 64 lower-case hex digits")
             variants.append(Variant(
-                quant=quant, file=vr.str("file", "") or None, size_bytes=size,
-                estimated=estimated, sha256=sha, source=vr.str("source", "") or None,
-                repo=vr.str("repo", "") or None,
+                quant=quant, file=vr.string("file", "") or None, size_bytes=size,
+                estimated=estimated, sha256=sha, source=vr.string("source", "") or None,
+                repo=vr.string("repo", "") or None,
             ))
             vr.done()
         if not variants:
@@ -272,30 +272,31 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             name=name,
             family=families[fam_id],
             params=params,
-            active_params=r.int("active_params", 0),
-            layers=r.int("layers"),
-            embedding=r.int("embedding"),
-            heads=r.int("heads"),
-            kv_heads=r.int("kv_heads"),
-            head_dim=r.int("head_dim"),
-            head_dim_v=r.int("head_dim_v", 0),
-            vocab=r.int("vocab"),
-            context=r.int("context"),
-            sliding_window=r.int("sliding_window", 0),
-            swa_period=r.int("swa_period", 0),
-            feed_forward=r.int("feed_forward", 0),
-            tied_embeddings=r.bool("tied_embeddings", False),
-            experts=r.int("experts", 0),
-            experts_used=r.int("experts_used", 0),
-            repo=r.str("repo"),
-            default_quant=r.str("default_quant").upper(),
+            active_params=r.integer("active_params", 0),
+            layers=r.integer("layers"),
+            embedding=r.integer("embedding"),
+            heads=r.integer("heads"),
+            kv_heads=r.integer("kv_heads"),
+            head_dim=r.integer("head_dim"),
+            head_dim_v=r.integer("head_dim_v", 0),
+            vocab=r.integer("vocab"),
+            context=r.integer("context"),
+            sliding_window=r.integer("sliding_window", 0),
+            swa_period=r.integer("swa_period", 0),
+            feed_forward=r.integer("feed_forward", 0),
+            tied_embeddings=r.boolean("tied_embeddings", False),
+            experts=r.integer("experts", 0),
+            experts_used=r.integer("experts_used", 0),
+            repo=r.string("repo"),
+            default_quant=r.string("default_quant").upper(),
             variants=tuple(variants),
             line=where[1],
         )
         try:
             spec.variant()
         except KeyError:
-            raise r.error("default_quant", f"{spec.default_quant} is not among the variants")
+            raise r.error("default_quant",
+                          f"{spec.default_quant} is not among the variants") from None
         _check_spec(spec, r)
         r.done()
         models[name] = spec
@@ -397,19 +398,19 @@ class _Reader:
             return default
         return value
 
-    def str(self, key: str, default: Any = _MISSING) -> str:
+    def string(self, key: str, default: Any = _MISSING) -> str:
         value = self._get(key, default)
         if not isinstance(value, str):
             raise self.error(key, f"must be a string, got {value!r}")
         return value
 
-    def int(self, key: str, default: Any = _MISSING) -> int:
+    def integer(self, key: str, default: Any = _MISSING) -> int:
         value = self._get(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.error(key, f"must be a non-negative integer, got {value!r}")
         return value
 
-    def bool(self, key: str, default: Any = _MISSING) -> bool:
+    def boolean(self, key: str, default: Any = _MISSING) -> bool:
         value = self._get(key, default)
         if not isinstance(value, bool):
             raise self.error(key, f"must be true or false, got {value!r}")

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError
 from .paths import Paths, get_paths
-
 
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 """The flash_attn setting's values, as LoadOptions.flash_attn takes them."""
@@ -67,27 +67,28 @@ class Config:
 _ENV_PREFIX = "LOCALINFER_"
 
 
-def load_config(paths: Paths | None = None, environ: dict[str, str] | None = None) -> Config:
-    """Read config.toml (if any), then apply environment overrides."""
+def load_config(paths: Paths | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read config.toml (if any), then apply environment overrides (from ``os.environ``
+    unless ``environ`` is given)."""
     paths = paths or get_paths()
-    environ = os.environ if environ is None else environ
+    env_vars: Mapping[str, str] = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     path = paths.config_file
     if path.is_file():
         try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
+            with open(path, "rb") as toml_file:
+                raw = tomllib.load(toml_file)
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} cannot be read: {exc}") from None
         for key, value in raw.items():
             values[key] = _check(key, value, str(path))
     for f in fields(Config):
-        env = environ.get(_ENV_PREFIX + f.name.upper())
+        env = env_vars.get(_ENV_PREFIX + f.name.upper())
         if env is not None and env != "":
             # A string setting (an API key, a model name) is taken as written, never parsed.
             value = env if _TYPES[f.name].startswith("str") else _parse_env(env)
             values[f.name] = _check(f.name, value, _ENV_PREFIX + f.name.upper())
-    if environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if env_vars.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         values["offline"] = True
     return Config(**values)
 
@@ -120,7 +121,7 @@ def _check(key: str, value: Any, where: str) -> Any:
             value = str(value)
     if not isinstance(value, expected) or (expected != (bool,) and isinstance(value, bool)):
         raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
-    if key in ("ctx", "threads", "slots", "port") and value <= 0:
+    if key in ("ctx", "threads", "slots", "port") and isinstance(value, int) and value <= 0:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")
     if key == "kv_type" and value not in ("f16", "q8_0"):
         raise ConfigError(f"{where}: kv_type must be \"f16\" or \"q8_0\", got {value!r}.")

@@ -13,8 +13,9 @@ from localinfer.runtime.types import Done, Message, Timings, Usage
 
 
 def stats(**kw) -> ReplyStats:
-    values = dict(prompt_tokens=10, completion_tokens=5, cached_tokens=0, ttft_ms=12.0,
-                  prefill_tps=800.0, decode_tps=40.0, finish_reason="stop", roofline_pct=55.0)
+    values = {"prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 0, "ttft_ms": 12.0,
+              "prefill_tps": 800.0, "decode_tps": 40.0, "finish_reason": "stop",
+              "roofline_pct": 55.0}
     return ReplyStats(**{**values, **kw})
 
 

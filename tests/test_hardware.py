@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from localinfer.hardware import HardwareProfile, probe
+from localinfer.hardware import HardwareProfile, calibration, probe
 from localinfer.hardware import bandwidth as bw
-from localinfer.hardware import calibration
 from localinfer.hardware.probe import (
     apple_chip,
     apple_gpu,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -49,7 +51,7 @@ def test_earliest_of_several_stop_strings_wins():
 def test_output_is_the_text_up_to_the_first_stop(text, stops, cuts):
     data = text.encode()
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    chunks = [data[a:b] for a, b in zip(points, points[1:])]
+    chunks = [data[a:b] for a, b in itertools.pairwise(points)]
     out, _ = feed(chunks, tuple(stops))
     first = min((i for i in (text.find(s) for s in stops) if i != -1), default=len(text))
     assert out == text[:first]

@@ -22,7 +22,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__, errors
 from ..config import load_config

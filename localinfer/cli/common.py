@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from ..config import Config
 
@@ -76,5 +77,5 @@ def print_table(rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> 
     stream = stream or sys.stdout
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        cells = [str(c).ljust(w) for c, w in zip(row, widths)]
+        cells = [str(c).ljust(w) for c, w in zip(row, widths, strict=True)]
         stream.write("  ".join(cells).rstrip() + "\n")

@@ -84,7 +84,8 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
         port = args.port
-    keep_alive = parse_keep_alive(args.keep_alive) if args.keep_alive else config.keep_alive
+    parsed = parse_keep_alive(args.keep_alive) if args.keep_alive else None
+    keep_alive = config.keep_alive if parsed is None else parsed
     settings = DaemonSettings(
         api_key=config.api_key,
         cors_origins=tuple(args.cors_origin),

@@ -5,7 +5,7 @@ Probing is I/O at the edge (``probe()``); everything downstream (the planner) ta
 profile as data, so tests and ``localinfer plan --hardware FILE`` use recorded profiles.
 """
 
-from .profile import CPUInfo, GPUInfo, HardwareProfile, load_profile
 from .probe import probe
+from .profile import CPUInfo, GPUInfo, HardwareProfile, load_profile
 
 __all__ = ["CPUInfo", "GPUInfo", "HardwareProfile", "load_profile", "probe"]

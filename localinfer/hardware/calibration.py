@@ -61,14 +61,14 @@ def _path(cache_dir: Path | None) -> Path:
 def load_ratios(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, float]:
     """{backend: ratio} for this machine: the geometric mean of the last measurements."""
     entries = read_json_object(_path(cache_dir)).get(profile_key(hw), {})
-    ratios = {}
+    ratios: dict[str, float] = {}
     if not isinstance(entries, dict):
         return ratios
     for backend, records in entries.items():
         if not isinstance(records, list):  # a hand-edited or foreign cache: ignore it
             continue
-        values = [r.get("ratio") for r in records[-USE_LAST:] if isinstance(r, dict)]
-        values = [v for v in values if isinstance(v, (int, float)) and 0.05 <= v <= 20]
+        recorded = [r.get("ratio") for r in records[-USE_LAST:] if isinstance(r, dict)]
+        values = [v for v in recorded if isinstance(v, (int, float)) and 0.05 <= v <= 20]
         if values:
             ratios[backend] = math.exp(sum(math.log(v) for v in values) / len(values))
     return ratios

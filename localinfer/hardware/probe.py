@@ -226,7 +226,8 @@ def _has_nvidia_device() -> bool:
 def probe_drm(drm: Path = Path("/sys/class/drm"), ram_total_bytes: int = 0,
               host_bandwidth_gbps: float = 0.0) -> tuple[list[GPUInfo], list[str]]:
     """AMD GPUs (amdgpu's ``mem_info_vram_*``) and Intel integrated GPUs from sysfs."""
-    gpus, notes = [], []
+    gpus: list[GPUInfo] = []
+    notes: list[str] = []
     if not drm.is_dir():
         return gpus, notes
     for card in sorted(drm.glob("card[0-9]*")):

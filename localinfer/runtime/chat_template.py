@@ -8,8 +8,9 @@ immutable sandbox, like Hugging Face transformers and llama-cpp-python do.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -117,7 +118,8 @@ class ChatTemplate:
                 eos_token=self.eos_token,
             )
         except _TemplateRejected as exc:
-            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
+            raise InvalidRequest(
+                f"the model's chat template rejected the messages: {exc}") from None
         except Exception as exc:  # a template is code from the model file: any error is its
             raise InvalidRequest(f"the model's chat template failed: {exc}") from None
 

@@ -18,9 +18,10 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, ModelLoadError
 from ..protocol import ModelInfo
@@ -29,6 +30,7 @@ from .chat_template import ChatTemplate
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
 from .types import (
+    DEFAULT_SAMPLING,
     Done,
     Event,
     FinishReason,
@@ -56,6 +58,7 @@ window cache's size (Gemma 3: 1,024 cells), its cells hold positions out of orde
 sums them in another order, and a cached prompt can part from a cold read at a near-tie."""
 
 Sink = Callable[["Event | BaseException"], None]
+T = TypeVar("T")
 
 
 class Generation:
@@ -152,10 +155,17 @@ class _Slot:
         self.seq_id = seq_id
         self.cached: list[int] = []  # tokens whose KV is in the cache, position = index
         self.last_used = 0.0
-        self.req: _Request | None = None
+        self.req: _Request | None = None  # None while the slot is free
         self.next_token: int | None = None  # sampled, not yet decoded
         self.draft: list[int] = []  # drafted tokens in the current batch, after next_token
         self.batch_index = -1
+
+    @property
+    def running(self) -> _Request:
+        """The request in this slot, which must be active (one of ``Engine._active()``):
+        asking a free slot is a bug in the engine."""
+        assert self.req is not None, f"slot {self.seq_id} is free"
+        return self.req
 
     @property
     def prefilling(self) -> bool:
@@ -210,7 +220,7 @@ class Engine:
         self._accepted_total = 0
         self._preemptions_total = 0
         self._last_decode_tps = 0.0
-        self._jobs: list[tuple[Callable[[], object], Future]] = []
+        self._jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         self.ready = threading.Event()
         """Set once the worker has warmed the model up (load_ms then includes it), or has
         failed to: ``check()`` says which."""
@@ -223,7 +233,7 @@ class Engine:
     def chat(
         self,
         messages: Sequence[Message],
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -234,7 +244,7 @@ class Engine:
     def complete(
         self,
         prompt: str,
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -252,7 +262,7 @@ class Engine:
         self,
         prefix: str,
         suffix: str,
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -289,7 +299,7 @@ class Engine:
     def submit(
         self,
         prompt: list[int],
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams = DEFAULT_SAMPLING,
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
@@ -347,10 +357,10 @@ class Engine:
                 preemptions_total=self._preemptions_total,
             )
 
-    def run_on_worker(self, fn: Callable[[], object], timeout: float | None = None) -> object:
+    def run_on_worker(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run ``fn()`` on the worker thread once no request is running, and return its result.
         For measurements that must drive llama.cpp from the engine's own thread."""
-        future: Future = Future()
+        future: Future[T] = Future()
         with self._cv:
             self._check_open()
             self._jobs.append((fn, future))
@@ -389,7 +399,7 @@ class Engine:
             times = sorted(times[1:])
             return 1.0 / times[len(times) // 2]
 
-        return float(self.run_on_worker(measure))
+        return self.run_on_worker(measure)
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running request; each ends within one token."""
@@ -472,7 +482,7 @@ class Engine:
                         break
                     self._admit()
                 for slot in self._active():
-                    if slot.req.generation.cancelled:
+                    if slot.running.generation.cancelled:
                         self._finish(slot, "cancelled", time.perf_counter())
                 if self._active():
                     self._step()
@@ -552,12 +562,12 @@ class Engine:
     def _preempt_for(self, waiting: _Request) -> None:
         if waiting.priority != Priority.INTERACTIVE:
             return
-        victims = [s for s in self._active() if s.req.priority > waiting.priority]
+        victims = [s for s in self._active() if s.running.priority > waiting.priority]
         if not victims:
             return
         # The lowest priority first; among equals the one that started last loses least.
-        slot = max(victims, key=lambda s: (int(s.req.priority), s.req.t_start))
-        request = slot.req
+        slot = max(victims, key=lambda s: (int(s.running.priority), s.running.t_start))
+        request = slot.running
         # Everything generated so far is already streamed; it resumes by reading it back
         # (mostly from this slot's cache, if nobody overwrote it) and sampling on.
         request.target = request.prompt + request.generated
@@ -583,14 +593,16 @@ class Engine:
             pos = len(slot.cached)
             slot.batch_index = len(tokens)
             slot.draft = []
-            lookup = slot.req.lookup
+            lookup = slot.running.lookup
             if lookup is not None and draft_budget > 0:
                 room = min(draft_budget, MAX_DRAFT, self.info.n_ctx - 1 - pos,
                            budget - len(decoding))
                 slot.draft = lookup.draft(room)
                 draft_budget -= len(slot.draft)
             n = 1 + len(slot.draft)
-            tokens.append(slot.next_token)
+            next_token = slot.next_token
+            assert next_token is not None  # a decoding slot has sampled the token it feeds next
+            tokens.append(next_token)
             tokens.extend(slot.draft)
             positions.extend(range(pos, pos + n))
             seq_ids.extend([slot.seq_id] * n)
@@ -598,11 +610,11 @@ class Engine:
             budget -= n
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
-        prefilling = sorted((s for s in self._active() if s.prefilling), key=lambda s: s.req)
+        prefilling = sorted((s for s in self._active() if s.prefilling), key=lambda s: s.running)
         chunks: list[tuple[_Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)
-            target = slot.req.target
+            target = slot.running.target
             n = min(len(target) - start, budget, chunk_cap)
             if n <= 0:
                 break
@@ -632,16 +644,17 @@ class Engine:
             self._verify(slot, now)
         for slot, n in chunks:
             start = len(slot.cached)
-            slot.cached.extend(slot.req.target[start : start + n])
+            slot.cached.extend(slot.running.target[start : start + n])
             if not slot.prefilling:
-                token = self.backend.sample(slot.req.sampler, slot.batch_index)
+                token = self.backend.sample(slot.running.sampler, slot.batch_index)
                 self._on_token(slot, token, now)
 
     def _verify(self, slot: _Slot, now: float) -> None:
         """Sample a decoding slot's outputs: its next token, then each draft token for as
         long as the model agrees with the draft."""
-        request, draft = slot.req, slot.draft
-        slot.cached.append(slot.next_token)
+        request, draft, next_token = slot.running, slot.draft, slot.next_token
+        assert next_token is not None  # a decoding slot has sampled the token it fed
+        slot.cached.append(next_token)
         accepted = 0
         for j in range(len(draft) + 1):
             if j and request.generation.cancelled:
@@ -659,7 +672,9 @@ class Engine:
             request.n_accepted += accepted
             self._drafted_total += len(draft)
             self._accepted_total += accepted
-            request.lookup.feedback(len(draft), accepted)
+            lookup = request.lookup
+            assert lookup is not None  # only a request with a lookup drafts
+            lookup.feedback(len(draft), accepted)
             if slot.req is request and accepted < len(draft):
                 # Drop the rejected draft tokens from this sequence's cache.
                 kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
@@ -671,7 +686,7 @@ class Engine:
 
     def _on_token(self, slot: _Slot, token: int, now: float) -> bool:
         """Record a sampled token; False when the generation has ended."""
-        request = slot.req
+        request = slot.running
         request.generated.append(token)
         if request.lookup is not None:
             request.lookup.extend([token])
@@ -697,7 +712,7 @@ class Engine:
         return False
 
     def _finish(self, slot: _Slot, reason: FinishReason, now: float) -> None:
-        request = slot.req
+        request = slot.running
         rest = request.assembler.flush()
         if rest:
             self._post(request, Token(rest, _live(request, now)))
@@ -710,7 +725,7 @@ class Engine:
 
     def _abort(self, slot: _Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
-        request = slot.req
+        request = slot.running
         self.backend.seq_trim(slot.seq_id, 0)
         slot.cached.clear()
         self._release(slot, time.perf_counter())
@@ -735,7 +750,7 @@ class Engine:
             self._free_sampler(request)
             request.generation._emit(error)
         for slot in self._active():
-            request = slot.req
+            request = slot.running
             self._free_sampler(request)
             slot.req = None
             request.generation._emit(error)

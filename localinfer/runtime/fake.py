@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from ..errors import LocalInferError
 from ..protocol import ModelInfo
@@ -126,7 +126,7 @@ class FakeBackend:
         if delay:
             time.sleep(delay)
         self._outputs.clear()
-        for i, (token, pos, seq) in enumerate(zip(tokens, positions, seq_ids)):
+        for i, (token, pos, seq) in enumerate(zip(tokens, positions, seq_ids, strict=True)):
             if not 0 <= seq < self.info.n_slots:
                 raise LocalInferError(f"fake decode: sequence {seq} out of range")
             cells = self._seqs.setdefault(seq, [])

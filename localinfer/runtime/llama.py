@@ -13,9 +13,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import llama_cpp as L
 import numpy as np
@@ -274,7 +274,9 @@ class LlamaBackend:
 
     def _on_progress(self, fraction: float, user_data: ctypes.c_void_p) -> bool:
         try:
-            self._progress(float(fraction))
+            progress = self._progress
+            assert progress is not None  # this callback is registered only with one
+            progress(float(fraction))
         except Exception:  # a UI error must not abort the load from inside C
             log.exception("progress callback failed")
         return True
@@ -352,6 +354,7 @@ class LlamaBackend:
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int],
                outputs: Sequence[bool]) -> None:
         batch = self._batch
+        assert batch is not None  # freed only by close()
         n = len(tokens)
         batch.n_tokens = n
         tok, pos, nseq, seq, logits = (batch.token, batch.pos, batch.n_seq_id, batch.seq_id,
@@ -467,7 +470,7 @@ def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_
     if not _use_extra_buffer_types():  # the same AMX guard as LlamaBackend
         original = L.llama_model_default_params
 
-        def params():  # type: ignore[no-untyped-def]
+        def params() -> L.llama_model_params:
             p = original()
             p.use_extra_bufts = False
             return p

@@ -104,6 +104,10 @@ class SamplingParams:
         return dataclasses.replace(self, repeat_last_n=last_n, top_k=top_k)
 
 
+DEFAULT_SAMPLING = SamplingParams()
+"""The parameters a call without any uses (one frozen instance, shared as a default)."""
+
+
 @dataclass(frozen=True)
 class Message:
     role: str
