@@ -58,6 +58,9 @@ class ModelInfo:
     """Whether attention uses flash attention; None when llama.cpp chose (on a GPU)."""
     kv_type: str = "f16"
     """The KV cache's element type (f16, q8_0): what the roofline reads per cached token."""
+    base_model: bool = False
+    """A base (pretrained, not instruction-tuned) model: it continues text; it does not follow
+    instructions or chat."""
     chat_template: str | None = None
     bos_text: str = ""
     eos_text: str = ""

@@ -54,6 +54,7 @@ class FakeBackend:
         architecture: str = "gemma3",
         fim: bool = False,
         n_ctx_train: int | None = None,
+        base_model: bool = False,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
@@ -85,6 +86,7 @@ class FakeBackend:
             bos_text="<bos>",
             eos_text=EOS,
             fim=("<fim_prefix>", "<fim_suffix>", "<fim_middle>") if fim else None,
+            base_model=base_model,
         )
 
     # --- vocabulary -------------------------------------------------------------------------
