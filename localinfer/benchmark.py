@@ -132,11 +132,11 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         bare_tps = statistics.median(bare)
         candidate = Candidate.from_header(header, name=info.name)
         position = runs[0].usage.prompt_tokens + n_decode // 2
-        bytes_per_token = decode_bytes_per_token(candidate, position)
+        bytes_per_token = decode_bytes_per_token(candidate, position, options.kv_type)
         bandwidth = hardware.host_bandwidth_gbps
         roofline = bandwidth * 1e9 / bytes_per_token if bandwidth else 0.0
         prediction = predict(candidate, hardware, info.n_gpu_layers, position=position,
-                             n_threads=options.n_threads or None)
+                             n_threads=options.n_threads or None, kv_type=options.kv_type)
         result.decode = {
             "tokens": n_decode,
             "decode_tps": decode_tps,

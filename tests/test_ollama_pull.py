@@ -82,7 +82,7 @@ def test_delete_unloads_a_loaded_model_first(daemon):
     assert "fake:1b-f16" in daemon.manager.loaded
     assert client(daemon).delete("fake:1b-f16").status == "success"
     assert "fake:1b-f16" not in daemon.manager.loaded
-    assert [m.name for m in ModelStore().list()] == []
+    assert [m.name for m in ModelStore().installed()] == []
 
 
 def test_a_client_that_leaves_cancels_the_pull(daemon, local_hub):
@@ -103,7 +103,7 @@ def test_a_client_that_leaves_cancels_the_pull(daemon, local_hub):
         time.sleep(0.01)
     assert not PullJob.running, "the pull did not stop"
     [partial] = store.partials()
-    assert 50_000_000 <= partial.size_bytes < STARTER_BYTES and store.list() == []
+    assert 50_000_000 <= partial.size_bytes < STARTER_BYTES and store.installed() == []
     assert not (store.root / "tinygemma" / "270m-q4_k_m.gguf.partial.lock").exists()
     # The next pull picks up from there.
     local_hub.reset_log()

@@ -25,7 +25,8 @@ from localinfer.errors import (
 )
 from localinfer.hardware import load_profile
 from localinfer.planner import Candidate, PlanPrefs
-from localinfer.store import SPACE_MARGIN, HeaderFetch, ModelStore
+from localinfer.selection import catalog_candidates, pull_target
+from localinfer.store import SPACE_MARGIN, HeaderFetch, ModelStore, pull_model
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home
 NAME = "tinygemma:270m-q4_k_m"
@@ -42,12 +43,12 @@ def no_leftovers(store: ModelStore) -> bool:
 def test_pull_downloads_verifies_and_lists(hub_home, local_hub):
     store = ModelStore()
     steps = []
-    model = store.pull(NAME, progress=steps.append)
+    model = pull_model(store, NAME, progress=steps.append)
     assert model.name == NAME and model.model == "tinygemma:270m" and model.quant == "Q4_K_M"
     assert model.sha256 == STARTER_SHA256 and model.size_bytes == STARTER_BYTES
     assert model.source == f"hf:{REPO}/{FILE}" and model.revision
     assert Path(model.path).is_relative_to(hub_home)
-    assert [m.name for m in store.list()] == [NAME]
+    assert [m.name for m in store.installed()] == [NAME]
     assert gguf.read_header(model.path).architecture == "gemma3"
     assert no_leftovers(store)
 
@@ -68,14 +69,14 @@ def test_pull_downloads_verifies_and_lists(hub_home, local_hub):
     # Pulling again asks the Hub (one HEAD) and downloads nothing.
     local_hub.reset_log()
     again = []
-    assert store.pull(NAME, progress=again.append).path == model.path
+    assert pull_model(store, NAME, progress=again.append).path == model.path
     assert again[-1].message == f"{NAME} is up to date"
     assert local_hub.body_bytes() == 0 and len(local_hub.requests("hub")) == 1
 
 
 def test_a_cut_connection_is_resumed_where_it_stopped(hub_home, local_hub):
     local_hub.faults.cut_at = 100_000_000
-    model = ModelStore().pull(NAME)
+    model = pull_model(ModelStore(), NAME)
     assert model.sha256 == STARTER_SHA256
     first, second = local_hub.requests("cdn", "GET")
     assert first.status == 200 and first.body_bytes == 100_000_000
@@ -89,10 +90,10 @@ def test_an_interrupted_pull_resumes_with_only_the_rest(hub_home, local_hub):
     local_hub.faults.down_after_cut = True  # the Hub stays down: this pull gives up
     store = ModelStore()
     with pytest.raises(DownloadError) as info:
-        store.pull(NAME)
+        pull_model(store, NAME)
     message = info.value.message
     assert "HTTP 503" in message and f"run `localinfer pull {NAME}` again to resume" in message
-    assert store.list() == []  # nothing half-done is listed
+    assert store.installed() == []  # nothing half-done is listed
     [partial] = store.partials()
     assert partial.name == NAME and partial.total_bytes == STARTER_BYTES
     assert 0 < partial.size_bytes <= 120_000_000
@@ -103,7 +104,7 @@ def test_an_interrupted_pull_resumes_with_only_the_rest(hub_home, local_hub):
     local_hub.reset_log()
     store = ModelStore(disk_free=lambda path: STARTER_BYTES - kept + SPACE_MARGIN + 1)
     steps = []
-    model = store.pull(NAME, progress=steps.append)
+    model = pull_model(store, NAME, progress=steps.append)
     assert model.sha256 == STARTER_SHA256
     [get] = local_hub.requests("cdn", "GET")
     assert get.range == f"bytes={kept}-" and get.status == 206
@@ -122,11 +123,11 @@ def test_cancel_keeps_the_partial_file_for_the_next_pull(hub_home, local_hub):
             cancel.set()
 
     with pytest.raises(Cancelled, match="again to resume"):
-        store.pull(NAME, progress=progress, cancel=cancel)
+        pull_model(store, NAME, progress=progress, cancel=cancel)
     [partial] = store.partials()
-    assert partial.size_bytes >= 50_000_000 and store.list() == []
+    assert partial.size_bytes >= 50_000_000 and store.installed() == []
     local_hub.reset_log()
-    store.pull(NAME)
+    pull_model(store, NAME)
     assert local_hub.body_bytes() == STARTER_BYTES - partial.size_bytes
 
 
@@ -134,16 +135,16 @@ def test_a_corrupted_download_is_rejected_and_removed(hub_home, local_hub):
     local_hub.faults.corrupt_at = 123_456_789
     store = ModelStore()
     with pytest.raises(StoreError) as info:
-        store.pull(NAME)
+        pull_model(store, NAME)
     assert info.value.title == "checksum mismatch"
     assert STARTER_SHA256 in info.value.message and "the download was removed" in \
         info.value.message
-    assert store.list() == [] and store.partials() == [] and no_leftovers(store)
+    assert store.installed() == [] and store.partials() == [] and no_leftovers(store)
     assert not store.root.joinpath("tinygemma", "270m-q4_k_m.gguf").exists()
     # Served correctly, the next pull starts from the beginning and succeeds.
     local_hub.faults.corrupt_at = None
     local_hub.reset_log()
-    assert store.pull(NAME).sha256 == STARTER_SHA256
+    assert pull_model(store, NAME).sha256 == STARTER_SHA256
     assert local_hub.body_bytes() == STARTER_BYTES
 
 
@@ -151,35 +152,35 @@ def test_missing_repo_and_missing_file(hub_home, local_hub):
     store = ModelStore()
     with pytest.raises(ModelNotFound, match="the Hub has no repo localinfer-test/no-such-repo"
                                             r" \(HTTP 404\)"):
-        store.pull("tinygemma:missing-q4_k_m")
+        pull_model(store, "tinygemma:missing-q4_k_m")
     with pytest.raises(ModelNotFound, match=f"{REPO} has no file tiny-gemma-270m-Q8_0.gguf"):
-        store.pull("tinygemma:pick-q8_0")
+        pull_model(store, "tinygemma:pick-q8_0")
     assert local_hub.requests("cdn") == [] and no_leftovers(store)
 
 
 def test_unknown_names_and_paths_fail_before_the_network(hub_home, local_hub):
     store = ModelStore()
     with pytest.raises(ModelNotFound, match="tinygemma comes in tinygemma:270m"):
-        store.pull("tinygemma:9b")
+        pull_model(store, "tinygemma:9b")
     with pytest.raises(ModelNotFound, match="has no 'q3_k_m' variant.*it has q4_k_m"):
-        store.pull("tinygemma:270m-q3_k_m")
+        pull_model(store, "tinygemma:270m-q3_k_m")
     with pytest.raises(InvalidRequest, match="localinfer add PATH"):
-        store.pull("./model.gguf")
+        pull_model(store, "./model.gguf")
     assert local_hub.log == []
 
 
 def test_gated_repo_needs_a_token(hub_home, local_hub, monkeypatch):
     store = ModelStore()
     with pytest.raises(AccessDenied) as info:
-        store.pull("tinygemma:gated-q4_k_m")
+        pull_model(store, "tinygemma:gated-q4_k_m")
     assert f"{GATED_REPO} is a gated repo (HTTP 401)" in info.value.message
     assert "set HF_TOKEN" in info.value.message
     monkeypatch.setenv("HF_TOKEN", "hf_not_the_right_one")
     with pytest.raises(AccessDenied, match=r"has no access to it \(HTTP 403\)"):
-        store.pull("tinygemma:gated-q4_k_m")
+        pull_model(store, "tinygemma:gated-q4_k_m")
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     local_hub.reset_log()
-    assert store.pull("tinygemma:gated-q4_k_m").sha256 == STARTER_SHA256
+    assert pull_model(store, "tinygemma:gated-q4_k_m").sha256 == STARTER_SHA256
     [head] = local_hub.requests("hub")
     [get] = local_hub.requests("cdn", "GET")
     assert head.authorized and not get.had_auth  # the token never goes to the CDN
@@ -188,32 +189,32 @@ def test_gated_repo_needs_a_token(hub_home, local_hub, monkeypatch):
 def test_not_enough_disk_space_is_found_before_downloading(hub_home, local_hub):
     store = ModelStore(disk_free=lambda path: 100_000_000)
     with pytest.raises(StoreError) as info:
-        store.pull(NAME)
+        pull_model(store, NAME)
     assert info.value.title == "not enough disk space"
     assert "0.25 GB needed, 0.10 GB free" in info.value.message
-    assert local_hub.requests("cdn", "GET") == [] and store.list() == []
+    assert local_hub.requests("cdn", "GET") == [] and store.installed() == []
 
 
 def test_offline_pull_says_why_and_touches_nothing(hub_home, local_hub, monkeypatch):
     with pytest.raises(OfflineError, match="offline mode is on.*localinfer add PATH"):
-        ModelStore(offline=True).pull(NAME)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the config reads it
+        pull_model(ModelStore(offline=True), NAME)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the store reads it, as the config does
     with pytest.raises(OfflineError):
-        ModelStore().pull(NAME)
+        pull_model(ModelStore(), NAME)
     assert local_hub.log == []
     # An installed model is simply there offline.
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    model = ModelStore().pull(NAME)
+    model = pull_model(ModelStore(), NAME)
     local_hub.reset_log()
     steps = []
-    assert ModelStore(offline=True).pull(NAME, progress=steps.append) == model
+    assert pull_model(ModelStore(offline=True), NAME, progress=steps.append) == model
     assert "offline: not checked" in steps[-1].message and local_hub.log == []
 
 
 def test_the_planner_picks_the_variant_and_says_why(hub_home, local_hub, tmp_path):
     store = ModelStore()
     desktop = load_profile(PROFILES / "desktop-rtx3060-32gb.json")
-    target = store.resolve_pull("tinygemma:pick", hardware=desktop, prefs=PlanPrefs())
+    target = pull_target(store, "tinygemma:pick", hardware=desktop, prefs=PlanPrefs())
     assert target.name == "tinygemma:pick-q8_0" and target.planned
     assert "the best quality that fits and reaches 10 tok/s" in target.reason
     slow = tmp_path / "slow.json"  # 4.5 GB/s: Q8_0 would decode under 10 tok/s, Q4_K_M not
@@ -223,11 +224,11 @@ def test_the_planner_picks_the_variant_and_says_why(hub_home, local_hub, tmp_pat
                 "flags": ["avx2"]},
         "host_bandwidth_gbps": 4.5, "bandwidth_source": "spec", "gpus": [],
         "backends": ["CPU"]}))
-    target = store.resolve_pull("tinygemma:pick", hardware=load_profile(slow), prefs=PlanPrefs())
+    target = pull_target(store, "tinygemma:pick", hardware=load_profile(slow), prefs=PlanPrefs())
     assert target.name == "tinygemma:pick-q4_k_m"
     assert target.reason.startswith("tinygemma:pick-q4_k_m: the best quality that fits")
     # A name with the quant is taken as it is.
-    exact = store.resolve_pull("tinygemma:pick-q4_k_m")
+    exact = pull_target(store, "tinygemma:pick-q4_k_m")
     assert exact.name == "tinygemma:pick-q4_k_m" and not exact.planned
     assert local_hub.log == []
 
@@ -236,7 +237,7 @@ def test_the_planner_picks_the_variant_and_says_why(hub_home, local_hub, tmp_pat
 def test_the_header_is_read_with_a_few_mb_and_cached(hub_home, local_hub, starter_path):
     spec = load_catalog().models["tinygemma:270m"]
     fetch = HeaderFetch()
-    [candidate] = ModelStore().candidates(spec, fetch=fetch)
+    [candidate] = catalog_candidates(ModelStore(), spec, fetch=fetch)
     assert not candidate.estimated and not candidate.installed
     assert candidate.file_bytes == STARTER_BYTES and candidate.n_layers == 18
     served = local_hub.body_bytes()
@@ -249,14 +250,15 @@ def test_the_header_is_read_with_a_few_mb_and_cached(hub_home, local_hub, starte
     # Cached: no network the second time, and offline too.
     local_hub.reset_log()
     for store in (ModelStore(), ModelStore(offline=True)):
-        [again] = store.candidates(spec, fetch=HeaderFetch(enabled=not store.offline))
+        [again] = catalog_candidates(store, spec, fetch=HeaderFetch(enabled=not store.offline))
         assert not again.estimated and again.layers == candidate.layers
     assert local_hub.log == []
 
 
 def test_offline_without_a_cached_header_uses_the_catalog_estimate(hub_home, local_hub):
     spec = load_catalog().models["tinygemma:270m"]
-    [candidate] = ModelStore(offline=True).candidates(spec, fetch=HeaderFetch(enabled=False))
+    [candidate] = catalog_candidates(ModelStore(offline=True), spec,
+                                     fetch=HeaderFetch(enabled=False))
     assert candidate.estimated and local_hub.log == []
 
 
@@ -264,7 +266,7 @@ def test_an_unreachable_hub_falls_back_to_estimates(hub_home, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
     fetch = HeaderFetch()
     spec = load_catalog().models["tinygemma:pick"]
-    candidates = ModelStore().candidates(spec, fetch=fetch)
+    candidates = catalog_candidates(ModelStore(), spec, fetch=fetch)
     assert candidates == [Candidate.from_spec(spec, v) for v in spec.variants]
     assert fetch.files_read == 0 and not fetch.enabled
     assert len(fetch.notes) == 1  # one attempt, not one per variant
@@ -274,10 +276,10 @@ def test_an_unreachable_hub_falls_back_to_estimates(hub_home, monkeypatch):
 # --- remove and add ------------------------------------------------------------------------------
 def test_remove_deletes_the_file_and_the_manifest(hub_home, local_hub):
     store = ModelStore()
-    model = store.pull(NAME)
+    model = pull_model(store, NAME)
     assert store.find_installed("tinygemma:270m") == model
     removed = store.remove("tinygemma:270m")
-    assert removed.name == NAME and not Path(model.path).exists() and store.list() == []
+    assert removed.name == NAME and not Path(model.path).exists() and store.installed() == []
     with pytest.raises(ModelNotFound, match="not installed"):
         store.remove(NAME)
 
@@ -307,7 +309,7 @@ def test_add_copies_or_links_a_local_gguf(home, starter_path, tmp_path):
     assert starter_path.is_file()  # a linked file is never deleted
     store.remove(copied.name)
     assert not Path(copied.path).exists()
-    assert store.list() == []
+    assert store.installed() == []
 
 
 def test_catalog_file_from_the_environment_adds_and_overrides(tmp_path, monkeypatch):
@@ -346,7 +348,7 @@ def test_a_second_pull_of_the_same_model_waits_its_turn(hub_home, local_hub):
 
     def first():
         try:
-            ModelStore().pull(NAME)
+            pull_model(ModelStore(), NAME)
         except Exception as exc:  # noqa: BLE001 - checked below
             errors.append(exc)
 
@@ -355,7 +357,7 @@ def test_a_second_pull_of_the_same_model_waits_its_turn(hub_home, local_hub):
     try:
         assert local_hub.faults.paused.wait(60)
         with pytest.raises(StoreError) as info:
-            ModelStore().pull(NAME)
+            pull_model(ModelStore(), NAME)
         assert info.value.title == "pull in progress"
     finally:
         local_hub.release()
@@ -367,7 +369,7 @@ def test_removing_an_unfinished_download(hub_home, local_hub):
     store = ModelStore()
     cancel = threading.Event()
     with pytest.raises(Cancelled):
-        store.pull(NAME, progress=lambda step: cancel.set() if step.completed else None,
+        pull_model(store, NAME, progress=lambda step: cancel.set() if step.completed else None,
                    cancel=cancel)
     [partial] = store.partials()
     assert store.remove(NAME) == partial

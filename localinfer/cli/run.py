@@ -1,5 +1,6 @@
 """``localinfer run``: one prompt, its completion streamed to stdout, the speed figures to
-stderr; through the running daemon when there is one, else a model loaded in this process."""
+stderr; through the session interface the chat UI uses: the running daemon when there is one,
+else a model loaded in this process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import argparse
 import json
 import signal
 import sys
+import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import Cancelled
@@ -19,6 +22,9 @@ from .common import (
     load_flags_given,
     sampling_params,
 )
+
+if TYPE_CHECKING:
+    from ..session import Launcher, LoadStep, Session
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
-    # runtime/__init__ loads the engine: not for building the parser.
-    from ..runtime.types import Message
+    # The session (the store, the planner, the daemon's client): not for building the parser.
+    from ..runtime.types import Message, Priority
+    from ..session import Launcher
 
     params = sampling_params(args)  # bad flags fail before a model is loaded
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -49,70 +56,94 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     if args.chat or args.system:
         messages = ([Message("system", args.system)] if args.system else []) + [
             Message("user", prompt)]
-    client = None
-    if not (args.no_daemon or load_flags_given(args)):
-        # httpx and the store: not for building the parser.
-        from ..client import DaemonClient
-        from ..store import looks_like_path
+    # The daemon when one runs (one copy of the model for the whole machine), else this
+    # process; loading flags need a load of their own, so they mean this process.
+    launcher = Launcher(config_with_flags(config, args),
+                        no_daemon=args.no_daemon or load_flags_given(args),
+                        if_no_daemon="in_process", priority=Priority.NORMAL)
+    display = _LoadDisplay(args.model, launcher, quiet=args.json)
+    session = None
+    try:
+        try:
+            session = launcher.open(args.model, display)
+        finally:
+            display.close()
+        display.loaded(session)
+        generation = (session.chat(messages, params) if messages
+                      else session.complete(prompt, params))
+        done = _stream(generation, args.json)
+        if args.json:
+            print(json.dumps(run_result_json(session.info.name, done), indent=2))
+        else:
+            if not done.text.endswith("\n"):
+                sys.stdout.write("\n")
+            sys.stdout.flush()
+            print(stats_line(done), file=sys.stderr)
+        if session.in_process:  # after the output: measured vs predicted decode, for the planner
+            # The hardware probes and the planner: not for building the parser.
+            from ..hardware.calibration import record_calibration
 
-        if not looks_like_path(args.model):
-            client = DaemonClient.discover()
-    if client is not None:
-        # The daemon already holds (or will load) the model: one copy for the whole machine.
-        with client:
-            generation = client.generate(args.model, messages=messages, prompt=prompt,
-                                         params=params)
-            done = _stream(generation, args.json)
-            model_name = generation.model or args.model
-    else:
-        engine = _load_in_process(args, config_with_flags(config, args))
-        with engine:
-            if messages is not None:
-                generation = engine.chat(messages, params)
-            else:
-                generation = engine.complete(prompt, params)
-            done = _stream(generation, args.json)
-        model_name = engine.info.name
-    if args.json:
-        print(json.dumps(run_result_json(model_name, done), indent=2))
-    else:
-        if not done.text.endswith("\n"):
-            sys.stdout.write("\n")
-        sys.stdout.flush()
-        print(stats_line(done), file=sys.stderr)
-    if client is None:  # after the output: measured vs predicted decode, for the planner
-        # The hardware probes and the planner: not for building the parser.
-        from ..hardware.calibration import record_calibration
-
-        record_calibration(engine.info, done, config)
+            record_calibration(session.info, done, config)
+    finally:
+        if session is not None:
+            session.close()
+        launcher.close()
     return Cancelled.exit_code if done.finish_reason == "cancelled" else 0
 
 
-def _load_in_process(args: argparse.Namespace, config: Config):
-    # The engine and the store: not for building the parser.
-    from ..runtime.loader import open_engine
+class _LoadDisplay:
+    """The session's load steps as terminal bars: the starter model's bytes as it is copied
+    into the store, then the load (this process's, or the daemon's) as a fraction; then the
+    "Loaded" line, timed from the end of the copy. ``quiet`` (``--json``) keeps only the
+    copy's bar."""
 
-    copying: list[TerminalProgress] = []
+    def __init__(self, model: str, launcher: Launcher, *, quiet: bool) -> None:
+        self.model = model
+        self.launcher = launcher
+        self.quiet = quiet
+        self.started = time.monotonic()
+        self.starter: TerminalProgress | None = None
+        self.load: TerminalProgress | None = None
 
-    def on_copy(done: int, total: int) -> None:
-        if not copying:
-            copying.append(TerminalProgress("Installing the starter model", total=total))
-        copying[0].update(done, total)
+    def __call__(self, step: LoadStep) -> None:
+        if step.stage == "starter":
+            if self.starter is None:
+                self.starter = TerminalProgress("Installing the starter model",
+                                                total=step.total_bytes)
+            self.starter.update(round((step.fraction or 0.0) * step.total_bytes),
+                                step.total_bytes)
+            return
+        self.close()
+        if step.stage != "load" or not step.fraction or self.quiet:
+            return
+        if self.load is None:
+            # A bar only for a load in progress: none before it starts (an early error stands
+            # alone), none for a model the daemon already holds (done at once).
+            if step.fraction >= 1.0:
+                return
+            label = (f"Loading {self.model}" if self.launcher.in_process
+                     else f"Waiting for the daemon to load {self.model}")
+            self.load = TerminalProgress(label, unit="fraction")
+        self.load.fraction(step.fraction)
 
-    loading = None if args.json else TerminalProgress(f"Loading {args.model}",
-                                                      unit="fraction")
-    try:
-        engine = open_engine(args.model, config, on_copy=on_copy,
-                             on_load=loading.fraction if loading else None)
-    finally:
-        for bar in copying:
-            bar.finish()
-    engine.wait_ready()
-    if loading:
-        info = engine.info
-        loading.finish(f"Loaded {info.name} ({info.quant}, {info.n_gpu_layers}/"
-                       f"{info.n_layers} layers on GPU) in {engine.load_ms / 1000:.1f}s")
-    return engine
+    def close(self) -> None:
+        """The copy of the starter is over: end its bar and time the load from here."""
+        if self.starter is not None:
+            self.starter.finish()
+            self.starter = None
+            self.started = time.monotonic()
+
+    def loaded(self, session: Session) -> None:
+        if self.quiet:
+            return
+        info = session.info
+        where = "" if session.in_process else f" ({session.where})"
+        line = (f"Loaded {info.name} ({info.quant}, {info.n_gpu_layers}/{info.n_layers} layers"
+                f" on GPU) in {time.monotonic() - self.started:.1f}s{where}")
+        if self.load is not None:
+            self.load.finish(line)
+        else:
+            print(line, file=sys.stderr)
 
 
 def _stream(generation, quiet: bool):

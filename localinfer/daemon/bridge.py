@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
-from ..store import ModelStore, PullProgress, PullTarget
+from ..store import ModelStore, PullProgress, PullTarget, pull_model
 from .manager import LoadedModel, ModelManager
 from .state import DaemonState
 
@@ -124,8 +124,8 @@ class PullJob(ThreadBridge[PullProgress]):
 
     def _run(self) -> None:
         try:
-            self._store.pull_resolved(self.target, progress=self._progress,
-                                      cancel=self._cancel)
+            pull_model(self._store, self.target, progress=self._progress,
+                       cancel=self._cancel)
         except BaseException as exc:  # noqa: BLE001 - handed to the request, raised there
             self.end(exc)
         else:

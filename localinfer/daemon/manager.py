@@ -13,14 +13,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
 
 import anyio
 
+from ..config import Config, load_config
 from ..errors import InvalidRequest
 from ..runtime.engine import Engine
-from ..store import ModelStore, ResolvedModel, looks_like_path
+from ..selection import pull_target
+from ..store import ModelStore, PullTarget, ResolvedModel, looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +51,14 @@ class ModelManager:
         factory: EngineFactory,
         *,
         store: ModelStore | None = None,
+        config: Config | None = None,
         keep_alive_s: float = 300.0,
         max_loaded: int = 1,
     ) -> None:
         self._factory = factory
-        self.store = store or ModelStore()
+        self.config = config or load_config(store.paths if store else None)
+        """The settings a pull's choice of variant is planned with."""
+        self.store = store or ModelStore(offline=self.config.offline)
         self.default_keep_alive_s = keep_alive_s
         self.max_loaded = max(1, max_loaded)
         self.loaded: dict[str, LoadedModel] = {}
@@ -80,6 +85,10 @@ class ModelManager:
                                 loaded.model.installed.model):
                 return loaded.model
         return await asyncio.to_thread(self.store.resolve, name)
+
+    def pull_target(self, ref: str) -> PullTarget:
+        """What /api/pull downloads for ``ref`` (blocking: it may probe this machine)."""
+        return pull_target(self.store, ref, self.config)
 
     # --- leasing a model for one request -------------------------------------------------
     @contextlib.asynccontextmanager

@@ -88,7 +88,7 @@ def routes(state: DaemonState) -> list[Route]:
         return JSONResponse({"version": OLLAMA_API_VERSION, "localinfer": __version__})
 
     async def tags(request: Request) -> Response:
-        installed = await asyncio.to_thread(manager.store.list)
+        installed = await asyncio.to_thread(manager.store.installed)
         catalog = manager.store.catalog
         return JSONResponse({"models": [
             _tag(m, getattr(catalog.models.get(m.model), "params", 0)) for m in installed]})
@@ -175,7 +175,7 @@ def routes(state: DaemonState) -> list[Route]:
             raise InvalidRequest("'model' is required.")
         stream = f.bool("stream", True)
         # An unknown name, a path or a bad quant fails here, with a status code.
-        target = await asyncio.to_thread(manager.store.resolve_pull, name)
+        target = await asyncio.to_thread(manager.pull_target, name)
         job = PullJob(manager.store, target)
         if not stream:
             await job.drain(request)

@@ -39,7 +39,7 @@ def finish_reason(done: Done) -> str:
 
 def routes(state: DaemonState) -> list[Route]:
     async def list_models(request: Request) -> Response:
-        installed = await asyncio.to_thread(state.manager.store.list)
+        installed = await asyncio.to_thread(state.manager.store.installed)
         data = [{"id": m.name, "object": "model", "created": int(m.added),
                  "owned_by": "localinfer"} for m in installed]
         return JSONResponse({"object": "list", "data": data})

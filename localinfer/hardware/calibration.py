@@ -100,7 +100,7 @@ def record(hw: HardwareProfile, backend: str, measurement: Measurement,
 def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
                n_threads: int | None, prompt_tokens: int, decode_tokens: int,
                decode_tps: float, hw: HardwareProfile | None = None,
-               cache_dir: Path | None = None) -> Measurement | None:
+               cache_dir: Path | None = None, kv_type: str = "f16") -> Measurement | None:
     """Compare a real run's decode rate with the planner's prediction for the same model,
     placement and context position, and record the ratio. Returns None when the run decoded
     too few tokens to say anything."""
@@ -114,7 +114,8 @@ def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
     header = gguf.read_header(model_path)
     candidate = Candidate.from_header(header, name=model_name)
     position = prompt_tokens + decode_tokens // 2
-    prediction = predict(candidate, hw, n_gpu_layers, position=position, n_threads=n_threads)
+    prediction = predict(candidate, hw, n_gpu_layers, position=position, n_threads=n_threads,
+                         kv_type=kv_type)
     measurement = Measurement(
         ratio=round(decode_tps / prediction.decode_tps, 4),
         predicted_tps=round(prediction.decode_tps, 2), measured_tps=round(decode_tps, 2),
@@ -136,6 +137,7 @@ def record_calibration(info: ModelInfo, done: Done | None, config: Config) -> No
     try:
         record_run(model_path=info.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
                    n_threads=config.threads, prompt_tokens=t.prompt_tokens,
-                   decode_tokens=t.decode_tokens, decode_tps=t.decode_tps)
+                   decode_tokens=t.decode_tokens, decode_tps=t.decode_tps,
+                   kv_type=info.kv_type)
     except Exception:
         log.debug("calibration not recorded", exc_info=True)

@@ -12,6 +12,8 @@ from .. import gguf
 from ..catalog import Catalog, load_catalog
 from ..config import FLASH_ATTN, Config
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError
+from ..planner import Candidate, plan
+from ..selection import plan_prefs
 from ..store import CopyProgress, ModelStore
 from .backend import LoadOptions, ProgressCallback
 from .chat_template import BUILTIN_TEMPLATES
@@ -73,8 +75,6 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     """Load options from the planner's plan for this file on this machine (``hardware``, or
     a quick probe without the bandwidth measurement), each overridden by the settings:
     config.ctx, config.gpu_layers, config.threads (and config.slots when n_slots is None)."""
-    from ..planner import Candidate, PlanPrefs, plan
-
     trained = header.context_length or DEFAULT_CTX
     if hardware is None:
         from ..hardware import probe
@@ -83,10 +83,9 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     slots = n_slots if n_slots is not None else config.slots
     candidate = Candidate.from_header(header, name=name or header.name or "model")
     ctx = config.ctx if config.ctx and config.ctx <= trained else None  # load_engine reports
+    prefs = replace(plan_prefs(config, n_slots=slots), n_ctx=ctx)
     try:
-        chosen = plan(hardware, [candidate],
-                      PlanPrefs(n_ctx=ctx, n_slots=slots, n_gpu_layers=config.gpu_layers,
-                                n_threads=config.threads, min_tps=0.0)).evaluations[0]
+        chosen = plan(hardware, [candidate], prefs).evaluations[0]
     except LocalInferError:
         chosen = None
     if chosen is not None and not chosen.fits:

@@ -32,6 +32,7 @@ from ..config import Config
 from ..errors import ContextOverflow, DaemonError, LocalInferError
 from ..planner import Roofline
 from ..runtime.types import Done, LiveStats, Usage
+from ..selection import pick_model
 from ..session import (
     DecodeReference,
     EngineOpener,
@@ -244,7 +245,7 @@ class ChatApp(App[None]):
                 self.post_message(HardwareReady(
                     *self.launcher.probe_hardware(measure_bandwidth=False)))
             if model is None:
-                model = self.launcher.pick_model(self.hardware)
+                model = pick_model(self.launcher.store, self.launcher.config, self.hardware)
             self.post_message(LoadProgress(LoadStep(f"Getting {model} ready…")))
             if old is not None and self.launcher.in_process:
                 old.close()  # two models at once may not fit: free the old one first

@@ -33,6 +33,7 @@ from ..config import Config
 from ..errors import LocalInferError
 from ..progress import human_bytes
 from ..session import ModelRow, model_rows
+from ..store import pull_model
 from .speed import tps
 
 HELP = """\
@@ -485,7 +486,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.post_message(self.PullUpdate(name, done / total if total else None, text))
 
         try:
-            self.store.pull(name, progress=on_progress, cancel=cancel)
+            pull_model(self.store, name, progress=on_progress, cancel=cancel)
         except LocalInferError as exc:
             self.post_message(self.PullEnded(name, exc, cancel.is_set()))
             return

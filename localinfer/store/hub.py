@@ -8,8 +8,8 @@ and retries a dropped connection where it stopped. Around it this module adds wh
 needs: the bytes go to a partial file of the caller's that outlives the process (since 1.0,
 huggingface_hub deletes its own partial file when a download fails), a cancel flag, and errors a
 user can act on. ``HF_ENDPOINT`` is read on every call (a mirror, or the tests' local Hub),
-``HF_TOKEN`` opens gated repos. The caller checks offline mode first: nothing here is called
-offline.
+``HF_TOKEN`` opens gated repos. The caller checks offline mode first (``HF_HUB_OFFLINE``, read
+now by ``offline``): nothing here is called offline.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import __version__, gguf
-from .errors import (
+from .. import __version__, gguf
+from ..errors import (
     AccessDenied,
     Cancelled,
     DownloadError,
@@ -57,6 +57,11 @@ BytesCallback = Callable[[int, int], None]
 def endpoint() -> str:
     """The Hub to talk to: ``HF_ENDPOINT``, read now (huggingface_hub reads it at import)."""
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` is set, read now (huggingface_hub reads it at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)

