@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import httpx
 
+from .daemon.instance import running_daemon
 from .errors import DaemonError, LocalInferError
 from .paths import Paths
 from .protocol import (
@@ -27,7 +29,15 @@ from .protocol import (
     load_fraction_from,
     model_info_from,
 )
-from .runtime.types import Done, Message, Priority, SamplingParams, Token, Usage
+from .runtime.types import (
+    DEFAULT_SAMPLING,
+    Done,
+    Message,
+    Priority,
+    SamplingParams,
+    Token,
+    Usage,
+)
 
 HOST_ENV = "LOCALINFER_HOST"
 
@@ -129,8 +139,6 @@ class DaemonClient:
         if host:
             client = cls.for_address(host, api_key=api_key)
         else:
-            from .daemon.instance import running_daemon
-
             info = running_daemon(paths)
             if not info or not info.get("socket"):
                 return None
@@ -232,7 +240,7 @@ class DaemonClient:
         self._request("POST", "/localinfer/shutdown", json={})
 
     def generate(self, model: str, *, messages: Sequence[Message] | None = None,
-                 prompt: str | None = None, params: SamplingParams = SamplingParams(),
+                 prompt: str | None = None, params: SamplingParams = DEFAULT_SAMPLING,
                  priority: Priority = Priority.NORMAL,
                  keep_alive: float | None = None) -> ClientGeneration:
         body = generate_request_json(model, messages=messages, prompt=prompt, params=params,

@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from .catalog import QUANT_QUALITY
 from .errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -204,8 +206,6 @@ class Candidate:
     @classmethod
     def from_header(cls, header: GGUFHeader, *, name: str, model: str | None = None,
                     installed: bool = True) -> Candidate:
-        from .catalog import QUANT_QUALITY
-
         n_layers = header.block_count
         weights = header.layer_bytes()[:n_layers]
         experts = [0] * n_layers

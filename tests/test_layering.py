@@ -7,6 +7,7 @@ import ast
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,58 @@ def test_front_ends_and_core_do_not_load_llama_cpp_until_a_model_loads(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False"
+
+
+@pytest.mark.parametrize("module", ["localinfer.client", "localinfer.cli", "localinfer.session",
+                                    "localinfer.protocol"])
+def test_client_cli_and_session_load_no_engine_jinja2_numpy_or_llama_cpp(module):
+    heavy = ["localinfer.runtime.engine", "jinja2", "numpy", "llama_cpp"]
+    code = (f"import json, sys, {module}\n"
+            f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def deferred_imports(path: Path) -> set[str]:
+    """Modules imported inside a function of ``path`` (``if TYPE_CHECKING:`` blocks aside)."""
+    module = _module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: set[str] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if (isinstance(child, ast.If) and isinstance(child.test, ast.Name)
+                    and child.test.id == "TYPE_CHECKING"):
+                continue
+            if in_function and isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif in_function and isinstance(child, ast.ImportFrom):
+                base = package[:len(package) - child.level + 1] if child.level else []
+                if child.module:
+                    found.add(".".join([*base, child.module]))
+                else:  # from .. import gguf: the modules named
+                    found.update(".".join([*base, alias.name]) for alias in child.names)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef,
+                                                           ast.AsyncFunctionDef)))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return found
+
+
+def test_every_deferred_import_is_listed_with_its_reason():
+    listed = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["localinfer"]["deferred-imports"]
+    assert all(isinstance(why, str) and len(why) > 20 for why in listed.values())
+    unlisted = sorted(f"{_module_name(path)} -> {name}"
+                      for path in PACKAGE.rglob("*.py") for name in deferred_imports(path)
+                      if not any(name == m or name.startswith(m + ".") for m in listed))
+    assert unlisted == [], "import these at the top, or list them with a reason in pyproject.toml"
+    used = {name for path in PACKAGE.rglob("*.py") for name in deferred_imports(path)}
+    stale = sorted(m for m in listed if not any(n == m or n.startswith(m + ".") for n in used))
+    assert stale == [], "listed in pyproject.toml but no longer imported in a function"

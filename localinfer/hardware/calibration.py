@@ -18,7 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import gguf
 from ..paths import atomic_write_text, get_paths, read_json_object
+from ..planner import Candidate, predict
+from .probe import probe
 from .profile import HardwareProfile
 
 if TYPE_CHECKING:  # annotations only: runtime/__init__ would load the engine
@@ -106,10 +109,6 @@ def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
     too few tokens to say anything."""
     if decode_tokens < MIN_DECODE_TOKENS or decode_tps <= 0:
         return None
-    from .. import gguf
-    from ..planner import Candidate, predict
-    from .probe import probe
-
     hw = hw or probe()  # the bandwidth is measured once per machine, then cached
     header = gguf.read_header(model_path)
     candidate = Candidate.from_header(header, name=model_name)
