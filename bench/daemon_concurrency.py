@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
-from streaming import figures
 
 from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
+from streaming import figures
 
 
 def client(sock: Path) -> httpx.Client:

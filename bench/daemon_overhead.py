@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from streaming import figures, stream_engine
 
 PROMPTS = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,7 @@ class DaemonClient:
         return self._request("GET", "/localinfer/status")
 
     def load(self, model: str, *, keep_alive: float | None = None,
-             progress: Any | None = None) -> ModelInfo:
+             progress: Callable[[float], None] | None = None) -> ModelInfo:
         """Have the daemon load ``model`` (if it has not) and describe it. ``progress`` gets
         the load's fraction done (0..1), polled from /health while it loads."""
         body: dict[str, Any] = {"model": model}
@@ -208,7 +208,7 @@ class DaemonClient:
                     except DaemonError:
                         return
                     fraction = load_fraction_from(health)
-                    if fraction is not None:
+                    if fraction is not None and progress is not None:
                         progress(fraction)
 
         poller = threading.Thread(target=poll, daemon=True) if progress else None

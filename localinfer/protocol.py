@@ -17,8 +17,9 @@ A native generation streams one JSON object per line:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
 from . import errors
 from .errors import Busy, ContextOverflow, DaemonError, LocalInferError, ModelNotFound

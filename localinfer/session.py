@@ -245,7 +245,9 @@ class Launcher:
     def _open_in_process(self, model: str, progress: Progress) -> Session:
         opener = self._open_engine
         if opener is None:
-            from .runtime.loader import open_engine as opener
+            from .runtime.loader import open_engine
+
+            opener = open_engine
         label = f"Loading {model}…"
         progress(LoadStep(label, 0.0, "load"))
         engine = opener(model, self.config, on_copy=_copy_progress(progress),

@@ -8,15 +8,14 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
 import ollama
 import openai
 
 import ggufgen
-
 from localinfer.daemon.server import Daemon, ServeOptions
 from localinfer.daemon.state import DaemonSettings
 from localinfer.runtime.engine import Engine

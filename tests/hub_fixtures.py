@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from hub_server import CATALOG, FILE, GATED_REPO, REPO, LocalHub
 
 

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
+
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES, STARTER_SHA256
-
 from localinfer import gguf
 from localinfer.store import ModelStore
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import struct
 
-import ggufgen as g
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import ggufgen as g
 from localinfer import gguf
 from localinfer.errors import InvalidModelFile
 

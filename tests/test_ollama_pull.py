@@ -10,9 +10,9 @@ import time
 import httpx
 import ollama
 import pytest
+
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES, STARTER_SHA256
-
 from localinfer.daemon.bridge import PullJob
 from localinfer.store import ModelStore
 

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from hub_server import FILE, GATED_REPO, REPO, STARTER_BYTES, STARTER_SHA256, TOKEN
 
+from hub_server import FILE, GATED_REPO, REPO, STARTER_BYTES, STARTER_SHA256, TOKEN
 from localinfer import gguf
 from localinfer.catalog import load_catalog
 from localinfer.errors import (

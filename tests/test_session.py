@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from daemon_util import fake_factory, install_fake_models, serve
 
+from daemon_util import fake_factory, install_fake_models, serve
 from localinfer.catalog import load_catalog
 from localinfer.config import Config
 from localinfer.errors import DaemonError

@@ -24,8 +24,18 @@ from localinfer.tui.screens import (
     TextPrompt,
 )
 from localinfer.tui.widgets import AssistantMessage, ChatInput, ContextNote, UserMessage
-from tui_util import (REPLY, GatedBackend, Opener, in_process_app, laptop, ready, streamed,
-                      text_of, until, until_screen)
+from tui_util import (
+    REPLY,
+    GatedBackend,
+    Opener,
+    in_process_app,
+    laptop,
+    ready,
+    streamed,
+    text_of,
+    until,
+    until_screen,
+)
 
 
 def run(coro) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from localinfer.hardware import load_profile
 from localinfer.runtime.engine import Engine

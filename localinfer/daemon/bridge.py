@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ClassVar, Generic, TypeVar
 
 import anyio
 from starlette.requests import Request

@@ -6,7 +6,8 @@ Never a traceback, never a dead daemon: ``guarded`` wraps every route."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request

@@ -45,7 +45,7 @@ class Guard:
         path = scope["path"]
         headers = Headers(scope=scope)
         server = scope.get("server")
-        via_tcp = bool(server) and server[1] is not None  # a Unix socket has no port
+        via_tcp = server is not None and server[1] is not None  # a Unix socket has no port
         settings = self.settings
 
         if via_tcp and not settings.any_host:

@@ -11,8 +11,9 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import fields
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -41,6 +42,9 @@ from .requests import (
     sampling,
 )
 from .state import DaemonState
+
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -72,27 +76,34 @@ def routes(state: DaemonState) -> list[Route]:
     async def generate(request: Request) -> Response:
         body = await read_json(request)
         f = Fields(body)
-        name = f.str("model")
+        name = f.string("model")
         params = _params(Fields(body.get("params") or {}, "params."))
         priority = parse_priority(body.get("priority"))
         if "messages" in body:
             messages = parse_messages(body["messages"])
-            prompt = None
+
+            def tokens(engine: Engine) -> list[int]:
+                return engine.chat_tokens(messages)
         else:
-            messages, prompt = None, f.str("prompt")
+            prompt: str = f.string("prompt")
+
+            def tokens(engine: Engine) -> list[int]:
+                return engine.completion_tokens(prompt)
         entry, events, stack = await start_generation(
-            manager, name, lambda e: e.chat_tokens(messages) if messages is not None
-            else e.completion_tokens(prompt), params, priority,
+            manager, name, tokens, params, priority,
             keep_alive_s=parse_keep_alive(body.get("keep_alive")))
         engine = entry.engine
 
         request_id = f"gen-{next(_ids)}"
         state.generations[request_id] = events
 
+        submitted = events.generation.request  # set when the generation was submitted
+
         async def stream() -> AsyncIterator[str]:
             yield json_line(event_json(Start(
                 id=request_id, model=entry.name,
-                prompt_tokens=len(events.generation.request.prompt), info=engine.info))) + "\n"
+                prompt_tokens=len(submitted.prompt) if submitted else None,
+                info=engine.info))) + "\n"
             try:
                 async for event in events:
                     if isinstance(event, Done):
@@ -113,7 +124,7 @@ def routes(state: DaemonState) -> list[Route]:
         """Cancel a generation by the id its stream started with; the stream then ends with
         its full ``done`` event (finish_reason "cancelled", usage and timings so far)."""
         body = await read_json(request)
-        events = state.generations.get(Fields(body).str("id"))
+        events = state.generations.get(Fields(body).string("id"))
         if events is not None:
             events.cancel()
         return JSONResponse({"cancelled": events is not None})
@@ -122,14 +133,14 @@ def routes(state: DaemonState) -> list[Route]:
         """Load a model (as Ollama's empty generate does) and describe it."""
         body = await read_json(request)
         f = Fields(body)
-        async with manager.lease(f.str("model"),
+        async with manager.lease(f.string("model"),
                                  keep_alive_s=parse_keep_alive(body.get("keep_alive"))) as entry:
             reply = load_reply_json(entry.name, entry.load_ms, entry.engine.info)
         return JSONResponse(reply)
 
     async def unload(request: Request) -> Response:
         body = await read_json(request)
-        name = Fields(body).str("model", None)
+        name = Fields(body).string("model", None)
         if name is None:
             names = list(manager.loaded)
         else:
@@ -182,7 +193,7 @@ def _params(f: Fields) -> SamplingParams:
     if "max_tokens" in f.data and f.data["max_tokens"] is None:
         max_tokens = None  # until the context is full
     else:
-        max_tokens = f.int("max_tokens", SamplingParams.max_tokens, low=1)
+        max_tokens = f.integer("max_tokens", SamplingParams.max_tokens, low=1)
     return sampling(f, max_tokens=max_tokens)
 
 
@@ -191,7 +202,8 @@ def _metrics(state: DaemonState) -> str:
     c = state.counters
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+    def metric(name: str, kind: str, help_text: str,
+               samples: Sequence[tuple[str, float]]) -> None:
         lines.append(f"# HELP localinfer_{name} {help_text}")
         lines.append(f"# TYPE localinfer_{name} {kind}")
         for labels, value in samples:

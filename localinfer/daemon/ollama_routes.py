@@ -99,7 +99,7 @@ def routes(state: DaemonState) -> list[Route]:
     async def show(request: Request) -> Response:
         body = await read_json(request)
         f = Fields(body)
-        name = f.str("model", None) or f.str("name", None)
+        name = f.string("model", None) or f.string("name", None)
         if not name:
             raise InvalidRequest("'model' is required.")
         model = await manager.resolve(name)
@@ -131,7 +131,7 @@ def routes(state: DaemonState) -> list[Route]:
     async def chat(request: Request) -> Response:
         body = await read_json(request)
         f = Fields(body)
-        name = f.str("model")
+        name = f.string("model")
         raw_messages = body.get("messages") or []
         messages = parse_messages(raw_messages, allow_empty=True)
         if not messages:
@@ -143,11 +143,11 @@ def routes(state: DaemonState) -> list[Route]:
     async def generate(request: Request) -> Response:
         body = await read_json(request)
         f = Fields(body)
-        name = f.str("model")
-        prompt = f.str("prompt", "")
-        suffix = f.str("suffix", "")
-        system = f.str("system", "")
-        raw = f.bool("raw", False)
+        name = f.string("model")
+        prompt = f.string("prompt", "")
+        suffix = f.string("suffix", "")
+        system = f.string("system", "")
+        raw = f.boolean("raw", False)
         if body.get("images"):
             raise InvalidRequest("'images': this model server has no vision support.")
         if body.get("template"):
@@ -170,10 +170,10 @@ def routes(state: DaemonState) -> list[Route]:
     async def pull(request: Request) -> Response:
         body = await read_json(request)
         f = Fields(body)
-        name = f.str("model", None) or f.str("name", None)
+        name = f.string("model", None) or f.string("name", None)
         if not name:
             raise InvalidRequest("'model' is required.")
-        stream = f.bool("stream", True)
+        stream = f.boolean("stream", True)
         # An unknown name, a path or a bad quant fails here, with a status code.
         target = await asyncio.to_thread(manager.pull_target, name)
         job = PullJob(manager.store, target)
@@ -197,7 +197,7 @@ def routes(state: DaemonState) -> list[Route]:
     async def delete(request: Request) -> Response:
         body = await read_json(request)
         f = Fields(body)
-        name = f.str("model", None) or f.str("name", None)
+        name = f.string("model", None) or f.string("name", None)
         if not name:
             raise InvalidRequest("'model' is required.")
         model = await asyncio.to_thread(manager.store.find_installed, name)
@@ -251,7 +251,7 @@ def _options(f: Fields):
     options = Fields(f.data.get("options") or {}, "options.")
     if f.data.get("format"):
         raise InvalidRequest("'format' (structured output) is not supported.")
-    num_predict = options.int("num_predict", None)
+    num_predict = options.integer("num_predict", None)
     max_tokens = None if num_predict is None or num_predict < 0 else num_predict
     if num_predict == 0:
         raise InvalidRequest("'options.num_predict' must be positive (or -1 for no limit).")
@@ -263,7 +263,7 @@ def _keep_alive(f: Fields) -> float | None:
 
 
 def _num_ctx(f: Fields) -> int | None:
-    return Fields(f.data.get("options") or {}, "options.").int("num_ctx", None, low=1)
+    return Fields(f.data.get("options") or {}, "options.").integer("num_ctx", None, low=1)
 
 
 async def _load_only(state: DaemonState, name: str, f: Fields, *, chat: bool) -> Response:
@@ -289,7 +289,7 @@ async def _load_only(state: DaemonState, name: str, f: Fields, *, chat: bool) ->
 async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
                     priority: Priority, *, chat: bool) -> Response:
-    stream = f.bool("stream", True)
+    stream = f.boolean("stream", True)
     entry, events, stack = await start_generation(
         state.manager, name, encode, params, priority, keep_alive_s=_keep_alive(f),
         num_ctx=_num_ctx(f))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -75,24 +76,24 @@ def routes(state: DaemonState) -> list[Route]:
 
 
 def _params(f: Fields) -> SamplingParams:
-    n = f.int("n", 1)
+    n = f.integer("n", 1)
     if n != 1:
         raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n}.")
     if f.data.get("logprobs"):
         raise InvalidRequest("'logprobs' is not supported.")
-    max_tokens = f.int("max_completion_tokens", None, low=1)
+    max_tokens = f.integer("max_completion_tokens", None, low=1)
     if max_tokens is None:
-        max_tokens = f.int("max_tokens", None, low=1)
+        max_tokens = f.integer("max_tokens", None, low=1)
     return sampling(f, max_tokens=max_tokens)
 
 
 async def _generate(state: DaemonState, request: Request, f: Fields,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
                     priority: Priority, *, chat: bool) -> Response:
-    stream = f.bool("stream", False)
+    stream = f.boolean("stream", False)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-    entry, events, stack = await start_generation(state.manager, f.str("model"), encode,
+    entry, events, stack = await start_generation(state.manager, f.string("model"), encode,
                                                   params, priority)
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())

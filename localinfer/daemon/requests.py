@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..errors import InvalidRequest
-from ..runtime.types import Message, Priority, SamplingParams
+from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams
 
 _MISSING = object()
 
@@ -50,19 +50,19 @@ class Fields:
             return default
         return value
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def string(self, key: str, default: Any = _MISSING) -> Any:
         value = self._get(key, default)
         if value is not default and not isinstance(value, str):
             raise InvalidRequest(f"'{self.where}{key}' must be a string, got {_kind(value)}.")
         return value
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def boolean(self, key: str, default: Any = _MISSING) -> Any:
         value = self._get(key, default)
         if value is not default and not isinstance(value, bool):
             raise InvalidRequest(f"'{self.where}{key}' must be true or false, got {_kind(value)}.")
         return value
 
-    def int(self, key: str, default: Any = _MISSING, *, low: int | None = None) -> Any:
+    def integer(self, key: str, default: Any = _MISSING, *, low: int | None = None) -> Any:
         value = self._get(key, default)
         if value is default:
             return value
@@ -104,7 +104,7 @@ def parse_messages(raw: Any, *, allow_empty: bool = False) -> list[Message]:
     messages = []
     for i, item in enumerate(raw):
         f = Fields(item, f"messages[{i}].")
-        role = f.str("role")
+        role = f.string("role")
         if role not in ("system", "user", "assistant", "tool", "developer"):
             raise InvalidRequest(f"'messages[{i}].role' must be system, user, assistant or"
                                  f" tool, got {role!r}.")
@@ -134,7 +134,7 @@ def _content(value: Any, i: int) -> str:
     raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts.")
 
 
-def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = SamplingParams()
+def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = DEFAULT_SAMPLING
              ) -> SamplingParams:
     """Sampling parameters shared by both APIs (names as in OpenAI and llama.cpp's server)."""
     d = defaults
@@ -142,16 +142,16 @@ def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = SamplingP
         max_tokens=max_tokens,
         temperature=f.number("temperature", d.temperature),
         top_p=f.number("top_p", d.top_p),
-        top_k=f.int("top_k", d.top_k, low=0),
+        top_k=f.integer("top_k", d.top_k, low=0),
         min_p=f.number("min_p", d.min_p),
         repeat_penalty=f.number("repeat_penalty", d.repeat_penalty),
-        repeat_last_n=f.int("repeat_last_n", d.repeat_last_n, low=-1),
+        repeat_last_n=f.integer("repeat_last_n", d.repeat_last_n, low=-1),
         frequency_penalty=f.number("frequency_penalty", d.frequency_penalty),
         presence_penalty=f.number("presence_penalty", d.presence_penalty),
-        seed=_seed(f.int("seed", None)),
+        seed=_seed(f.integer("seed", None)),
         stop=f.stop(),
         # localinfer's extension: prompt-lookup speculation on/off (default: the engine's).
-        speculative=f.bool("speculative", None),
+        speculative=f.boolean("speculative", None),
     ).validate()
 
 

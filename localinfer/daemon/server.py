@@ -20,9 +20,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -106,12 +107,12 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self._on_exit = on_exit
 
-    def handle_exit(self, sig: int, frame: object) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         self._on_exit()
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -165,7 +166,7 @@ class Daemon:
     def run(self) -> None:
         """Serve until asked to stop (blocking). Cleans up the socket and pid file."""
         # uvloop when installed: its transports and thread wake-ups cost less per token.
-        loop_factory = uvicorn.Config(app=None).get_loop_factory()
+        loop_factory = uvicorn.Config(app="").get_loop_factory()  # no app needed to pick it
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
                 runner.run(self._serve())
