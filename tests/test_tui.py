@@ -16,6 +16,7 @@ from localinfer.runtime.fake import FakeBackend
 from localinfer.tui.app import create_app
 from localinfer.tui.screens import (
     ChatsScreen,
+    ConfirmScreen,
     ContextFullScreen,
     ErrorScreen,
     HelpScreen,
@@ -404,6 +405,31 @@ def test_chats_can_be_renamed_and_deleted(home):
             assert ChatStore().list() == []
             await pilot.press("escape")
             assert not app.query(UserMessage)  # the open chat was the deleted one
+        opener.close()
+
+    run(main())
+
+
+def test_deleting_a_chat_needs_an_explicit_choice(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Keep me")
+            await finished(pilot, 2)
+            await pilot.press("ctrl+r", "d")
+            await until_screen(pilot, app, ConfirmScreen, "the confirmation")
+            assert app.screen.title_text == "Delete this chat?"
+            assert app.focused.id == "no"  # Cancel is the default
+            await pilot.press("enter")
+            assert isinstance(app.screen, ChatsScreen)
+            assert [s.title for s in ChatStore().list()] == ["Keep me"]
+            await pilot.press("d")
+            await until_screen(pilot, app, ConfirmScreen, "the confirmation")
+            await pilot.press("escape")
+            assert len(ChatStore().list()) == 1
         opener.close()
 
     run(main())

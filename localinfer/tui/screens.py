@@ -86,7 +86,8 @@ class HelpScreen(ModalScreen[None]):
 
 # --- dialogs ---------------------------------------------------------------------------------
 class ErrorScreen(ModalScreen[str | None]):
-    """An error the user can act on: a title, what happened, and buttons."""
+    """An error the user can act on: a title, what happened, and buttons (the first is the
+    default: highlighted, and focused, so Enter chooses it)."""
 
     BINDINGS = [Binding("escape", "close", "Close")]
 
@@ -123,8 +124,11 @@ class ContextFullScreen(ErrorScreen):
 
 
 class ConfirmScreen(ErrorScreen):
+    """A yes/no question before something that cannot be taken back. Cancel comes first, so
+    it is the focused default: Enter alone never confirms."""
+
     def __init__(self, title: str, message: str, confirm: str, **kwargs: Any) -> None:
-        super().__init__(title, message, [("yes", confirm), ("no", "Cancel")], icon="",
+        super().__init__(title, message, [("no", "Cancel"), ("yes", confirm)], icon="",
                          **kwargs)
 
 
