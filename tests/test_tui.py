@@ -250,6 +250,39 @@ def test_settings_reach_the_model_and_are_saved(home):
     run(main())
 
 
+def test_enter_saves_the_settings_and_escape_cancels(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+s")
+            await until_screen(pilot, app, SettingsScreen, "the settings")
+            assert "Enter saves" in text_of(app.screen.query_one("#settings-hint"))
+            assert app.focused.id == "system-prompt"
+            await pilot.press(*keys("Be brief.\nUse lists."), "enter")  # Ctrl+J: a new line
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.chat.system_prompt == "Be brief.\nUse lists."
+            await pilot.press("ctrl+s")
+            await until_screen(pilot, app, SettingsScreen, "the settings")
+            app.screen.query_one("#temperature").focus()
+            app.screen.query_one("#temperature").value = ""
+            await pilot.press("0", ".", "2", "enter")
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.chat.temperature == 0.2
+            await pilot.press("ctrl+s")
+            await until_screen(pilot, app, SettingsScreen, "the settings")
+            app.screen.query_one("#max-tokens").focus()
+            await pilot.press("9", "escape")
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.chat.max_tokens == 512  # Esc cancelled
+            assert app.focused is app.query_one(ChatInput)
+        opener.close()
+
+    run(main())
+
+
 # --- models --------------------------------------------------------------------------------
 def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
     install_fake_models("fake:1b-f16", "fake:2b-f16")

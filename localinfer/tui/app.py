@@ -398,7 +398,7 @@ class ChatApp(App[None]):
                 " mean.")
 
     # --- sending --------------------------------------------------------------------------
-    @on(ChatInput.Submitted)
+    @on(ChatInput.Submitted, "#input")
     async def _submitted(self, event: ChatInput.Submitted) -> None:
         await self.send(event.text)
 

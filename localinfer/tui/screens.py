@@ -25,7 +25,6 @@ from textual.widgets import (
     Markdown,
     ProgressBar,
     Static,
-    TextArea,
 )
 
 from ..chats import ChatStore, ChatSummary, check_settings
@@ -34,6 +33,7 @@ from ..errors import LocalInferError
 from ..progress import human_bytes
 from ..session import ModelRow, model_rows
 from .speed import tps
+from .widgets import EnterSubmits
 
 HELP = """\
 # localinfer chat
@@ -47,7 +47,7 @@ HELP = """\
 | **Ctrl+N** | new chat |
 | **Ctrl+R** | chats: resume, rename (r), delete (d) |
 | **Ctrl+O** | models: switch, pull; the planner's verdict for this machine |
-| **Ctrl+S** | this chat's system prompt, temperature and max tokens |
+| **Ctrl+S** | this chat's system prompt, temperature and max tokens (Enter saves, Esc cancels) |
 | **F2** | copy the last reply to the clipboard |
 | **Ctrl+T** | light / dark theme |
 | **F1** | this help |
@@ -164,7 +164,8 @@ class ChatSettings:
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
-    """This chat's system prompt and sampling parameters."""
+    """This chat's system prompt and sampling parameters. Enter saves from any field, as it
+    sends from the message box (Ctrl+J starts a new line in the system prompt, as there)."""
 
     BINDINGS = [Binding("escape", "close", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
@@ -177,12 +178,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         with Vertical(classes="dialog", id="settings"):
             yield Label("This chat's settings", classes="dialog-title")
             yield Label("System prompt (sent before the conversation)")
-            yield TextArea(s.system_prompt, id="system-prompt", soft_wrap=True)
+            yield EnterSubmits(s.system_prompt, id="system-prompt")
             with Horizontal(classes="fields"):
                 yield Label("Temperature (0 = greedy)")
                 yield Input(f"{s.temperature:g}", id="temperature")
                 yield Label("Max tokens per reply")
                 yield Input(str(s.max_tokens), id="max-tokens", type="integer")
+            yield Label("Enter saves · Ctrl+J: new line in the system prompt · Esc cancels",
+                        id="settings-hint", classes="dialog-hint")
             yield Label("", id="settings-error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save", id="save", variant="primary")
@@ -201,11 +204,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         except LocalInferError as exc:
             error.update(exc.message)
             return
-        self.dismiss(ChatSettings(self.query_one("#system-prompt", TextArea).text.strip(),
+        self.dismiss(ChatSettings(self.query_one("#system-prompt", EnterSubmits).text.strip(),
                                   temperature, max_tokens))
 
     @on(Button.Pressed, "#save")
-    def save_pressed(self) -> None:
+    @on(Input.Submitted)
+    @on(EnterSubmits.Submitted)
+    def save_pressed(self, event: Message) -> None:
+        event.stop()  # the main screen's message box must not take it as a message to send
         self.action_save()
 
     @on(Button.Pressed, "#cancel")
