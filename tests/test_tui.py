@@ -369,6 +369,40 @@ def test_models_screen_switches_an_in_process_engine(home):
     run(main())
 
 
+def test_enter_on_a_catalog_model_asks_before_downloading(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            await until(pilot, lambda: screen.rows, "the plan")
+            started: list[str] = []
+            screen.pull = lambda name, cancel: started.append(name)  # no download here
+            big = next(i for i, r in enumerate(screen.rows) if r.name.startswith("gemma3:27b"))
+            row = screen.rows[big]
+            assert not row.installed and not row.fits
+            screen.query_one("DataTable").move_cursor(row=big)
+            await pilot.press("enter")
+            await until_screen(pilot, app, ConfirmScreen, "the question")
+            question = app.screen.message
+            assert f"{row.size_bytes / 1e9:.1f} GB" in question
+            assert "too big" in question and row.reason in question
+            assert f"{row.decode_tps:.1f} tok/s" in question
+            assert app.focused.id == "no"  # Cancel is the default
+            await pilot.press("enter")
+            assert app.screen is screen and not started and not screen.pulling
+            await pilot.press("enter")
+            await until_screen(pilot, app, ConfirmScreen, "the question")
+            await pilot.click("#yes")
+            assert started == [row.name] and screen.pulling == row.name
+        opener.close()
+
+    run(main())
+
+
 # --- history --------------------------------------------------------------------------------
 def test_history_survives_a_restart(home):
     opener = Opener()

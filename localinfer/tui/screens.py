@@ -339,6 +339,17 @@ class ChatsChanged(Message):
 
 
 # --- models ----------------------------------------------------------------------------------
+def download_question(row: ModelRow) -> str:
+    """What a user weighs before pulling a catalog model: its size, and the plan's verdict and
+    predicted speed for this machine."""
+    size = human_bytes(row.size_bytes) + (" (estimated from the catalog)"
+                                          if row.size_estimated else "")
+    verdict = "cannot tell" if row.fits is None else row.verdict
+    speed = f"{tps(row.decode_tps)} tok/s" if row.decode_tps > 0 else "unknown"
+    return (f"{size} to download.\nThe plan for this machine: {verdict} — {row.reason}.\n"
+            f"Predicted decode: {speed}.")
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     name: str
@@ -463,13 +474,21 @@ class ModelsScreen(Screen[ModelChoice | None]):
                       + note)
 
     def action_choose(self) -> None:
+        """Switch to an installed model; a catalog one is pulled after the user agrees to the
+        download (it may be many GB, and too big or too slow for this machine)."""
         row = self._selected()
         if row is None or self.pulling:
             return
         if row.installed:
             self.dismiss(ModelChoice(row.name))
-        else:
-            self.action_pull()
+            return
+
+        def answered(answer: str | None) -> None:
+            if answer == "yes" and not self.pulling:
+                self._start_pull(row)
+
+        self.app.push_screen(ConfirmScreen(f"Download {row.name}?", download_question(row),
+                                           "Download"), answered)
 
     def action_pull(self) -> None:
         row = self._selected()
@@ -478,6 +497,9 @@ class ModelsScreen(Screen[ModelChoice | None]):
         if row.installed:
             self.notify(f"{row.name} is already installed: Enter switches to it.")
             return
+        self._start_pull(row)
+
+    def _start_pull(self, row: ModelRow) -> None:
         self.pulling = row.name
         self._pull_cancel = threading.Event()
         self.query_one("#pull-row").display = True
