@@ -179,6 +179,50 @@ def test_quitting_mid_reply_keeps_the_partial_reply(home):
     run(main())
 
 
+def test_new_chat_models_and_chats_keys_work_mid_reply(home):
+    opener, backends = gated_opener()
+
+    async def cancelled_by(pilot, key: str) -> None:
+        """Send, let a few tokens stream, press ``key``: the reply ends cancelled and saved."""
+        app = pilot.app
+        backend = backends[0]
+        backend.gated = True
+        chat = app.chat
+        await send(pilot, f"Tell me about {key}")
+        backend.release(5)
+        await until(pilot, lambda: streamed(app, 5) and app.reply.widget.markdown.source,
+                    "a few tokens shown")
+        await pilot.press(key)
+        backend.open()
+        await until(pilot, lambda: app.reply is None and chat.messages[-1].role == "assistant",
+                    "the reply ended")
+        reply = chat.messages[-1]
+        assert reply.finish_reason == "cancelled"
+        assert reply.content and REPLY.startswith(reply.content) and reply.content != REPLY
+        assert ChatStore().load(chat.id).messages[-1] == reply
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            first = app.chat
+            await cancelled_by(pilot, "ctrl+n")
+            await until(pilot, lambda: app.chat is not first, "a new chat")
+            assert not app.chat.messages and not app.query(UserMessage)
+
+            await cancelled_by(pilot, "ctrl+o")
+            await until_screen(pilot, app, ModelsScreen, "the models")
+            await pilot.press("escape")
+
+            second = app.chat
+            await cancelled_by(pilot, "ctrl+r")
+            await until_screen(pilot, app, ChatsScreen, "the chats")
+            assert {s.id for s in app.screen.summaries} == {first.id, second.id}
+        opener.close()
+
+    run(main())
+
+
 def test_the_input_keys(home):
     opener, backends = gated_opener()
 

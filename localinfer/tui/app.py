@@ -12,12 +12,13 @@ grow with the reply, nor with the transcript, whose other messages are never tou
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -193,6 +194,7 @@ class ChatApp(App[None]):
         self.reply: Reply | None = None
         self.context_tokens: int | None = None
         self._reply_ids = 0
+        self._after_reply: Callable[[], Awaitable[None] | None] | None = None
         self._queued: str | None = None
         self._dropping = False
         self._resend_after_connect = False
@@ -534,6 +536,8 @@ class ChatApp(App[None]):
         self.refresh_bindings()
         self._show_status()
         n_ctx = self.session.info.n_ctx if self.session else 0
+        if await self._run_after_reply():
+            return
         if done.finish_reason == "length" and n_ctx and stats.context_tokens >= n_ctx - 1:
             self._context_full(f"The reply stopped because the context is full"
                                f" ({stats.context_tokens:,} of {n_ctx:,} tokens).",
@@ -553,6 +557,9 @@ class ChatApp(App[None]):
         if isinstance(error, ContextOverflow) and not reply.live:
             await reply.widget.remove()
             self._show_status()
+            if await self._run_after_reply():
+                self._dropping = False
+                return
             if self._dropping and self.chat.drop_oldest_turn():
                 self._save()
                 await self._render_chat()
@@ -572,6 +579,8 @@ class ChatApp(App[None]):
         self._save()
         await reply.widget.finish(message)
         self._show_status()
+        if await self._run_after_reply():
+            return
         if isinstance(error, DaemonError):
             def chosen(answer: str | None) -> None:
                 if answer == "reconnect":
@@ -697,10 +706,28 @@ class ChatApp(App[None]):
         if reply.generation is not None:
             reply.generation.cancel()  # thread-safe: the engine stops within one token
 
+    def _cancel_reply_then(self, action: Callable[[], Awaitable[None] | None]) -> bool:
+        """While a reply streams: cancel it (its partial text is kept and saved, as on Esc)
+        and run ``action`` once it has ended. False when no reply streams."""
+        if self.reply is None:
+            return False
+        self._after_reply = action
+        self.action_cancel_reply()
+        self.notify("Cancelled the reply; its partial text is kept (marked ✂).")
+        return True
+
+    async def _run_after_reply(self) -> bool:
+        """Run what a key asked for while the reply streamed; whether there was such."""
+        action, self._after_reply = self._after_reply, None
+        if action is None:
+            return False
+        result = action()
+        if inspect.isawaitable(result):
+            await result
+        return True
+
     async def action_new_chat(self) -> None:
-        if self.reply is not None:
-            self.action_cancel_reply()
-            self.notify("Cancelled the reply to start a new chat.")
+        if self._cancel_reply_then(self.action_new_chat):
             return
         old = self.chat
         self.chat = self.chats.new(system_prompt=old.system_prompt,
@@ -713,8 +740,7 @@ class ChatApp(App[None]):
         self.query_one(ChatInput).focus()
 
     def action_chats(self) -> None:
-        if self.reply is not None:
-            self.notify("Wait for the reply or cancel it (Esc) first.", severity="warning")
+        if self._cancel_reply_then(self.action_chats):
             return
 
         def chosen(choice: ChatChoice | None) -> None:
@@ -757,8 +783,7 @@ class ChatApp(App[None]):
         self._show_status()
 
     def action_models(self) -> None:
-        if self.reply is not None:
-            self.notify("Wait for the reply or cancel it (Esc) first.", severity="warning")
+        if self._cancel_reply_then(self.action_models):
             return
 
         def chosen(choice: ModelChoice | None) -> None:
