@@ -635,6 +635,101 @@ def test_a_full_context_can_move_the_message_to_a_new_chat(home):
     opener.close()
 
 
+def words(tag: str, n: int) -> str:
+    return tag + " " + " ".join(f"w{i}" for i in range(n))  # 2n + 1 fake tokens
+
+
+def test_a_reply_that_filled_the_context_drops_whole_turns_for_the_next_message(home):
+    # The first reply runs until the context is full; the next message then needs room.
+    opener = Opener(lambda ref: FakeBackend(
+        lambda prompt: "ok" if "second" in prompt else words("story", 200), name=ref,
+        n_ctx=100))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "first")
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
+            assert "context is full" in app.screen.message
+            assert app.chat.messages[-1].finish_reason == "length"
+            await pilot.click("#drop")  # nothing to shorten: the reply is the model's
+            assert not isinstance(app.screen, (ContextFullScreen, ErrorScreen))
+            assert app.query_one(ChatInput).text == ""
+            await send(pilot, "second")
+            await finished(pilot, 4)
+            assert not isinstance(app.screen, (ContextFullScreen, ErrorScreen))
+            assert app.chat.context_start == 2  # the whole first turn, question and reply
+            assert [m.content for m in app.chat.prompt_messages()] == ["second", "ok"]
+            assert len(app.query(AssistantMessage)) == 2 and app.query(ContextNote)
+
+    run(main())
+    opener.close()
+
+
+def test_dropping_turns_drops_as_many_whole_turns_as_the_new_message_needs(home):
+    opener = Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=100))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            for i, tag in enumerate(("one", "two", "three")):
+                await send(pilot, words(tag, 8))
+                await finished(pilot, 2 * i + 2)
+            await send(pilot, words("four", 20))
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
+            await pilot.click("#drop")
+            await finished(pilot, 8)
+            assert app.chat.context_start == 4  # one turn was not enough: two went
+            assert [m.content for m in app.chat.prompt_messages()] == [
+                words("three", 8), "ok", words("four", 20), "ok"]
+            assert len(app.query(UserMessage)) == 4
+
+    run(main())
+    opener.close()
+
+
+def test_a_message_too_long_even_alone_is_said_so_and_can_be_edited_or_moved(home):
+    opener = Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=100))
+    too_long = words("long", 60)
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "hello")
+            await finished(pilot, 2)
+            await send(pilot, too_long)
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
+            await pilot.click("#drop")
+            await until_screen(pilot, app, ErrorScreen, "the next dialog")
+            assert not isinstance(app.screen, ContextFullScreen)
+            assert app.screen.title_text == "The message is too long for this model"
+            assert "even alone" in app.screen.message and "100" in app.screen.message
+            assert [b.id for b in app.screen.query("Button")] == ["edit", "new"]
+            await pilot.click("#edit")
+            await until(pilot, lambda: app.query_one(ChatInput).text == too_long,
+                        "the message is back in the input")
+            assert [m.content for m in app.chat.messages] == ["hello", "ok"]
+            assert app.chat.context_start == 0  # nothing was sent: nothing stays dropped
+            assert not app.query(ContextNote)
+
+            # The first message of a chat: there is nothing to drop, so no Drop is offered.
+            await pilot.press("ctrl+n")
+            old_id = app.chat.id
+            app.query_one(ChatInput).load_text(too_long)
+            await pilot.press("enter")
+            await until_screen(pilot, app, ErrorScreen, "the dialog")
+            assert app.screen.title_text == "The message is too long for this model"
+            await pilot.click("#new")
+            await until(pilot, lambda: app.chat.id != old_id, "a new chat")
+            assert app.query_one(ChatInput).text == too_long and not app.chat.messages
+
+    run(main())
+    opener.close()
+
+
 # --- the real model ---------------------------------------------------------------------------
 @pytest.mark.model
 def test_chat_with_the_starter_model_through_a_real_daemon(home, monkeypatch, starter_path):

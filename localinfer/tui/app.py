@@ -196,7 +196,12 @@ class ChatApp(App[None]):
         self._reply_ids = 0
         self._after_reply: Callable[[], Awaitable[None] | None] | None = None
         self._queued: str | None = None
-        self._dropping = False
+        self._drop_from: int | None = None
+        """While the oldest turns are dropped for the message being sent: the context start
+        before (restored if even the message alone does not fit)."""
+        self._drop_next_for: str | None = None
+        """The chat whose next message drops the oldest turns it needs room from, without
+        asking (the user chose so when a reply filled the context)."""
         self._resend_after_connect = False
         self._last_stats: ReplyStats | None = None
         self._hidden_messages = 0
@@ -525,7 +530,7 @@ class ChatApp(App[None]):
         self.chat.add(message)
         self._save()
         self.reply = None
-        self._dropping = False
+        self._drop_from = self._drop_next_for = None
         self._last_stats = stats
         if stats.prompt_tokens:
             self.context_tokens, self._context_at_least = stats.context_tokens, False
@@ -558,20 +563,11 @@ class ChatApp(App[None]):
             await reply.widget.remove()
             self._show_status()
             if await self._run_after_reply():
-                self._dropping = False
+                self._drop_from = None
                 return
-            if self._dropping and self.chat.drop_oldest_turn():
-                self._save()
-                await self._render_chat()
-                self._start_reply()
-                return
-            self._dropping = False
-            n_ctx = getattr(error, "n_ctx", 0) or (self.session.info.n_ctx if self.session
-                                                   else 0)
-            self._context_full(f"This conversation no longer fits in the model's context"
-                               f" ({n_ctx:,} tokens): {error.message}", unanswered=True)
+            await self._message_does_not_fit(error)
             return
-        self._dropping = False
+        self._drop_from = None
         text = (reply.widget.markdown.source or "") + partial_text
         message = ChatMessage("assistant", text, model=reply.model, finish_reason="error",
                               error=error.one_line())
@@ -591,6 +587,54 @@ class ChatApp(App[None]):
                 "Daemon unreachable", f"{error.one_line()} The reply was not finished.",
                 [("reconnect", "Reconnect and resend"), ("close", "Close")]), chosen)
 
+    async def _message_does_not_fit(self, error: ContextOverflow) -> None:
+        """The message just sent does not fit in the context with the turns before it: drop
+        the oldest whole turns (a user message and its replies) one by one until it fits, when
+        the user chose so; else ask. If it does not fit even alone, say so."""
+        chat = self.chat
+        alone = len(chat.turn_starts()) < 2  # only the new message is still sent
+        if self._drop_from is None and self._drop_next_for == chat.id and not alone:
+            self._drop_from = chat.context_start
+        self._drop_next_for = None
+        if self._drop_from is not None and not alone:
+            await self._drop_oldest_turn_and_resend()
+            return
+        if alone:
+            if self._drop_from is not None:
+                chat.context_start = self._drop_from  # nothing was sent: nothing is dropped
+                self._drop_from = None
+                self._save()
+                await self._render_chat()
+            self._too_long_alone(error)
+            return
+        n_ctx = getattr(error, "n_ctx", 0) or (self.session.info.n_ctx if self.session else 0)
+        self._context_full(f"This conversation no longer fits in the model's context"
+                           f" ({n_ctx:,} tokens): {error.message}", unanswered=True)
+
+    async def _drop_oldest_turn_and_resend(self) -> None:
+        self.chat.drop_oldest_turn()
+        self._save()
+        await self._render_chat()
+        self._start_reply()
+
+    def _too_long_alone(self, error: ContextOverflow) -> None:
+        n_ctx = getattr(error, "n_ctx", 0) or (self.session.info.n_ctx if self.session else 0)
+        n_prompt = getattr(error, "n_prompt", 0)  # not known through the daemon
+        system = " with the system prompt" if self.chat.system_prompt.strip() else ""
+        size = (f": it needs {n_prompt:,} tokens{system}, the context holds {n_ctx:,} and one"
+                f" must be left for the reply" if n_prompt else f" ({n_ctx:,} tokens)")
+        text = (f"Your message does not fit in the model's context even alone{size}."
+                " Dropping earlier turns cannot make room: shorten it, or load the model with"
+                " a larger context (--ctx).")
+
+        def chosen(answer: str | None) -> None:
+            self.run_worker(self._context_choice("new" if answer == "new" else "edit",
+                                                 unanswered=True), group="context")
+
+        self.push_screen(ErrorScreen("The message is too long for this model", text,
+                                     [("edit", "Edit it"), ("new", "Move to a new chat")]),
+                         chosen)
+
     def _context_full(self, text: str, *, unanswered: bool) -> None:
         def chosen(answer: str | None) -> None:
             self.run_worker(self._context_choice(answer, unanswered), group="context")
@@ -601,17 +645,13 @@ class ChatApp(App[None]):
 
     async def _context_choice(self, answer: str | None, unanswered: bool) -> None:
         if answer == "drop":
-            if not self.chat.drop_oldest_turn():
-                self.notify("Only the last message is left and it does not fit alone:"
-                            " shorten it, or start a new chat.", severity="error")
-                if unanswered:
-                    await self._take_back_last_message()
-                return
-            self._save()
-            await self._render_chat()
-            if unanswered:
-                self._dropping = True
-                self._start_reply()
+            if unanswered:  # drop turns until the message fits
+                self._drop_from = self.chat.context_start
+                await self._drop_oldest_turn_and_resend()
+            else:
+                self._drop_next_for = self.chat.id
+                self.notify("Your next message will be sent after dropping as many of the"
+                            " oldest turns as it needs to fit.")
         elif answer == "new":
             text = await self._take_back_last_message() if unanswered else None
             await self.action_new_chat()
@@ -627,16 +667,19 @@ class ChatApp(App[None]):
         if not messages or messages[-1].role != "user":
             return None
         text = messages.pop().content
+        if not messages:  # it was the chat's only message: the chat is new again
+            self.chat.title = ""
         self._save()
         await self._render_chat()
         self.query_one(ChatInput).load_text(text)
         return text
 
     def _save(self) -> None:
-        if not self.chat.messages:
-            return
         try:
-            self.chats.save(self.chat)
+            if self.chat.messages:
+                self.chats.save(self.chat)
+            else:  # its only message was taken back (or nothing was said yet)
+                self.chats.delete(self.chat.id)
         except LocalInferError as exc:
             self.notify(exc.message, title="Chat not saved", severity="error")
 
