@@ -327,6 +327,35 @@ def test_enter_saves_the_settings_and_escape_cancels(home):
     run(main())
 
 
+def test_a_base_model_is_said_to_continue_text_not_follow_instructions(home):
+    install_fake_models("fake:1b-f16")
+    opener = Opener(lambda ref: FakeBackend(REPLY, name=ref, base_model=ref == "fake:base"))
+
+    async def main():
+        app = in_process_app(opener, model="fake:base")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            note = app.query_one("#model-note")
+            assert note.display and note.region.y == 1  # right under the title bar
+            assert text_of(note).startswith("base model: continues text, does not follow"
+                                            " instructions")
+            assert note.region.width >= len(text_of(note))  # all of it, at 80 columns
+            welcome = text_of(app.query_one("#welcome"))
+            assert "base model" in welcome and "to continue" in welcome
+            assert "Ctrl+O" in welcome and "instruct" in welcome
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            await until(pilot, lambda: screen.rows, "the plan")
+            await pilot.press("enter")  # the first row: the installed fake:1b-f16
+            await until(pilot, lambda: app.session and app.session.model == "fake:1b-f16",
+                        "switched")
+            assert not note.display
+            assert "base model" not in text_of(app.query_one("#welcome"))
+        opener.close()
+
+    run(main())
+
+
 # --- models --------------------------------------------------------------------------------
 def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
     install_fake_models("fake:1b-f16", "fake:2b-f16")

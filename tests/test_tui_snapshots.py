@@ -96,6 +96,11 @@ def test_new_chat(home, snap_compare):
     assert snap_compare(chat_app(), terminal_size=(80, 24), run_before=loaded)
 
 
+def test_new_chat_with_a_base_model(home, snap_compare):
+    app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, base_model=True)))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded)
+
+
 def test_models_screen(home, snap_compare):
     install_fake_models("fake:1b-f16")
 

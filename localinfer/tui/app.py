@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 FRAME_S = 1 / 30
 """A streaming reply is redrawn at most this often, however fast tokens arrive."""
 MOUNTED_MESSAGES = 60
+BASE_MODEL_NOTE = "base model: continues text, does not follow instructions · Ctrl+O: models"
+"""Under the title bar while a base model is loaded (it fits in 80 columns)."""
 MAIN_SCREEN_ACTIONS = {"cancel_reply", "new_chat", "chats", "models", "settings",
                        "copy_reply", "help"}
 """A resumed chat shows its last messages; earlier ones are mounted on request."""
@@ -211,6 +213,7 @@ class ChatApp(App[None]):
     # --- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
+        yield Static(BASE_MODEL_NOTE, id="model-note", markup=False)
         yield VerticalScroll(id="transcript")
         yield LoadingPanel(id="loading")
         yield StatusBar(id="status")
@@ -300,6 +303,7 @@ class ChatApp(App[None]):
         self.loading = None
         self.query_one(LoadingPanel).display = False
         self.sub_title = f"{event.session.info.name} · {self.chat.display_title}"
+        self.query_one("#model-note").display = event.session.info.base_model
         self._update_reference()
         if self.context_tokens is None and self._last_stats is not None:
             self.context_tokens = self._last_stats.context_tokens
@@ -325,6 +329,7 @@ class ChatApp(App[None]):
         self.load_error = event.error
         self.session = None
         self.query_one(LoadingPanel).display = False
+        self.query_one("#model-note").display = False
         self._show_status()
         error = event.error
         unreachable = isinstance(error, DaemonError)
@@ -400,9 +405,15 @@ class ChatApp(App[None]):
 
     def _welcome_text(self) -> str:
         model = self.session.info.name if self.session else (self.loading or "a model")
-        return (f"Chat with {model}. Enter sends · Shift+Enter or Ctrl+J: new line ·"
-                " Up: earlier prompts · Esc cancels a reply · F1: help and what the numbers"
-                " mean.")
+        keys = ("Enter sends · Shift+Enter or Ctrl+J: new line · Up: earlier prompts · Esc"
+                " cancels a reply · F1: help and what the numbers mean.")
+        if self.session and self.session.info.base_model:
+            return (f"{model} is a base model: it continues the text you give it; it does not"
+                    " answer questions or follow instructions. Start a text for it to"
+                    " continue, like “Once upon a time, in a village by the sea,” or “def"
+                    " is_prime(n):”. To chat, Ctrl+O picks or pulls an instruct model (those"
+                    f" that fit run well here).\n{keys}")
+        return f"Chat with {model}. {keys}"
 
     # --- sending --------------------------------------------------------------------------
     @on(ChatInput.Submitted, "#input")
