@@ -4,6 +4,7 @@ real daemon running in this process), plus one run on the real starter model."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 
@@ -419,6 +420,47 @@ def test_escape_cancels_a_reply_streamed_by_the_daemon(home, monkeypatch):
                 assert "≥" not in text_of(app.query_one("#status-model"))
 
         run(main())
+
+
+def test_quitting_says_what_the_daemon_keeps_running(home, monkeypatch):
+    from localinfer.cli.chat import daemon_note
+
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(), tcp=False) as daemon:
+        monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")
+
+        async def main():
+            app = create_app("fake:1b-f16", hardware=laptop())
+            async with app.run_test(size=(100, 32)) as pilot:
+                await ready(pilot)
+                assert daemon_note(app.launcher, app.session) is not None
+                await pilot.press("ctrl+q")
+            return app
+
+        app = asyncio.run(main())
+        note = daemon_note(app.launcher, app.session)  # printed once the UI is gone
+        assert note is not None and "\n" not in note
+        assert f"pid {os.getpid()}" in note  # the daemon runs in this test process
+        assert "keeps fake:1b-f16 loaded for editors for 5 min" in note
+        assert "`localinfer stop`" in note and "exits after" not in note
+        # A daemon the chat started itself also exits after its idle time.
+        app.launcher.started_daemon_pid = os.getpid()
+        note = daemon_note(app.launcher, app.session)
+        assert "and exits after 30 min without requests" in note
+
+    # In-process, nothing keeps running: nothing to say.
+    opener = Opener()
+
+    async def in_process():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+q")
+        return app
+
+    app = asyncio.run(in_process())
+    assert daemon_note(app.launcher, app.session) is None
+    opener.close()
 
 
 def test_models_screen_switches_an_in_process_engine(home):
