@@ -4,6 +4,7 @@ real daemon running in this process), plus one run on the real starter model."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 
@@ -16,6 +17,7 @@ from localinfer.runtime.fake import FakeBackend
 from localinfer.tui.app import create_app
 from localinfer.tui.screens import (
     ChatsScreen,
+    ConfirmScreen,
     ContextFullScreen,
     ErrorScreen,
     HelpScreen,
@@ -188,6 +190,50 @@ def test_quitting_mid_reply_keeps_the_partial_reply(home):
     run(main())
 
 
+def test_new_chat_models_and_chats_keys_work_mid_reply(home):
+    opener, backends = gated_opener()
+
+    async def cancelled_by(pilot, key: str) -> None:
+        """Send, let a few tokens stream, press ``key``: the reply ends cancelled and saved."""
+        app = pilot.app
+        backend = backends[0]
+        backend.gated = True
+        chat = app.chat
+        await send(pilot, f"Tell me about {key}")
+        backend.release(5)
+        await until(pilot, lambda: streamed(app, 5) and app.reply.widget.markdown.source,
+                    "a few tokens shown")
+        await pilot.press(key)
+        backend.open()
+        await until(pilot, lambda: app.reply is None and chat.messages[-1].role == "assistant",
+                    "the reply ended")
+        reply = chat.messages[-1]
+        assert reply.finish_reason == "cancelled"
+        assert reply.content and REPLY.startswith(reply.content) and reply.content != REPLY
+        assert ChatStore().load(chat.id).messages[-1] == reply
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            first = app.chat
+            await cancelled_by(pilot, "ctrl+n")
+            await until(pilot, lambda: app.chat is not first, "a new chat")
+            assert not app.chat.messages and not app.query(UserMessage)
+
+            await cancelled_by(pilot, "ctrl+o")
+            await until_screen(pilot, app, ModelsScreen, "the models")
+            await pilot.press("escape")
+
+            second = app.chat
+            await cancelled_by(pilot, "ctrl+r")
+            await until_screen(pilot, app, ChatsScreen, "the chats")
+            assert {s.id for s in app.screen.summaries} == {first.id, second.id}
+        opener.close()
+
+    run(main())
+
+
 def test_the_input_keys(home):
     opener, backends = gated_opener()
 
@@ -259,6 +305,68 @@ def test_settings_reach_the_model_and_are_saved(home):
     run(main())
 
 
+def test_enter_saves_the_settings_and_escape_cancels(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+s")
+            await until_screen(pilot, app, SettingsScreen, "the settings")
+            assert "Enter saves" in text_of(app.screen.query_one("#settings-hint"))
+            assert app.focused.id == "system-prompt"
+            await pilot.press(*keys("Be brief.\nUse lists."), "enter")  # Ctrl+J: a new line
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.chat.system_prompt == "Be brief.\nUse lists."
+            await pilot.press("ctrl+s")
+            await until_screen(pilot, app, SettingsScreen, "the settings")
+            app.screen.query_one("#temperature").focus()
+            app.screen.query_one("#temperature").value = ""
+            await pilot.press("0", ".", "2", "enter")
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.chat.temperature == 0.2
+            await pilot.press("ctrl+s")
+            await until_screen(pilot, app, SettingsScreen, "the settings")
+            app.screen.query_one("#max-tokens").focus()
+            await pilot.press("9", "escape")
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.chat.max_tokens == 512  # Esc cancelled
+            assert app.focused is app.query_one(ChatInput)
+        opener.close()
+
+    run(main())
+
+
+def test_a_base_model_is_said_to_continue_text_not_follow_instructions(home):
+    install_fake_models("fake:1b-f16")
+    opener = Opener(lambda ref: FakeBackend(REPLY, name=ref, base_model=ref == "fake:base"))
+
+    async def main():
+        app = in_process_app(opener, model="fake:base")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            note = app.query_one("#model-note")
+            assert note.display and note.region.y == 1  # right under the title bar
+            assert text_of(note).startswith("base model: continues text, does not follow"
+                                            " instructions")
+            assert note.region.width >= len(text_of(note))  # all of it, at 80 columns
+            welcome = text_of(app.query_one("#welcome"))
+            assert "base model" in welcome and "to continue" in welcome
+            assert "Ctrl+O" in welcome and "instruct" in welcome
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            await until(pilot, lambda: screen.rows, "the plan")
+            await pilot.press("enter")  # the first row: the installed fake:1b-f16
+            await until(pilot, lambda: app.session and app.session.model == "fake:1b-f16",
+                        "switched")
+            assert not note.display
+            assert "base model" not in text_of(app.query_one("#welcome"))
+        opener.close()
+
+    run(main())
+
+
 # --- models --------------------------------------------------------------------------------
 def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
     install_fake_models("fake:1b-f16", "fake:2b-f16")
@@ -324,6 +432,47 @@ def test_escape_cancels_a_reply_streamed_by_the_daemon(home, monkeypatch):
         run(main())
 
 
+def test_quitting_says_what_the_daemon_keeps_running(home, monkeypatch):
+    from localinfer.cli.chat import daemon_note
+
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(), tcp=False) as daemon:
+        monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")
+
+        async def main():
+            app = create_app("fake:1b-f16", hardware=laptop())
+            async with app.run_test(size=(100, 32)) as pilot:
+                await ready(pilot)
+                assert daemon_note(app.launcher, app.session) is not None
+                await pilot.press("ctrl+q")
+            return app
+
+        app = asyncio.run(main())
+        note = daemon_note(app.launcher, app.session)  # printed once the UI is gone
+        assert note is not None and "\n" not in note
+        assert f"pid {os.getpid()}" in note  # the daemon runs in this test process
+        assert "keeps fake:1b-f16 loaded for editors for 5 min" in note
+        assert "`localinfer stop`" in note and "exits after" not in note
+        # A daemon the chat started itself also exits after its idle time.
+        app.launcher.started_daemon_pid = os.getpid()
+        note = daemon_note(app.launcher, app.session)
+        assert "and exits after 30 min without requests" in note
+
+    # In-process, nothing keeps running: nothing to say.
+    opener = Opener()
+
+    async def in_process():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+q")
+        return app
+
+    app = asyncio.run(in_process())
+    assert daemon_note(app.launcher, app.session) is None
+    opener.close()
+
+
 def test_models_screen_switches_an_in_process_engine(home):
     install_fake_models("fake:1b-f16", "fake:2b-f16")
     opener = Opener()
@@ -340,6 +489,40 @@ def test_models_screen_switches_an_in_process_engine(home):
                         "switched")
             assert opener.opened == ["fake:2b-f16", "fake:1b-f16"]
             assert opener.engines[0]._closing  # the old engine was closed first
+        opener.close()
+
+    run(main())
+
+
+def test_enter_on_a_catalog_model_asks_before_downloading(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            await until(pilot, lambda: screen.rows, "the plan")
+            started: list[str] = []
+            screen.pull = lambda name, cancel: started.append(name)  # no download here
+            big = next(i for i, r in enumerate(screen.rows) if r.name.startswith("gemma3:27b"))
+            row = screen.rows[big]
+            assert not row.installed and not row.fits
+            screen.query_one("DataTable").move_cursor(row=big)
+            await pilot.press("enter")
+            await until_screen(pilot, app, ConfirmScreen, "the question")
+            question = app.screen.message
+            assert f"{row.size_bytes / 1e9:.1f} GB" in question
+            assert "too big" in question and row.reason in question
+            assert f"{row.decode_tps:.1f} tok/s" in question
+            assert app.focused.id == "no"  # Cancel is the default
+            await pilot.press("enter")
+            assert app.screen is screen and not started and not screen.pulling
+            await pilot.press("enter")
+            await until_screen(pilot, app, ConfirmScreen, "the question")
+            await pilot.click("#yes")
+            assert started == [row.name] and screen.pulling == row.name
         opener.close()
 
     run(main())
@@ -414,6 +597,31 @@ def test_chats_can_be_renamed_and_deleted(home):
             assert ChatStore().list() == []
             await pilot.press("escape")
             assert not app.query(UserMessage)  # the open chat was the deleted one
+        opener.close()
+
+    run(main())
+
+
+def test_deleting_a_chat_needs_an_explicit_choice(home):
+    opener = Opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Keep me")
+            await finished(pilot, 2)
+            await pilot.press("ctrl+r", "d")
+            await until_screen(pilot, app, ConfirmScreen, "the confirmation")
+            assert app.screen.title_text == "Delete this chat?"
+            assert app.focused.id == "no"  # Cancel is the default
+            await pilot.press("enter")
+            assert isinstance(app.screen, ChatsScreen)
+            assert [s.title for s in ChatStore().list()] == ["Keep me"]
+            await pilot.press("d")
+            await until_screen(pilot, app, ConfirmScreen, "the confirmation")
+            await pilot.press("escape")
+            assert len(ChatStore().list()) == 1
         opener.close()
 
     run(main())
@@ -503,6 +711,101 @@ def test_a_full_context_can_move_the_message_to_a_new_chat(home):
             assert app.query_one(ChatInput).text == "second " + LONG
             assert [m.content for m in ChatStore().load(old_id).messages] == [
                 "first " + LONG, "ok"]  # the unanswered message moved, nothing was lost
+
+    run(main())
+    opener.close()
+
+
+def words(tag: str, n: int) -> str:
+    return tag + " " + " ".join(f"w{i}" for i in range(n))  # 2n + 1 fake tokens
+
+
+def test_a_reply_that_filled_the_context_drops_whole_turns_for_the_next_message(home):
+    # The first reply runs until the context is full; the next message then needs room.
+    opener = Opener(lambda ref: FakeBackend(
+        lambda prompt: "ok" if "second" in prompt else words("story", 200), name=ref,
+        n_ctx=100))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "first")
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
+            assert "context is full" in app.screen.message
+            assert app.chat.messages[-1].finish_reason == "length"
+            await pilot.click("#drop")  # nothing to shorten: the reply is the model's
+            assert not isinstance(app.screen, (ContextFullScreen, ErrorScreen))
+            assert app.query_one(ChatInput).text == ""
+            await send(pilot, "second")
+            await finished(pilot, 4)
+            assert not isinstance(app.screen, (ContextFullScreen, ErrorScreen))
+            assert app.chat.context_start == 2  # the whole first turn, question and reply
+            assert [m.content for m in app.chat.prompt_messages()] == ["second", "ok"]
+            assert len(app.query(AssistantMessage)) == 2 and app.query(ContextNote)
+
+    run(main())
+    opener.close()
+
+
+def test_dropping_turns_drops_as_many_whole_turns_as_the_new_message_needs(home):
+    opener = Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=100))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            for i, tag in enumerate(("one", "two", "three")):
+                await send(pilot, words(tag, 8))
+                await finished(pilot, 2 * i + 2)
+            await send(pilot, words("four", 20))
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
+            await pilot.click("#drop")
+            await finished(pilot, 8)
+            assert app.chat.context_start == 4  # one turn was not enough: two went
+            assert [m.content for m in app.chat.prompt_messages()] == [
+                words("three", 8), "ok", words("four", 20), "ok"]
+            assert len(app.query(UserMessage)) == 4
+
+    run(main())
+    opener.close()
+
+
+def test_a_message_too_long_even_alone_is_said_so_and_can_be_edited_or_moved(home):
+    opener = Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=100))
+    too_long = words("long", 60)
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "hello")
+            await finished(pilot, 2)
+            await send(pilot, too_long)
+            await until_screen(pilot, app, ContextFullScreen, "the dialog")
+            await pilot.click("#drop")
+            await until_screen(pilot, app, ErrorScreen, "the next dialog")
+            assert not isinstance(app.screen, ContextFullScreen)
+            assert app.screen.title_text == "The message is too long for this model"
+            assert "even alone" in app.screen.message and "100" in app.screen.message
+            assert [b.id for b in app.screen.query("Button")] == ["edit", "new"]
+            await pilot.click("#edit")
+            await until(pilot, lambda: app.query_one(ChatInput).text == too_long,
+                        "the message is back in the input")
+            assert [m.content for m in app.chat.messages] == ["hello", "ok"]
+            assert app.chat.context_start == 0  # nothing was sent: nothing stays dropped
+            assert not app.query(ContextNote)
+
+            # The first message of a chat: there is nothing to drop, so no Drop is offered.
+            await pilot.press("ctrl+n")
+            old_id = app.chat.id
+            app.query_one(ChatInput).load_text(too_long)
+            await pilot.press("enter")
+            await until_screen(pilot, app, ErrorScreen, "the dialog")
+            assert app.screen.title_text == "The message is too long for this model"
+            await pilot.click("#new")
+            await until(pilot, lambda: app.chat.id != old_id, "a new chat")
+            assert app.query_one(ChatInput).text == too_long and not app.chat.messages
 
     run(main())
     opener.close()

@@ -59,10 +59,14 @@ def saved_chat() -> Chat:
     chat.add(ChatMessage("user", "And a dict comprehension?", at=FIXED_TIME))
     chat.add(ChatMessage("assistant", "The same with braces and a key:", at=FIXED_TIME,
                          model="fake:1b", finish_reason="cancelled", stats=cancelled))
+    return store_chat(chat)
+
+
+def store_chat(chat: Chat) -> Chat:
     store = ChatStore()
     store.root.mkdir(parents=True, exist_ok=True)
     # Written as ChatStore.save writes it, but with `updated` left at the fixed time.
-    (store.root / f"{CHAT_ID}.json").write_text(json.dumps(chat.to_dict()), encoding="utf-8")
+    (store.root / f"{chat.id}.json").write_text(json.dumps(chat.to_dict()), encoding="utf-8")
     return chat
 
 
@@ -90,6 +94,11 @@ def test_main_screen_light_and_wide(home, utc, snap_compare):
 
 def test_new_chat(home, snap_compare):
     assert snap_compare(chat_app(), terminal_size=(80, 24), run_before=loaded)
+
+
+def test_new_chat_with_a_base_model(home, snap_compare):
+    app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, base_model=True)))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded)
 
 
 def test_models_screen(home, snap_compare):
@@ -128,14 +137,36 @@ def test_help_screen(home, snap_compare):
 
 
 def test_context_full_dialog(home, snap_compare):
+    chat = Chat(id=CHAT_ID, title="hi", created=FIXED_TIME, updated=FIXED_TIME, model="fake:1b")
+    chat.add(ChatMessage("user", "hi", at=FIXED_TIME))
+    chat.add(ChatMessage("assistant", "ok", at=FIXED_TIME, model="fake:1b",
+                         finish_reason="stop", stats=ReplyStats(
+                             prompt_tokens=9, completion_tokens=1, cached_tokens=0,
+                             ttft_ms=3.0, prefill_tps=3000.0, decode_tps=0.0,
+                             finish_reason="stop")))
+    store_chat(chat)
+    app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=40)),
+                         resume=CHAT_ID)
+
+    async def overflow(pilot):
+        await loaded(pilot)
+        pilot.app.query_one("ChatInput").insert(" ".join(["word"] * 14))  # fits only alone
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ContextFullScreen),
+                    "the dialog")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=overflow)
+
+
+def test_message_too_long_dialog(home, snap_compare):
     app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, n_ctx=40)))
 
     async def overflow(pilot):
         await loaded(pilot)
         pilot.app.query_one("ChatInput").insert(" ".join(["word"] * 30))
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(pilot.app.screen, ContextFullScreen),
-                    "the dialog")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ErrorScreen), "the dialog")
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=overflow)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..errors import LocalInferError
+
+if TYPE_CHECKING:  # the session loads the planner and the store: not for building the parser
+    from ..session import Launcher, Session
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,4 +44,50 @@ def cmd_chat(args: argparse.Namespace, config: Config) -> int:
     app = create_app(args.model, config=config, no_daemon=args.no_daemon, resume=args.resume,
                      theme="textual-light" if args.light else None)
     app.run()
+    note = daemon_note(app.launcher, app.session)
+    if note:
+        print(note)
     return app.return_code or 0
+
+
+def daemon_note(launcher: Launcher, session: Session | None) -> str | None:
+    """The line printed once the chat UI is gone, when it used the daemon (or started it):
+    the daemon keeps running with the model loaded for editors, for how long, and how to stop
+    it. None when the chat ran in this process, or the daemon is gone."""
+    started = launcher.started_daemon_pid is not None
+    if not started and (session is None or session.in_process):
+        return None
+    from ..client import DaemonClient  # httpx: not for building the parser
+
+    client = DaemonClient.discover()
+    if client is None:
+        return None
+    try:
+        status = client.status()
+    except LocalInferError:
+        status = {}
+    finally:
+        client.close()
+    pid = status.get("pid") or launcher.started_daemon_pid
+    line = f"localinfer: the daemon{f' (pid {pid})' if pid else ''}"
+    loaded = status.get("loaded") or []
+    if loaded:
+        names = ", ".join(entry["info"]["name"] for entry in loaded)
+        keep = [entry["expires_in_s"] if entry.get("expires_in_s") is not None
+                else entry["keep_alive_s"] for entry in loaded]
+        line += f" keeps {names} loaded for editors " + (
+            "until it is stopped" if min(keep) < 0 else f"for {_duration(max(keep))}")
+    else:
+        line += " keeps running"
+    if started:
+        line += f", and exits after {_duration(launcher.idle_exit_s)} without requests"
+    return line + "; `localinfer stop` stops it now."
+
+
+def _duration(seconds: float) -> str:
+    """"45 s", "5 min", "2 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"

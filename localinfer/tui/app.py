@@ -12,12 +12,14 @@ grow with the reply, nor with the transcript, whose other messages are never tou
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -70,6 +72,8 @@ log = logging.getLogger(__name__)
 FRAME_S = 1 / 30
 """A streaming reply is redrawn at most this often, however fast tokens arrive."""
 MOUNTED_MESSAGES = 60
+BASE_MODEL_NOTE = "base model: continues text, does not follow instructions · Ctrl+O: models"
+"""Under the title bar while a base model is loaded (it fits in 80 columns)."""
 MAIN_SCREEN_ACTIONS = {"cancel_reply", "new_chat", "chats", "models", "settings",
                        "copy_reply", "help"}
 """A resumed chat shows its last messages; earlier ones are mounted on request."""
@@ -194,8 +198,14 @@ class ChatApp(App[None]):
         self.reply: Reply | None = None
         self.context_tokens: int | None = None
         self._reply_ids = 0
+        self._after_reply: Callable[[], Awaitable[None] | None] | None = None
         self._queued: str | None = None
-        self._dropping = False
+        self._drop_from: int | None = None
+        """While the oldest turns are dropped for the message being sent: the context start
+        before (restored if even the message alone does not fit)."""
+        self._drop_next_for: str | None = None
+        """The chat whose next message drops the oldest turns it needs room from, without
+        asking (the user chose so when a reply filled the context)."""
         self._resend_after_connect = False
         self._last_stats: ReplyStats | None = None
         self._hidden_messages = 0
@@ -205,6 +215,7 @@ class ChatApp(App[None]):
     # --- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
+        yield Static(BASE_MODEL_NOTE, id="model-note", markup=False)
         yield VerticalScroll(id="transcript")
         yield LoadingPanel(id="loading")
         yield StatusBar(id="status")
@@ -294,6 +305,7 @@ class ChatApp(App[None]):
         self.loading = None
         self.query_one(LoadingPanel).display = False
         self.sub_title = f"{event.session.info.name} · {self.chat.display_title}"
+        self.query_one("#model-note").display = event.session.info.base_model
         self._update_reference()
         if self.context_tokens is None and self._last_stats is not None:
             self.context_tokens = self._last_stats.context_tokens
@@ -319,6 +331,7 @@ class ChatApp(App[None]):
         self.load_error = event.error
         self.session = None
         self.query_one(LoadingPanel).display = False
+        self.query_one("#model-note").display = False
         self._show_status()
         error = event.error
         unreachable = isinstance(error, DaemonError)
@@ -394,12 +407,18 @@ class ChatApp(App[None]):
 
     def _welcome_text(self) -> str:
         model = self.session.info.name if self.session else (self.loading or "a model")
-        return (f"Chat with {model}. Enter sends · Shift+Enter or Ctrl+J: new line ·"
-                " Up: earlier prompts · Esc cancels a reply · F1: help and what the numbers"
-                " mean.")
+        keys = ("Enter sends · Shift+Enter or Ctrl+J: new line · Up: earlier prompts · Esc"
+                " cancels a reply · F1: help and what the numbers mean.")
+        if self.session and self.session.info.base_model:
+            return (f"{model} is a base model: it continues the text you give it; it does not"
+                    " answer questions or follow instructions. Start a text for it to"
+                    " continue, like “Once upon a time, in a village by the sea,” or “def"
+                    " is_prime(n):”. To chat, Ctrl+O picks or pulls an instruct model (those"
+                    f" that fit run well here).\n{keys}")
+        return f"Chat with {model}. {keys}"
 
     # --- sending --------------------------------------------------------------------------
-    @on(ChatInput.Submitted)
+    @on(ChatInput.Submitted, "#input")
     async def _submitted(self, event: ChatInput.Submitted) -> None:
         await self.send(event.text)
 
@@ -524,7 +543,7 @@ class ChatApp(App[None]):
         self.chat.add(message)
         self._save()
         self.reply = None
-        self._dropping = False
+        self._drop_from = self._drop_next_for = None
         self._last_stats = stats
         if stats.prompt_tokens:
             self.context_tokens, self._context_at_least = stats.context_tokens, False
@@ -535,6 +554,8 @@ class ChatApp(App[None]):
         self.refresh_bindings()
         self._show_status()
         n_ctx = self.session.info.n_ctx if self.session else 0
+        if await self._run_after_reply():
+            return
         if done.finish_reason == "length" and n_ctx and stats.context_tokens >= n_ctx - 1:
             self._context_full(f"The reply stopped because the context is full"
                                f" ({stats.context_tokens:,} of {n_ctx:,} tokens).",
@@ -554,18 +575,12 @@ class ChatApp(App[None]):
         if isinstance(error, ContextOverflow) and not reply.live:
             await reply.widget.remove()
             self._show_status()
-            if self._dropping and self.chat.drop_oldest_turn():
-                self._save()
-                await self._render_chat()
-                self._start_reply()
+            if await self._run_after_reply():
+                self._drop_from = None
                 return
-            self._dropping = False
-            n_ctx = getattr(error, "n_ctx", 0) or (self.session.info.n_ctx if self.session
-                                                   else 0)
-            self._context_full(f"This conversation no longer fits in the model's context"
-                               f" ({n_ctx:,} tokens): {error.message}", unanswered=True)
+            await self._message_does_not_fit(error)
             return
-        self._dropping = False
+        self._drop_from = None
         text = (reply.widget.markdown.source or "") + partial_text
         message = ChatMessage("assistant", text, model=reply.model, finish_reason="error",
                               error=error.one_line())
@@ -573,6 +588,8 @@ class ChatApp(App[None]):
         self._save()
         await reply.widget.finish(message)
         self._show_status()
+        if await self._run_after_reply():
+            return
         if isinstance(error, DaemonError):
             def chosen(answer: str | None) -> None:
                 if answer == "reconnect":
@@ -582,6 +599,54 @@ class ChatApp(App[None]):
             self.push_screen(ErrorScreen(
                 "Daemon unreachable", f"{error.one_line()} The reply was not finished.",
                 [("reconnect", "Reconnect and resend"), ("close", "Close")]), chosen)
+
+    async def _message_does_not_fit(self, error: ContextOverflow) -> None:
+        """The message just sent does not fit in the context with the turns before it: drop
+        the oldest whole turns (a user message and its replies) one by one until it fits, when
+        the user chose so; else ask. If it does not fit even alone, say so."""
+        chat = self.chat
+        alone = len(chat.turn_starts()) < 2  # only the new message is still sent
+        if self._drop_from is None and self._drop_next_for == chat.id and not alone:
+            self._drop_from = chat.context_start
+        self._drop_next_for = None
+        if self._drop_from is not None and not alone:
+            await self._drop_oldest_turn_and_resend()
+            return
+        if alone:
+            if self._drop_from is not None:
+                chat.context_start = self._drop_from  # nothing was sent: nothing is dropped
+                self._drop_from = None
+                self._save()
+                await self._render_chat()
+            self._too_long_alone(error)
+            return
+        n_ctx = getattr(error, "n_ctx", 0) or (self.session.info.n_ctx if self.session else 0)
+        self._context_full(f"This conversation no longer fits in the model's context"
+                           f" ({n_ctx:,} tokens): {error.message}", unanswered=True)
+
+    async def _drop_oldest_turn_and_resend(self) -> None:
+        self.chat.drop_oldest_turn()
+        self._save()
+        await self._render_chat()
+        self._start_reply()
+
+    def _too_long_alone(self, error: ContextOverflow) -> None:
+        n_ctx = getattr(error, "n_ctx", 0) or (self.session.info.n_ctx if self.session else 0)
+        n_prompt = getattr(error, "n_prompt", 0)  # not known through the daemon
+        system = " with the system prompt" if self.chat.system_prompt.strip() else ""
+        size = (f": it needs {n_prompt:,} tokens{system}, the context holds {n_ctx:,} and one"
+                f" must be left for the reply" if n_prompt else f" ({n_ctx:,} tokens)")
+        text = (f"Your message does not fit in the model's context even alone{size}."
+                " Dropping earlier turns cannot make room: shorten it, or load the model with"
+                " a larger context (--ctx).")
+
+        def chosen(answer: str | None) -> None:
+            self.run_worker(self._context_choice("new" if answer == "new" else "edit",
+                                                 unanswered=True), group="context")
+
+        self.push_screen(ErrorScreen("The message is too long for this model", text,
+                                     [("edit", "Edit it"), ("new", "Move to a new chat")]),
+                         chosen)
 
     def _context_full(self, text: str, *, unanswered: bool) -> None:
         def chosen(answer: str | None) -> None:
@@ -593,17 +658,13 @@ class ChatApp(App[None]):
 
     async def _context_choice(self, answer: str | None, unanswered: bool) -> None:
         if answer == "drop":
-            if not self.chat.drop_oldest_turn():
-                self.notify("Only the last message is left and it does not fit alone:"
-                            " shorten it, or start a new chat.", severity="error")
-                if unanswered:
-                    await self._take_back_last_message()
-                return
-            self._save()
-            await self._render_chat()
-            if unanswered:
-                self._dropping = True
-                self._start_reply()
+            if unanswered:  # drop turns until the message fits
+                self._drop_from = self.chat.context_start
+                await self._drop_oldest_turn_and_resend()
+            else:
+                self._drop_next_for = self.chat.id
+                self.notify("Your next message will be sent after dropping as many of the"
+                            " oldest turns as it needs to fit.")
         elif answer == "new":
             text = await self._take_back_last_message() if unanswered else None
             await self.action_new_chat()
@@ -619,16 +680,19 @@ class ChatApp(App[None]):
         if not messages or messages[-1].role != "user":
             return None
         text = messages.pop().content
+        if not messages:  # it was the chat's only message: the chat is new again
+            self.chat.title = ""
         self._save()
         await self._render_chat()
         self.query_one(ChatInput).load_text(text)
         return text
 
     def _save(self) -> None:
-        if not self.chat.messages:
-            return
         try:
-            self.chats.save(self.chat)
+            if self.chat.messages:
+                self.chats.save(self.chat)
+            else:  # its only message was taken back (or nothing was said yet)
+                self.chats.delete(self.chat.id)
         except LocalInferError as exc:
             self.notify(exc.message, title="Chat not saved", severity="error")
 
@@ -698,10 +762,28 @@ class ChatApp(App[None]):
         if reply.generation is not None:
             reply.generation.cancel()  # thread-safe: the engine stops within one token
 
+    def _cancel_reply_then(self, action: Callable[[], Awaitable[None] | None]) -> bool:
+        """While a reply streams: cancel it (its partial text is kept and saved, as on Esc)
+        and run ``action`` once it has ended. False when no reply streams."""
+        if self.reply is None:
+            return False
+        self._after_reply = action
+        self.action_cancel_reply()
+        self.notify("Cancelled the reply; its partial text is kept (marked ✂).")
+        return True
+
+    async def _run_after_reply(self) -> bool:
+        """Run what a key asked for while the reply streamed; whether there was such."""
+        action, self._after_reply = self._after_reply, None
+        if action is None:
+            return False
+        result = action()
+        if inspect.isawaitable(result):
+            await result
+        return True
+
     async def action_new_chat(self) -> None:
-        if self.reply is not None:
-            self.action_cancel_reply()
-            self.notify("Cancelled the reply to start a new chat.")
+        if self._cancel_reply_then(self.action_new_chat):
             return
         old = self.chat
         self.chat = self.chats.new(system_prompt=old.system_prompt,
@@ -714,8 +796,7 @@ class ChatApp(App[None]):
         self.query_one(ChatInput).focus()
 
     def action_chats(self) -> None:
-        if self.reply is not None:
-            self.notify("Wait for the reply or cancel it (Esc) first.", severity="warning")
+        if self._cancel_reply_then(self.action_chats):
             return
 
         def chosen(choice: ChatChoice | None) -> None:
@@ -758,8 +839,7 @@ class ChatApp(App[None]):
         self._show_status()
 
     def action_models(self) -> None:
-        if self.reply is not None:
-            self.notify("Wait for the reply or cancel it (Esc) first.", severity="warning")
+        if self._cancel_reply_then(self.action_models):
             return
 
         def chosen(choice: ModelChoice | None) -> None:

@@ -25,7 +25,6 @@ from textual.widgets import (
     Markdown,
     ProgressBar,
     Static,
-    TextArea,
 )
 
 from ..chats import ChatStore, ChatSummary, check_settings
@@ -35,6 +34,7 @@ from ..progress import human_bytes
 from ..session import ModelRow, model_rows
 from ..store import pull_model
 from .speed import tps
+from .widgets import EnterSubmits
 
 HELP = """\
 # localinfer chat
@@ -48,7 +48,7 @@ HELP = """\
 | **Ctrl+N** | new chat |
 | **Ctrl+R** | chats: resume, rename (r), delete (d) |
 | **Ctrl+O** | models: switch, pull; the planner's verdict for this machine |
-| **Ctrl+S** | this chat's system prompt, temperature and max tokens |
+| **Ctrl+S** | this chat's system prompt, temperature and max tokens (Enter saves, Esc cancels) |
 | **F2** | copy the last reply to the clipboard |
 | **Ctrl+T** | light / dark theme |
 | **F1** | this help |
@@ -87,7 +87,8 @@ class HelpScreen(ModalScreen[None]):
 
 # --- dialogs ---------------------------------------------------------------------------------
 class ErrorScreen(ModalScreen[str | None]):
-    """An error the user can act on: a title, what happened, and buttons."""
+    """An error the user can act on: a title, what happened, and buttons (the first is the
+    default: highlighted, and focused, so Enter chooses it)."""
 
     BINDINGS = [Binding("escape", "close", "Close")]
 
@@ -124,8 +125,11 @@ class ContextFullScreen(ErrorScreen):
 
 
 class ConfirmScreen(ErrorScreen):
+    """A yes/no question before something that cannot be taken back. Cancel comes first, so
+    it is the focused default: Enter alone never confirms."""
+
     def __init__(self, title: str, message: str, confirm: str, **kwargs: Any) -> None:
-        super().__init__(title, message, [("yes", confirm), ("no", "Cancel")], icon="",
+        super().__init__(title, message, [("no", "Cancel"), ("yes", confirm)], icon="",
                          **kwargs)
 
 
@@ -161,7 +165,8 @@ class ChatSettings:
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
-    """This chat's system prompt and sampling parameters."""
+    """This chat's system prompt and sampling parameters. Enter saves from any field, as it
+    sends from the message box (Ctrl+J starts a new line in the system prompt, as there)."""
 
     BINDINGS = [Binding("escape", "close", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
@@ -174,12 +179,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         with Vertical(classes="dialog", id="settings"):
             yield Label("This chat's settings", classes="dialog-title")
             yield Label("System prompt (sent before the conversation)")
-            yield TextArea(s.system_prompt, id="system-prompt", soft_wrap=True)
+            yield EnterSubmits(s.system_prompt, id="system-prompt")
             with Horizontal(classes="fields"):
                 yield Label("Temperature (0 = greedy)")
                 yield Input(f"{s.temperature:g}", id="temperature")
                 yield Label("Max tokens per reply")
                 yield Input(str(s.max_tokens), id="max-tokens", type="integer")
+            yield Label("Enter saves · Ctrl+J: new line in the system prompt · Esc cancels",
+                        id="settings-hint", classes="dialog-hint")
             yield Label("", id="settings-error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save", id="save", variant="primary")
@@ -198,11 +205,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         except LocalInferError as exc:
             error.update(exc.message)
             return
-        self.dismiss(ChatSettings(self.query_one("#system-prompt", TextArea).text.strip(),
+        self.dismiss(ChatSettings(self.query_one("#system-prompt", EnterSubmits).text.strip(),
                                   temperature, max_tokens))
 
     @on(Button.Pressed, "#save")
-    def save_pressed(self) -> None:
+    @on(Input.Submitted)
+    @on(EnterSubmits.Submitted)
+    def save_pressed(self, event: Message) -> None:
+        event.stop()  # the main screen's message box must not take it as a message to send
         self.action_save()
 
     @on(Button.Pressed, "#cancel")
@@ -330,6 +340,17 @@ class ChatsChanged(Message):
 
 
 # --- models ----------------------------------------------------------------------------------
+def download_question(row: ModelRow) -> str:
+    """What a user weighs before pulling a catalog model: its size, and the plan's verdict and
+    predicted speed for this machine."""
+    size = human_bytes(row.size_bytes) + (" (estimated from the catalog)"
+                                          if row.size_estimated else "")
+    verdict = "cannot tell" if row.fits is None else row.verdict
+    speed = f"{tps(row.decode_tps)} tok/s" if row.decode_tps > 0 else "unknown"
+    return (f"{size} to download.\nThe plan for this machine: {verdict} — {row.reason}.\n"
+            f"Predicted decode: {speed}.")
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     name: str
@@ -454,13 +475,21 @@ class ModelsScreen(Screen[ModelChoice | None]):
                       + note)
 
     def action_choose(self) -> None:
+        """Switch to an installed model; a catalog one is pulled after the user agrees to the
+        download (it may be many GB, and too big or too slow for this machine)."""
         row = self._selected()
         if row is None or self.pulling:
             return
         if row.installed:
             self.dismiss(ModelChoice(row.name))
-        else:
-            self.action_pull()
+            return
+
+        def answered(answer: str | None) -> None:
+            if answer == "yes" and not self.pulling:
+                self._start_pull(row)
+
+        self.app.push_screen(ConfirmScreen(f"Download {row.name}?", download_question(row),
+                                           "Download"), answered)
 
     def action_pull(self) -> None:
         row = self._selected()
@@ -469,6 +498,9 @@ class ModelsScreen(Screen[ModelChoice | None]):
         if row.installed:
             self.notify(f"{row.name} is already installed: Enter switches to it.")
             return
+        self._start_pull(row)
+
+    def _start_pull(self, row: ModelRow) -> None:
         self.pulling = row.name
         self._pull_cancel = threading.Event()
         self.query_one("#pull-row").display = True

@@ -21,26 +21,26 @@ from .speed import placement, summary_line, thousands, tps
 HISTORY_LIMIT = 200
 
 
-class ChatInput(TextArea):
-    """Multi-line prompt: Enter sends, Shift+Enter or Ctrl+J starts a new line, Up on the
-    first line recalls earlier prompts (Down goes back towards the draft)."""
+class EnterSubmits(TextArea):
+    """A multi-line text box where Enter submits and Shift+Enter or Ctrl+J starts a new line
+    (the message box, and the system prompt in the settings)."""
 
     # Handled in _on_key, in order with the typed characters (a priority binding would run
     # ahead of characters still queued: "abc" + Enter typed fast would send "").
-    KEYS = {"enter": "send", "shift+enter": "newline", "ctrl+j": "newline",
-            "up": "history_back", "down": "history_forward"}
+    KEYS = {"enter": "submit", "shift+enter": "newline", "ctrl+j": "newline"}
 
     @dataclass
     class Submitted(Message):
-        input: ChatInput
+        area: EnterSubmits
         text: str
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
+        @property
+        def control(self) -> EnterSubmits:
+            return self.area
+
+    def __init__(self, text: str = "", **kwargs) -> None:
+        super().__init__(text, soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
                          **kwargs)
-        self.prompts: list[str] = []
-        self._recall: int | None = None  # index into history while recalling
-        self._draft = ""
 
     async def _on_key(self, event: events.Key) -> None:
         action = self.KEYS.get(event.key)
@@ -51,11 +51,29 @@ class ChatInput(TextArea):
         event.prevent_default()
         getattr(self, f"action_{action}")()
 
-    def action_send(self) -> None:
-        text = self.text
-        if not text.strip():
-            return
-        self.post_message(self.Submitted(self, text))
+    def action_submit(self) -> None:
+        self.post_message(self.Submitted(self, self.text))
+
+    def action_newline(self) -> None:
+        start, end = self.selection
+        self._replace_via_keyboard("\n", start, end)
+
+
+class ChatInput(EnterSubmits):
+    """The message box: Enter sends, Shift+Enter or Ctrl+J starts a new line, Up on the first
+    line recalls earlier prompts (Down goes back towards the draft)."""
+
+    KEYS = {**EnterSubmits.KEYS, "up": "history_back", "down": "history_forward"}
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.prompts: list[str] = []
+        self._recall: int | None = None  # index into history while recalling
+        self._draft = ""
+
+    def action_submit(self) -> None:
+        if self.text.strip():
+            super().action_submit()
 
     def accept(self, text: str) -> None:
         """The app took ``text``: remember it for Up, and clear the input."""
@@ -65,10 +83,6 @@ class ChatInput(TextArea):
         self._recall = None
         self._draft = ""
         self.clear()
-
-    def action_newline(self) -> None:
-        start, end = self.selection
-        self._replace_via_keyboard("\n", start, end)
 
     def action_history_back(self) -> None:
         row, _ = self.cursor_location
