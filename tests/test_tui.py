@@ -218,8 +218,10 @@ def test_new_chat_models_and_chats_keys_work_mid_reply(home):
             await ready(pilot)
             first = app.chat
             await cancelled_by(pilot, "ctrl+n")
-            await until(pilot, lambda: app.chat is not first, "a new chat")
-            assert not app.chat.messages and not app.query(UserMessage)
+            # The new chat is current before its (empty) view is rendered: wait for both.
+            await until(pilot, lambda: app.chat is not first and not app.query(UserMessage),
+                        "a new chat, shown empty")
+            assert not app.chat.messages
 
             await cancelled_by(pilot, "ctrl+o")
             await until_screen(pilot, app, ModelsScreen, "the models")

@@ -27,7 +27,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import Button, Footer, Header, Static
+from textual.widgets import Button, Footer, Header, Sparkline, Static
 
 from ..chats import Chat, ChatMessage, ChatStore, ReplyStats
 from ..config import Config
@@ -260,8 +260,10 @@ class ChatApp(App[None]):
             self.post_message(LoadProgress(LoadStep(f"Getting {model} ready…")))
             if old is not None and self.launcher.in_process:
                 old.close()  # two models at once may not fit: free the old one first
-            session = self.launcher.open(model,
-                                         lambda step: self.post_message(LoadProgress(step)))
+            def on_step(step: LoadStep) -> None:
+                self.post_message(LoadProgress(step))
+
+            session = self.launcher.open(model, on_step)
             self.post_message(SessionReady(session, loaded_candidate(session.info)))
         except LocalInferError as exc:
             self.post_message(SessionFailed(model, exc))
@@ -481,8 +483,9 @@ class ChatApp(App[None]):
             if reply.cancel_requested:
                 generation.cancel()
             for event in generation:
-                if prompt_tokens is None and getattr(generation, "prompt_tokens", None):
-                    prompt_tokens = generation.prompt_tokens  # the daemon counted it
+                counted = getattr(generation, "prompt_tokens", None)  # the daemon counts it
+                if prompt_tokens is None and counted:
+                    prompt_tokens = counted
                     self.post_message(ReplyStarted(reply.id, prompt_tokens))
                 if isinstance(event, Done):
                     self.post_message(ReplyDone(reply.id, event))
@@ -727,7 +730,7 @@ class ChatApp(App[None]):
             s = self._last_stats
             status.show_speed(decode_tps=s.decode_tps, ttft_ms=s.ttft_ms,
                               prefill_tps=s.prefill_tps, n_tokens=s.completion_tokens,
-                              samples=status.query_one("#status-spark").data or [],
+                              samples=status.query_one("#status-spark", Sparkline).data or [],
                               last=True)
             decode = s.decode_tps
         else:
@@ -791,7 +794,7 @@ class ChatApp(App[None]):
         self.context_tokens = None
         self._last_stats = None
         await self._render_chat()
-        self.query_one("#status-spark").data = []
+        self.query_one("#status-spark", Sparkline).data = []
         self._show_status()
         self.query_one(ChatInput).focus()
 
@@ -817,7 +820,7 @@ class ChatApp(App[None]):
             self.notify(exc.message, title="Cannot open", severity="error")
             return
         await self._render_chat()
-        self.query_one("#status-spark").data = []
+        self.query_one("#status-spark", Sparkline).data = []
         self._show_status()
         if self.chat.model and self.session is not None and \
                 self.chat.model not in (self.session.model, self.session.info.name):
@@ -915,7 +918,7 @@ def _reply_stats(done: Done, reply: Reply, roofline: Roofline | None) -> ReplySt
     live = reply.live
     if done.timings.completion_tokens or live is None or done.finish_reason != "cancelled":
         usage, decode_tps = done.usage, done.timings.decode_tps
-        figures = {}
+        figures: dict[str, Any] = {}
     else:
         prompt = done.usage.prompt_tokens or reply.prompt_tokens or 0
         usage, decode_tps = Usage(prompt, live.n_tokens), live.decode_tps

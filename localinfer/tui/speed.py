@@ -44,7 +44,8 @@ class SpeedTracker:
         sample = (n_tokens - n0) / (at - t0)
         self.samples.append(sample)
         if len(self.samples) > self.max_samples:
-            merged = [(a + b) / 2 for a, b in zip(self.samples[0::2], self.samples[1::2])]
+            pairs = zip(self.samples[0::2], self.samples[1::2], strict=False)  # odd one: below
+            merged = [(a + b) / 2 for a, b in pairs]
             if len(self.samples) % 2:
                 merged.append(self.samples[-1])
             self.samples = merged

@@ -3,6 +3,7 @@ does; the model is reached by the app's workers (app.py), never from here."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from textual import events
@@ -230,7 +231,7 @@ class StatusBar(Vertical):
                      f"{thousands(info.n_ctx)} · {where}")
 
     def show_speed(self, *, decode_tps: float, ttft_ms: float, prefill_tps: float,
-                   n_tokens: int, samples: list[float], waiting: bool = False,
+                   n_tokens: int, samples: Sequence[float], waiting: bool = False,
                    last: bool = False) -> None:
         label = self.query_one("#status-speed", Label)
         if waiting:
