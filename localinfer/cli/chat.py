@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import Config
+from .common import load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_chat(args: argparse.Namespace, config: Config) -> int:
     from ..tui.app import create_app  # Textual: not for building the parser
 
-    app = create_app(args.model, config=config, no_daemon=args.no_daemon, resume=args.resume,
+    app = create_app(args.model, config=load_settings(config, args), no_daemon=args.no_daemon,
+                     resume=args.resume,
                      theme="textual-light" if args.light else None)
     app.run()
     return app.return_code or 0
