@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from daemon_util import fake_factory, install_fake_models, serve
 
+from daemon_util import fake_factory, install_fake_models, serve
 from localinfer.cli.daemon import _duration
 from localinfer.daemon.instance import runtime_dir
 from localinfer.errors import DaemonError

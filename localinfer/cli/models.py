@@ -182,7 +182,7 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
         if any(_is_base(store, m) for m in models):
             print("A base model continues text; it does not follow instructions.")
     for m in missing:
-        print(f"{m.name}: {m.missing_file_error().message}")
+        print(m.missing_file_error().message)
     for partial in store.partials():
         total = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
         print(f"Partial download: {partial.name}, {human_bytes(partial.size_bytes)}{total}"
