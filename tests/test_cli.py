@@ -139,3 +139,92 @@ def test_bad_config_file_is_reported(home):
 def test_debug_shows_the_traceback():
     out = cli("--debug", "run", "nosuch:model", "hi")
     assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_a_file_that_is_not_gguf_is_named_as_typed(tmp_path):
+    (tmp_path / "README.md").write_text("# not a model\n")
+    out = subprocess.run([sys.executable, "-m", "localinfer", "run", "README.md", "hi"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 4, out.stderr
+    assert out.stderr == ("localinfer: invalid model file: README.md is a file but not a GGUF"
+                          " model file (.gguf).\n")
+    out = cli("run", "NoSuch:Model", "hi")  # a name: quoted as typed, looked up in lower case
+    assert out.returncode == 3 and "unknown model 'NoSuch:Model'" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args, usage, hint", [
+    (["run", "gemma3:270m", "hi", "--max-tokns", "3"], "usage: localinfer run ",
+     "localinfer run: error: unrecognized arguments: --max-tokns 3; did you mean"
+     " --max-tokens?"),
+    (["rnu", "gemma3:270m", "hi"], "usage: localinfer [-h]", "; did you mean run?"),
+    (["run", "gemma3:270m", "hi", "--kv-type", "q8"], "usage: localinfer run ",
+     "did you mean q8_0?"),
+    (["--debgu", "list"], "usage: localinfer [-h]", "did you mean --debug?"),
+    (["list", "--jsno"], "usage: localinfer list ", "did you mean --json?"),
+])
+def test_a_mistyped_argument_gets_the_commands_usage_and_a_suggestion(args, usage, hint):
+    out = cli(*args)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(usage), out.stderr
+    assert hint in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+def _can_offload() -> bool:
+    from localinfer.hardware.probe import probe_build
+
+    return any(b != "CPU" for b in probe_build().backends)
+
+
+def test_gpu_layers_with_no_gpu_to_offload_to_are_refused(home):
+    if _can_offload():
+        pytest.skip("llama.cpp can offload to a GPU here")
+    out = cli("run", "gemma3:270m", "hi", "--gpu-layers", "5")
+    assert out.returncode == 2
+    assert out.stderr.startswith("localinfer: bad configuration: --gpu-layers 5: llama.cpp has"
+                                 " no GPU to offload to here (its backends: CPU;"), out.stderr
+    assert "Loaded" not in out.stderr
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "config.toml").write_text("gpu_layers = 5\n")
+    out = cli("serve", "--no-tcp", "--idle-exit", "1")  # exits at once if it ever starts
+    assert out.returncode == 2, out.stderr
+    assert "gpu_layers = 5 (config.toml or LOCALINFER_GPU_LAYERS): llama.cpp has no GPU" in \
+        out.stderr
+    (home / "config" / "config.toml").write_text("gpu_layers = -1\n")  # all: fine anywhere
+    assert cli("run", "nosuch:model", "hi").returncode == 3
+
+
+def test_more_threads_than_cores_are_cut_with_a_warning(home):
+    cores = len(os.sched_getaffinity(0))
+    out = cli("run", "nosuch:model", "hi", "--threads", str(cores + 1))
+    assert out.returncode == 3
+    assert out.stderr.splitlines()[0] == (f"localinfer: warning: --threads {cores + 1} is more"
+                                          f" than the {cores} logical cores here; using"
+                                          f" {cores}.")
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "config.toml").write_text("threads = 4096\n")
+    out = cli("run", "nosuch:model", "hi")
+    assert out.stderr.splitlines()[0].startswith(
+        "localinfer: warning: threads = 4096 (config.toml or LOCALINFER_THREADS) is more than")
+
+
+def test_layers_on_the_gpu_are_counted_as_llama_cpp_counts_them():
+    from localinfer.cli.common import gpu_layers_text, loaded_gpu_layers
+
+    # A loaded model's info counts repeating layers; llama.cpp, --gpu-layers and `plan` add
+    # the output layer.
+    assert gpu_layers_text(loaded_gpu_layers(0, 18), 18) == "0/19"
+    assert gpu_layers_text(loaded_gpu_layers(10, 18), 18) == "10/19"
+    assert gpu_layers_text(loaded_gpu_layers(18, 18), 18) == "19/19"
+
+
+@pytest.mark.model
+def test_run_and_plan_count_the_layers_alike(starter_path):
+    out = cli("run", "gemma3:270m", "hi", "-n", "1", "--no-daemon")
+    assert out.returncode == 0, out.stderr
+    loaded = re.search(r"Loaded gemma3:270m-q4_k_m \(Q4_K_M, (\d+/\d+) layers on GPU\)",
+                       out.stderr)
+    assert loaded, out.stderr
+    plan = cli("plan", "gemma3:270m-q4_k_m")
+    row = next(line for line in plan.stdout.splitlines()
+               if line.startswith("gemma3:270m-q4_k_m"))
+    assert loaded[1] in row.split(), (loaded[1], row)

@@ -3,6 +3,7 @@ subprocess, the Hub played by tests/hub_server.py (reached through HF_ENDPOINT).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -13,9 +14,12 @@ import sys
 
 import pytest
 
+import ggufgen
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES, STARTER_SHA256
 from localinfer import gguf
+from localinfer.catalog import ModelSpec, load_catalog
+from localinfer.runtime.chat_template import BUILTIN_TEMPLATES
 from localinfer.store import ModelStore
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home
@@ -207,3 +211,78 @@ def test_rm_refuses_while_the_daemon_has_the_model_loaded(home):
 def _no_daemon_address(monkeypatch):
     """Clients find the daemon through this test's home, never an outside address."""
     monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+
+
+def test_a_linked_model_whose_file_is_gone(home, tmp_path):
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(ggufgen.tiny_model())
+    out = cli("add", str(model), "--link", "--name", "tiny:1b")
+    assert out.returncode == 0, out.stderr
+    model.unlink()
+    name = "tiny:1b-f32"
+    gone = f"{name} is linked to {model}, which no longer exists (moved or deleted)"
+
+    out = cli("list")  # says so, with what to do, and nothing on stderr
+    assert out.returncode == 0 and out.stderr == ""
+    assert re.search(rf"^{re.escape(name)}\s+F32\s+.*\s{re.escape(str(model))} \(linked, FILE"
+                     r" MISSING\)$", out.stdout, re.MULTILINE), out.stdout
+    assert re.search(rf"^{re.escape(gone)}: put the file back, or `localinfer rm {name}` and"
+                     " add it again", out.stdout, re.MULTILINE), out.stdout
+    [entry] = json.loads(cli("list", "--json").stdout)
+    assert entry["file_missing"] and entry["name"] == name
+    out = cli("ps")  # commands that do not use it say nothing about it
+    assert out.returncode == 0 and out.stderr == ""
+
+    for args in (["run", "tiny:1b", "hi"], ["show", name]):  # using it names the path
+        out = cli(*args)
+        assert out.returncode == 3, (args, out.stderr)
+        assert f"localinfer: model not found: {gone}" in one_line_error(out)
+
+    out = cli("rm", "--yes", "tiny:1b")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"removed {name} (its file {model} was already gone)\n"
+    assert json.loads(cli("list", "--json").stdout) == []
+
+
+def test_show_template_prints_the_template_a_chat_uses(home, tmp_path):
+    with_template = tmp_path / "with.gguf"
+    with_template.write_bytes(ggufgen.tiny_model())
+    # The same file with its template key renamed (same length): a file without a template.
+    without = tmp_path / "without.gguf"
+    without.write_bytes(ggufgen.tiny_model().replace(b"tokenizer.chat_template",
+                                                     b"tokenizer.chat_templatX"))
+    for path, name in ((with_template, "with:1b"), (without, "without:1b")):
+        assert cli("add", str(path), "--link", "--name", name).returncode == 0
+
+    out = cli("show", "with:1b", "--template")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "{{ messages[0]['content'] }}\n" and out.stderr == ""
+
+    builtin = load_catalog().family_for("llama").chat_template  # the file's architecture
+    out = cli("show", "without:1b", "--template")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == BUILTIN_TEMPLATES[builtin] + "\n"
+    assert out.stderr == (f"# chat template of without:1b-f32: built-in {builtin!r} (the file"
+                          " has none)\n")
+    out = cli("show", "without:1b")
+    assert f"Chat template: built-in {builtin!r} (the file has none); `--template` prints it." \
+        in out.stdout
+    assert "(+1 output layer, which --gpu-layers counts)" in out.stdout
+
+
+@pytest.mark.skipif("base" not in {f.name for f in dataclasses.fields(ModelSpec)},
+                    reason="the catalog has no `base` field yet")
+def test_a_base_model_is_marked_in_list_and_show(home, tmp_path):
+    store = ModelStore()
+    path = store.file_for("gemma3:270m-q4_k_m")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(ggufgen.tiny_model())
+    store.register(name="gemma3:270m-q4_k_m", model="gemma3:270m", quant="Q4_K_M", path=path,
+                   sha256=None, source="test")
+    out = cli("list")
+    assert f"{path} (base model)" in out.stdout
+    assert "A base model continues text; it does not follow instructions." in out.stdout
+    assert json.loads(cli("list", "--json").stdout)[0]["base_model"] is True
+    out = cli("show", "gemma3:270m")
+    assert "  kind            base model: continues text, does not follow instructions\n" in \
+        out.stdout

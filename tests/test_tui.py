@@ -107,7 +107,7 @@ def test_a_reply_streams_token_by_token_with_live_speed(home):
             for _ in range(12):  # one step at a time, as a model would produce them
                 backend.release(1)
                 n = app.reply.live.n_tokens
-                await until(pilot, lambda: app.reply.live.n_tokens > n, "one more token")
+                await until(pilot, lambda n=n: app.reply.live.n_tokens > n, "one more token")
             await until(pilot, lambda: f"{app.reply.live.n_tokens} tok" in text_of(speed),
                         "the status bar catches up")
             later_text, later_samples = text_of(speed), list(spark.data)
@@ -453,12 +453,12 @@ def test_quitting_says_what_the_daemon_keeps_running(home, monkeypatch):
         note = daemon_note(app.launcher, app.session)  # printed once the UI is gone
         assert note is not None and "\n" not in note
         assert f"pid {os.getpid()}" in note  # the daemon runs in this test process
-        assert "keeps fake:1b-f16 loaded for editors for 5 min" in note
+        assert "keeps fake:1b-f16 loaded for editors for 5 minutes" in note
         assert "`localinfer stop`" in note and "exits after" not in note
         # A daemon the chat started itself also exits after its idle time.
         app.launcher.started_daemon_pid = os.getpid()
         note = daemon_note(app.launcher, app.session)
-        assert "and exits after 30 min without requests" in note
+        assert "and exits after 30 minutes without requests" in note
 
     # In-process, nothing keeps running: nothing to say.
     opener = Opener()

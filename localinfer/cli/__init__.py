@@ -19,6 +19,7 @@ and llama.cpp's own log.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -69,8 +70,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERNAL_ERROR
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a "did you mean" hint for a mistyped option, command or choice (Python
+    3.11's argparse has no ``suggest_on_error``)."""
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self.unrecognized(extras))
+        return namespace
+
+    def unrecognized(self, extras: Sequence[str]) -> str:
+        options = [s for action in self._actions for s in action.option_strings]
+        hints = [close for extra in extras if extra.startswith("-")
+                 for close in difflib.get_close_matches(extra.split("=", 1)[0], options, n=1)]
+        return (f"unrecognized arguments: {' '.join(extras)}"
+                + (f"; did you mean {' or '.join(hints)}?" if hints else ""))
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        # argparse's one hook for a value outside an argument's choices (a command too).
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            close = difflib.get_close_matches(str(value), [str(c) for c in action.choices or ()],
+                                              n=1)
+            if not close:
+                raise
+            raise argparse.ArgumentError(action, f"{exc.message}; did you mean {close[0]}?"
+                                         ) from None
+
+
+class CommandParser(Parser):
+    """A command's parser. It reports the arguments it does not know itself, with its own
+    usage; argparse would leave them to the top-level parser, whose usage does not show the
+    command's options."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self.unrecognized(extras))
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="localinfer",
         description="Run LLMs locally: pick what fits this machine, chat, serve editors.",
         epilog=exit_codes_epilog(),
@@ -81,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offline", action="store_true",
                         help="never touch the network (as HF_HUB_OFFLINE=1): `pull` refuses,"
                              " `plan` uses cached headers or the catalog's estimates")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=CommandParser)
     for area in AREAS:
         area.register(sub)
     return parser

@@ -7,7 +7,7 @@ import sys
 
 from ..config import Config
 from ..progress import TerminalProgress, human_bytes
-from .common import add_load_flags, config_with_flags
+from .common import add_load_flags, gpu_layers_text, load_settings, loaded_gpu_layers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="model name or .gguf path (default: the configured default model,"
                         " else the starter gemma3:270m)")
     p.add_argument("--quick", action="store_true",
-                   help="fewer and shorter runs (about 30 s on a laptop)")
+                   help="fewer and shorter runs: several minutes on a 2-core CPU (the"
+                        " README has measured times)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     add_load_flags(p, ctx_help="context per stream, tokens (default 4096)")
     p.set_defaults(func=cmd_bench)
@@ -33,7 +34,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from ..benchmark import run_bench  # the engine: not for building the parser
 
     model = args.model or config.default_model or "gemma3:270m"
-    config = config_with_flags(config, args)
+    config = load_settings(config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
 
     def progress(stage: str, step: int, total: int) -> None:
@@ -52,9 +53,10 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
 
 def report(r) -> str:
+    gpu_layers = gpu_layers_text(loaded_gpu_layers(r.n_gpu_layers, r.n_layers), r.n_layers)
     lines = [
         f"{r.model} ({r.quant}, {human_bytes(r.size_bytes)}) on {r.machine}, {r.threads}"
-        f" threads, " + (f"{r.n_gpu_layers}/{r.n_layers} layers on GPU" if r.n_gpu_layers
+        f" threads, " + (f"{gpu_layers} layers on GPU" if r.n_gpu_layers
                          else "CPU only") + f", {r.kv_type} KV cache"
         + {True: ", flash attention", False: ", no flash attention"}.get(r.flash_attn, ""),
         "",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import LocalInferError
+from .common import duration, load_settings
 
 if TYPE_CHECKING:  # the session loads the planner and the store: not for building the parser
     from ..session import Launcher, Session
@@ -41,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_chat(args: argparse.Namespace, config: Config) -> int:
     from ..tui.app import create_app  # Textual: not for building the parser
 
-    app = create_app(args.model, config=config, no_daemon=args.no_daemon, resume=args.resume,
+    app = create_app(args.model, config=load_settings(config, args), no_daemon=args.no_daemon,
+                     resume=args.resume,
                      theme="textual-light" if args.light else None)
     app.run()
     note = daemon_note(app.launcher, app.session)
@@ -76,18 +78,10 @@ def daemon_note(launcher: Launcher, session: Session | None) -> str | None:
         keep = [entry["expires_in_s"] if entry.get("expires_in_s") is not None
                 else entry["keep_alive_s"] for entry in loaded]
         line += f" keeps {names} loaded for editors " + (
-            "until it is stopped" if min(keep) < 0 else f"for {_duration(max(keep))}")
+            "until it is stopped" if min(keep) < 0 else f"for {duration(max(keep))}")
     else:
         line += " keeps running"
     if started:
-        line += f", and exits after {_duration(launcher.idle_exit_s)} without requests"
+        line += f", and exits after {duration(launcher.idle_exit_s)} without requests"
     return line + "; `localinfer stop` stops it now."
 
-
-def _duration(seconds: float) -> str:
-    """"45 s", "5 min", "2 h"."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"

@@ -4,11 +4,13 @@ into the config, and the plain-text table printer."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
 from ..config import Config
+from ..errors import ConfigError
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
@@ -32,12 +34,44 @@ def add_load_flags(p: argparse.ArgumentParser, *,
 
 def load_flags_given(args: argparse.Namespace) -> bool:
     """Whether any loading flag was given on the command line."""
-    return any(getattr(args, name) is not None for name in LOAD_FLAGS)
+    return any(getattr(args, name, None) is not None for name in LOAD_FLAGS)
 
 
-def config_with_flags(config: Config, args: argparse.Namespace) -> Config:
-    """The config with the loading flags that were given put over it."""
-    return config.replace(**{name: getattr(args, name) for name in LOAD_FLAGS})
+def load_settings(config: Config, args: argparse.Namespace) -> Config:
+    """The config with the loading flags that were given put over it, checked against this
+    machine: GPU layers with no GPU llama.cpp can offload to are refused (ConfigError); more
+    threads than logical cores are cut to that number, with a warning on stderr."""
+    config = config.replace(**{name: getattr(args, name, None) for name in LOAD_FLAGS})
+    if config.gpu_layers is not None and config.gpu_layers > 0:
+        # The probe loads llama.cpp (~0.1-0.5 s): only when GPU layers are asked for.
+        from ..hardware.probe import probe_build
+
+        build = probe_build()
+        if not build.notes and not any(b != "CPU" for b in build.backends):
+            raise ConfigError(
+                f"{_setting(args, 'gpu_layers', config.gpu_layers)}: llama.cpp has no GPU to"
+                " offload to here (its backends: CPU; `localinfer hw` says why). Leave it out,"
+                " or use -1 (all layers wherever a GPU is found).")
+    cores = logical_cores()
+    if config.threads is not None and config.threads > cores:
+        print(f"localinfer: warning: {_setting(args, 'threads', config.threads)} is more than"
+              f" the {cores} logical cores here; using {cores}.", file=sys.stderr)
+        config = config.replace(threads=cores)
+    return config
+
+
+def _setting(args: argparse.Namespace, name: str, value: int) -> str:
+    """How the user set a loading setting: the flag, or the config file or environment."""
+    if getattr(args, name, None) is not None:
+        return f"--{name.replace('_', '-')} {value}"
+    return f"{name} = {value} (config.toml or LOCALINFER_{name.upper()})"
+
+
+def logical_cores() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's limit)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -72,6 +106,20 @@ def sampling_params(args: argparse.Namespace):
     ).validate()
 
 
+def gpu_layers_text(n_gpu_layers: int, n_layers: int) -> str:
+    """``k/N``: layers on the GPU as ``--gpu-layers``, ``plan`` and llama.cpp's own log count
+    them: of the model's ``n_layers`` repeating layers + 1, the output layer counting as one."""
+    return f"{n_gpu_layers}/{n_layers + 1}"
+
+
+def loaded_gpu_layers(n_gpu_layers: int, n_layers: int) -> int:
+    """A loaded model's layers on the GPU in that count, from ``ModelInfo`` (and the bench
+    result), which counts the repeating layers only. With all of them there, the output layer
+    is taken to be there too: so it is for -1 and for the plan's full offload (n_layers + 1);
+    only ``--gpu-layers`` equal to n_layers exactly keeps it on the CPU."""
+    return n_gpu_layers + 1 if n_gpu_layers >= n_layers > 0 else n_gpu_layers
+
+
 def print_table(rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> None:
     """Left-aligned columns two spaces apart; the first row is the header."""
     stream = stream or sys.stdout
@@ -79,3 +127,15 @@ def print_table(rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> 
     for row in rows:
         cells = [str(c).ljust(w) for c, w in zip(row, widths, strict=True)]
         stream.write("  ".join(cells).rstrip() + "\n")
+
+
+def duration(seconds: float) -> str:
+    """``45 seconds``, ``1 minute``, ``90 minutes``, ``3 hours``, ``2 days``."""
+    for unit, size, below in (("second", 1, 60), ("minute", 60, 120), ("hour", 3600, 48)):
+        if round(seconds / size) < below:
+            return _count(round(seconds / size), unit)
+    return _count(round(seconds / 86400), "day")
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" + ("" if n == 1 else "s")

@@ -14,7 +14,14 @@ from ..config import Config
 from ..daemon.instance import running_daemon
 from ..errors import DaemonError
 from ..progress import human_bytes
-from .common import add_load_flags, config_with_flags, print_table
+from .common import (
+    add_load_flags,
+    duration,
+    gpu_layers_text,
+    load_settings,
+    loaded_gpu_layers,
+    print_table,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,8 +52,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, metavar="MODEL", help="load this model at start")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("ps", help="show the models the daemon has loaded")
+    p = sub.add_parser("ps", help="show the daemon's address and the models it has loaded",
+                       description="Where the daemon listens and what it has loaded; with no"
+                                   " daemon running, says so (exit 0).")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--socket", action="store_true",
+                   help="print only the running daemon's Unix socket path, for scripts"
+                        " (curl --unix-socket); exit 8 when none runs")
     p.set_defaults(func=cmd_ps)
 
     p = sub.add_parser("stop", help="unload a model from the daemon, or stop the daemon",
@@ -80,7 +92,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from ..daemon.state import DaemonSettings
     from ..runtime.loader import engine_factory
 
-    config = config_with_flags(config, args).replace(slots=args.slots)
+    config = load_settings(config, args).replace(slots=args.slots)
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
         port = args.port
@@ -132,22 +144,38 @@ def _preload(daemon, model: str) -> None:
     threading.Thread(target=load, name="preload", daemon=True).start()
 
 
+NO_DAEMON = "no daemon is running (`localinfer serve` starts one)"
+
+
 def _client():
+    """A client of the running daemon, or None when none answers."""
     from ..client import DaemonClient  # httpx: not for building the parser
 
-    client = DaemonClient.discover()
-    if client is None:
-        raise DaemonError("no localinfer daemon is running; start one with `localinfer serve`.",
-                          title="daemon not running")
-    return client
+    return DaemonClient.discover()
 
 
 def cmd_ps(args: argparse.Namespace, config: Config) -> int:
-    with _client() as client:
+    client = _client()
+    if args.socket:
+        if client is not None:
+            client.close()
+        if client is None or client.socket_path is None:
+            if client is None:
+                raise DaemonError(f"{NO_DAEMON}.", title="daemon not running")
+            raise DaemonError(f"the daemon is reached at {client.where} (LOCALINFER_HOST),"
+                              " not through a Unix socket.", title="no daemon socket")
+        print(client.socket_path)
+        return 0
+    if client is None:
+        print(json.dumps({"running": False, "loaded": []}) if args.json else f"{NO_DAEMON}.")
+        return 0
+    with client:
         status = client.status()
     if args.json:
-        print(json.dumps(status, indent=2))
+        print(json.dumps({"running": True, "socket": str(client.socket_path or "") or None,
+                          **status}, indent=2))
         return 0
+    print(f"daemon (pid {status.get('pid', '?')}) on {_listening(client)}")
     if status.get("loading"):
         print(f"loading {status['loading']}...")
     if not status["loaded"]:
@@ -156,16 +184,16 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
     rows = [("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "ACTIVE", "UNTIL")]
     for entry in status["loaded"]:
         info = entry["info"]
-        layers, gpu = info["n_layers"], info["n_gpu_layers"]
+        layers, gpu = info["n_layers"], loaded_gpu_layers(info["n_gpu_layers"], info["n_layers"])
         if gpu == 0:
             processor = "100% CPU"
-        elif gpu >= layers:
+        elif gpu > layers:
             processor = f"100% GPU ({info.get('gpu_backend') or 'GPU'})"
         else:
-            processor = f"{gpu}/{layers} layers GPU"
+            processor = f"{gpu_layers_text(gpu, layers)} layers GPU"
         expires = entry["expires_in_s"]
         until = ("in use" if entry["in_flight"] else "forever" if expires is None
-                 else _duration(expires))
+                 else f"{duration(expires)} from now")
         rows.append((info["name"], human_bytes(info["size_bytes"]), processor,
                      str(info["n_ctx"]), str(info["n_slots"]),
                      str(entry["stats"]["active"]), until))
@@ -173,14 +201,21 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} seconds from now"
-    return f"{seconds / 60:.0f} minutes from now"
+def _listening(client) -> str:
+    """Where the daemon listens: its socket and URL from its pid file, else the address the
+    client reached it at (LOCALINFER_HOST)."""
+    info = running_daemon() or {}
+    if client.socket_path is not None and info.get("socket") == str(client.socket_path):
+        return " and ".join(filter(None, [f"unix:{info['socket']}", info.get("url")]))
+    return client.where
 
 
 def cmd_stop(args: argparse.Namespace, config: Config) -> int:
-    with _client() as client:
+    client = _client()
+    if client is None:
+        print(f"{NO_DAEMON}; nothing to {'unload' if args.model else 'stop'}.")
+        return 0
+    with client:
         if args.model:
             unloaded = client.unload(args.model)
             print(f"unloaded {', '.join(unloaded)}" if unloaded else

@@ -19,7 +19,7 @@ from typing import Any
 from ..config import Config
 from ..errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
 from ..progress import TerminalProgress, human_bytes
-from .common import print_table
+from .common import gpu_layers_text, print_table
 
 TEMPLATE_LINES = 8
 """Lines of the chat template ``show`` prints (``--template`` prints it all)."""
@@ -161,17 +161,28 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
 def cmd_list(args: argparse.Namespace, config: Config) -> int:
     store = _store(config)
     models = store.installed()
+    missing = store.missing()
     if args.json:
-        print(json.dumps([asdict(m) for m in models], indent=2))
+        print(json.dumps([{**asdict(m), "base_model": _is_base(store, m),
+                           "file_missing": m in missing}
+                          for m in sorted(models + missing, key=lambda m: m.name)], indent=2))
         return 0
-    if not models:
+    if not models and not missing:
         print("No models installed. `localinfer run gemma3:270m \"Hello\"` installs the starter"
               " model; `localinfer pull NAME` downloads one.")
     else:
         rows = [("NAME", "QUANT", "SIZE", "PATH")]
-        rows += [(m.name, m.quant, human_bytes(m.size_bytes),
-                  m.path + (" (linked)" if m.linked else "")) for m in models]
+        for m in sorted(models + missing, key=lambda m: m.name):
+            notes = [note for note, present in (("linked", m.linked),
+                                                ("FILE MISSING", m in missing),
+                                                ("base model", _is_base(store, m))) if present]
+            rows.append((m.name, m.quant, human_bytes(m.size_bytes),
+                         m.path + (f" ({', '.join(notes)})" if notes else "")))
         print_table(rows)
+        if any(_is_base(store, m) for m in models):
+            print("A base model continues text; it does not follow instructions.")
+    for m in missing:
+        print(m.missing_file_error().message)
     for partial in store.partials():
         total = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
         print(f"Partial download: {partial.name}, {human_bytes(partial.size_bytes)}{total}"
@@ -187,6 +198,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     from ..hardware import probe
     from ..hardware.calibration import load_ratios
     from ..planner import Candidate, plan
+    from ..runtime.chat_template import BUILTIN_TEMPLATES
     from ..selection import plan_prefs
     from ..store import looks_like_path
 
@@ -197,24 +209,37 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         path, name = resolved.path, resolved.name
     else:
         try:
-            installed = store.find_installed(args.model)
+            installed = store.find_installed(args.model, file_missing_ok=True)
         except ModelNotFound:
-            name = args.model.strip().lower()
+            typed, name = args.model.strip(), args.model.strip().lower()
             if not _in_catalog(store, name):
                 raise
-            raise ModelNotFound(f"{name} is not installed: `localinfer plan {name}` shows what"
+            raise ModelNotFound(f"{typed} is not installed: `localinfer plan {name}` shows what"
                                 f" it needs here, `localinfer pull {name}` downloads it."
                                 ) from None
+        if installed.file_missing:
+            raise installed.missing_file_error()
         path, name = installed.path, installed.name
     header = gguf.read_header(path)
     catalog = store.catalog
     family = catalog.family_for(installed.family if installed else header.architecture)
     if family is None:
         family = catalog.family_for(header.architecture)
-    template_source = "the file"
+    base_model = installed is not None and _is_base(store, installed)
+    # The template a chat uses, as the loader and the engine choose it: the file's, else the
+    # catalog's built-in one for the family, else the generic ChatML.
     template = header.chat_template
-    if template is None and family is not None:
-        template_source = f"built-in {family.chat_template!r} (the file has none)"
+    template_source = "the file"
+    if template is None:
+        builtin = family.chat_template if family and family.chat_template in \
+            BUILTIN_TEMPLATES else None
+        if builtin is not None:
+            template_source = f"built-in {builtin!r} (the file has none)"
+        elif not base_model:
+            builtin = "chatml"
+            template_source = ("generic 'chatml' (neither the file nor the catalog has"
+                               " one)")
+        template = BUILTIN_TEMPLATES.get(builtin or "")
     license_ = header.license or (family.license if family else "") or "not stated"
 
     hw = probe()
@@ -224,9 +249,12 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     evaluation = result.evaluations[0]
 
     if args.template:
-        print(template if template is not None else
-              f"# {name} has no chat template in its file; localinfer uses its built-in"
-              f" {family.chat_template if family else 'plain'} template.")
+        if template is None:
+            print("no chat template: base model")
+        else:
+            if template_source != "the file":  # stdout stays the template alone
+                print(f"# chat template of {name}: {template_source}", file=sys.stderr)
+            print(template)
         return 0
     if args.json:
         data: dict[str, Any] = {
@@ -234,9 +262,10 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
             "parameters": header.parameter_count, "quant": header.quant,
             "context_length": header.context_length, "layers": header.block_count,
             "embedding_length": header.embedding_length, "vocab_size": header.vocab_size,
-            "license": license_, "chat_template": template,
-            "chat_template_builtin": None if template else (family.chat_template
-                                                            if family else None),
+            "license": license_, "base_model": base_model,
+            "chat_template": header.chat_template,
+            "chat_template_builtin": (None if header.chat_template
+                                      else family.chat_template if family else None),
             "installed": asdict(installed) if installed else None,
             "plan": result.to_dict(),
         }
@@ -246,10 +275,13 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     size = installed.size_bytes if installed else header.file_size
     rows = [
         ("architecture", header.architecture + (f" ({family.title})" if family else "")),
+        *([("kind", "base model: continues text, does not follow instructions")]
+          if base_model else []),
         ("parameters", _params(header.parameter_count)),
         ("quantization", header.quant),
         ("context length", f"{header.context_length} tokens (trained)"),
-        ("layers", f"{header.block_count}, embedding {header.embedding_length},"
+        ("layers", f"{header.block_count} (+1 output layer, which --gpu-layers counts),"
+                   f" embedding {header.embedding_length},"
                    f" {header.head_count} heads ({header.head_count_kv} KV),"
                    f" vocabulary {header.vocab_size}"),
         ("KV cache", f"{header.kv_bytes_per_token() / 1024:.1f} KiB per token (F16)"),
@@ -268,7 +300,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     for key, value in rows:
         print(f"  {key:<15} {value}")
     print()
-    if template is not None:
+    if template is None:
+        print("Chat template: none (base model).")
+    elif template_source == "the file":
         lines = template.strip("\n").splitlines()
         more = (f"; the first {TEMPLATE_LINES} of {len(lines)} lines, `--template` prints it"
                 " all" if len(lines) > TEMPLATE_LINES else "")
@@ -276,11 +310,12 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         for line in lines[:TEMPLATE_LINES]:
             print(f"  {line}")
     else:
-        print(f"Chat template: {template_source}.")
+        print(f"Chat template: {template_source}; `--template` prints it.")
     print()
     print("Plan for this machine:")
     e = evaluation
-    where = (f"{e.n_gpu_layers}/{e.n_layers_total} layers on {e.gpu.device}" if e.gpu
+    where = (f"{gpu_layers_text(e.n_gpu_layers, e.candidate.n_layers)} layers on"
+             f" {e.gpu.device}" if e.gpu
              else "all layers on the CPU")
     if e.fits:
         memory = f"RAM {e.host.total_bytes / 2**30:.1f} GiB" + (
@@ -293,6 +328,13 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     if e.verdict == "slow":
         print(f"  {e.reason}.")
     return 0
+
+
+def _is_base(store, model) -> bool:
+    """Whether an installed model is a base model, as its catalog entry says."""
+    spec = store.catalog.models.get(model.model)
+    # getattr until catalog.ModelSpec has its `base` field (added on another branch).
+    return bool(getattr(spec, "base", False))
 
 
 def _in_catalog(store, name: str) -> bool:
@@ -315,7 +357,7 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
     found = []
     for ref in args.models:
         try:
-            found.append(store.find_installed(ref))
+            found.append(store.find_installed(ref, file_missing_ok=True))
         except ModelNotFound:
             name = ref.strip().lower()
             partial = next((p for p in store.partials() if p.name == name), None)
@@ -340,7 +382,8 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
     for item in found:
         store.remove(item.name)
         if isinstance(item, InstalledModel):
-            kept = f" (the linked file {item.path} is kept)" if item.linked else ""
+            kept = (f" (its file {item.path} was already gone)" if item.file_missing
+                    else f" (the linked file {item.path} is kept)" if item.linked else "")
             print(f"removed {item.name}{kept}")
         else:
             print(f"removed the partial download of {item.name}")
@@ -351,6 +394,8 @@ def _describe(item) -> str:
     from ..store import InstalledModel  # the store: not for building the parser
 
     if isinstance(item, InstalledModel):
+        if item.file_missing:
+            return f"{item.name} (its file {item.path} is gone)"
         if item.linked:
             return f"{item.name} (a link to {item.path}, which is kept)"
         return f"{item.name} ({human_bytes(item.size_bytes)}, {item.path})"

@@ -17,7 +17,7 @@ import sys
 from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
 from ..progress import human_bytes
-from .common import print_table
+from .common import gpu_layers_text, print_table
 
 PROFILE_HELP = """\
 A --hardware file is the JSON that `localinfer hw --json` prints, or one written by hand:
@@ -268,7 +268,7 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         rows.append((
             c.name + (" (installed)" if c.installed else ""), size,
             "yes" if e.fits else "no",
-            f"{e.n_gpu_layers}/{e.n_layers_total}",
+            gpu_layers_text(e.n_gpu_layers, c.n_layers),
             _gib(e.host.total_bytes), _gib(e.gpu.total_bytes) if e.gpu else "-",
             str(e.n_ctx) + (f"x{e.n_slots}" if e.n_slots > 1 else ""),
             f"{e.prefill_tps:.0f}", f"{e.decode_tps:.1f}", e.verdict, e.reason,

@@ -18,8 +18,10 @@ from ..progress import TerminalProgress
 from .common import (
     add_load_flags,
     add_sampling_flags,
-    config_with_flags,
+    gpu_layers_text,
     load_flags_given,
+    load_settings,
+    loaded_gpu_layers,
     sampling_params,
 )
 
@@ -58,7 +60,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             Message("user", prompt)]
     # The daemon when one runs (one copy of the model for the whole machine), else this
     # process; loading flags need a load of their own, so they mean this process.
-    launcher = Launcher(config_with_flags(config, args),
+    launcher = Launcher(load_settings(config, args),
                         no_daemon=args.no_daemon or load_flags_given(args),
                         if_no_daemon="in_process", priority=Priority.NORMAL)
     display = _LoadDisplay(args.model, launcher, quiet=args.json)
@@ -138,8 +140,10 @@ class _LoadDisplay:
             return
         info = session.info
         where = "" if session.in_process else f" ({session.where})"
-        line = (f"Loaded {info.name} ({info.quant}, {info.n_gpu_layers}/{info.n_layers} layers"
-                f" on GPU) in {time.monotonic() - self.started:.1f}s{where}")
+        layers = gpu_layers_text(loaded_gpu_layers(info.n_gpu_layers, info.n_layers),
+                                 info.n_layers)
+        line = (f"Loaded {info.name} ({info.quant}, {layers} layers on GPU) in"
+                f" {time.monotonic() - self.started:.1f}s{where}")
         if self.load is not None:
             self.load.finish(line)
         else:

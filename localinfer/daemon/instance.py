@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 
 from ..errors import DaemonError
@@ -20,12 +21,41 @@ PID_NAME = "localinfer.pid"
 
 
 def runtime_dir(paths: Paths | None = None) -> Path:
+    """The directory of the daemon's socket and pid file, created when missing: under
+    XDG_RUNTIME_DIR, else platformdirs' fallback ``/run/user/<uid>`` or
+    ``/tmp/runtime-<uid>`` (containers, ssh sessions), or ``$LOCALINFER_HOME/run``. Under /tmp
+    another user could have made it first, so every directory made here is private (0700),
+    and the daemon refuses a directory that is not this user's own, in a parent that is
+    neither this user's nor root's."""
     path = (paths or get_paths()).runtime_dir
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for directory in reversed([path, *path.parents]):
+        if not directory.exists():
+            directory.mkdir(mode=0o700, exist_ok=True)
+    _check_private(path)
     return path
 
 
+def _check_private(path: Path) -> None:
+    uid = os.geteuid()
+    info = os.lstat(path)
+    owner = os.stat(path.parent).st_uid
+    problem = ("is a symbolic link" if stat.S_ISLNK(info.st_mode)
+               else "is not a directory" if not stat.S_ISDIR(info.st_mode)
+               else f"belongs to uid {info.st_uid}, not to this user ({uid})"
+               if info.st_uid != uid
+               else f"is in {path.parent}, which belongs to uid {owner}, not to this user"
+                    f" ({uid}) or root" if owner not in (uid, 0)
+               else None)
+    if problem:
+        raise DaemonError(f"the daemon's runtime directory {path} {problem}: set"
+                          " XDG_RUNTIME_DIR or LOCALINFER_HOME to a directory of your own.",
+                          title="unsafe runtime directory")
+    if info.st_mode & 0o077:
+        path.chmod(0o700)  # ours, but open to others (made by an older version, or by hand)
+
+
 def default_socket_path(paths: Paths | None = None) -> Path:
+    """Where ``serve`` listens when not told (``--socket``): in ``runtime_dir``."""
     return (paths or get_paths()).runtime_dir / SOCKET_NAME
 
 

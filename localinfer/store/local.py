@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .. import gguf
 from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
-from ..errors import InvalidRequest, ModelNotFound, StoreError
+from ..errors import InvalidModelFile, InvalidRequest, ModelNotFound, StoreError
 from ..paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
 from . import hub
 from .starter import install_starter, is_starter
@@ -65,6 +65,22 @@ class InstalledModel:
     @property
     def family(self) -> str:
         return self.name.split(":", 1)[0]
+
+    @property
+    def file_missing(self) -> bool:
+        """True when the file the manifest names is gone (a linked file moved or deleted)."""
+        return not Path(self.path).is_file()
+
+    def missing_file_error(self) -> ModelNotFound:
+        """What using a model whose file is gone says, and what to do about it."""
+        if self.linked:
+            return ModelNotFound(
+                f"{self.name} is linked to {self.path}, which no longer exists (moved or"
+                f" deleted): put the file back, or `localinfer rm {self.name}` and add it"
+                " again from where it is now with `localinfer add NEWPATH --link`.")
+        return ModelNotFound(
+            f"the file of {self.name}, {self.path}, is missing: `localinfer rm {self.name}`"
+            " removes the entry, then pull or add the model again.")
 
 
 @dataclass(frozen=True)
@@ -106,8 +122,11 @@ def validate_name(name: str) -> str:
 
 
 def looks_like_path(ref: str) -> bool:
+    """Whether ``ref`` means a file rather than a model name: it has a directory part, ends
+    in .gguf, starts with ~ or ., or names a file that exists (``README.md``)."""
     return (
         "/" in ref or os.sep in ref or ref.endswith(".gguf") or ref.startswith(("~", "."))
+        or os.path.isfile(ref)
     )
 
 
@@ -142,22 +161,29 @@ class ModelStore:
 
     # --- listing ------------------------------------------------------------------------
     def installed(self) -> list[InstalledModel]:
-        """Every installed model, by name."""
-        models: list[InstalledModel] = []
+        """Every installed model whose file is there, by name."""
+        return [m for m in self._manifests() if not m.file_missing]
+
+    def missing(self) -> list[InstalledModel]:
+        """Installed models whose file is gone (a linked file moved or deleted): ``list``
+        shows them, ``rm`` removes them, and using one says which file is missing."""
+        return [m for m in self._manifests() if m.file_missing]
+
+    def _manifests(self) -> list[InstalledModel]:
         if not self.root.is_dir():
-            return models
-        for manifest in sorted(self.root.glob("*/*.json")):
-            model = self._read_manifest(manifest)
-            if model is not None:
-                models.append(model)
-        return models
+            return []
+        models = (self._read_manifest(path) for path in sorted(self.root.glob("*/*.json")))
+        return [m for m in models if m is not None]
 
     def get(self, name: str) -> InstalledModel | None:
+        """The installed model named exactly ``family:size-quant``, if its file is there (an
+        entry whose file is gone may be replaced: pulled or added again)."""
         name = validate_name(name)
         if ":" not in name:
             return None
         family, tag = name.split(":", 1)
-        return self._read_manifest(self.root / family / f"{tag}.json")
+        model = self._read_manifest(self.root / family / f"{tag}.json")
+        return model if model is not None and not model.file_missing else None
 
     def _read_manifest(self, path: Path) -> InstalledModel | None:
         try:
@@ -167,9 +193,6 @@ class ModelStore:
             return None
         except (OSError, ValueError, TypeError) as exc:
             log.warning("ignoring unreadable manifest %s: %s", path, exc)
-            return None
-        if not Path(model.path).is_file():
-            log.warning("ignoring %s: its file %s is missing", path, model.path)
             return None
         return model
 
@@ -197,6 +220,8 @@ class ModelStore:
                 raise ModelNotFound(f"{ref} does not exist.")
             if not path.is_file():
                 raise ModelNotFound(f"{ref} is not a file; give the path of a .gguf file.")
+            if _magic(path) not in (gguf.GGUF_MAGIC, None):
+                raise InvalidModelFile(f"{ref} is a file but not a GGUF model file (.gguf).")
             return ResolvedModel(name=path.name, path=path.resolve())
         name = validate_name(ref)
         installed = self.installed()
@@ -208,9 +233,10 @@ class ModelStore:
             same_model = [m for m in installed if m.family == name]
         if same_model:
             return self._resolved(self._preferred(same_model))
-        if is_starter(name):
+        if is_starter(name):  # installed again when its file is gone
             return self._resolved(install_starter(self, progress))
-        raise self._not_found(name, installed)
+        self._raise_if_missing(name)
+        raise self._not_found(ref, name, installed)
 
     def _resolved(self, model: InstalledModel) -> ResolvedModel:
         return ResolvedModel(name=model.name, path=Path(model.path), installed=model)
@@ -225,7 +251,17 @@ class ModelStore:
                 return m
         return max(models, key=lambda m: (QUANT_QUALITY.get(m.quant, 0.0), m.added))
 
-    def _not_found(self, name: str, installed: list[InstalledModel]) -> ModelNotFound:
+    def _raise_if_missing(self, name: str) -> None:
+        """Raise the missing-file error of the installed model ``name`` means, if its file
+        is gone."""
+        gone = [m for m in self.missing() if name in (m.name, m.model)]
+        if gone:
+            raise gone[0].missing_file_error()
+
+    def _not_found(self, ref: str, name: str, installed: list[InstalledModel]
+                   ) -> ModelNotFound:
+        """``ref`` as the user typed it, ``name`` its canonical (lower-case) form."""
+        ref = ref.strip()
         have = ", ".join(m.name for m in installed) or "none"
         try:
             self.catalog.lookup(name)
@@ -234,19 +270,20 @@ class ModelStore:
             in_catalog = bool(self.catalog.in_family(name))
         if in_catalog:
             return ModelNotFound(
-                f"{name} is not installed (installed: {have}). Download it with"
+                f"{ref} is not installed (installed: {have}). Download it with"
                 f" `localinfer pull {name}`."
             )
         return ModelNotFound(
-            f"unknown model {name!r} (installed: {have}). See `localinfer list`, or give the"
+            f"unknown model {ref!r} (installed: {have}). See `localinfer list`, or give the"
             " path of a .gguf file."
         )
 
-    def find_installed(self, ref: str) -> InstalledModel:
+    def find_installed(self, ref: str, *, file_missing_ok: bool = False) -> InstalledModel:
         """The installed model ``ref`` names exactly, or the one installed variant of a
-        model (``family:size``). Never downloads or assembles anything."""
+        model (``family:size``). Never downloads or assembles anything. A model whose file
+        is gone raises ModelNotFound saying so, unless ``file_missing_ok`` (``rm``)."""
         name = validate_name(ref)
-        models = self.installed()
+        models = self._manifests() if file_missing_ok else self.installed()
         exact = [m for m in models if m.name == name]
         if exact:
             return exact[0]
@@ -255,10 +292,11 @@ class ModelStore:
             return same[0]
         if same:
             names = ", ".join(m.name for m in same)
-            raise InvalidRequest(f"{name} is installed in more than one variant ({names}):"
-                                 " name one of them.")
+            raise InvalidRequest(f"{ref.strip()} is installed in more than one variant"
+                                 f" ({names}): name one of them.")
+        self._raise_if_missing(name)
         have = ", ".join(m.name for m in models) or "none"
-        raise ModelNotFound(f"{name} is not installed (installed: {have}).")
+        raise ModelNotFound(f"{ref.strip()} is not installed (installed: {have}).")
 
     # --- removing and adding ---------------------------------------------------------------
     def remove(self, name: str) -> InstalledModel | PartialDownload:
@@ -266,7 +304,7 @@ class ModelStore:
         left alone) and any partial download of it. With only a partial download, remove
         that."""
         try:
-            model = self.find_installed(name)
+            model = self.find_installed(name, file_missing_ok=True)
         except ModelNotFound:
             clean = validate_name(name)
             partial = next((p for p in self.partials() if p.name == clean), None)
@@ -411,6 +449,16 @@ def _copy_hashed(sources: list[Path], directory: Path, progress: CopyProgress | 
             tmp.unlink(missing_ok=True)
             raise
     return tmp, digest.hexdigest()
+
+
+def _magic(path: Path) -> bytes | None:
+    """The first four bytes of ``path`` (a GGUF file's are b"GGUF"), or None when it cannot
+    be read (reading the header then says why)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(gguf.GGUF_MAGIC))
+    except OSError:
+        return None
 
 
 def _slug(text: str) -> str:
