@@ -60,7 +60,10 @@ def get_paths() -> Paths:
     dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
     with warnings.catch_warnings():  # no XDG_RUNTIME_DIR: platformdirs falls back to /tmp
         warnings.simplefilter("ignore")
-        runtime = Path(dirs.user_runtime_dir)
+        try:
+            runtime = Path(dirs.user_runtime_dir)
+        except PermissionError:  # /tmp/runtime-<uid> is another user's: one of our own instead
+            runtime = Path(dirs.user_cache_dir) / "run"
     return Paths(
         config_dir=Path(dirs.user_config_dir),
         data_dir=Path(dirs.user_data_dir),

@@ -69,3 +69,17 @@ def test_bad_environment_value_names_the_variable(home):
 def test_string_settings_from_the_environment_are_taken_as_written(home, key):
     config = load_config(environ={"LOCALINFER_API_KEY": key, "LOCALINFER_DEFAULT_MODEL": key})
     assert config.api_key == key and config.default_model == key
+
+
+def test_a_runtime_dir_owned_by_another_user_falls_back_to_a_private_one(monkeypatch):
+    import platformdirs
+
+    from localinfer.paths import get_paths
+
+    def refuse(self):
+        raise PermissionError("/tmp/runtime-0 is owned by another user")
+
+    monkeypatch.delenv("LOCALINFER_HOME", raising=False)
+    monkeypatch.setattr(platformdirs.PlatformDirs, "user_runtime_dir", property(refuse))
+    paths = get_paths()
+    assert paths.runtime_dir == paths.cache_dir / "run"
