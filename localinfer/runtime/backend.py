@@ -41,6 +41,9 @@ class LoadOptions:
     """KV cache element type: "f16", or "q8_0" (half the memory; needs flash attention)."""
     chat_template: str | None = None
     """Jinja template used when the GGUF has none."""
+    base_model: bool = False
+    """The catalog lists the model as a base model (pretrained, not instruction-tuned): it
+    continues text and does not follow instructions or chat."""
 
 
 class Backend(Protocol):

@@ -34,6 +34,16 @@ def fallback_template(header: gguf.GGUFHeader, family: str | None,
     return BUILTIN_TEMPLATES.get(fam.chat_template) if fam else None
 
 
+def is_base_model(name: str, catalog: Catalog | None = None) -> bool:
+    """Whether the catalog lists ``name`` (``family:size`` or ``family:size-quant``) as a
+    base model; False for a name it does not know."""
+    try:
+        spec, _ = (catalog or load_catalog()).lookup(name)
+    except KeyError:
+        return False
+    return spec.base
+
+
 def load_engine(
     path: str | Path,
     options: LoadOptions,
@@ -56,6 +66,8 @@ def load_engine(
         )
     if options.chat_template is None:
         options = replace(options, chat_template=fallback_template(header, family))
+    if not options.base_model:
+        options = replace(options, base_model=is_base_model(name))
     try:
         from .llama import LlamaBackend
     except ImportError as exc:

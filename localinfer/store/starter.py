@@ -56,6 +56,10 @@ def install_starter(store: ModelStore, progress: CopyProgress | None = None
     spec = store.catalog.models[STARTER_NAME]
     variant = spec.variant(STARTER_QUANT)
     name = spec.variant_name(variant)
+    if progress is not None:
+        # The copy reports after each block, so its first report already counts one: a
+        # display would take it for a resumed download. Nothing was there before.
+        progress(0, sum(chunk.stat().st_size for chunk in chunks))
     tmp, sha256 = store.copy_in(chunks, name, progress)
     if sha256 != expected:
         tmp.unlink(missing_ok=True)

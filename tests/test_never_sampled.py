@@ -1,0 +1,76 @@
+"""Which tokens a text-only runtime never samples, on a made-up vocabulary with llama.cpp's
+token attributes (runtime/llama.py's never_sampled_tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localinfer.runtime.llama import L, never_sampled_tokens
+
+NORMAL = L.LLAMA_TOKEN_ATTR_NORMAL
+CONTROL = L.LLAMA_TOKEN_ATTR_CONTROL
+UNUSED = L.LLAMA_TOKEN_ATTR_UNUSED
+UNKNOWN = L.LLAMA_TOKEN_ATTR_UNKNOWN
+USER = L.LLAMA_TOKEN_ATTR_USER_DEFINED
+BYTE = L.LLAMA_TOKEN_ATTR_BYTE
+
+# (text, attribute, end of generation, never sampled): Gemma 3's, Qwen's and others' kinds.
+VOCAB = [
+    ("<pad>", CONTROL, False, True),
+    ("<eos>", CONTROL, True, False),
+    ("<bos>", CONTROL, False, True),
+    ("<unk>", UNKNOWN, False, True),
+    ("[multimodal]", USER, False, True),
+    ("<start_of_turn>", CONTROL, False, True),
+    ("<end_of_turn>", CONTROL, True, False),
+    ("</s>", CONTROL | USER, True, False),
+    ("<unused0>", UNUSED | CONTROL, False, True),
+    ("<unused1>", UNUSED, False, True),
+    ("<start_of_image>", USER, False, True),
+    ("<end_of_image>", USER, False, True),
+    ("<image_soft_token>", CONTROL, False, True),
+    ("<|vision_start|>", CONTROL, False, True),
+    ("<|AUDIO|>", USER, False, True),
+    ("<|video_pad|>", CONTROL, False, True),
+    ("<img>", USER, False, False),  # HTML, not an image placeholder
+    ("<table>", USER, False, False),
+    ("\n\n", USER, False, False),
+    ("<think>", USER, False, False),  # Qwen's reasoning and tool-call markers: parsed
+    ("</think>", USER, False, False),
+    ("<tool_call>", USER, False, False),
+    ("[TOOL_CALLS]", CONTROL, False, False),  # Mistral's, Llama's, Phi-4's
+    ("<|python_tag|>", CONTROL, False, False),
+    ("<|tool_call|>", CONTROL, False, False),
+    ("<|im_start|>", CONTROL, False, True),
+    ("<|im_end|>", CONTROL, True, False),
+    ("<|channel|>", USER, False, False),  # gpt-oss's, made user-defined by llama.cpp
+    ("<0x0A>", BYTE, False, False),
+    ("hello", NORMAL, False, False),
+    ("image", NORMAL, False, False),
+]
+
+
+def test_placeholders_unused_and_control_tokens_are_never_sampled():
+    attrs = np.array([attr for _, attr, _, _ in VOCAB], dtype=np.int32)
+    asked: list[int] = []
+
+    def text(token: int) -> str:
+        asked.append(token)
+        return VOCAB[token][0]
+
+    banned = never_sampled_tokens(attrs, is_eog=lambda token: VOCAB[token][2], text=text)
+    assert banned.dtype == np.intp
+    assert [VOCAB[t][0] for t in banned] == [t for t, _, _, never in VOCAB if never]
+    # Text is read only where the attributes leave a doubt: not for the bulk of a vocabulary.
+    assert "<start_of_image>" in {VOCAB[t][0] for t in asked}
+    assert {VOCAB[t][0] for t in asked}.isdisjoint({
+        "hello", "image", "<0x0A>", "<unused0>", "<unused1>", "<unk>", "<eos>",
+        "<end_of_turn>", "</s>", "<|im_end|>"})
+
+
+def test_a_vocabulary_of_plain_text_bans_nothing():
+    attrs = np.full(1000, NORMAL, dtype=np.int32)
+    banned = never_sampled_tokens(attrs, is_eog=lambda token: False,
+                                  text=lambda token: "never asked")
+    assert banned.size == 0
+    assert np.zeros(1000)[banned].size == 0  # an index array all the same
