@@ -645,7 +645,7 @@ def roofline_for(info: ModelInfo, hardware: HardwareProfile, candidate: Candidat
         gpu_bw = gpu.bandwidth_gbps
     host_bw, source = hardware.host_bandwidth_gbps, hardware.bandwidth_source
     if candidate is None:
-        on_gpu = info.n_gpu_layers >= info.n_layers > 0
+        on_gpu = info.n_gpu_layers > info.n_layers  # all, the output layer included
         size = float(info.size_bytes)
         reads = DecodeReads(cpu_weight_bytes=0.0 if on_gpu else size,
                             gpu_weight_bytes=size if on_gpu else 0.0)

@@ -69,12 +69,13 @@ def fake_factory(max_queue: int = 64, loads: list | None = None, **backend_kwarg
 
 
 @contextlib.contextmanager
-def serve(factory: Callable, *, settings: DaemonSettings = DaemonSettings(),
+def serve(factory: Callable, *, settings: DaemonSettings | None = None,
           keep_alive_s: float = 300.0, max_loaded: int = 1, tcp: bool = True
           ) -> Iterator[RunningDaemon]:
     sock_dir = Path(tempfile.mkdtemp(prefix="li-", dir="/tmp"))  # short: sun_path limit
     options = ServeOptions(socket_path=sock_dir / "d.sock", port=0, tcp=tcp,
-                           keep_alive_s=keep_alive_s, max_loaded=max_loaded, settings=settings)
+                           keep_alive_s=keep_alive_s, max_loaded=max_loaded,
+                           settings=settings or DaemonSettings())
     daemon = Daemon(options, factory)
     daemon.start()
     thread = threading.Thread(target=daemon.run, daemon=True)

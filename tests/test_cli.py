@@ -208,13 +208,12 @@ def test_more_threads_than_cores_are_cut_with_a_warning(home):
 
 
 def test_layers_on_the_gpu_are_counted_as_llama_cpp_counts_them():
-    from localinfer.cli.common import gpu_layers_text, loaded_gpu_layers
+    from localinfer.cli.common import gpu_layers_text
 
-    # A loaded model's info counts repeating layers; llama.cpp, --gpu-layers and `plan` add
-    # the output layer.
-    assert gpu_layers_text(loaded_gpu_layers(0, 18), 18) == "0/19"
-    assert gpu_layers_text(loaded_gpu_layers(10, 18), 18) == "10/19"
-    assert gpu_layers_text(loaded_gpu_layers(18, 18), 18) == "19/19"
+    # ModelInfo, llama.cpp, --gpu-layers and `plan` count the output layer as one more.
+    assert gpu_layers_text(0, 18) == "0/19"
+    assert gpu_layers_text(10, 18) == "10/19"
+    assert gpu_layers_text(19, 18) == "19/19"
 
 
 @pytest.mark.model

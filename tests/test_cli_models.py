@@ -3,7 +3,6 @@ subprocess, the Hub played by tests/hub_server.py (reached through HF_ENDPOINT).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pty
@@ -18,7 +17,7 @@ import ggufgen
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES, STARTER_SHA256
 from localinfer import gguf
-from localinfer.catalog import ModelSpec, load_catalog
+from localinfer.catalog import load_catalog
 from localinfer.runtime.chat_template import BUILTIN_TEMPLATES
 from localinfer.store import ModelStore
 
@@ -270,8 +269,6 @@ def test_show_template_prints_the_template_a_chat_uses(home, tmp_path):
     assert "(+1 output layer, which --gpu-layers counts)" in out.stdout
 
 
-@pytest.mark.skipif("base" not in {f.name for f in dataclasses.fields(ModelSpec)},
-                    reason="the catalog has no `base` field yet")
 def test_a_base_model_is_marked_in_list_and_show(home, tmp_path):
     store = ModelStore()
     path = store.file_for("gemma3:270m-q4_k_m")

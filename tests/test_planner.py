@@ -316,7 +316,7 @@ def test_more_free_vram_never_gives_fewer_gpu_layers(name, vram, more, ram, ctx)
 def test_a_longer_context_never_needs_less_memory(name, a, b, layers, slots):
     short, long_ = sorted((a, b))
     c = [candidate(name)]
-    prefs = dict(n_gpu_layers=layers, n_slots=slots)
+    prefs = {"n_gpu_layers": layers, "n_slots": slots}
     e1 = plan(BASE, c, PlanPrefs(n_ctx=short, **prefs)).evaluations[0]
     e2 = plan(BASE, c, PlanPrefs(n_ctx=long_, **prefs)).evaluations[0]
     total = lambda e: e.host.total_bytes + (e.gpu.total_bytes if e.gpu else 0)  # noqa: E731

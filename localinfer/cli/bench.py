@@ -7,7 +7,7 @@ import sys
 
 from ..config import Config
 from ..progress import TerminalProgress, human_bytes
-from .common import add_load_flags, gpu_layers_text, load_settings, loaded_gpu_layers
+from .common import add_load_flags, gpu_layers_text, load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +53,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
 
 def report(r) -> str:
-    gpu_layers = gpu_layers_text(loaded_gpu_layers(r.n_gpu_layers, r.n_layers), r.n_layers)
+    gpu_layers = gpu_layers_text(r.n_gpu_layers, r.n_layers)
     lines = [
         f"{r.model} ({r.quant}, {human_bytes(r.size_bytes)}) on {r.machine}, {r.threads}"
         f" threads, " + (f"{gpu_layers} layers on GPU" if r.n_gpu_layers

@@ -107,17 +107,10 @@ def sampling_params(args: argparse.Namespace):
 
 
 def gpu_layers_text(n_gpu_layers: int, n_layers: int) -> str:
-    """``k/N``: layers on the GPU as ``--gpu-layers``, ``plan`` and llama.cpp's own log count
-    them: of the model's ``n_layers`` repeating layers + 1, the output layer counting as one."""
+    """``k/N``: layers on the GPU as ``--gpu-layers``, ``plan``, ``ModelInfo`` and llama.cpp's
+    own log count them: of the model's ``n_layers`` repeating layers + 1, the output layer
+    counting as one."""
     return f"{n_gpu_layers}/{n_layers + 1}"
-
-
-def loaded_gpu_layers(n_gpu_layers: int, n_layers: int) -> int:
-    """A loaded model's layers on the GPU in that count, from ``ModelInfo`` (and the bench
-    result), which counts the repeating layers only. With all of them there, the output layer
-    is taken to be there too: so it is for -1 and for the plan's full offload (n_layers + 1);
-    only ``--gpu-layers`` equal to n_layers exactly keeps it on the CPU."""
-    return n_gpu_layers + 1 if n_gpu_layers >= n_layers > 0 else n_gpu_layers
 
 
 def print_table(rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> None:

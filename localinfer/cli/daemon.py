@@ -19,7 +19,6 @@ from .common import (
     duration,
     gpu_layers_text,
     load_settings,
-    loaded_gpu_layers,
     print_table,
 )
 
@@ -184,7 +183,7 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
     rows = [("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "ACTIVE", "UNTIL")]
     for entry in status["loaded"]:
         info = entry["info"]
-        layers, gpu = info["n_layers"], loaded_gpu_layers(info["n_gpu_layers"], info["n_layers"])
+        layers, gpu = info["n_layers"], info["n_gpu_layers"]
         if gpu == 0:
             processor = "100% CPU"
         elif gpu > layers:

@@ -14,12 +14,15 @@ import sys
 import time
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
 from ..progress import TerminalProgress, human_bytes
 from .common import gpu_layers_text, print_table
+
+if TYPE_CHECKING:  # the store loads the catalog: not for building the parser
+    from ..store import InstalledModel, ModelStore
 
 TEMPLATE_LINES = 8
 """Lines of the chat template ``show`` prints (``--template`` prints it all)."""
@@ -330,11 +333,10 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _is_base(store, model) -> bool:
+def _is_base(store: ModelStore, model: InstalledModel) -> bool:
     """Whether an installed model is a base model, as its catalog entry says."""
     spec = store.catalog.models.get(model.model)
-    # getattr until catalog.ModelSpec has its `base` field (added on another branch).
-    return bool(getattr(spec, "base", False))
+    return spec is not None and spec.base
 
 
 def _in_catalog(store, name: str) -> bool:

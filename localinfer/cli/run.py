@@ -21,7 +21,6 @@ from .common import (
     gpu_layers_text,
     load_flags_given,
     load_settings,
-    loaded_gpu_layers,
     sampling_params,
 )
 
@@ -140,7 +139,7 @@ class _LoadDisplay:
             return
         info = session.info
         where = "" if session.in_process else f" ({session.where})"
-        layers = gpu_layers_text(loaded_gpu_layers(info.n_gpu_layers, info.n_layers),
+        layers = gpu_layers_text(info.n_gpu_layers,
                                  info.n_layers)
         line = (f"Loaded {info.name} ({info.quant}, {layers} layers on GPU) in"
                 f" {time.monotonic() - self.started:.1f}s{where}")

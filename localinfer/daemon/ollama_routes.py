@@ -336,7 +336,7 @@ def _tag(m: InstalledModel, n_params: int) -> dict[str, Any]:
 def _running(entry: LoadedModel) -> dict[str, Any]:
     info = entry.engine.info
     size = info.size_bytes
-    on_gpu = info.n_gpu_layers / info.n_layers if info.n_layers else 0.0
+    on_gpu = info.n_gpu_layers / (info.n_layers + 1)  # llama.cpp counts the output layer
     expires = entry.expires_at
     if expires is None:
         until = "0001-01-01T00:00:00Z" if entry.keep_alive_s < 0 else now_iso()

@@ -8,8 +8,9 @@ engine, so the fake backend exercises the same engine code as llama.cpp does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..protocol import ModelInfo
 from .types import SamplingParams

@@ -139,11 +139,12 @@ def _ggml_lib() -> ctypes.CDLL:
 
 
 def _offloaded_layers(requested: int, n_layers: int, *, gpu_build: bool) -> int:
-    """Repeating layers llama.cpp puts on the GPU for ``n_gpu_layers=requested``: it counts
-    the output layer as one more "layer" (n_layer + 1 = all)."""
+    """Layers llama.cpp puts on the GPU for ``n_gpu_layers=requested``, in its own count: the
+    repeating layers and the output layer as one more (n_layers + 1 = all), as ``--gpu-layers``
+    and the planner count them."""
     if not gpu_build:
         return 0
-    return n_layers if requested < 0 else min(requested, n_layers)
+    return n_layers + 1 if requested < 0 else min(requested, n_layers + 1)
 
 
 def flash_attn_type(options: LoadOptions, *, on_gpu: bool) -> int:

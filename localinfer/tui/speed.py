@@ -67,9 +67,9 @@ def placement(info: ModelInfo) -> str:
     """"CPU only", "GPU 24/32 layers" or "GPU 33/33 layers (CUDA)"."""
     if info.n_gpu_layers <= 0:
         return "CPU only"
-    layers = min(info.n_gpu_layers, info.n_layers)
+    layers = info.n_gpu_layers  # llama.cpp's count: the output layer is one more
     backend = f" ({info.gpu_backend})" if info.gpu_backend else ""
-    return f"GPU {layers}/{info.n_layers} layers{backend}"
+    return f"GPU {layers}/{info.n_layers + 1} layers{backend}"
 
 
 def summary_line(stats: ReplyStats) -> str:
