@@ -6,7 +6,7 @@ Every figure is measured here, through the same engine that serves chats and edi
 - single-stream decode, as a share of the bare ``llama_decode`` step (the engine's overhead)
   and of the memory-bandwidth roofline (bytes read per token / measured bandwidth);
 - aggregate decode with 1, 2, 4 and 8 concurrent streams (continuous batching), each stream's
-  text compared with the same request run alone;
+  tokens compared with the same request run alone (``first_divergence``);
 - the 5th turn of a chat with ~1,500 tokens of history, with and without KV prefix reuse;
 - decode on a code-edit request with and without prompt-lookup speculation;
 - (full mode) llama-cpp-python's own ``create_completion`` and ``Llama.eval`` on the same model.
@@ -18,6 +18,7 @@ predictions for this machine improve (``localinfer plan`` says when they are cal
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .config import Config
-from .runtime.engine import Engine
+from .runtime.engine import Engine, Generation
 from .runtime.types import Done, Message, SamplingParams
 
 Progress = Callable[[str, int, int], None]
@@ -105,7 +106,8 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     result = BenchResult(
         model=info.name, quant=info.quant, size_bytes=info.size_bytes,
         machine=hardware.cpu.model or "unknown CPU",
-        threads=options.n_threads or hardware.cpu.runtime_threads, n_gpu_layers=info.n_gpu_layers, n_layers=info.n_layers,
+        threads=options.n_threads or hardware.cpu.runtime_threads,
+        n_gpu_layers=info.n_gpu_layers, n_layers=info.n_layers,
         quick=quick, kv_type=options.kv_type, flash_attn=info.flash_attn,
         load_ms=(time.perf_counter() - started) * 1000.0)
     try:
@@ -197,10 +199,82 @@ def _prefill(engine: Engine, filler: list[int], n: int, k: int) -> Done:
                                                 speculative=False)).result()
 
 
+NEAR_TIE_LOGITS = 1.0
+"""Two greedy runs of one request may part only where their two tokens scored within this many
+logits of the best one. llama.cpp computes a batch of several rows (sequences decoded together,
+a speculative draft being verified, a prompt read cold) with other kernels than a single row,
+which round differently, and how depends on the CPU: where two tokens nearly tie, rounding can
+swap them, and from there the texts differ. Measured on the starter model (AVX-512 and
+AVX2-only builds, F16 and q8_0 KV caches): 12 such partings, margins 0.007-0.31; the same
+positions computed along two of those paths differ in their top-2 gap by up to 0.59, hence
+1.0; and only 12-16% of greedy positions have a gap under 1.0 (median 5.4-6.1), so a parting
+anywhere else is caught."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a greedy generation first parts from a reference run of the same prompt."""
+
+    index: int
+    """The first generated token that differs."""
+    margin: float
+    """How far the lower-scored of the two runs' tokens there is below the best token, in
+    logits, on a cold read of the prompt and the tokens both runs share; infinite when one
+    run merely stopped before the other."""
+
+    @property
+    def near_tie(self) -> bool:
+        return self.margin < NEAR_TIE_LOGITS
+
+
+def first_divergence(engine: Engine, reference: Generation,
+                     other: Generation) -> Divergence | None:
+    """None when two finished greedy generations of one prompt made the same tokens; else where
+    the second first parts from the reference, and by what margin. Empties the engine's
+    cache: call it while no request is running."""
+    assert reference.request is not None and other.request is not None
+    prompt = reference.request.prompt
+    if other.request.prompt != prompt:
+        raise ValueError("first_divergence compares two runs of one prompt")
+    ref, alt = reference.request.generated, other.request.generated
+    shared = min(len(ref), len(alt))
+    index = next((i for i, (a, b) in enumerate(zip(ref, alt)) if a != b), shared)
+    if index == shared:
+        return None if len(ref) == len(alt) else Divergence(index, math.inf)
+    return Divergence(index, _logit_margin(engine, prompt + ref[:index],
+                                           (ref[index], alt[index])))
+
+
+def _logit_margin(engine: Engine, context: list[int], tokens: tuple[int, ...]) -> float:
+    """The best logit after ``context`` minus the lowest of ``tokens``' logits, on sequence 0
+    (which ``clear_cache`` leaves empty and no slot claims to hold)."""
+    engine.clear_cache()
+    backend = engine.backend
+
+    def measure() -> float:
+        try:
+            for start in range(0, len(context), backend.n_batch):
+                chunk = context[start:start + backend.n_batch]
+                last = start + len(chunk) == len(context)
+                backend.decode(chunk, range(start, start + len(chunk)), [0] * len(chunk),
+                               [False] * (len(chunk) - 1) + [last])
+            scores = backend.logits(len(chunk) - 1)
+        finally:
+            backend.seq_trim(0, 0)
+        return float(max(scores) - min(scores[t] for t in tokens))
+
+    margin = engine.run_on_worker(measure)
+    assert isinstance(margin, float)
+    return margin
+
+
 def _concurrency(engine: Engine, widths: tuple[int, ...], n_tokens: int) -> list[dict]:
     params = SamplingParams(temperature=0, max_tokens=n_tokens, speculative=False)
     engine.clear_cache()
-    solo = {p: engine.complete(p, params).result().text for p in STORY_PROMPTS[:max(widths)]}
+    solo = {}
+    for prompt in STORY_PROMPTS[:max(widths)]:
+        solo[prompt] = engine.complete(prompt, params)
+        solo[prompt].result()
     rows = []
     single = 0.0
     for width in widths:
@@ -212,23 +286,18 @@ def _concurrency(engine: Engine, widths: tuple[int, ...], n_tokens: int) -> list
         wall = time.perf_counter() - started
         aggregate = sum(d.usage.completion_tokens for d in done) / wall
         single = single or aggregate
-        diverged = []
-        for prompt, d in zip(prompts, done):
-            if d.text != solo[prompt]:
-                diverged.append(_first_difference(engine, solo[prompt], d.text))
+        diverged = [d for d in (first_divergence(engine, solo[p], g)
+                                for p, g in zip(prompts, generations)) if d is not None]
         rows.append({
             "streams": width, "aggregate_tps": aggregate, "speedup": aggregate / single,
             "per_stream_decode_tps": [d.timings.decode_tps for d in done],
             "complete": all(d.usage.completion_tokens == n_tokens for d in done),
             "equal_to_solo": width - len(diverged),
-            "first_divergent_token": diverged,
+            "first_divergent_token": [d.index for d in diverged],
+            "divergence_margins": [d.margin for d in diverged],
+            "diverged_at_near_tie": sum(d.near_tie for d in diverged),
         })
     return rows
-
-
-def _first_difference(engine: Engine, a: str, b: str) -> int:
-    ta, tb = engine.tokenize(a), engine.tokenize(b)
-    return next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
 
 
 def _chat_reuse(engine: Engine) -> dict[str, Any]:
@@ -343,13 +412,15 @@ CODE_EDIT_PROMPT = (
 
 
 def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
-    rows = {}
+    runs, rows = {}, {}
     for label, speculative in (("plain", False), ("prompt_lookup", True)):
         params = SamplingParams(temperature=0, max_tokens=300 if quick else 600,
                                 speculative=speculative, stop=("```",))
         engine.clear_cache()
-        rows[label] = engine.complete(CODE_EDIT_PROMPT, params).result()
+        runs[label] = engine.complete(CODE_EDIT_PROMPT, params)
+        rows[label] = runs[label].result()
     plain, spec = rows["plain"], rows["prompt_lookup"]
+    divergence = first_divergence(engine, runs["plain"], runs["prompt_lookup"])
     return {
         "prompt_tokens": plain.usage.prompt_tokens,
         "tokens": plain.usage.completion_tokens,
@@ -357,9 +428,10 @@ def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
         "speculative_tps": spec.timings.decode_tps,
         "speedup": spec.timings.decode_tps / plain.timings.decode_tps
         if plain.timings.decode_tps else 0.0,
-        "identical": spec.text == plain.text,
-        "first_divergent_token": None if spec.text == plain.text else _first_difference(
-            engine, plain.text, spec.text),
+        "identical": divergence is None,
+        "first_divergent_token": None if divergence is None else divergence.index,
+        "divergence_margin": None if divergence is None else divergence.margin,
+        "diverged_at_near_tie": divergence is not None and divergence.near_tie,
         "drafted": spec.timings.drafted_tokens,
         "accepted": spec.timings.accepted_tokens,
     }

@@ -1,9 +1,11 @@
-"""Shared fixtures. Every test runs under a temporary LOCALINFER_HOME; the real starter model
-is assembled once per session and loaded once per session."""
+"""Shared fixtures and the run order. Every test runs under a temporary LOCALINFER_HOME,
+removed when the session ends; the real starter model is assembled (1-2 s) and loaded once per
+session, and the tests on it run after the fast ones."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +19,24 @@ os.environ.pop("LOCALINFER_API_KEY", None)
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fast tests first, so a run shows progress (and fails) within a minute; then the tests
+    on the real model, and the minutes-long ``slow`` ones last. Otherwise in collected order."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow"):
+            return 2
+        return 1 if item.get_closest_marker("model") else 0
+
+    items.sort(key=rank)  # stable: each group keeps its order
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # The home holds the assembled starter model (242 MB); it is cheaper to assemble again
+    # than to leave one behind per run.
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
 @pytest.fixture

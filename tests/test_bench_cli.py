@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 
 @pytest.mark.timeout(600)
@@ -28,11 +28,16 @@ def test_bench_quick_json(starter_path):
     assert d["share_of_roofline"] == pytest.approx(d["decode_tps"] / d["roofline_tps"])
     assert [c["streams"] for c in r["concurrency"]] == [1, 4]
     assert all(c["complete"] for c in r["concurrency"])
-    assert r["concurrency"][1]["equal_to_solo"] == 4  # 4 rows: computed exactly like solo
+    one, four = r["concurrency"]
+    assert one["equal_to_solo"] == 1  # the same computation as the solo run
+    # A stream in a batch of 4 may part from its solo run only where the solo run's best two
+    # tokens nearly tied (llama.cpp rounds a batch differently from one row on some CPUs).
+    assert four["equal_to_solo"] + four["diverged_at_near_tie"] == 4, four
     cr = r["chat_reuse"]
     assert cr["cached_tokens"] > 1000 and cr["history_tokens"] > 1400
     assert cr["ttft_without_reuse_ms"] > cr["ttft_with_reuse_ms"]
     s = r["speculation"]
-    assert s["identical"] and s["accepted"] > 0
+    assert s["identical"] or s["diverged_at_near_tie"], s  # the same rule as for batches
+    assert s["accepted"] > 0
     assert r["calibration"]["ratio"] > 0
     assert "bench [7/7] calibration" in out.stderr  # progress was shown

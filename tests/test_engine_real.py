@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from localinfer.benchmark import first_divergence
 from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.engine import REREAD_TAIL
@@ -137,11 +138,14 @@ def test_flash_attention_is_off_on_the_cpu_unless_asked_or_needed():
 
 
 @pytest.fixture(scope="module", params=["f16", "q8_0"])
-def exact_engine(request, real_engine, starter_path):
-    """The two CPU set-ups in which speculative and batched steps compute exactly like
-    single-token steps: the default (F16 KV cache, flash attention off; with it on,
-    llama.cpp would split the attention of a long single-token step differently) and a q8_0
-    KV cache (flash attention on, one kernel for any number of rows)."""
+def kv_engine(request, real_engine, starter_path):
+    """The two CPU set-ups in which attention computes speculative and batched steps like
+    single-token steps: the default (F16 KV cache, flash attention off; with it on, llama.cpp
+    would split the attention of a long single-token step differently) and a q8_0 KV cache
+    (flash attention on, one kernel for any number of rows). The matrix products of a few
+    rows still round differently from a single row's on some CPUs (AVX2-only ones), so a
+    greedy text may part from the plain one where two tokens nearly tie
+    (``first_divergence``)."""
     if request.param == "f16":
         assert real_engine.info.flash_attn is False
         yield real_engine
@@ -153,38 +157,44 @@ def exact_engine(request, real_engine, starter_path):
     engine.close()
 
 
-def test_speculation_gives_the_same_greedy_text(exact_engine):
+def test_speculation_gives_the_same_greedy_text(kv_engine):
     from localinfer.benchmark import CODE_EDIT_PROMPT
 
     params = dict(temperature=0, max_tokens=600, stop=("```",))
     # Both read the prompt cold (once a slot has passed the sliding window, a cached prompt
     # is summed in another order: see engine.REREAD_TAIL).
-    exact_engine.clear_cache()
-    plain = exact_engine.complete(CODE_EDIT_PROMPT,
-                                  SamplingParams(**params, speculative=False)).result()
-    exact_engine.clear_cache()
-    fast = exact_engine.complete(CODE_EDIT_PROMPT,
-                                 SamplingParams(**params, speculative=True)).result()
-    assert fast.text == plain.text
+    kv_engine.clear_cache()
+    plain_run = kv_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=False))
+    plain = plain_run.result()
+    kv_engine.clear_cache()
+    fast_run = kv_engine.complete(CODE_EDIT_PROMPT, SamplingParams(**params, speculative=True))
+    fast = fast_run.result()
+    divergence = first_divergence(kv_engine, plain_run, fast_run)
+    assert divergence is None or divergence.near_tie, divergence
     assert plain.timings.drafted_tokens == 0
     assert fast.timings.accepted_tokens > 0.5 * fast.timings.drafted_tokens > 100
     assert "totals_by_customer" in fast.text  # the model really is copying the function
 
 
-def test_batched_sequences_equal_their_solo_runs(exact_engine):
-    # Prompts of the same length are read in the same chunks alone and together; then each
-    # step decodes two rows, which llama.cpp computes exactly like one (the KV cache passes
-    # 512 cells).
+def test_batched_sequences_equal_their_solo_runs(kv_engine):
+    # Together, the second prompt is read in other chunks, then each step decodes two rows
+    # (the KV cache passes 512 cells): the same arithmetic as alone, rounded differently on
+    # some CPUs.
     params = SamplingParams(temperature=0, max_tokens=64, speculative=False)
     texts = ["A long time ago, in a kingdom by the sea, " * 30, "Once upon a time, a fox " * 40]
-    prompts = [exact_engine.backend.tokenize(t, add_special=True)[:400] for t in texts]
+    prompts = [kv_engine.backend.tokenize(t, add_special=True)[:400] for t in texts]
     solo = []
     for prompt in prompts:
-        exact_engine.clear_cache()
-        solo.append(exact_engine.submit(prompt, params).result().text)
-    exact_engine.clear_cache()
-    together = [g.result().text for g in [exact_engine.submit(p, params) for p in prompts]]
-    assert together == solo
+        kv_engine.clear_cache()
+        solo.append(kv_engine.submit(prompt, params))
+        solo[-1].result()
+    kv_engine.clear_cache()
+    together = [kv_engine.submit(p, params) for p in prompts]
+    for batched in together:
+        batched.result()
+    for alone, batched in zip(solo, together):
+        divergence = first_divergence(kv_engine, alone, batched)
+        assert divergence is None or divergence.near_tie, divergence
 
 
 def test_greedy_argmax_picks_what_llama_cpps_greedy_sampler_picks(real_engine, monkeypatch):

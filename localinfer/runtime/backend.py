@@ -83,6 +83,11 @@ class Backend(Protocol):
         """Sample (and accept) the next token from the logits of batch entry ``index``."""
         ...
 
+    def logits(self, index: int) -> Sequence[float]:
+        """A copy of batch entry ``index``'s score for every vocabulary token (for checks
+        that ask how close two candidate tokens were, not for sampling)."""
+        ...
+
     def accept(self, sampler: Any, tokens: Sequence[int]) -> None:
         """Feed tokens (the prompt) to the sampler's repetition history."""
         ...

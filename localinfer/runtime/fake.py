@@ -163,6 +163,11 @@ class FakeBackend:
         sampler.accepted.append(token)
         return token
 
+    def logits(self, index: int) -> list[float]:
+        if index not in self._outputs:
+            raise LocalInferError(f"fake logits: batch entry {index} has no output")
+        return [0.0] * len(self._pieces)  # every token alike: the script alone decides
+
     def seq_trim(self, seq_id: int, start: int) -> int:
         cells = self._seqs.setdefault(seq_id, [])
         del cells[start:]

@@ -473,6 +473,10 @@ class LlamaBackend:
             return int(logits.argmax())
         return L.llama_sampler_sample(sampler, self._ctx, index)
 
+    def logits(self, index: int) -> list[float]:
+        row = L.llama_get_logits_ith(self._ctx, index)
+        return np.ctypeslib.as_array(row, shape=(self._n_vocab,)).tolist()
+
     def accept(self, sampler: ctypes.c_void_p, tokens: Sequence[int]) -> None:
         for token in tokens:
             L.llama_sampler_accept(sampler, token)
