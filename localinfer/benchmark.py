@@ -23,8 +23,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .config import Config
 from .runtime.engine import Engine, Generation
@@ -238,7 +239,7 @@ def first_divergence(engine: Engine, reference: Generation,
         raise ValueError("first_divergence compares two runs of one prompt")
     ref, alt = reference.request.generated, other.request.generated
     shared = min(len(ref), len(alt))
-    index = next((i for i, (a, b) in enumerate(zip(ref, alt)) if a != b), shared)
+    index = next((i for i, (a, b) in enumerate(zip(ref, alt, strict=False)) if a != b), shared)
     if index == shared:
         return None if len(ref) == len(alt) else Divergence(index, math.inf)
     return Divergence(index, _logit_margin(engine, prompt + ref[:index],
@@ -286,8 +287,9 @@ def _concurrency(engine: Engine, widths: tuple[int, ...], n_tokens: int) -> list
         wall = time.perf_counter() - started
         aggregate = sum(d.usage.completion_tokens for d in done) / wall
         single = single or aggregate
-        diverged = [d for d in (first_divergence(engine, solo[p], g)
-                                for p, g in zip(prompts, generations)) if d is not None]
+        partings = (first_divergence(engine, solo[p], g)
+                    for p, g in zip(prompts, generations, strict=True))
+        diverged = [d for d in partings if d is not None]
         rows.append({
             "streams": width, "aggregate_tps": aggregate, "speedup": aggregate / single,
             "per_stream_decode_tps": [d.timings.decode_tps for d in done],

@@ -160,7 +160,7 @@ def kv_engine(request, real_engine, starter_path):
 def test_speculation_gives_the_same_greedy_text(kv_engine):
     from localinfer.benchmark import CODE_EDIT_PROMPT
 
-    params = dict(temperature=0, max_tokens=600, stop=("```",))
+    params = {"temperature": 0, "max_tokens": 600, "stop": ("```",)}
     # Both read the prompt cold (once a slot has passed the sliding window, a cached prompt
     # is summed in another order: see engine.REREAD_TAIL).
     kv_engine.clear_cache()
@@ -192,7 +192,7 @@ def test_batched_sequences_equal_their_solo_runs(kv_engine):
     together = [kv_engine.submit(p, params) for p in prompts]
     for batched in together:
         batched.result()
-    for alone, batched in zip(solo, together):
+    for alone, batched in zip(solo, together, strict=True):
         divergence = first_divergence(kv_engine, alone, batched)
         assert divergence is None or divergence.near_tie, divergence
 
