@@ -128,8 +128,8 @@ def test_cli_talks_to_the_daemon(served_home):
         stop = _cli(served_home, "stop")
         assert stop.returncode == 0 and "stopped the daemon" in stop.stdout
         assert proc.wait(30) == 0
-        missing = _cli(served_home, "ps")
-        assert missing.returncode == 8 and "no localinfer daemon is running" in missing.stderr
+        missing = _cli(served_home, "ps")  # no daemon: a no-op that says so, as in scripts
+        assert missing.returncode == 0 and "no daemon is running" in missing.stdout
     finally:
         proc.kill()
 
