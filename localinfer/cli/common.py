@@ -11,6 +11,7 @@ from typing import TextIO
 
 from ..config import Config
 from ..errors import ConfigError
+from ..runtime.types import SamplingParams
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
@@ -89,11 +90,8 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="stop before this text (repeatable)")
 
 
-def sampling_params(args: argparse.Namespace):
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest)."""
-    # runtime/__init__ loads the engine: not for building the parser.
-    from ..runtime.types import SamplingParams
-
     return SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from ..errors import Cancelled
 from ..progress import TerminalProgress
+from ..runtime.types import Done, Message, Priority, Token
 from .common import (
     add_load_flags,
     add_sampling_flags,
@@ -48,7 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
     # The session (the store, the planner, the daemon's client): not for building the parser.
-    from ..runtime.types import Message, Priority
     from ..session import Launcher
 
     params = sampling_params(args)  # bad flags fail before a model is loaded
@@ -139,8 +139,7 @@ class _LoadDisplay:
             return
         info = session.info
         where = "" if session.in_process else f" ({session.where})"
-        layers = gpu_layers_text(info.n_gpu_layers,
-                                 info.n_layers)
+        layers = gpu_layers_text(info.n_gpu_layers, info.n_layers)
         line = (f"Loaded {info.name} ({info.quant}, {layers} layers on GPU) in"
                 f" {time.monotonic() - self.started:.1f}s{where}")
         if self.load is not None:
@@ -152,9 +151,6 @@ class _LoadDisplay:
 def _stream(generation, quiet: bool):
     """Print a generation's text as it streams (unless quiet) and return its Done event.
     Ctrl+C cancels it: it stops within a token and the figures are still printed."""
-    # runtime/__init__ loads the engine: not for building the parser.
-    from ..runtime.types import Done, Token
-
     done = None
     previous = signal.signal(signal.SIGINT, lambda *_: generation.cancel())
     try:
