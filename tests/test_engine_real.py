@@ -218,13 +218,18 @@ def test_greedy_argmax_picks_what_llama_cpps_greedy_sampler_picks(real_engine, m
 def test_a_cached_prompt_gives_the_same_greedy_text_as_a_cold_one(real_engine, paragraphs,
                                                                    topic):
     # Two prompts whose reply changed when only their last token was read again (llama.cpp
-    # rounds a 1-row batch differently from the many-row batch of a cold read).
+    # rounds a 1-row batch differently from the many-row batch of a cold read). Re-reading
+    # REREAD_TAIL tokens gives the cold reply on AVX2-only CPUs; on AVX-512 ones the 8 rows
+    # still round differently from the cold read, and the replies part at a near tie.
     from localinfer.benchmark import _PARAGRAPH
 
     prompt = f"{_PARAGRAPH * paragraphs} In short, {topic}"
     params = SamplingParams(temperature=0, max_tokens=48, speculative=False)
     real_engine.clear_cache()
-    cold = real_engine.complete(prompt, params).result()
-    cached = real_engine.complete(prompt, params).result()
+    cold_run = real_engine.complete(prompt, params)
+    cold = cold_run.result()
+    cached_run = real_engine.complete(prompt, params)
+    cached = cached_run.result()
     assert cold.usage.cached_tokens == 0 and cached.usage.cached_tokens > 0
-    assert cached.text == cold.text
+    divergence = first_divergence(real_engine, cold_run, cached_run)
+    assert divergence is None or divergence.near_tie, divergence
