@@ -206,10 +206,10 @@ logits of the best one. llama.cpp computes a batch of several rows (sequences de
 a speculative draft being verified, a prompt read cold) with other kernels than a single row,
 which round differently, and how depends on the CPU: where two tokens nearly tie, rounding can
 swap them, and from there the texts differ. Measured on the starter model (AVX-512 and
-AVX2-only builds, F16 and q8_0 KV caches): 12 such partings, margins 0.007-0.31; the same
-positions computed along two of those paths differ in their top-2 gap by up to 0.59, hence
-1.0; and only 12-16% of greedy positions have a gap under 1.0 (median 5.4-6.1), so a parting
-anywhere else is caught."""
+AVX2-only builds, F16 and q8_0 KV caches): 14 partings of batched, speculative or cached runs
+from solo, plain or cold ones, at margins of 0.007-0.31; one position computed along two such
+paths differs in its top-2 gap by up to 0.59, hence 1.0; and only 12-16% of greedy positions
+have a gap under 1.0 (median 5.4-6.1), so a parting anywhere else is caught."""
 
 
 @dataclass(frozen=True)

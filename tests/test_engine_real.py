@@ -218,9 +218,9 @@ def test_greedy_argmax_picks_what_llama_cpps_greedy_sampler_picks(real_engine, m
 def test_a_cached_prompt_gives_the_same_greedy_text_as_a_cold_one(real_engine, paragraphs,
                                                                    topic):
     # Two prompts whose reply changed when only their last token was read again (llama.cpp
-    # rounds a 1-row batch differently from the many-row batch of a cold read). The engine
-    # reads the last REREAD_TAIL tokens again; on some CPUs (AVX2-only) that batch still rounds
-    # apart from the cold read's, so the replies may part, but only where two tokens all but tie.
+    # rounds a 1-row batch differently from the many-row batch of a cold read). Re-reading
+    # REREAD_TAIL tokens gives the cold reply on AVX2-only CPUs; on AVX-512 ones the 8 rows
+    # still round differently from the cold read, and the replies part at a near tie.
     from localinfer.benchmark import _PARAGRAPH
 
     prompt = f"{_PARAGRAPH * paragraphs} In short, {topic}"
