@@ -349,6 +349,7 @@ def test_a_base_model_is_said_to_continue_text_not_follow_instructions(home):
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             note = app.query_one("#model-note")
+            await until(pilot, lambda: note.region.height, "the note laid out")
             assert note.display and note.region.y == 1  # right under the title bar
             assert text_of(note).startswith("base model: continues text, does not follow"
                                             " instructions")
