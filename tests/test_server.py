@@ -100,3 +100,20 @@ def test_socket_path_that_is_a_file_is_not_deleted(home, tmp_path):
     with pytest.raises(DaemonError, match="not a socket"):
         daemon.start()
     assert notes.read_text() == "precious"
+
+
+def test_sockets_accept_connections_from_the_bind_on(tmp_path):
+    import socket as socket_mod
+
+    from localinfer.daemon.server import bind_tcp, bind_unix
+
+    unix = bind_unix(tmp_path / "d.sock")
+    tcp = bind_tcp("127.0.0.1", 0)
+    try:
+        for sock in (unix, tcp):
+            client = socket_mod.socket(sock.family, socket_mod.SOCK_STREAM)
+            client.connect(sock.getsockname())  # queued until the server accepts it
+            client.close()
+    finally:
+        unix.close()
+        tcp.close()

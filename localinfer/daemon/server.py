@@ -55,6 +55,11 @@ class ServeOptions:
     settings: DaemonSettings = DaemonSettings()
 
 
+# Listening from the bind on: a client that connects once `serve` has said where it listens
+# waits in the kernel's queue until uvicorn runs, instead of being refused (seen under load).
+BACKLOG = 2048  # uvicorn's own default
+
+
 def bind_unix(path: Path) -> socket.socket:
     if len(os.fsencode(path)) > _MAX_UNIX_PATH:
         raise DaemonError(f"the socket path {path} is too long for a Unix socket; pass a"
@@ -71,6 +76,7 @@ def bind_unix(path: Path) -> socket.socket:
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
+    sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -91,6 +97,7 @@ def bind_tcp(host: str, port: int) -> socket.socket:
                               " pick another with --port, or --no-tcp for the Unix socket"
                               " only.", title="port in use") from None
         raise DaemonError(f"cannot listen on {host}:{port}: {exc.strerror}.") from None
+    sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock
 
