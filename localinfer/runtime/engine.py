@@ -585,8 +585,8 @@ class Engine:
         outputs: list[bool] = []
         budget = self.backend.n_batch
         decoding = [s for s in self._active() if not s.prefilling]
-        # Drafts only while the batch stays small enough to be computed exactly like plain
-        # decoding (see speculate.py): no prompt being read, few sequences decoding.
+        # Drafts only while the batch stays small enough for the single-row kernels (see
+        # speculate.py): no prompt being read, few sequences decoding.
         prefill_pending = any(s.prefilling for s in self._active())
         draft_budget = 0 if prefill_pending else EXACT_ROWS - len(decoding)
         for slot in decoding:

@@ -154,8 +154,8 @@ def flash_attn_type(options: LoadOptions, *, on_gpu: bool) -> int:
     one-token step over 512 or more cached cells with a split-KV kernel and a step of several
     rows (a speculative draft being verified, a batch of sequences) with another, which rounds
     differently, so greedy text with speculation could part from plain decoding. Without it,
-    attention is two matrix products whose every element is computed the same way for one
-    row or seven, and speculative greedy output is identical. It costs 0-4% of decode speed
+    attention is two matrix products, and the starter's speculative greedy code edit was
+    identical to plain decoding on AVX-512 and AVX2-only builds. It costs 0-4% of decode speed
     up to a 1,000-token position, 7% at 3,000 and 9% at 7,000 (starter model, 2-core x86;
     prefill measured the same), and a buffer of n_ubatch x n_ctx x n_head floats that the
     planner counts. llama-cpp-python's ``Llama`` leaves it off by default too. On a GPU

@@ -10,15 +10,16 @@ the draft length adapts: it doubles while drafts are fully accepted, shrinks to 
 accepted otherwise, and after a draft is rejected outright drafting pauses for a few steps.
 
 Why at most 3 drafted tokens: a step of 1 + 3 rows is the best value per token (starter
-model, 2-core x86: 1 row 21.5 ms, 4 rows 31.5 ms, 5-7 rows 46-53 ms), and llama.cpp's CPU
-matrix kernels compute batches of up to 7 rows bit-identically to single rows (at 8 they
-switch to a faster kernel that rounds differently). Attention is the other half: flash
-attention on an F16 KV cache computes a single-token step over 512 or more cells with a
-split-KV kernel whose reduction rounds differently from the multi-row kernel that verifies a
-draft, so greedy output could part from plain decoding where two tokens are nearly tied. So on
-the CPU flash attention is off by default (runtime.llama.flash_attn_type), and with a q8_0 KV
-cache, which needs it, both steps use one kernel: either way speculative greedy output is
-identical to plain decoding.
+model, 2-core x86: 1 row 21.5 ms, 4 rows 31.5 ms, 5-7 rows 46-53 ms), and on some CPUs
+llama.cpp's matrix kernels compute batches of up to 7 rows like single rows (at 8 they switch
+to a faster kernel that rounds differently); how a batch rounds depends on the CPU's
+instruction set. Attention is the other half: flash attention computes a single-token step
+over 512 or more cells with a split-KV kernel whose reduction rounds differently from the
+multi-row kernel that verifies a draft, so on the CPU it is off by default
+(runtime.llama.flash_attn_type). Measured on the starter's code edit: identical to plain
+decoding without flash attention on AVX-512 and AVX2-only builds; with a q8_0 KV cache (which
+needs flash attention) the text parts at token 259, at a near tie. Where greedy text parts,
+it parts only where two tokens nearly tie (tests/test_engine_real.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ NGRAM_SIZES = (4, 3, 2)
 MIN_DRAFT = 2
 MAX_DRAFT = 3
 EXACT_ROWS = 7
-"""Largest batch that llama.cpp's CPU matrix kernels compute exactly like single rows."""
+"""Largest batch that llama.cpp's CPU matrix kernels compute with the single-row kernels (on
+some CPUs exactly like single rows; on others they round apart at near ties)."""
 
 
 class PromptLookup:
