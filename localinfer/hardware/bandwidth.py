@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -118,7 +117,3 @@ def cached(cache_dir: Path, key: str) -> BandwidthMeasurement | None:
         return BandwidthMeasurement(**entry) if entry else None
     except TypeError:
         return None
-
-
-def default_threads() -> int:
-    return os.cpu_count() or 1
