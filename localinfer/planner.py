@@ -70,15 +70,70 @@ blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements."""
 MAX_AUTO_SLOTS = 4
 
 # --- fitted constants (see the module docstring) ---------------------------------------------
-# Achieved share of the memory-bandwidth roofline in decode, per ggml backend on a discrete GPU.
-GPU_ETA = {"CUDA": 0.75, "Metal": 0.80, "Vulkan": 0.70, "ROCm": 0.62, "SYCL": 0.55,
-           "OpenCL": 0.50, "MUSA": 0.60, "CANN": 0.55}
-IGPU_ETA = 0.55
-"""An integrated GPU (other than Apple's) on shared DDR memory."""
-# Per-layer dispatch and synchronisation cost in decode, milliseconds.
-GPU_LAYER_MS = {"CUDA": 0.02, "Metal": 0.14, "Vulkan": 0.03, "ROCm": 0.03, "SYCL": 0.05,
-                "OpenCL": 0.05, "MUSA": 0.03, "CANN": 0.05}
-IGPU_LAYER_MS = 0.10
+# Fitted on the rows marked "fit" of tests/data/published_llama_bench.csv (llama-bench tg128 and
+# pp512 on data-sheet bandwidths and matrix rates; bench/planner_published.py reports the fit and
+# the held-out rows).
+@dataclass(frozen=True)
+class GPUClass:
+    """How one class of GPU (backend x discrete/integrated x vendor/generation) runs llama.cpp."""
+
+    eta: float
+    """Decode: the share of the data-sheet memory bandwidth the weights stream at."""
+    layer_ms: float
+    """Decode: fixed dispatch/synchronisation cost per layer, milliseconds."""
+    matrix_eta: float
+    """Prefill: the share of the data-sheet dense FP16 matrix rate (fp16_tflops) reached."""
+    immature: str = ""
+    """Why the backend is immature on this class (said in the plan); "" = mature."""
+
+
+GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
+    # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
+    # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
+    ("CUDA", "discrete"): GPUClass(eta=0.86, layer_ms=0.014, matrix_eta=0.55),
+    # DGX Spark (0.8), Jetson AGX Orin (0.63) (ggml-org/llama.cpp#15013): LPDDR5(X) shared
+    # with the CPU.
+    ("CUDA", "integrated"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.30),
+    # ggml-org/llama.cpp#4167 (every M1-M4 chip): 0.85-0.9 of bandwidth; the Ultras lose to a
+    # fixed ~4 ms per token; pp512 at ~0.6 of the FP32 rate (= the FP16 rate on Apple GPUs).
+    ("Metal", "integrated"): GPUClass(eta=0.88, layer_ms=0.14, matrix_eta=0.62),
+    # ggml-org/llama.cpp#15021 (RX 7900 XT/XTX, W7900; RDNA3 with rocBLAS/MMQ).
+    ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.40),
+    # Radeon 780M, Strix Halo: decode reaches 0.8-0.9 of the LPDDR5(X) bandwidth.
+    ("ROCm", "integrated"): GPUClass(eta=0.85, layer_ms=0.05, matrix_eta=0.40),
+    # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
+    ("Vulkan", "discrete"): GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.35),
+    ("Vulkan", "integrated"): GPUClass(eta=0.80, layer_ms=0.05, matrix_eta=0.35),
+    ("SYCL", "discrete"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
+    # Arc 140V: SYCL decode reaches ~0.6 of LPDDR5X (issue 16: predicted +27-37% at 0.85).
+    ("SYCL", "integrated"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
+}
+DEFAULT_GPU_CLASS = GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.25)
+"""Backends with no published rows here (OpenCL, MUSA, CANN)."""
+GPU_GENERATIONS: tuple[tuple[str, str, str, GPUClass], ...] = (
+    # (GPU name pattern, vendor, backend, class): the first match replaces GPU_CLASSES' entry.
+    # Data-centre NVIDIA (HBM, server hosts): ~2.5 ms per token of launches (A100 201 tok/s,
+    # H100 281 on a 3.8 GB file, ggml-org/llama.cpp#15013); pp512 at ~0.2 of the tensor rate.
+    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "CUDA",
+     GPUClass(eta=0.90, layer_ms=0.075, matrix_eta=0.20)),
+    # Data-centre NVIDIA on Vulkan: an A100 decodes at half its CUDA rate, prefills at 0.65 of
+    # it (ggml-org/llama.cpp#17273).
+    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "Vulkan",
+     GPUClass(eta=0.80, layer_ms=0.17, matrix_eta=0.13,
+              immature="llama.cpp's Vulkan backend runs data-centre NVIDIA GPUs at about half"
+                       " their CUDA speed")),
+    # CDNA and GCN on ROCm: 13-21% of HBM bandwidth (MI300X 233 tok/s at 5.3 TB/s, MI210 125 at
+    # 1.6 TB/s, ggml-org/llama.cpp#15021; Radeon VII 54 at 1 TB/s, llm-tracker.info).
+    (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm",
+     GPUClass(eta=0.25, layer_ms=0.03, matrix_eta=0.15,
+              immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
+                       " bandwidth (CDNA/GCN)")),
+    # Intel GPUs on Vulkan: an A770 at 0.3 of its bandwidth, a Tiger Lake Xe at 0.4 (decode),
+    # pp512 at ~0.1 of the matrix rate (ggml-org/llama.cpp#10879).
+    (r"", "intel", "Vulkan",
+     GPUClass(eta=0.40, layer_ms=0.05, matrix_eta=0.12,
+              immature="llama.cpp's Vulkan backend is immature on Intel GPUs (SYCL is faster)")),
+)
 CPU_LAYER_MS = 0.30
 """Thread barriers between a layer's ~30 graph nodes (~10 us each)."""
 CPU_ETA_MEASURED = 0.80
@@ -91,8 +146,27 @@ CPU_DOT_GBPS_PER_GHZ = {"avx512": 3.6, "avx2": 3.0, "avx": 1.5, "neon-i8mm": 2.0
 # Effective prefill FLOPs per cycle per core (int8 dot-product kernels on quantized weights).
 CPU_FLOPS_PER_CYCLE = {"avx512": 28.0, "avx2": 16.0, "avx": 8.0, "neon-i8mm": 16.0,
                        "neon-dotprod": 8.0, "neon": 4.0, "scalar": 2.0}
-GPU_COMPUTE_ETA = 0.5
-"""Share of the data-sheet FP16 FLOP/s that prefill reaches."""
+# Dense FP16 matrix rate (TFLOPS, FP16 accumulate, no sparsity) of common GPUs, from the
+# vendors' data sheets, for profiles that do not give fp16_tflops. Apple GPUs are not
+# double-rate: FP16 runs at the FP32 rate (philipturner/metal-benchmarks), the figures below.
+GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("RTX PRO 6000", 503.8), ("RTX 5090", 419.0), ("RTX 5080", 225.1), ("RTX 5070 Ti", 175.8),
+    ("RTX 5070", 123.5), ("RTX 5060 Ti", 94.8), ("RTX 4090", 330.3), ("RTX 4080", 194.9),
+    ("RTX 4070 Ti", 160.4), ("RTX 4070", 116.8), ("RTX 4060 Ti", 88.4), ("RTX 4060", 60.5),
+    ("RTX 3090", 142.0), ("RTX 3080", 119.0), ("RTX 3070", 81.3), ("RTX 3060 Ti", 64.8),
+    ("RTX 3060", 51.2), ("RTX 2080 Ti", 107.6), ("RTX 2070", 59.7), ("RTX 2060", 51.6),
+    ("H100", 989.4), ("A100", 312.0), ("L40S", 362.1), ("A10", 125.0), ("T4", 65.0),
+    ("RX 9070 XT", 195.0), ("RX 7900 XTX", 122.8), ("RX 7900 XT", 103.0), ("W7900", 122.6),
+    ("RX 7800 XT", 74.6), ("RX 7600", 43.5), ("RX 6800 XT", 41.5), ("MI300X", 1307.4),
+    ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 8.9),
+    ("Arc B580", 116.0), ("Arc A770", 39.3), ("Arc 140V", 32.0),
+    ("M1 Ultra", 21.2), ("M1 Max", 10.4), ("M1 Pro", 5.2), ("M1", 2.6),
+    ("M2 Ultra", 27.2), ("M2 Max", 13.6), ("M2 Pro", 6.8), ("M2", 3.6),
+    ("M3 Ultra", 28.4), ("M3 Max", 16.4), ("M3 Pro", 7.4), ("M3", 4.1),
+    ("M4 Max", 18.4), ("M4 Pro", 9.2), ("M4", 4.3), ("M5", 5.7),
+)
+MATRIX_TFLOPS_PER_GBPS = 0.1
+"""A GPU in no table: its matrix rate guessed from its bandwidth (a mid-range ratio)."""
 TOKEN_MS = 0.3
 """Per-token cost outside the layers (graph launch, sampling setup)."""
 SAMPLING_NS_PER_VOCAB = {"cpu": 5.0, "gpu": 2.0}
@@ -104,6 +178,28 @@ DEFAULT_GHZ = 2.5
 HOST_OVERHEAD = 256 * MIB
 GPU_OVERHEAD = {"CUDA": 400 * MIB, "ROCm": 400 * MIB, "Vulkan": 256 * MIB, "Metal": 128 * MIB,
                 "SYCL": 400 * MIB, "OpenCL": 256 * MIB, "MUSA": 400 * MIB, "CANN": 400 * MIB}
+
+
+def gpu_class(gpu: GPUInfo, backend: str) -> GPUClass:
+    """The class ``gpu`` falls in under ``backend``: a vendor/generation rule of GPU_GENERATIONS
+    first, else by backend and kind (an Apple GPU is integrated)."""
+    for pattern, vendor, on, found in GPU_GENERATIONS:
+        if gpu.vendor == vendor and backend == on and re.search(pattern, gpu.name):
+            return found
+    kind = "integrated" if gpu.kind == "integrated" or gpu.vendor == "apple" else "discrete"
+    return GPU_CLASSES.get((backend, kind), DEFAULT_GPU_CLASS)
+
+
+def matrix_tflops(gpu: GPUInfo) -> float:
+    """The GPU's dense FP16 matrix rate: the profile's figure, else GPU_MATRIX_TFLOPS by name
+    (the longest matching name), else a guess from its bandwidth."""
+    if gpu.fp16_tflops > 0:
+        return gpu.fp16_tflops
+    known = [(len(name), rate) for name, rate in GPU_MATRIX_TFLOPS
+             if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", gpu.name)]
+    if known:
+        return max(known)[1]
+    return gpu.bandwidth_gbps * MATRIX_TFLOPS_PER_GBPS
 
 
 def quant_factor(quant: str) -> float:
@@ -426,6 +522,8 @@ class _Machine:
     ghz: float
     cores: int
     kv_type: str
+    gpu_class: GPUClass | None = None
+    sockets: int = 1
 
 
 def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
@@ -449,6 +547,12 @@ def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
             gpu_budget = max(0, free - reserve)
     threads = prefs.n_threads or hw.cpu.runtime_threads
     host_bw = hw.host_bandwidth_gbps or _estimated_host_bandwidth(hw)
+    sockets = max(1, hw.cpu.sockets)
+    if hw.bandwidth_source != "measured":
+        # NUMA: a data-sheet figure sums every socket's channels, but one process's pages and
+        # threads mostly meet on one socket (a dual EPYC 9175F decodes at 0.83 x one socket's
+        # bandwidth, ggml-org/llama.cpp#11744). A measurement is what this process got.
+        host_bw /= sockets
     host_bw1 = hw.host_bandwidth_1core_gbps or host_bw / max(1, min(hw.cpu.physical_cores, 4))
     eta = CPU_ETA_MEASURED
     if hw.bandwidth_source != "measured":
@@ -457,7 +561,9 @@ def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
                     unified=unified, host_bw_gbps=host_bw, host_bw_1core_gbps=host_bw1,
                     cpu_eta=eta, threads=threads, simd=hw.cpu.simd,
                     ghz=hw.cpu.ghz or DEFAULT_GHZ, cores=hw.cpu.physical_cores,
-                    kv_type=prefs.kv_type)
+                    kv_type=prefs.kv_type,
+                    gpu_class=gpu_class(gpu, backend) if gpu and backend else None,
+                    sockets=sockets)
 
 
 def _estimated_host_bandwidth(hw: HardwareProfile) -> float:
@@ -687,12 +793,9 @@ def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Pre
     cpu_bytes, gpu_bytes = decode_reads(c, k, m.kv_type).bytes_at(position)
     ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
     if n_gpu or output_on_gpu:
-        assert m.gpu is not None
-        integrated = m.gpu.kind == "integrated" and m.gpu.vendor != "apple"
-        eta = IGPU_ETA if integrated else GPU_ETA.get(m.gpu_backend or "", 0.6)
-        per_layer = IGPU_LAYER_MS if integrated else GPU_LAYER_MS.get(m.gpu_backend or "", 0.05)
-        ms["gpu"] = gpu_bytes / (eta * q * m.gpu.bandwidth_gbps * 1e9) * 1e3
-        ms["fixed"] += n_gpu * per_layer
+        assert m.gpu is not None and m.gpu_class is not None
+        ms["gpu"] = gpu_bytes / (m.gpu_class.eta * q * m.gpu.bandwidth_gbps * 1e9) * 1e3
+        ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu:
         threads = max(1, m.threads)
         bandwidth = min(m.host_bw_gbps, threads * m.host_bw_1core_gbps) * m.cpu_eta * q
@@ -710,9 +813,9 @@ def _predict(c: Candidate, m: _Machine, n_gpu_layers: int, position: int) -> Pre
     cpu_flops = max(1, m.threads) * m.ghz * 1e9 * CPU_FLOPS_PER_CYCLE.get(m.simd, 4.0)
     prefill_s = flops * (1 - share_gpu) / cpu_flops
     if share_gpu:
-        assert m.gpu is not None
-        tflops = m.gpu.fp16_tflops or m.gpu.bandwidth_gbps * 0.1
-        prefill_s += flops * share_gpu / (tflops * 1e12 * GPU_COMPUTE_ETA)
+        assert m.gpu is not None and m.gpu_class is not None
+        rate = matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
+        prefill_s += flops * share_gpu / rate
     return Prediction(decode_tps=1000.0 / total_ms, decode_ms=ms,
                       prefill_tps=1.0 / prefill_s if prefill_s > 0 else 0.0, key=key)
 
@@ -868,6 +971,9 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
         if choice.n_slots > 1:
             summary += f" x {choice.n_slots} slots"
         summary += "."
+        if choice.n_gpu_layers and m.gpu is not None and m.gpu_class and m.gpu_class.immature:
+            summary += (f" {m.gpu_backend} on {m.gpu.name} is an immature backend:"
+                        f" {m.gpu_class.immature}; the prediction allows for it.")
         if m.gpu is None and hw.gpus and prefs.n_gpu_layers != 0:
             names = ", ".join(g.name for g in hw.gpus)
             summary += (f" The llama.cpp build is CPU-only: it cannot use {names}."

@@ -14,9 +14,11 @@ The JSON format (``schema`` 1); fields marked ? are optional::
       "ram_total_gib": 32, "ram_available_gib": 27,        available ? (default: 80% of total)
       "swap_total_gib": 2,                                 ?
       "cpu": {"model": "AMD Ryzen 7 5800X", "physical_cores": 8, "logical_cores": 16,
-              "ghz": 4.2, "flags": ["avx2", "fma", "f16c"], "threads": 8},   ghz/flags/threads ?
+              "ghz": 4.2, "flags": ["avx2", "fma", "f16c"], "threads": 8,
+              "sockets": 1},                       ghz/flags/threads/sockets ?
       "host_bandwidth_gbps": 40,        ? measured read bandwidth, all cores (for a hand-written
-                                          profile: about 80% of the RAM's theoretical peak)
+                                          profile: about 80% of the RAM's theoretical peak; with
+                                          several sockets, all of them together)
       "host_bandwidth_1core_gbps": 15,  ? the same with one core
       "bandwidth_source": "measured",   ? "measured", "spec" or "estimated"
       "gpus": [{"name": "NVIDIA GeForce RTX 3060", "vendor": "nvidia", "kind": "discrete",
@@ -63,6 +65,9 @@ class CPUInfo:
     """ISA features llama.cpp uses: avx, avx2, avx512f, avx512_vnni, f16c, fma, neon, sve..."""
     threads: int = 0
     """Threads the runtime should use (0 = physical cores)."""
+    sockets: int = 1
+    """CPU packages (NUMA nodes with their own memory). One process gets one socket's
+    bandwidth: the planner divides the host bandwidth by this."""
 
     @property
     def runtime_threads(self) -> int:
@@ -267,6 +272,7 @@ class _Parser:
             ghz=float(self.number(data, "ghz", "cpu", default=0.0)),
             flags=tuple(f.lower() for f in self.strings(data, "flags", "cpu", ())),
             threads=int(self.number(data, "threads", "cpu", default=0)),
+            sockets=int(self.number(data, "sockets", "cpu", default=1, positive=True)),
         )
 
     def gpu(self, value: Any, index: int) -> GPUInfo:

@@ -1,0 +1,109 @@
+"""Published llama-bench rows (tests/data/published_llama_bench.csv) as planner inputs: each row's
+machine as a ``HardwareProfile`` from its data sheet, its model file as a ``Candidate`` with the
+size llama-bench printed, and the planner's uncalibrated decode and prefill predictions for it.
+
+Shared by tests/test_planner_published.py (a loose guard) and bench/planner_published.py (the
+report of the shares within +-10% / +-25%).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from localinfer.catalog import parse_catalog
+from localinfer.hardware.profile import CPUInfo, GPUInfo, HardwareProfile
+from localinfer.planner import Candidate, PlanPrefs, plan
+
+DATA = Path(__file__).parent / "data"
+ROWS_CSV = DATA / "published_llama_bench.csv"
+MODELS_TOML = DATA / "published_models.toml"
+GIB = 2**30
+ISA_FLAGS = {"avx512": ("avx", "avx2", "fma", "avx512f"), "avx2": ("avx", "avx2", "fma"),
+             "neon-i8mm": ("neon", "asimddp", "i8mm"), "neon-dotprod": ("neon", "asimddp")}
+
+
+@dataclass(frozen=True)
+class Row:
+    device: str
+    backend: str
+    model: str
+    quant: str
+    tg128: float
+    pp512: float | None
+    role: str
+    """"fit" (the planner's constants were fitted on it) or "held" (held out)."""
+    source: str
+    machine: HardwareProfile
+    candidate: Candidate
+
+    @property
+    def what(self) -> str:
+        return f"{self.device} {self.backend}, {self.model} {self.quant}"
+
+    @property
+    def apple(self) -> bool:
+        return self.backend == "Metal"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    row: Row
+    decode_tps: float
+    prefill_tps: float
+    reason: str
+    """The plan's words about the backend (an immature backend says so)."""
+
+    @property
+    def decode_error(self) -> float:
+        return self.decode_tps / self.row.tg128 - 1
+
+    @property
+    def prefill_error(self) -> float | None:
+        return self.prefill_tps / self.row.pp512 - 1 if self.row.pp512 else None
+
+
+def _machine(r: dict[str, str]) -> HardwareProfile:
+    bandwidth = float(r["bandwidth_gbps"])
+    if r["backend"] == "CPU":
+        threads = int(r["cpu_threads"])
+        cpu = CPUInfo(r["device"], threads, threads, float(r["cpu_ghz"]),
+                      ISA_FLAGS.get(r["cpu_isa"], ()), threads, sockets=int(r["sockets"] or 1))
+        return HardwareProfile(ram_total_gib=512, ram_available_gib=480, cpu=cpu,
+                               host_bandwidth_gbps=bandwidth, bandwidth_source="spec")
+    unified = r["kind"] == "integrated"
+    vram = 96.0
+    gpu = GPUInfo(r["device"], r["vendor"], r["kind"], vram, vram, bandwidth,
+                  unified_memory=unified, fp16_tflops=float(r["matrix_tflops"] or 0),
+                  backends=(r["backend"],))
+    return HardwareProfile(
+        ram_total_gib=192, ram_available_gib=180,
+        cpu=CPUInfo("host", 8, 16, 4.0, ("avx", "avx2", "fma"), 8),
+        gpus=(gpu,), backends=("CPU", r["backend"]), host_bandwidth_gbps=60,
+        bandwidth_source="spec")
+
+
+def load_rows() -> list[Row]:
+    specs = parse_catalog(MODELS_TOML.read_text(), source=str(MODELS_TOML)).models
+    lines = [line for line in ROWS_CSV.read_text().splitlines() if not line.startswith("#")]
+    rows = []
+    for r in csv.DictReader(lines):
+        spec = specs[r["model"]]
+        variant = replace(spec.variant(r["quant"]), size_bytes=int(float(r["size_gib"]) * GIB),
+                          estimated=False)
+        rows.append(Row(
+            device=r["device"], backend=r["backend"], model=r["model"], quant=r["quant"],
+            tg128=float(r["tg128"]), pp512=float(r["pp512"]) if r["pp512"] else None,
+            role=r["role"], source=r["source"], machine=_machine(r),
+            candidate=Candidate.from_spec(spec, variant)))
+    return rows
+
+
+def predict(row: Row) -> Outcome:
+    """The plan's uncalibrated figures, with the placement the planner chooses (on the GPU rows
+    it must be llama-bench's -ngl 99: test_planner_published checks it)."""
+    result = plan(row.machine, [row.candidate], PlanPrefs(n_ctx=512, min_tps=0))
+    choice = result.choice
+    assert choice is not None, result.summary
+    return Outcome(row, choice.decode_tps, choice.prefill_tps, result.summary)
