@@ -35,14 +35,26 @@ BITS_PER_WEIGHT: dict[str, float] = {
     "MXFP4_MOE": 4.25,
 }
 
-# Relative output quality of each quant, 0..1 (from published perplexity/KL-divergence
-# comparisons: Q8_0 is indistinguishable from F16, Q4_K_M loses a little, Q2_K a lot).
-QUANT_QUALITY: dict[str, float] = {
-    "Q2_K": 0.70, "Q3_K_S": 0.80, "Q3_K_M": 0.84, "Q3_K_L": 0.86, "IQ4_XS": 0.91,
-    "Q4_0": 0.90, "Q4_1": 0.91, "Q4_K_S": 0.92, "Q4_K_M": 0.94, "Q5_0": 0.95, "Q5_K_S": 0.96,
-    "Q5_K_M": 0.97, "Q6_K": 0.985, "Q8_0": 0.995, "F16": 1.0, "BF16": 1.0, "MXFP4": 0.96,
-    "MXFP4_MOE": 0.96,
+# Perplexity added by each quant over F16, relative to F16's (LLaMA-v1-7B on wikitext-2, F16
+# 5.9066: the table llama.cpp's `llama-quantize --help` prints, tools/quantize/quantize.cpp).
+# IQ4_XS and MXFP4 are not in it: they are given Q4_K_S's figure (a 4.25-4.5 bit neighbour),
+# an assumption marked below.
+PPL_INCREASE: dict[str, float] = {
+    "Q2_K": 0.6717, "Q3_K_S": 0.5551, "Q3_K_M": 0.2496, "Q3_K_L": 0.1764,
+    "IQ4_XS": 0.0992,  # ~ Q4_K_S
+    "Q4_0": 0.2166, "Q4_1": 0.1585, "Q4_K_S": 0.0992, "Q4_K_M": 0.0532, "Q5_0": 0.0683,
+    "Q5_K_S": 0.0400, "Q5_K_M": 0.0122, "Q6_K": 0.0008, "Q8_0": 0.0004, "F16": 0.0,
+    "BF16": 0.0,
+    "MXFP4": 0.0992, "MXFP4_MOE": 0.0992,  # ~ Q4_K_S
 }
+F16_PPL = 5.9066
+PPL_TO_QUALITY = 1.2
+"""Benchmark score lost per unit of relative perplexity increase: Q2_K (+11% perplexity)
+keeps ~87% of its F16 score, as the published Q2_K evaluations of 7-8B models show."""
+QUANT_QUALITY: dict[str, float] = {
+    quant: round(1.0 - PPL_TO_QUALITY * increase / F16_PPL, 4)
+    for quant, increase in PPL_INCREASE.items()}
+"""Share of the full-precision benchmark score a quant keeps, 0..1."""
 
 CATALOG_ENV = "LOCALINFER_CATALOG"
 
@@ -115,6 +127,11 @@ class ModelSpec:
     follow instructions or chat."""
     experts: int = 0
     experts_used: int = 0
+    quality: float = 0.0
+    """A published benchmark score of the full-precision model, 0..100 (0 = none: estimated
+    from parameters)."""
+    quality_source: str = ""
+    """The benchmark and where it was published, e.g. "MMLU 5-shot, Qwen3 technical report"."""
     line: int = 0
 
     @property
@@ -291,6 +308,8 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             base=r.boolean("base", False),
             experts=r.integer("experts", 0),
             experts_used=r.integer("experts_used", 0),
+            quality=r.number("quality", 0.0),
+            quality_source=r.string("quality_source", ""),
             repo=r.string("repo"),
             default_quant=r.string("default_quant").upper(),
             variants=tuple(variants),
@@ -326,6 +345,10 @@ def _check_spec(spec: ModelSpec, r: _Reader) -> None:
     if spec.experts_used > spec.experts:
         raise r.error("experts_used", f"({spec.experts_used}) cannot exceed experts"
                                       f" ({spec.experts})")
+    if spec.quality > 100:
+        raise r.error("quality", f"is a benchmark score 0..100, got {spec.quality}")
+    if spec.quality and not spec.quality_source:
+        raise r.error("quality_source", "must name the benchmark and where it was published")
     if spec.sliding_window and spec.sliding_window >= spec.context:
         raise r.error("sliding_window", f"({spec.sliding_window}) must be below the context"
                                         f" ({spec.context})")
@@ -413,6 +436,12 @@ class _Reader:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.error(key, f"must be a non-negative integer, got {value!r}")
         return value
+
+    def number(self, key: str, default: Any = _MISSING) -> float:
+        value = self._get(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise self.error(key, f"must be a non-negative number, got {value!r}")
+        return float(value)
 
     def boolean(self, key: str, default: Any = _MISSING) -> bool:
         value = self._get(key, default)

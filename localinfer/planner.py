@@ -33,8 +33,9 @@ with their sources) and to this project's own measurements.
 Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
 FLOP/s.
 
-Variant choice: among candidates that fit, the best quality (effective parameters x quant
-quality^2) whose predicted decode reaches ``min_tps``; if none does, the fastest that fits; if
+Variant choice: among candidates that fit, the best quality (the model's published benchmark
+score from models.toml, else one estimated from its parameters, x the share its quant keeps by
+published perplexity, catalog.QUANT_QUALITY) whose predicted decode reaches ``min_tps``; if none does, the fastest that fits; if
 none fits, no choice and a summary of what is missing.
 """
 
@@ -202,6 +203,13 @@ def matrix_tflops(gpu: GPUInfo) -> float:
     return gpu.bandwidth_gbps * MATRIX_TFLOPS_PER_GBPS
 
 
+def estimated_score(params: float) -> float:
+    """A benchmark score for a model with no published one: MMLU 5-shot of the catalog's
+    instruction models grows about 8 points per doubling of parameters (log fit: 135M ~ 30,
+    1B ~ 50, 8B ~ 70), capped at 85."""
+    return max(25.0, min(85.0, 50.0 + 8.0 * math.log2(max(params, 1.0) / 1e9)))
+
+
 def quant_factor(quant: str) -> float:
     """Low-bit quants decode below the roofline: their kernels do more work per byte."""
     q = quant.upper()
@@ -269,6 +277,9 @@ class Candidate:
     installed: bool = False
     n_head: int = 0
     """Attention (query) heads: size the attention scores when flash attention is off."""
+    benchmark: float = 0.0
+    """The model's published benchmark score at full precision, 0..100 (0 = none)."""
+    benchmark_source: str = ""
 
     @property
     def n_layers(self) -> int:
@@ -280,11 +291,30 @@ class Candidate:
                 + self.other_bytes + (0 if self.tied_embeddings else self.output_bytes))
 
     @property
-    def quality_score(self) -> float:
-        """Effective parameters x quant quality^2 (MoE: geometric mean of total and active)."""
+    def full_precision_score(self) -> float:
+        """The published benchmark score, else one estimated from the parameters (MoE: the
+        geometric mean of total and active)."""
+        if self.benchmark:
+            return self.benchmark
         effective = math.sqrt(self.params * self.active_params) if self.active_params \
             else self.params
-        return effective * self.quality ** 2
+        return estimated_score(effective)
+
+    @property
+    def quality_score(self) -> float:
+        """The benchmark score this file keeps: full-precision score x the quant's share."""
+        return self.full_precision_score * self.quality
+
+    @property
+    def quality_reason(self) -> str:
+        """How quality_score was reached, in words for the plan."""
+        if self.benchmark:
+            what = f"{self.benchmark:g} ({self.benchmark_source})"
+        else:
+            what = f"{self.full_precision_score:.0f} (estimated from {self.params / 1e9:.2g}B" \
+                   " parameters: no published score)"
+        return (f"quality {self.quality_score:.1f} = {what} x {self.quality:.3f} for"
+                f" {self.quant} (perplexity, llama-quantize's table)")
 
     @property
     def prefill_flops_per_token(self) -> float:
@@ -366,6 +396,7 @@ class Candidate:
             n_vocab=spec.vocab, context_length=spec.context, params=spec.params,
             active_params=spec.active_params or spec.params, quality=variant.quality,
             estimated=variant.estimated, installed=installed, n_head=spec.heads,
+            benchmark=spec.quality, benchmark_source=spec.quality_source,
         )
 
 
@@ -955,7 +986,8 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
     if fast:
         choice = max(fast, key=lambda e: (e.candidate.quality_score, e.decode_tps))
         summary = (f"{choice.candidate.name}: the best quality that fits and reaches"
-                   f" {prefs.min_tps:g} tok/s (predicted {choice.decode_tps:.1f} tok/s);")
+                   f" {prefs.min_tps:g} tok/s (predicted {choice.decode_tps:.1f} tok/s;"
+                   f" {choice.candidate.quality_reason});")
     elif fitting:
         choice = max(fitting, key=lambda e: (e.decode_tps, e.candidate.quality_score))
         summary = (f"{choice.candidate.name}: nothing reaches {prefs.min_tps:g} tok/s here;"
@@ -979,7 +1011,8 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
             summary += (f" The llama.cpp build is CPU-only: it cannot use {names}."
                         if not hw.can_offload else
                         f" No backend of this llama.cpp build drives {names}.")
-        why = "best quality at the target speed" if fast else "fastest that fits"
+        why = (f"best quality at the target speed: {choice.candidate.quality_reason}" if fast
+               else "fastest that fits")
         choice = replace(choice, verdict="chosen",
                          reason=why + (f"; {choice.ctx_note}" if choice.ctx_note else ""))
         evaluations = [choice if e.candidate is choice.candidate else _explain(e, choice)
@@ -997,9 +1030,11 @@ def _explain(e: Evaluation, choice: Evaluation) -> Evaluation:
     if e.verdict != "fits":
         return e
     if e.candidate.quality_score > choice.candidate.quality_score:
-        reason = f"higher quality but slower ({e.decode_tps:.1f} tok/s)"
+        reason = (f"higher quality ({e.candidate.quality_score:.1f}) but slower"
+                  f" ({e.decode_tps:.1f} tok/s)")
     else:
-        reason = f"fits, lower quality than {choice.candidate.name}"
+        reason = (f"fits, lower quality ({e.candidate.quality_score:.1f}) than"
+                  f" {choice.candidate.name}")
     if e.ctx_note:
         reason += f"; {e.ctx_note}"
     return replace(e, reason=reason)

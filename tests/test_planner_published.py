@@ -8,6 +8,7 @@ layer where llama-bench put it.
 from __future__ import annotations
 
 import pytest
+
 from published_rows import load_rows, predict
 
 ROWS = load_rows()
