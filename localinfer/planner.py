@@ -23,20 +23,23 @@ Decode, per token:
 bytes_d = the weights read on d (for a mixture of experts only the active experts' share) and
 the KV cache read at the current position (``decode_reads``; the ``Roofline`` of a loaded model
 is the same bytes over the bare bandwidth); eta_d = the achieved share of the bandwidth for the
-backend, q = a factor < 1 for the low-bit quants whose kernels do more arithmetic per byte,
+backend and device class (GPU_CLASSES, GPU_GENERATIONS; a multi-socket CPU gets one
+socket's), q = a factor < 1 for the low-bit quants whose kernels do more arithmetic per byte,
 s_d = a fixed dispatch/synchronisation cost per layer, t_token = sampling and logits. On the CPU
 the bandwidth term is max(bytes / (eta x bw(threads)), bytes / (threads x per-core dequant
 throughput)): with few cores llama.cpp is compute-bound before memory-bound. The constants
-below are fitted to published llama-bench results (tests/test_planner_published.py lists them
-with their sources) and to this project's own measurements.
+below are fitted to published llama-bench results (tests/data/published_llama_bench.csv lists
+them with their sources; bench/planner_published.py reports the fit) and to this project's own
+measurements.
 
 Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
-FLOP/s.
+FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS) x its class's
+matrix_eta; a CPU's cores x clock x FLOPs per cycle of its ISA.
 
 Variant choice: among candidates that fit, the best quality (the model's published benchmark
 score from models.toml, else one estimated from its parameters, x the share its quant keeps by
-published perplexity, catalog.QUANT_QUALITY) whose predicted decode reaches ``min_tps``; if none does, the fastest that fits; if
-none fits, no choice and a summary of what is missing.
+published perplexity, catalog.QUANT_QUALITY) whose predicted decode reaches ``min_tps``; if
+none does, the fastest that fits; if none fits, no choice and a summary of what is missing.
 """
 
 from __future__ import annotations

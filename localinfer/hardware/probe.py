@@ -309,12 +309,14 @@ def apple_chip(brand: str) -> str | None:
 
 def apple_gpu(chip: str, ram_gib: float) -> GPUInfo:
     """The GPU of an Apple chip with ``ram_gib`` of unified memory. macOS lets the GPU wire
-    about 2/3 of RAM on small machines and 3/4 from 36 GB up (recommendedMaxWorkingSetSize)."""
+    about 2/3 of RAM on small machines and 3/4 from 36 GB up (recommendedMaxWorkingSetSize).
+    Apple GPUs run FP16 at the FP32 rate (philipturner/metal-benchmarks), so the FP32 TFLOPS of
+    APPLE_CHIPS is the matrix rate."""
     bandwidth, tflops = APPLE_CHIPS[chip]
     share = round(ram_gib * (0.75 if ram_gib >= 36 else 0.67), 2)
     return GPUInfo(name=f"Apple {chip}", vendor="apple", kind="integrated",
                    vram_total_gib=share, vram_free_gib=share, bandwidth_gbps=bandwidth,
-                   unified_memory=True, fp16_tflops=tflops * 2, backends=("Metal",))
+                   unified_memory=True, fp16_tflops=tflops, backends=("Metal",))
 
 
 # --- the llama.cpp build -----------------------------------------------------------------------
