@@ -45,7 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row with its error")
     args = parser.parse_args()
-    outcomes = [predict(row) for row in load_rows()]
+    rows = load_rows()
+    outcomes = [predict(row) for row in rows]
     if args.rows:
         for o in outcomes:
             r = o.row
@@ -56,6 +57,9 @@ def main() -> None:
             print(line)
         print()
     table(outcomes)
+    copied = sum(r.verified == "retrieved-copy" for r in rows)
+    print(f"\n{len(rows)} rows from {len({r.source for r in rows})} retrieved sources:"
+          f" {len(rows) - copied} read in the publication, {copied} in a public copy of it")
 
 
 if __name__ == "__main__":

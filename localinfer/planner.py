@@ -76,7 +76,8 @@ MAX_AUTO_SLOTS = 4
 # --- fitted constants (see the module docstring) ---------------------------------------------
 # Fitted on the rows marked "fit" of tests/data/published_llama_bench.csv (llama-bench tg128 and
 # pp512 on data-sheet bandwidths and matrix rates; bench/planner_published.py reports the fit and
-# the held-out rows).
+# the held-out rows). Where a comment says "unchecked", the rows it was fitted on were later
+# removed (no retrieved source for them) and no retrieved row tests it.
 @dataclass(frozen=True)
 class GPUClass:
     """How one class of GPU (backend x discrete/integrated x vendor/generation) runs llama.cpp."""
@@ -95,15 +96,16 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
     # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
     ("CUDA", "discrete"): GPUClass(eta=0.86, layer_ms=0.014, matrix_eta=0.55),
-    # DGX Spark (0.8), Jetson AGX Orin (0.63) (ggml-org/llama.cpp#15013): LPDDR5(X) shared
-    # with the CPU.
+    # DGX Spark (0.8, ggml-org/llama.cpp#15013): LPDDR5X shared with the CPU. (The Jetson AGX
+    # Orin row it was also fitted on had no retrieved source and was removed.)
     ("CUDA", "integrated"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.30),
     # ggml-org/llama.cpp#4167 (every M1-M4 chip): 0.85-0.9 of bandwidth; the Ultras lose to a
     # fixed ~4 ms per token; pp512 at ~0.6 of the FP32 rate (= the FP16 rate on Apple GPUs).
     ("Metal", "integrated"): GPUClass(eta=0.88, layer_ms=0.14, matrix_eta=0.62),
-    # ggml-org/llama.cpp#15021 (RX 7900 XT/XTX, W7900; RDNA3 with rocBLAS/MMQ).
+    # Fitted on ggml-org/llama.cpp#15021 rows (RX 7900 XT/XTX, W7900) since removed (no retrieved
+    # source); the retrieved RDNA1-3 rows (PRs #5835, #26284) decode within +10-32%.
     ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.40),
-    # Radeon 780M, Strix Halo: decode reaches 0.8-0.9 of the LPDDR5(X) bandwidth.
+    # Radeon 780M, Strix Halo: decode reaches 0.8-0.9 of the LPDDR5(X) bandwidth (unchecked).
     ("ROCm", "integrated"): GPUClass(eta=0.85, layer_ms=0.05, matrix_eta=0.40),
     # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
     ("Vulkan", "discrete"): GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.35),
@@ -116,24 +118,26 @@ DEFAULT_GPU_CLASS = GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.25)
 """Backends with no published rows here (OpenCL, MUSA, CANN)."""
 GPU_GENERATIONS: tuple[tuple[str, str, str, GPUClass], ...] = (
     # (GPU name pattern, vendor, backend, class): the first match replaces GPU_CLASSES' entry.
-    # Data-centre NVIDIA (HBM, server hosts): ~2.5 ms per token of launches (A100 201 tok/s,
-    # H100 281 on a 3.8 GB file, ggml-org/llama.cpp#15013); pp512 at ~0.2 of the tensor rate.
+    # Data-centre NVIDIA (HBM, server hosts): ~2.5 ms per token of launches (A100 191 tok/s,
+    # H100 268 on a 3.8 GB file, ggml-org/llama.cpp#15013); pp512 at ~0.2 of the tensor rate.
     (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "CUDA",
      GPUClass(eta=0.90, layer_ms=0.075, matrix_eta=0.20)),
     # Data-centre NVIDIA on Vulkan: an A100 decodes at half its CUDA rate, prefills at 0.65 of
-    # it (ggml-org/llama.cpp#17273).
+    # it (unchecked: the ggml-org/llama.cpp#17273 rows had no retrieved source).
     (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "Vulkan",
      GPUClass(eta=0.80, layer_ms=0.17, matrix_eta=0.13,
               immature="llama.cpp's Vulkan backend runs data-centre NVIDIA GPUs at about half"
                        " their CUDA speed")),
     # CDNA and GCN on ROCm: 13-21% of HBM bandwidth (MI300X 233 tok/s at 5.3 TB/s, MI210 125 at
-    # 1.6 TB/s, ggml-org/llama.cpp#15021; Radeon VII 54 at 1 TB/s, llm-tracker.info).
+    # 1.6 TB/s, ggml-org/llama.cpp#15021; Radeon VII 54 at 1 TB/s, llm-tracker.info; unchecked:
+    # none of these rows was retrieved, only copies without an address).
     (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm",
      GPUClass(eta=0.25, layer_ms=0.03, matrix_eta=0.15,
               immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
                        " bandwidth (CDNA/GCN)")),
-    # Intel GPUs on Vulkan: an A770 at 0.3 of its bandwidth, a Tiger Lake Xe at 0.4 (decode),
-    # pp512 at ~0.1 of the matrix rate (ggml-org/llama.cpp#10879).
+    # Intel GPUs on Vulkan, fitted on an A770 and a Tiger Lake Xe remembered rather than
+    # retrieved; the retrieved ggml-org/llama.cpp#10879 rows: an A770 decodes at 0.4 of its
+    # bandwidth and prefills at ~0.1 of its XMX rate (as here), a B580 at 0.6 and 0.07.
     (r"", "intel", "Vulkan",
      GPUClass(eta=0.40, layer_ms=0.05, matrix_eta=0.12,
               immature="llama.cpp's Vulkan backend is immature on Intel GPUs (SYCL is faster)")),
@@ -151,7 +155,8 @@ CPU_DOT_GBPS_PER_GHZ = {"avx512": 3.6, "avx2": 3.0, "avx": 1.5, "neon-i8mm": 2.0
 CPU_FLOPS_PER_CYCLE = {"avx512": 28.0, "avx2": 16.0, "avx": 8.0, "neon-i8mm": 16.0,
                        "neon-dotprod": 8.0, "neon": 4.0, "scalar": 2.0}
 # Dense FP16 matrix rate (TFLOPS, FP16 accumulate, no sparsity) of common GPUs, from the
-# vendors' data sheets, for profiles that do not give fp16_tflops. Apple GPUs are not
+# vendors' data sheets (Intel Arc: the XMX rate), for profiles that do not give fp16_tflops.
+# Apple GPUs are not
 # double-rate: FP16 runs at the FP32 rate (philipturner/metal-benchmarks), the figures below.
 GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
     ("RTX PRO 6000", 503.8), ("RTX 5090", 419.0), ("RTX 5080", 225.1), ("RTX 5070 Ti", 175.8),
@@ -163,7 +168,7 @@ GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
     ("RX 9070 XT", 195.0), ("RX 7900 XTX", 122.8), ("RX 7900 XT", 103.0), ("W7900", 122.6),
     ("RX 7800 XT", 74.6), ("RX 7600", 43.5), ("RX 6800 XT", 41.5), ("MI300X", 1307.4),
     ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 8.9),
-    ("Arc B580", 116.0), ("Arc A770", 39.3), ("Arc 140V", 32.0),
+    ("Arc B580", 116.0), ("Arc A770", 137.6), ("Arc 140V", 32.0),
     ("M1 Ultra", 21.2), ("M1 Max", 10.4), ("M1 Pro", 5.2), ("M1", 2.6),
     ("M2 Ultra", 27.2), ("M2 Max", 13.6), ("M2 Pro", 6.8), ("M2", 3.6),
     ("M3 Ultra", 28.4), ("M3 Max", 16.4), ("M3 Pro", 7.4), ("M3", 4.1),

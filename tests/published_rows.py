@@ -20,6 +20,7 @@ DATA = Path(__file__).parent / "data"
 ROWS_CSV = DATA / "published_llama_bench.csv"
 MODELS_TOML = DATA / "published_models.toml"
 GIB = 2**30
+VERIFIED = ("retrieved", "retrieved-copy")
 ISA_FLAGS = {"avx512": ("avx", "avx2", "fma", "avx512f"), "avx2": ("avx", "avx2", "fma"),
              "neon-i8mm": ("neon", "asimddp", "i8mm"), "neon-dotprod": ("neon", "asimddp")}
 
@@ -34,7 +35,11 @@ class Row:
     pp512: float | None
     role: str
     """"fit" (the planner's constants were fitted on it) or "held" (held out)."""
+    verified: str
+    """How the figures were checked: "retrieved" (read at ``source``, the publication itself) or
+    "retrieved-copy" (read in a public copy at ``source`` of the publication ``note`` names)."""
     source: str
+    note: str
     machine: HardwareProfile
     candidate: Candidate
 
@@ -89,13 +94,17 @@ def load_rows() -> list[Row]:
     lines = [line for line in ROWS_CSV.read_text().splitlines() if not line.startswith("#")]
     rows = []
     for r in csv.DictReader(lines):
+        if r["verified"] not in VERIFIED:
+            raise ValueError(f"{ROWS_CSV.name}: {r['device']} {r['model']} {r['quant']} is not"
+                             f" verified against a retrieved source ({r['verified']!r})")
         spec = specs[r["model"]]
         variant = replace(spec.variant(r["quant"]), size_bytes=int(float(r["size_gib"]) * GIB),
                           estimated=False)
         rows.append(Row(
             device=r["device"], backend=r["backend"], model=r["model"], quant=r["quant"],
             tg128=float(r["tg128"]), pp512=float(r["pp512"]) if r["pp512"] else None,
-            role=r["role"], source=r["source"], machine=_machine(r),
+            role=r["role"], verified=r["verified"], source=r["source"], note=r["note"],
+            machine=_machine(r),
             candidate=Candidate.from_spec(spec, variant)))
     return rows
 
