@@ -131,7 +131,8 @@ class ModelSpec:
     """A published benchmark score of the full-precision model, 0..100 (0 = none: estimated
     from parameters)."""
     quality_source: str = ""
-    """The benchmark and where it was published, e.g. "MMLU 5-shot, Qwen3 technical report"."""
+    """The benchmark and the address it was read at, e.g. "MMLU 5-shot, pre-trained model:
+    https://..."."""
     line: int = 0
 
     @property
@@ -347,8 +348,9 @@ def _check_spec(spec: ModelSpec, r: _Reader) -> None:
                                       f" ({spec.experts})")
     if spec.quality > 100:
         raise r.error("quality", f"is a benchmark score 0..100, got {spec.quality}")
-    if spec.quality and not spec.quality_source:
-        raise r.error("quality_source", "must name the benchmark and where it was published")
+    if spec.quality and "https://" not in spec.quality_source:
+        raise r.error("quality_source", "must name the benchmark and the https:// address it was"
+                                        " read at")
     if spec.sliding_window and spec.sliding_window >= spec.context:
         raise r.error("sliding_window", f"({spec.sliding_window}) must be below the context"
                                         f" ({spec.context})")

@@ -93,6 +93,9 @@ def test_catalog_covers_the_families_people_run_locally():
     ("kv_heads = 8", "kv_heads = 64", "kv_heads (64) cannot exceed heads"),
     ("head_dim = 64\n", 'head_dim = 64\nbase = "yes"\n', "base must be true"),
     ("context = 131072", "context = 131072\nsliding_window = 200000", "sliding_window"),
+    # A score must say where it was read: an address, not a title remembered.
+    ("head_dim = 64\n", 'head_dim = 64\nquality = 60.0\nquality_source = "MMLU, a paper"\n',
+     "quality_source must name the benchmark and the https:// address"),
 ])
 def test_new_fields_are_validated(old, new, field):
     with pytest.raises(ConfigError, match=r"models\.toml:\d+: field " + field.split()[0]):
