@@ -17,7 +17,6 @@ from ..progress import human_bytes
 from .common import (
     add_load_flags,
     duration,
-    gpu_layers_text,
     load_settings,
     print_table,
 )
@@ -159,6 +158,8 @@ def _client():
 
 
 def cmd_ps(args: argparse.Namespace, config: Config) -> int:
+    from ..session import memory_text, processor_text  # the store and planner: not for --help
+
     client = _client()
     if args.socket:
         if client is not None:
@@ -180,9 +181,9 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
                           **status}, indent=2))
         return 0
     print(f"daemon (pid {status.get('pid', '?')}) on {_listening(client)}")
-    memory = status.get("memory") or {}
-    if memory.get("budget"):
-        print(_budget_text(memory))
+    shared = status.get("memory") or {}
+    if shared.get("budget"):
+        print(_budget_text(shared))
     if status.get("loading"):
         print(f"loading {status['loading']}...")
     if not status["loaded"]:
@@ -196,7 +197,7 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
         until = ("in use" if entry["in_flight"] else "forever" if expires is None
                  else f"{duration(expires)} from now")
         rows.append((info["name"], human_bytes(info["size_bytes"]),
-                     _memory_text(memory), _processor(info, memory),
+                     memory_text(memory), processor_text(info, memory),
                      str(info["n_ctx"]), str(info["n_slots"]),
                      str(entry["stats"]["active"]), until))
     print_table(rows)
@@ -214,28 +215,6 @@ def _budget_text(memory: dict) -> str:
     if memory.get("max_loaded"):
         text += f" (at most {memory['max_loaded']} models)"
     return text
-
-
-def _memory_text(memory: dict | None) -> str:
-    """RAM (+ VRAM) a loaded model takes by the plan's figures; "?" when not planned."""
-    if not memory:
-        return "?"
-    text = human_bytes(memory["ram_bytes"]) + " RAM"
-    if memory["vram_bytes"]:
-        text += f" + {human_bytes(memory['vram_bytes'])} VRAM"
-    return text
-
-
-def _processor(info: dict, memory: dict | None) -> str:
-    """Where its layers run: the plan's split of its memory, else the layer counts."""
-    layers, gpu = info["n_layers"], info["n_gpu_layers"]
-    if gpu == 0:
-        return "100% CPU"
-    if memory:
-        return memory["processor"] + f" ({info.get('gpu_backend') or 'GPU'})"
-    if gpu > layers:
-        return f"100% GPU ({info.get('gpu_backend') or 'GPU'})"
-    return f"{gpu_layers_text(gpu, layers)} layers GPU"
 
 
 def _listening(client) -> str:
