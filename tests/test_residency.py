@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import ollama
 import openai
 import pytest
 
+import ggufgen
 from daemon_util import (
     STARTER,
     fake_factory,
@@ -23,12 +25,18 @@ from daemon_util import (
     openai_client,
     serve,
 )
+from localinfer import gguf, planner
 from localinfer.config import Config
 from localinfer.daemon.memory import Footprint, MemoryBudget, MemoryPlan
+from localinfer.hardware import load_profile
+from localinfer.planner import Candidate
+from localinfer.progress import human_bytes
 from localinfer.runtime.loader import engine_factory
-from localinfer.store import ModelStore
+from localinfer.selection import plan_prefs
+from localinfer.store import ModelStore, ResolvedModel
 
 GIB = 2**30
+PROFILES = Path(__file__).parent / "profiles"
 MODELS = ("chat:1b-f16", "coder:1b-f16", "embed:1b-f16")
 
 
@@ -218,3 +226,35 @@ def test_the_real_starter_loaded_under_two_names_side_by_side(home, starter_path
         assert memory["used"]["ram_bytes"] + memory["used"]["vram_bytes"] == sum(
             m.size for m in running.values())
         assert memory["budget"]["ram_bytes"] > memory["used"]["ram_bytes"]
+
+
+@pytest.mark.parametrize("profile, processor, unified", [
+    ("desktop-rtx3060-32gb", "100% GPU", False),
+    ("laptop-8gb-cpu", "100% CPU", False),
+    ("macbook-air-m2-8gb", "100% GPU", True),
+])
+def test_the_memory_plan_counts_a_model_as_the_planner_places_it(tmp_path, profile, processor,
+                                                                 unified):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())
+    hardware = load_profile(PROFILES / f"{profile}.json")
+    config = Config(ctx=256)
+    plan = MemoryPlan.for_machine(config, hardware)
+    footprint = plan.estimate(ResolvedModel("tiny:1m-f32", path), None)
+    # The daemon's placement: the settings' slots, else as many as the plan fits.
+    prefs = plan_prefs(config, n_slots=None)
+    placed = planner.plan(hardware, [Candidate.from_header(gguf.read_header(path),
+                                                           name="tiny")], prefs).evaluations[0]
+    assert footprint.ram_bytes == placed.host.total_bytes
+    assert footprint.vram_bytes == (placed.gpu.total_bytes if placed.gpu else 0)
+    assert footprint.processor == processor
+    budget = plan.budget
+    assert (budget.ram_bytes, budget.vram_bytes, budget.unified) == planner.memory_budget(
+        hardware, prefs)
+    assert budget.unified is unified
+    assert budget.fits([footprint] * 3)
+    # Twice the budget's worth can never fit: said with both sizes.
+    huge = Footprint(ram_bytes=2 * budget.ram_bytes)
+    error = budget.too_large("huge:1b", huge)
+    assert error is not None and error.http_status == 400
+    assert f"can give models {human_bytes(budget.ram_bytes)}" in error.message
