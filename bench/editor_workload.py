@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from localinfer.errors import LocalInferError
 from localinfer.store import ModelStore
 from localinfer.workload import (
     LLAMA_SERVER_EMBED_ARGS,
@@ -96,4 +97,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except LocalInferError as exc:
+        print(f"editor_workload: {exc.one_line()}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from .errors import LocalInferError
+
 # llama.vscode's /infill request (src/llama-server.ts) with its default settings (as llama.vim's).
 FIM_DEFAULTS = {"top_k": 40, "top_p": 0.99, "stream": False,
                 "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
@@ -332,8 +334,8 @@ async def warm_up(t: Target, w: Workload) -> None:
             url, body = requests[kind]
             r = await http.post(url, json=body)
             if r.status_code != 200:
-                raise RuntimeError(f"{t.label}: {url} answered HTTP {r.status_code}:"
-                                   f" {r.text[:300]}")
+                raise LocalInferError(f"{t.label}: {url} answered HTTP {r.status_code}:"
+                                      f" {r.text[:300]}", title="editor workload")
 
 
 async def measured(t: Target, w: Workload) -> dict[str, Any]:
@@ -353,14 +355,16 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> Non
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}")
+            raise LocalInferError(f"the server exited with code {proc.returncode} (see its"
+                                  " log)", title="editor workload")
         try:
             if httpx.get(url, timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+    raise LocalInferError(f"{url} did not answer within {timeout_s:.0f} s",
+                          title="editor workload")
 
 
 def start_localinfer(fim_file: Path, embed_file: Path, home: Path, log: Path
