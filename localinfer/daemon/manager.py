@@ -275,11 +275,13 @@ class ModelManager:
         for entry in list(self.loaded.values()):
             await self._unload_entry(entry)
 
-    def memory_json(self) -> dict[str, Any]:
-        """The budget the loaded models share (blocking on first use: it may probe the
-        machine), what they hold together, and the cap on their number."""
+    async def memory_json(self) -> dict[str, Any]:
+        """The budget the loaded models share, what they hold together, and the cap on their
+        number."""
+        memory = self.memory
+        budget = await asyncio.to_thread(lambda: memory.budget) if memory else None  # a probe
         held = [e.footprint for e in self.loaded.values() if e.footprint is not None]
-        return {"budget": self.memory.budget.to_json() if self.memory else None,
+        return {"budget": budget.to_json() if budget else None,
                 "used": {"ram_bytes": sum(f.ram_bytes for f in held),
                          "vram_bytes": sum(f.vram_bytes for f in held)},
                 "max_loaded": self.max_loaded}

@@ -74,7 +74,7 @@ def routes(state: DaemonState) -> list[Route]:
         body = status_json(version=__version__, pid=os.getpid(), started=state.started,
                            loading=manager.loading, loaded=loaded,
                            hardware=await _hardware(state))
-        body["memory"] = await asyncio.to_thread(manager.memory_json)
+        body["memory"] = await manager.memory_json()
         return JSONResponse(body)
 
     async def generate(request: Request) -> Response:
