@@ -10,6 +10,7 @@ daemon maps ``http_status`` into a JSON ``error`` body.
     ├── ModelNotFound                    exit 3   unknown name, missing path, extra not installed
     ├── InvalidModelFile                 exit 4   not GGUF, truncated, absurd header
     ├── ModelLoadError                   exit 5   llama.cpp refused to load the file
+    ├── ModelTooLarge                    exit 5   a model the memory plan can never fit (HTTP 400)
     ├── ContextOverflow                  exit 6   prompt longer than the context window
     ├── StoreError                       exit 7   disk full, checksum mismatch, download failed
     │   ├── DownloadError                exit 7   the Hub unreachable or the connection lost
@@ -71,6 +72,14 @@ class ModelLoadError(LocalInferError):
     title = "model failed to load"
     exit_code = 5
     http_status = 500
+
+
+class ModelTooLarge(LocalInferError):
+    """A model that needs more memory than the machine can give, even with no other loaded."""
+
+    title = "model too large"
+    exit_code = 5
+    http_status = 400
 
 
 class ContextOverflow(LocalInferError):

@@ -605,6 +605,13 @@ def _machine(hw: HardwareProfile, prefs: PlanPrefs) -> _Machine:
                     sockets=sockets)
 
 
+def memory_budget(hw: HardwareProfile, prefs: PlanPrefs | None = None) -> tuple[int, int, bool]:
+    """What loaded models may take together, in bytes: RAM and VRAM after their reserves (as
+    one plan budgets them), and whether the two are one pool (unified memory)."""
+    m = _machine(hw, prefs or PlanPrefs())
+    return m.ram_budget, m.gpu_budget, m.unified
+
+
 def _estimated_host_bandwidth(hw: HardwareProfile) -> float:
     """No measurement: dual-channel DDR4-3200 (51 GB/s) for a desktop, less for few cores."""
     return min(51.2, 8.0 * max(1, hw.cpu.physical_cores))

@@ -26,6 +26,7 @@ from .config import Config
 from .errors import DaemonError, LocalInferError, ModelLoadError
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
+from .progress import human_bytes
 from .protocol import ModelInfo
 from .runtime.types import Done, Message, Priority, SamplingParams, Token
 from .selection import best_or_smallest, catalog_candidates, installed_candidate, plan_prefs
@@ -471,3 +472,59 @@ def with_loaded_backend(hardware: HardwareProfile, info: ModelInfo) -> HardwareP
     if backend and info.n_gpu_layers > 0 and backend not in hardware.backends:
         return replace(hardware, backends=(*hardware.backends, backend))
     return hardware
+
+
+# --- what is loaded ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadedRow:
+    """A model loaded in the daemon or in this process, as a models list shows it."""
+
+    name: str
+    where: str
+    """"daemon" or "this process"."""
+    memory: str
+    """"1.1 GB RAM + 2.1 GB VRAM" by the daemon's memory plan, else the weights' size."""
+    processor: str
+    """"100% CPU", "100% GPU (CUDA)", "40%/60% CPU/GPU (CUDA)"..."""
+    in_use: bool
+
+
+def memory_text(memory: Mapping[str, Any] | None) -> str:
+    """RAM (+ VRAM) one loaded model takes by the daemon's memory plan; "?" when unplanned."""
+    if not memory:
+        return "?"
+    text = human_bytes(memory["ram_bytes"]) + " RAM"
+    if memory["vram_bytes"]:
+        text += f" + {human_bytes(memory['vram_bytes'])} VRAM"
+    return text
+
+
+def processor_text(info: Mapping[str, Any], memory: Mapping[str, Any] | None) -> str:
+    """Where a loaded model's layers run: the plan's split of its memory, else layer counts."""
+    layers, gpu = info["n_layers"], info["n_gpu_layers"]
+    if gpu == 0:
+        return "100% CPU"
+    backend = info.get("gpu_backend") or "GPU"
+    if memory:
+        return f"{memory['processor']} ({backend})"
+    if gpu > layers:
+        return f"100% GPU ({backend})"
+    return f"{gpu}/{layers + 1} layers GPU"  # the output layer counts as one, as llama.cpp
+
+
+def loaded_rows(session: Session | None) -> list[LoadedRow]:
+    """What is loaded where ``session`` runs (blocking: it may ask the daemon): every model
+    the daemon holds, or this process's one engine."""
+    if session is None:
+        return []
+    if isinstance(session, DaemonSession):
+        status = session.client.status()
+        return [LoadedRow(entry["info"]["name"], "daemon", memory_text(entry.get("memory")),
+                          processor_text(entry["info"], entry.get("memory")),
+                          bool(entry["in_flight"]))
+                for entry in status["loaded"]]
+    info = session.info
+    processor = processor_text({"n_layers": info.n_layers, "n_gpu_layers": info.n_gpu_layers,
+                                "gpu_backend": info.gpu_backend}, None)
+    return [LoadedRow(info.name, "this process", human_bytes(info.size_bytes) + " weights",
+                      processor, False)]

@@ -16,6 +16,7 @@ import ollama
 import openai
 
 import ggufgen
+from localinfer.daemon.memory import MemoryPlan
 from localinfer.daemon.server import Daemon, ServeOptions
 from localinfer.daemon.state import DaemonSettings
 from localinfer.runtime.engine import Engine
@@ -70,13 +71,13 @@ def fake_factory(max_queue: int = 64, loads: list | None = None, **backend_kwarg
 
 @contextlib.contextmanager
 def serve(factory: Callable, *, settings: DaemonSettings | None = None,
-          keep_alive_s: float = 300.0, max_loaded: int = 1, tcp: bool = True
-          ) -> Iterator[RunningDaemon]:
+          keep_alive_s: float = 300.0, max_loaded: int | None = 1, tcp: bool = True,
+          memory: MemoryPlan | None = None) -> Iterator[RunningDaemon]:
     sock_dir = Path(tempfile.mkdtemp(prefix="li-", dir="/tmp"))  # short: sun_path limit
     options = ServeOptions(socket_path=sock_dir / "d.sock", port=0, tcp=tcp,
                            keep_alive_s=keep_alive_s, max_loaded=max_loaded,
                            settings=settings or DaemonSettings())
-    daemon = Daemon(options, factory)
+    daemon = Daemon(options, factory, memory=memory)
     daemon.start()
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
@@ -100,6 +101,9 @@ def serve(factory: Callable, *, settings: DaemonSettings | None = None,
 
 
 REPLY = "Hello from the fake model, streaming word by word."
+STARTER = "gemma3:270m-q4_k_m"
+"""The starter as /api/tags and /v1/models list it from the first start, before any request
+names it (its package is installed with the tests)."""
 
 
 def openai_client(d, tcp=False, **kwargs) -> openai.OpenAI:

@@ -55,8 +55,8 @@ def test_ps_shows_where_the_daemon_listens_and_what_it_holds(home):
         lines = out.stdout.splitlines()
         assert lines[0] == (f"daemon (pid {os.getpid()}) on unix:{daemon.socket} and"
                             f" {daemon.url}")
-        assert lines[1].split() == ["NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "ACTIVE",
-                                    "UNTIL"]
+        assert lines[1].split() == ["NAME", "SIZE", "MEMORY", "PROCESSOR", "CONTEXT", "SLOTS",
+                                    "ACTIVE", "UNTIL"]
         assert "fake:1b-f16" in lines[2] and "100% CPU" in lines[2]
         assert lines[2].endswith(("5 minutes from now", "4 minutes from now")), lines[2]
         assert cli("ps", "--socket").stdout == f"{daemon.socket}\n"

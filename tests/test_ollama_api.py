@@ -6,7 +6,14 @@ from __future__ import annotations
 import ollama
 import pytest
 
-from daemon_util import REPLY, fake_factory, install_fake_models, ollama_client, serve
+from daemon_util import (
+    REPLY,
+    STARTER,
+    fake_factory,
+    install_fake_models,
+    ollama_client,
+    serve,
+)
 
 pytest_plugins = ["daemon_fixtures"]  # daemon
 
@@ -36,7 +43,7 @@ def test_ollama_listing_routes(daemon):
     with daemon.uds() as c:
         assert c.get("/api/version").json()["version"]
     names = {m.model for m in client.list().models}
-    assert names == {"fake:1b-f16", "other:2b-f16"}
+    assert names == {"fake:1b-f16", "other:2b-f16", STARTER}  # the starter: before first use
     client.generate(model="fake:1b", prompt="hi")
     running = client.ps().models
     assert [m.model for m in running] == ["fake:1b-f16"] and running[0].size_vram == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from daemon_util import REPLY, openai_client
+from daemon_util import REPLY, STARTER, openai_client
 
 pytest_plugins = ["daemon_fixtures"]  # daemon
 
@@ -50,7 +50,7 @@ def test_openai_completions_and_max_tokens(daemon):
 def test_openai_models_and_stop(daemon):
     client = openai_client(daemon)
     ids = {m.id for m in client.models.list()}
-    assert ids == {"fake:1b-f16", "other:2b-f16"}
+    assert ids == {"fake:1b-f16", "other:2b-f16", STARTER}  # the starter: before first use
     out = client.chat.completions.create(model="fake:1b", messages=[
         {"role": "user", "content": "hi"}], stop=["model"], seed=1, temperature=0.2, top_p=0.9)
     assert out.choices[0].message.content == "Hello from the fake "

@@ -12,7 +12,7 @@ import subprocess
 import openai
 import pytest
 
-from daemon_util import fake_factory, install_fake_models, openai_client, serve
+from daemon_util import STARTER, fake_factory, install_fake_models, openai_client, serve
 from localinfer.client import DaemonClient
 from localinfer.daemon.server import Daemon, ServeOptions
 from localinfer.errors import DaemonError
@@ -26,7 +26,7 @@ def test_curl_over_the_unix_socket(daemon):
                           "http://localhost/api/tags"], capture_output=True, text=True,
                          check=True)
     assert {m["name"] for m in json.loads(out.stdout)["models"]} == {"fake:1b-f16",
-                                                                      "other:2b-f16"}
+                                                                      "other:2b-f16", STARTER}
     out = subprocess.run(["curl", "-sN", "--unix-socket", str(daemon.socket),
                           "http://localhost/v1/chat/completions", "-d",
                           '{"model":"fake:1b","stream":true,"messages":[{"role":"user",'

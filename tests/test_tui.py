@@ -396,6 +396,11 @@ def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
                 assert first.fits and first.decode_tps > 0 and first.gpu_layers.startswith("0/")
                 table = screen.query_one("DataTable")
                 assert table.get_row_at(0)[0] == "●"  # the model in use
+                assert [m.name for m in screen.loaded] == ["fake:1b-f16"]  # in the daemon
+                assert table.get_row_at(0)[-1].endswith("100% CPU")
+                assert table.get_row_at(1)[-1] == ""
+                assert "1 loaded (daemon): fake:1b-f16" in text_of(
+                    screen.query_one("#models-title"))
                 await pilot.press("down", "enter")
                 await until(pilot, lambda: app.session and
                             app.session.info.name == "fake:2b-f16", "switched")
@@ -487,6 +492,8 @@ def test_models_screen_switches_an_in_process_engine(home):
             await pilot.press("ctrl+o")
             screen = app.screen
             await until(pilot, lambda: screen.rows, "the plan")
+            [held] = screen.loaded
+            assert (held.name, held.where) == ("fake:2b-f16", "this process")
             await pilot.press("enter")  # the first row: fake:1b-f16
             await until(pilot, lambda: app.session and app.session.model == "fake:1b-f16",
                         "switched")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
 
 from ..config import Config
 from ..progress import TerminalProgress, human_bytes
@@ -26,6 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fewer and shorter runs: several minutes on a 2-core CPU (the"
                         " README has measured times)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--editor", action="store_true",
+                   help="instead, the editor workload through `localinfer serve`: a chat, three"
+                        " editors' FIM requests (/infill) with superseded keystrokes, and"
+                        " embeddings at once; MODEL needs FIM tokens (see"
+                        " bench/editor_workload.py)")
+    p.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="with --editor: run the same workload on this llama-server too")
     add_load_flags(p, ctx_help="context per stream, tokens (default 4096)")
     p.set_defaults(func=cmd_bench)
 
@@ -34,6 +45,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from ..benchmark import run_bench  # the engine: not for building the parser
 
     model = args.model or config.default_model or "gemma3:270m"
+    if args.editor:
+        return editor_bench(model, args.llama_server, quick=args.quick, as_json=args.json)
     config = load_settings(config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
 
@@ -49,6 +62,28 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
         print(result.to_json())
     else:
         print(report(result))
+    return 0
+
+
+def editor_bench(model: str, llama_server: str | None, *, quick: bool, as_json: bool) -> int:
+    """The editor workload on ``model`` (chat, FIM and embeddings alike), through a fresh
+    `localinfer serve` and, when given, llama-server; a short table of the figures."""
+    from ..store import ModelStore
+    from ..workload import Workload, measure, start_llama_server, start_localinfer, table
+
+    path = ModelStore().resolve(model).path
+    workload = Workload()
+    if quick:
+        workload = replace(workload, chat_turns=3, fim_completed=3, embed_chunks=16)
+    with tempfile.TemporaryDirectory(prefix="li-editor-") as tmp:
+        logs = Path(tmp)
+        (logs / "home").mkdir()
+        results = [measure(lambda: start_localinfer(path, path, logs / "home",
+                                                    logs / "localinfer.log"), workload)]
+        if llama_server:
+            results.append(measure(lambda: start_llama_server(
+                Path(llama_server), path, path, logs / "llama-server.log"), workload))
+    print(json.dumps(results, indent=2) if as_json else table(results))
     return 0
 
 

@@ -17,7 +17,6 @@ from ..progress import human_bytes
 from .common import (
     add_load_flags,
     duration,
-    gpu_layers_text,
     load_settings,
     print_table,
 )
@@ -39,8 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " -1 (forever); default 5m")
     p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                    help="exit after this many seconds without requests")
-    p.add_argument("--max-loaded", type=int, default=1, metavar="N",
-                   help="models loaded at once (default 1)")
+    p.add_argument("--max-loaded", type=int, default=None, metavar="N",
+                   help="at most N models loaded at once (default: as many as fit in memory"
+                        " together, by the plan's figures)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait for a slot before 503 (default 64)")
     p.add_argument("--slots", type=int, default=None, metavar="N",
@@ -86,6 +86,7 @@ def parse_address(address: str, default_port: int) -> tuple[str, int]:
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     # Starlette, uvicorn and the engine: not for building the parser.
     from ..daemon.guard import host_is_loopback
+    from ..daemon.memory import MemoryPlan
     from ..daemon.requests import parse_keep_alive
     from ..daemon.server import Daemon, ServeOptions
     from ..daemon.state import DaemonSettings
@@ -108,7 +109,10 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
         socket_path=Path(args.socket).expanduser() if args.socket else None,
         host=host, port=port, tcp=not args.no_tcp, keep_alive_s=keep_alive,
         max_loaded=args.max_loaded, settings=settings)
-    daemon = Daemon(options, engine_factory(config, max_queue=args.max_queue))
+    if args.max_loaded is not None and args.max_loaded < 1:
+        raise DaemonError(f"--max-loaded must be at least 1, got {args.max_loaded}.")
+    daemon = Daemon(options, engine_factory(config, max_queue=args.max_queue),
+                    memory=MemoryPlan.for_machine(config))
     daemon.start()
     if options.tcp and not host_is_loopback(host):
         print(f"localinfer serve: warning: {host} is not a loopback address; the API is"
@@ -154,6 +158,8 @@ def _client():
 
 
 def cmd_ps(args: argparse.Namespace, config: Config) -> int:
+    from ..session import memory_text, processor_text  # the store and planner: not for --help
+
     client = _client()
     if args.socket:
         if client is not None:
@@ -175,29 +181,40 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
                           **status}, indent=2))
         return 0
     print(f"daemon (pid {status.get('pid', '?')}) on {_listening(client)}")
+    shared = status.get("memory") or {}
+    if shared.get("budget"):
+        print(_budget_text(shared))
     if status.get("loading"):
         print(f"loading {status['loading']}...")
     if not status["loaded"]:
         print("No model loaded.")
         return 0
-    rows = [("NAME", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "ACTIVE", "UNTIL")]
+    rows = [("NAME", "SIZE", "MEMORY", "PROCESSOR", "CONTEXT", "SLOTS", "ACTIVE", "UNTIL")]
     for entry in status["loaded"]:
         info = entry["info"]
-        layers, gpu = info["n_layers"], info["n_gpu_layers"]
-        if gpu == 0:
-            processor = "100% CPU"
-        elif gpu > layers:
-            processor = f"100% GPU ({info.get('gpu_backend') or 'GPU'})"
-        else:
-            processor = f"{gpu_layers_text(gpu, layers)} layers GPU"
+        memory = entry.get("memory")
         expires = entry["expires_in_s"]
         until = ("in use" if entry["in_flight"] else "forever" if expires is None
                  else f"{duration(expires)} from now")
-        rows.append((info["name"], human_bytes(info["size_bytes"]), processor,
+        rows.append((info["name"], human_bytes(info["size_bytes"]),
+                     memory_text(memory), processor_text(info, memory),
                      str(info["n_ctx"]), str(info["n_slots"]),
                      str(entry["stats"]["active"]), until))
     print_table(rows)
     return 0
+
+
+def _budget_text(memory: dict) -> str:
+    """One line: what the loaded models hold of the budget they share, and the cap."""
+    budget, used = memory["budget"], memory["used"]
+    text = f"memory: {human_bytes(used['ram_bytes'])} of {human_bytes(budget['ram_bytes'])} RAM"
+    if budget["vram_bytes"] and not budget["unified"]:
+        text += (f", {human_bytes(used['vram_bytes'])} of"
+                 f" {human_bytes(budget['vram_bytes'])} VRAM")
+    text += " for loaded models"
+    if memory.get("max_loaded"):
+        text += f" (at most {memory['max_loaded']} models)"
+    return text
 
 
 def _listening(client) -> str:

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import Busy, LocalInferError
+from ..errors import Busy, LocalInferError, ModelTooLarge
 from ..protocol import ERROR_CODES, error_json, http_status
 from .state import DaemonState
 
@@ -25,7 +25,7 @@ class RequestTooLarge(LocalInferError):
     http_status = 413
 
 
-_CODES = {**ERROR_CODES, RequestTooLarge: "request_too_large"}
+_CODES = {**ERROR_CODES, RequestTooLarge: "request_too_large", ModelTooLarge: "model_too_large"}
 
 
 def is_ollama_path(path: str) -> bool:

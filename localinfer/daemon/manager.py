@@ -1,10 +1,16 @@
-"""Which models the daemon holds: loading on demand, swapping, and unloading after keep-alive.
+"""Which models the daemon holds: loading on demand, several side by side, evicting the least
+recently used, and unloading after keep-alive.
 
-By default one model is loaded at a time (two copies of a model would not fit most laptops).
-A request for another model waits until the loaded one has no request in flight, then swaps;
-while a swap waits, new requests queue behind it, so the old model drains instead of starving
-the new one. After its last request a model stays loaded for its keep-alive (default five
-minutes, per request as in Ollama: 0 unloads at once, a negative value keeps it forever).
+Models stay loaded together (a chat model, an autocomplete model, an embedding model) while
+their memory footprints fit the machine's budget together (``memory.MemoryPlan``: the
+planner's weights + KV + compute buffers per device, less the reserve), up to ``max_loaded``
+models when a cap is set. A model that does not fit beside the others evicts the least
+recently used idle one; when every other is answering, the least recently used is drained:
+new requests for it wait while the ones it has finish, then it unloads. A request for a loaded
+model never waits for another model's load. A model that cannot fit even alone is refused
+with its sizes (``ModelTooLarge``). After its last request a model stays loaded for its
+keep-alive (default five minutes, per request as in Ollama: 0 unloads at once, a negative
+value keeps it forever).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -23,6 +30,7 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..selection import pull_target
 from ..store import ModelStore, PullTarget, ResolvedModel, looks_like_path
+from .memory import Footprint, MemoryPlan
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,8 @@ class LoadedModel:
     expires_at: float | None = None
     """Monotonic time at which it unloads; None while in use or when kept forever."""
     last_used: float = field(default_factory=time.time)
+    footprint: Footprint | None = None
+    """Its memory as the plan counts it; None without a memory plan."""
 
 
 class ModelManager:
@@ -53,19 +63,25 @@ class ModelManager:
         store: ModelStore | None = None,
         config: Config | None = None,
         keep_alive_s: float = 300.0,
-        max_loaded: int = 1,
+        max_loaded: int | None = 1,
+        memory: MemoryPlan | None = None,
     ) -> None:
         self._factory = factory
         self.config = config or load_config(store.paths if store else None)
         """The settings a pull's choice of variant is planned with."""
         self.store = store or ModelStore(offline=self.config.offline)
         self.default_keep_alive_s = keep_alive_s
-        self.max_loaded = max(1, max_loaded)
+        self.max_loaded = None if max_loaded is None else max(1, max_loaded)
+        """At most this many models at once; None: as many as the memory plan fits."""
+        self.memory = memory
+        """Each model's footprint and the budget they share; None: only max_loaded counts."""
         self.loaded: dict[str, LoadedModel] = {}
         self.loading: str | None = None
         self.load_fraction = 0.0
         """How far the current load is (0..1), while ``loading`` names a model."""
         self._switch = asyncio.Lock()
+        self._evicting: set[str] = set()
+        """Models being drained to make room: their new requests wait for the switch."""
         self._changed = asyncio.Condition()
         self._closed = False
 
@@ -104,6 +120,10 @@ class ModelManager:
                 await self._release(entry, keep_alive_s)
 
     async def _acquire(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
+        entry = self.loaded.get(model.name)
+        if entry is not None and model.name not in self._evicting and self._serves(
+                entry, num_ctx):
+            return self._take(entry)  # no lock: another model's load or drain is no reason to wait
         async with self._switch:
             entry = self.loaded.get(model.name)
             if entry is not None and entry.engine.failed is not None:
@@ -116,19 +136,65 @@ class ModelManager:
             if entry is not None and num_ctx:
                 # As Ollama does, a context beyond what the model was trained for is capped.
                 num_ctx = min(num_ctx, entry.engine.info.n_ctx_train or num_ctx)
-            if entry is not None and num_ctx and num_ctx > entry.engine.info.n_ctx:
+            if entry is not None and not self._serves(entry, num_ctx):
                 # Ollama's num_ctx: a larger context than loaded means reloading this model.
                 await self._drain_and_unload(entry)
                 entry = None
             if entry is None:
-                while len(self.loaded) >= self.max_loaded:
-                    victim = min(self.loaded.values(), key=lambda e: e.last_used)
-                    await self._drain_and_unload(victim)
+                footprint = await self._footprint(model, num_ctx)
+                await self._make_room(footprint)
                 entry = await self._load(model, num_ctx)
-            entry.in_flight += 1
-            entry.expires_at = None
-            entry.last_used = time.time()
-            return entry
+                entry.footprint = footprint
+            return self._take(entry)
+
+    @staticmethod
+    def _serves(entry: LoadedModel, num_ctx: int | None) -> bool:
+        """The loaded ``entry`` can take a request with this context (as Ollama does, a
+        context beyond what the model was trained for is capped)."""
+        if entry.engine.failed is not None:
+            return False
+        info = entry.engine.info
+        return not num_ctx or min(num_ctx, info.n_ctx_train or num_ctx) <= info.n_ctx
+
+    @staticmethod
+    def _take(entry: LoadedModel) -> LoadedModel:
+        entry.in_flight += 1
+        entry.expires_at = None
+        entry.last_used = time.time()
+        return entry
+
+    async def _footprint(self, model: ResolvedModel, num_ctx: int | None) -> Footprint | None:
+        """What ``model`` will take; ModelTooLarge when it can never fit."""
+        if self.memory is None:
+            return None
+        memory = self.memory
+        footprint = await asyncio.to_thread(memory.estimate, model, num_ctx)
+        budget = await asyncio.to_thread(lambda: memory.budget)
+        error = budget.too_large(model.name, footprint)
+        if error is not None:
+            raise error
+        return footprint
+
+    def _has_room(self, footprint: Footprint | None) -> bool:
+        if self.max_loaded is not None and len(self.loaded) >= self.max_loaded:
+            return False
+        if footprint is None or self.memory is None:
+            return True
+        held = [e.footprint for e in self.loaded.values() if e.footprint is not None]
+        return self.memory.budget.fits([*held, footprint])
+
+    async def _make_room(self, footprint: Footprint | None) -> None:
+        """Unload least-recently-used models until ``footprint`` fits beside the rest: idle
+        ones first; a busy one only after its requests finish (drained)."""
+        while self.loaded and not self._has_room(footprint):
+            idle = [e for e in self.loaded.values() if e.in_flight == 0]
+            victim = min(idle or self.loaded.values(), key=lambda e: e.last_used)
+            self._evicting.add(victim.name)
+            try:
+                log.info("unloading %s to make room", victim.name)
+                await self._drain_and_unload(victim)
+            finally:
+                self._evicting.discard(victim.name)
 
     async def _release(self, entry: LoadedModel, keep_alive_s: float | None) -> None:
         async with self._changed:
@@ -208,6 +274,17 @@ class ModelManager:
         self.cancel_all()
         for entry in list(self.loaded.values()):
             await self._unload_entry(entry)
+
+    async def memory_json(self) -> dict[str, Any]:
+        """The budget the loaded models share, what they hold together, and the cap on their
+        number."""
+        memory = self.memory
+        budget = await asyncio.to_thread(lambda: memory.budget) if memory else None  # a probe
+        held = [e.footprint for e in self.loaded.values() if e.footprint is not None]
+        return {"budget": budget.to_json() if budget else None,
+                "used": {"ram_bytes": sum(f.ram_bytes for f in held),
+                         "vram_bytes": sum(f.vram_bytes for f in held)},
+                "max_loaded": self.max_loaded}
 
     @property
     def busy(self) -> bool:

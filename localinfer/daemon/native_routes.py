@@ -66,12 +66,16 @@ def routes(state: DaemonState) -> list[Route]:
             stats = entry.engine.stats()
             expires_in = None if entry.expires_at is None else max(
                 0.0, entry.expires_at - time.monotonic())
-            loaded.append(loaded_model_json(
+            item = loaded_model_json(
                 entry.engine.info, in_flight=entry.in_flight, load_ms=entry.load_ms,
-                keep_alive_s=entry.keep_alive_s, expires_in_s=expires_in, stats=stats))
-        return JSONResponse(status_json(version=__version__, pid=os.getpid(),
-                                        started=state.started, loading=manager.loading,
-                                        loaded=loaded, hardware=await _hardware(state)))
+                keep_alive_s=entry.keep_alive_s, expires_in_s=expires_in, stats=stats)
+            item["memory"] = entry.footprint.to_json() if entry.footprint else None
+            loaded.append(item)
+        body = status_json(version=__version__, pid=os.getpid(), started=state.started,
+                           loading=manager.loading, loaded=loaded,
+                           hardware=await _hardware(state))
+        body["memory"] = await manager.memory_json()
+        return JSONResponse(body)
 
     async def generate(request: Request) -> Response:
         body = await read_json(request)

@@ -28,6 +28,7 @@ from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token
 from ..store import InstalledModel, PullProgress
+from ..store.starter import available_models
 from .bridge import BridgeResponse, PullJob, start_generation, whole_reply
 from .errors import guarded
 from .manager import LoadedModel
@@ -88,7 +89,7 @@ def routes(state: DaemonState) -> list[Route]:
         return JSONResponse({"version": OLLAMA_API_VERSION, "localinfer": __version__})
 
     async def tags(request: Request) -> Response:
-        installed = await asyncio.to_thread(manager.store.installed)
+        installed = await asyncio.to_thread(available_models, manager.store)
         catalog = manager.store.catalog
         return JSONResponse({"models": [
             _tag(m, getattr(catalog.models.get(m.model), "params", 0)) for m in installed]})
@@ -337,6 +338,9 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
     info = entry.engine.info
     size = info.size_bytes
     on_gpu = info.n_gpu_layers / (info.n_layers + 1)  # llama.cpp counts the output layer
+    size_vram = int(size * on_gpu)
+    if entry.footprint is not None:  # as Ollama: all it holds in memory, and the VRAM part
+        size, size_vram = entry.footprint.total_bytes, entry.footprint.vram_bytes
     expires = entry.expires_at
     if expires is None:
         until = "0001-01-01T00:00:00Z" if entry.keep_alive_s < 0 else now_iso()
@@ -346,7 +350,7 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
     return {"name": entry.name, "model": entry.name, "size": size,
             "digest": (installed.sha256 if installed else "") or "",
             "details": details(installed, info.quant, info.architecture, info.n_params),
-            "expires_at": until, "size_vram": int(size * on_gpu),
+            "expires_at": until, "size_vram": size_vram,
             "context_length": info.n_ctx}
 
 

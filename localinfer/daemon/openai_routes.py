@@ -17,10 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest, LocalInferError
+from ..errors import InvalidRequest, LocalInferError, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token
+from ..store import InstalledModel
+from ..store.starter import available_models
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .errors import error_body, guarded
 from .requests import Fields, parse_messages, priority_of, read_json, sampling
@@ -34,16 +36,33 @@ def usage_json(done: Done) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
+def model_json(m: InstalledModel) -> dict[str, Any]:
+    """An installed model as OpenAI's model object."""
+    return {"id": m.name, "object": "model", "created": int(m.added), "owned_by": "localinfer"}
+
+
 def finish_reason(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
 
 def routes(state: DaemonState) -> list[Route]:
     async def list_models(request: Request) -> Response:
-        installed = await asyncio.to_thread(state.manager.store.installed)
-        data = [{"id": m.name, "object": "model", "created": int(m.added),
-                 "owned_by": "localinfer"} for m in installed]
-        return JSONResponse({"object": "list", "data": data})
+        installed = await asyncio.to_thread(available_models, state.manager.store)
+        return JSONResponse({"object": "list", "data": [model_json(m) for m in installed]})
+
+    async def retrieve_model(request: Request) -> Response:
+        """OpenAI's model object for an installed model: by its full name, or by the name
+        without the quant (``gemma3:270m``) as requests may give it."""
+        model_id = request.path_params["model_id"]
+        installed = await asyncio.to_thread(available_models, state.manager.store)
+        wanted = model_id.strip().lower()
+        found = next((m for m in installed if m.name == wanted), None) or next(
+            (m for m in installed if m.model == wanted), None)
+        if found is None:
+            have = ", ".join(m.name for m in installed) or "none"
+            raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"
+                                f" {have}); `localinfer pull` downloads one.")
+        return JSONResponse(model_json(found))
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
@@ -68,6 +87,8 @@ def routes(state: DaemonState) -> list[Route]:
 
     return [
         Route("/v1/models", guarded(state, "v1/models", list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(state, "v1/models/id", retrieve_model),
+              methods=["GET"]),
         Route("/v1/chat/completions", guarded(state, "v1/chat/completions", chat_completions),
               methods=["POST"]),
         Route("/v1/completions", guarded(state, "v1/completions", completions),

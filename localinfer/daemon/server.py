@@ -32,6 +32,7 @@ from ..paths import Paths, get_paths
 from .app import create_app
 from .instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from .manager import EngineFactory, ModelManager
+from .memory import MemoryPlan
 from .state import DaemonSettings, DaemonState
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class ServeOptions:
     """TCP port; 0 picks a free one (tests)."""
     tcp: bool = True
     keep_alive_s: float = 300.0
-    max_loaded: int = 1
+    max_loaded: int | None = None
+    """At most this many models loaded at once; None: as many as the memory plan fits."""
     settings: DaemonSettings = DaemonSettings()
 
 
@@ -137,8 +139,10 @@ class Daemon:
     a signal, ``/localinfer/shutdown``, the idle exit or ``stop()``."""
 
     def __init__(self, options: ServeOptions, factory: EngineFactory, *,
-                 paths: Paths | None = None, manager: ModelManager | None = None) -> None:
+                 paths: Paths | None = None, manager: ModelManager | None = None,
+                 memory: MemoryPlan | None = None) -> None:
         self.options = options
+        self.memory = memory
         self.paths = paths or get_paths()
         self.factory = factory
         self._manager = manager
@@ -184,7 +188,7 @@ class Daemon:
         self._loop = asyncio.get_running_loop()
         manager = self._manager or ModelManager(
             self.factory, keep_alive_s=self.options.keep_alive_s,
-            max_loaded=self.options.max_loaded)
+            max_loaded=self.options.max_loaded, memory=self.memory)
         state = DaemonState(manager, self.options.settings)
         self.state = state
         app = create_app(state)

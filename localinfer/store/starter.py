@@ -77,6 +77,33 @@ def install_starter(store: ModelStore, progress: CopyProgress | None = None
     )
 
 
+def available_models(store: ModelStore) -> list[InstalledModel]:
+    """What a model picker lists: the installed models, and the starter while its package is
+    installed but the model is not yet assembled into the store (the first request that
+    names it does that, with no download), described as it will be installed."""
+    installed = store.installed()
+    if any(m.model == STARTER_NAME for m in installed):
+        return installed
+    try:
+        starter = __import__(STARTER_MODULE)
+        chunks = [Path(p) for p in starter.chunk_paths()]
+        stats = [chunk.stat() for chunk in chunks]
+        expected = starter.EXPECTED_SHA256
+    except (ImportError, OSError):
+        return installed
+    # Local import: local.py imports this module (InstalledModel is only annotated above).
+    from .local import InstalledModel
+
+    spec = store.catalog.models[STARTER_NAME]
+    variant = spec.variant(STARTER_QUANT)
+    name = spec.variant_name(variant)
+    packaged = InstalledModel(
+        name=name, model=STARTER_NAME, quant=variant.quant, path=str(store.file_for(name)),
+        size_bytes=sum(st.st_size for st in stats), sha256=expected,
+        source=f"pypi:{STARTER_PACKAGE}", added=max(st.st_mtime for st in stats))
+    return sorted([*installed, packaged], key=lambda m: m.name)
+
+
 def packaged_header() -> gguf.GGUFHeader | None:
     """The starter's GGUF header, read from the package's chunks with no network and no copy
     (for `plan` before the starter is installed); None when the package is not installed."""

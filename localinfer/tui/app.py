@@ -43,6 +43,7 @@ from ..session import (
     Session,
     decode_reference,
     loaded_candidate,
+    loaded_rows,
     with_loaded_backend,
 )
 from .screens import (
@@ -851,8 +852,10 @@ class ChatApp(App[None]):
                 self.connect(choice.name)
 
         current = self.session.model if self.session else self.model_name
+        session = self.session
         self.push_screen(ModelsScreen(self.launcher.store, self.hardware, current,
-                                      self.launcher.config, calibration=self.calibration),
+                                      self.launcher.config, calibration=self.calibration,
+                                      loaded=lambda: loaded_rows(session)),
                          chosen)
 
     def action_settings(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from ..chats import ChatStore, ChatSummary, check_settings
 from ..config import Config
 from ..errors import LocalInferError
 from ..progress import human_bytes
-from ..session import ModelRow, model_rows
+from ..session import LoadedRow, ModelRow, model_rows
 from ..store import pull_model
 from .speed import tps
 from .widgets import EnterSubmits
@@ -351,13 +352,30 @@ def download_question(row: ModelRow) -> str:
             f"Predicted decode: {speed}.")
 
 
+def loaded_text(model: LoadedRow) -> str:
+    """A loaded model's cell (the title says where): its memory and device split, and
+    whether it is answering now."""
+    return f"{model.memory}, {model.processor}" + (", answering" if model.in_use else "")
+
+
+def loaded_summary(loaded: list[LoadedRow], error: str = "") -> str:
+    """What the title says is loaded now."""
+    if error:
+        return f"what is loaded is unknown ({error})"
+    if not loaded:
+        return "none loaded"
+    places = ", ".join(sorted({m.where for m in loaded}))
+    return f"{len(loaded)} loaded ({places}): " + ", ".join(m.name for m in loaded)
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     name: str
 
 
 class ModelsScreen(Screen[ModelChoice | None]):
-    """Installed and catalog models with the planner's verdict for this machine."""
+    """Installed and catalog models with the planner's verdict for this machine, and which are
+    loaded now (in the daemon, with each one's memory and device split, or in this process)."""
 
     BINDINGS = [
         Binding("escape", "close", "Back / cancel pull"),
@@ -366,10 +384,13 @@ class ModelsScreen(Screen[ModelChoice | None]):
     ]
 
     class RowsReady(Message):
-        def __init__(self, rows: list[ModelRow] | None, error: str = "") -> None:
+        def __init__(self, rows: list[ModelRow] | None, error: str = "",
+                     loaded: list[LoadedRow] | None = None, loaded_error: str = "") -> None:
             super().__init__()
             self.rows = rows
             self.error = error
+            self.loaded = loaded or []
+            self.loaded_error = loaded_error
 
     class PullUpdate(Message):
         def __init__(self, name: str, fraction: float | None, text: str) -> None:
@@ -386,9 +407,13 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.cancelled = cancelled
 
     def __init__(self, store: Any, hardware: Any, current: str | None, config: Config, *,
-                 calibration: dict[str, float] | None = None, **kwargs: Any) -> None:
+                 calibration: dict[str, float] | None = None,
+                 loaded: Callable[[], list[LoadedRow]] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store = store
+        self.loaded_source = loaded
+        """What is loaded now (blocking: it may ask the daemon; run on the worker)."""
+        self.loaded: list[LoadedRow] = []
         self.hardware = hardware
         self.current = current
         self.calibration = calibration or {}
@@ -412,7 +437,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
         table = self.query_one(DataTable)
         for label, key in (("", "mark"), ("MODEL", "name"), ("SIZE", "size"),
                            ("FITS", "fits"), ("GPU", "gpu"), ("DECODE*", "tps"),
-                           ("WHERE", "where")):
+                           ("WHERE", "where"), ("LOADED", "loaded")):
             table.add_column(label, key=key)
         self.query_one("#pull-row").display = False
         self.plan_rows()
@@ -428,7 +453,14 @@ class ModelsScreen(Screen[ModelChoice | None]):
         except LocalInferError as exc:
             self.post_message(self.RowsReady(None, exc.one_line()))
             return
-        self.post_message(self.RowsReady(rows))
+        loaded: list[LoadedRow] = []
+        loaded_error = ""
+        if self.loaded_source is not None:
+            try:
+                loaded = self.loaded_source()
+            except LocalInferError as exc:  # the daemon gone: the list is still useful
+                loaded_error = exc.one_line()
+        self.post_message(self.RowsReady(rows, loaded=loaded, loaded_error=loaded_error))
 
     @on(RowsReady)
     def rows_ready(self, event: RowsReady) -> None:
@@ -437,19 +469,22 @@ class ModelsScreen(Screen[ModelChoice | None]):
             title.update(f"Cannot plan: {event.error}")
             return
         self.rows = event.rows
+        self.loaded = event.loaded
+        by_name = {m.name: m for m in self.loaded}
         table = self.query_one(DataTable)
         table.clear()
         for row in self.rows:
             mark = "●" if self.current and row.name == self.current else ""
             size = human_bytes(row.size_bytes) + ("~" if row.size_estimated else "")
             fits = "?" if row.fits is None else ("yes" if row.fits else "no")
+            held = by_name.get(row.name)
             table.add_row(mark, row.name, size, fits, row.gpu_layers or "–",
                           tps(row.decode_tps), "installed" if row.installed else "catalog",
-                          key=row.name)
+                          loaded_text(held) if held else "", key=row.name)
         n_installed = sum(r.installed for r in self.rows)
         title.update(f"{n_installed} installed, {len(self.rows) - n_installed} more in the"
-                     f" catalog. Enter switches to an installed model or pulls a catalog"
-                     f" one.")
+                     f" catalog; {loaded_summary(self.loaded, event.loaded_error)}."
+                     " Enter switches to an installed model or pulls a catalog one.")
         self._show_detail()
 
     @on(DataTable.RowHighlighted)
