@@ -129,3 +129,16 @@ def test_base_models_are_marked_and_the_starter_names_its_own_repo():
     assert is_base_model("gemma3:270m") and is_base_model("gemma3:270m-q4_k_m")
     assert not is_base_model("qwen3:1.7b") and not is_base_model("qwen3:1.7b-q4_k_m")
     assert not is_base_model("gemma-3-270m-q4_k_m.gguf")  # a file the catalog does not know
+
+
+def test_published_scores_name_a_fixed_address():
+    import re
+
+    catalog = load_catalog()
+    scored = [spec for spec in catalog.models.values() if spec.quality]
+    assert {"qwen3:1.7b", "llama3.1:8b", "gemma3:1b", "mistral:7b"} <= {s.name for s in scored}
+    for spec in scored:
+        assert spec.quality_source.startswith("MMLU"), spec.name
+        # A GitHub copy is cited at a commit, so the page read is the page a reader finds.
+        for address in re.findall(r"https://github\.com/\S+", spec.quality_source):
+            assert re.search(r"/blob/[0-9a-f]{40}/", address), (spec.name, address)
