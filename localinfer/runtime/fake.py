@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import LocalInferError
 from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
@@ -167,6 +169,9 @@ class FakeBackend:
         if index not in self._outputs:
             raise LocalInferError(f"fake logits: batch entry {index} has no output")
         return [0.0] * len(self._pieces)  # every token alike: the script alone decides
+
+    def raw_logits(self, index: int) -> np.ndarray:
+        return np.array(self.logits(index), dtype=np.float32)
 
     def seq_trim(self, seq_id: int, start: int) -> int:
         cells = self._seqs.setdefault(seq_id, [])
