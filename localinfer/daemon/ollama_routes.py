@@ -119,10 +119,10 @@ def routes(state: DaemonState) -> list[Route]:
             if not isinstance(value, (gguf.ArrayStub, list)) and key != "tokenizer.chat_template"
         }
         info["general.parameter_count"] = header.parameter_count
-        template = header.chat_template or ""
         loaded = manager.loaded.get(model.name)
-        if not template and loaded is not None:
-            template = loaded.engine.info.chat_template or ""
+        # The loaded engine's template is the one chats use (the GGUF's, or its family's).
+        template = ((loaded.engine.info.chat_template if loaded is not None else None)
+                    or header.chat_template or "")
         n_ctx = loaded.engine.info.n_ctx if loaded is not None else None
         return JSONResponse({
             "license": header.license or "",

@@ -57,6 +57,7 @@ class FakeBackend:
         fim: bool = False,
         n_ctx_train: int | None = None,
         base_model: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
@@ -65,7 +66,10 @@ class FakeBackend:
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
-        for special in ("<pad>", EOS, "<bos>", END_OF_TURN, "<start_of_turn>"):
+        # Control tokens print as nothing; any other <word> (Qwen's <think>) is text.
+        self._control = ("<pad>", EOS, "<bos>", END_OF_TURN, "<start_of_turn>", "<fim_prefix>",
+                         "<fim_suffix>", "<fim_middle>")
+        for special in self._control[:5]:
             self._id(special)
         self._seqs: dict[int, list[int]] = {}
         self._outputs: dict[int, tuple[int, int]] = {}  # batch index -> (seq, position)
@@ -84,7 +88,7 @@ class FakeBackend:
             n_ctx=n_ctx,
             n_slots=n_slots,
             n_vocab=1000,
-            chat_template=BUILTIN_TEMPLATES["gemma"],
+            chat_template=chat_template or BUILTIN_TEMPLATES["gemma"],
             bos_text="<bos>",
             eos_text=EOS,
             fim=("<fim_prefix>", "<fim_suffix>", "<fim_middle>") if fim else None,
@@ -106,7 +110,7 @@ class FakeBackend:
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces[token]
-        return b"" if piece.startswith("<") and piece.endswith(">") else piece.encode()
+        return b"" if piece in self._control else piece.encode()
 
     def is_eog(self, token: int) -> bool:
         return self._pieces[token] in (EOS, END_OF_TURN)
