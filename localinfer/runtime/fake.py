@@ -161,13 +161,15 @@ class FakeBackend:
         seq, pos = self._outputs[index]
         if sampler.script is None:  # the first sample of a request: its prompt ends at pos
             sampler.prompt_len = pos + 1
-            prompt = self.detokenize(self._seqs[seq][: pos + 1])
-            text = self.reply(prompt) if callable(self.reply) else self.reply
+            text = self._reply_to(self.detokenize(self._seqs[seq][: pos + 1]))
             sampler.script = self.tokenize(text, add_special=False) + [self._id(EOS)]
         k = pos + 1 - sampler.prompt_len
         token = sampler.script[k] if k < len(sampler.script) else self._id(EOS)
         sampler.accepted.append(token)
         return token
+
+    def _reply_to(self, prompt: str) -> str:
+        return self.reply(prompt) if callable(self.reply) else self.reply
 
     def logits(self, index: int) -> list[float]:
         if index not in self._outputs:
@@ -175,7 +177,12 @@ class FakeBackend:
         return [0.0] * len(self._pieces)  # every token alike: the script alone decides
 
     def raw_logits(self, index: int) -> np.ndarray:
-        return np.array(self.logits(index), dtype=np.float32)
+        # Every token alike, over a vocabulary that already holds the reply's pieces (the
+        # sampler tokenizes the script only when it samples, after this).
+        seq, pos = self._outputs[index]
+        self.tokenize(self._reply_to(self.detokenize(self._seqs[seq][: pos + 1])),
+                      add_special=False)
+        return np.zeros(len(self._pieces), dtype=np.float32)
 
     def seq_trim(self, seq_id: int, start: int) -> int:
         cells = self._seqs.setdefault(seq_id, [])
