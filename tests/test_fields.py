@@ -113,3 +113,31 @@ def test_every_route_lists_each_field_once():
     for route, rule in ROUTES.items():
         names = [*rule.honoured, *rule.elsewhere, *rule.ignored, *rule.refused]
         assert len(names) == len(set(names)), route
+
+
+def test_editor_shaped_requests_get_what_they_expect(daemon):
+    """Continue's Ollama provider (options with its sampling and load settings, keep_alive),
+    Continue's and Zed's OpenAI providers (max_tokens or max_completion_tokens, an empty
+    stop list, stream_options), as they send them."""
+    continue_ollama = {"model": "fake:1b", "stream": False, "keep_alive": 1800,
+                       "messages": [{"role": "user", "content": "hi"}],
+                       "options": {"num_predict": 64, "temperature": 0.7, "top_p": 0.9,
+                                   "top_k": 40, "stop": ["<|im_end|>"], "num_ctx": 1024,
+                                   "mirostat": 0, "num_thread": 8, "use_mmap": True,
+                                   "num_gpu": 99, "min_p": 0.05}}
+    continue_openai = {"model": "fake:1b", "stream": True, "max_tokens": 64, "temperature": 0.7,
+                       "top_p": 0.9, "frequency_penalty": 0, "presence_penalty": 0,
+                       "stop": ["\n\n"], "messages": [{"role": "user", "content": "hi"}]}
+    zed_openai = {"model": "fake:1b", "stream": True, "max_completion_tokens": 64, "stop": [],
+                  "temperature": 1.0, "stream_options": {"include_usage": True},
+                  "prompt_cache_key": "thread-1",
+                  "messages": [{"role": "system", "content": "You are Zed."},
+                               {"role": "user", "content": "hi"}]}
+    with daemon.uds() as c:
+        r = c.post("/api/chat", json=continue_ollama)
+        assert r.status_code == 200 and r.json()["message"]["content"], r.text
+        for body in (continue_openai, zed_openai):
+            with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                text = r.read().decode()
+            assert text.rstrip().endswith("data: [DONE]") and '"content":"Hello' in text

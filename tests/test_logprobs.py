@@ -24,7 +24,7 @@ def test_log_softmax_and_top():
     assert entry.text == "t0" and entry.data == b"t0"
     assert entry.logprob == pytest.approx(math.log(0.25), abs=1e-4)  # float32 logits near 1000
     assert [t.text for t in entry.top] == ["t1", "t0"]
-    assert entry.top[0].logprob == pytest.approx(math.log(0.75), abs=1e-4)  # float32 logits near 1000
+    assert entry.top[0].logprob == pytest.approx(math.log(0.75), abs=1e-4)
     assert token_logprob(row, 2, 0, lambda t: b"\xe2").text == "\ufffd"  # half a character
 
 

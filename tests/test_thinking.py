@@ -72,8 +72,10 @@ def qwen(home):
 
     def factory(model, num_ctx, progress=None):
         template = QWEN3_STYLE if model.name.startswith("qwen") else None
-        reply = (lambda prompt: "Four." if prompt.endswith("</think>\n\n") else
-                 REASONING_REPLY)
+
+        def reply(prompt):  # thinking switched off in the prompt: the answer alone
+            return "Four." if prompt.endswith("</think>\n\n") else REASONING_REPLY
+
         return fake_factory(reply=reply, chat_template=template)(model, num_ctx, progress)
 
     with serve(factory) as d:

@@ -121,8 +121,8 @@ def routes(state: DaemonState) -> list[Route]:
         info["general.parameter_count"] = header.parameter_count
         loaded = manager.loaded.get(model.name)
         # The loaded engine's template is the one chats use (the GGUF's, or its family's).
-        template = ((loaded.engine.info.chat_template if loaded is not None else None)
-                    or header.chat_template or "")
+        template = (loaded.engine.chat_template_source if loaded is not None
+                    else header.chat_template or "")
         n_ctx = loaded.engine.info.n_ctx if loaded is not None else None
         return JSONResponse({
             "license": header.license or "",

@@ -34,7 +34,7 @@ class Thinking:
         self.splitter: ThinkingSplitter | None = None
 
     def chat_tokens(self, engine: Engine, messages: Sequence[Message]) -> list[int]:
-        fmt = thinking_format(engine.info.chat_template)
+        fmt = thinking_format(engine.chat_template_source)
         variables = {**self.extra_vars,
                      **template_vars(fmt, self.think, model=engine.info.name)}
         text = engine.render_chat(messages, template_vars=variables)

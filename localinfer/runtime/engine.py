@@ -292,6 +292,12 @@ class Engine:
         return self.backend.tokenize(f"{pre}{prefix}{suf}{suffix}{mid}",
                                      add_special=self.info.add_bos)
 
+    @property
+    def chat_template_source(self) -> str:
+        """The Jinja source chats are rendered with (the model's, its family's, or one the
+        caller gave)."""
+        return self._template.source
+
     def render_chat(self, messages: Sequence[Message], *,
                     add_generation_prompt: bool = True,
                     template_vars: Mapping[str, Any] | None = None) -> str:
