@@ -111,3 +111,18 @@ def test_ollama_logprobs(daemon):
                                       "top_logprobs": 21,
                                       "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and "top_logprobs" in r.json()["error"]
+
+
+def test_logprobs_follow_speculative_drafts():
+    """Drafted tokens that the model accepts are sampled from rows of one batch: each still
+    gets its own entry, in order."""
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    engine = Engine(FakeBackend(reply=text + " " + text))
+    try:
+        done = engine.chat([Message("user", text + " " + text)],
+                           SamplingParams(temperature=0, logprobs=1, speculative=True)).result()
+        assert done.timings.accepted_tokens > 0
+        assert "".join(e.text for e in done.logprobs) == done.text == text + " " + text
+        assert all(len(e.top) == 1 for e in done.logprobs)
+    finally:
+        engine.close()

@@ -178,3 +178,13 @@ def test_zed_and_open_webui_shaped_requests(qwen):
         assert r.status_code == 200, r.text
         assert r.json()["message"] == {"role": "assistant", "content": "Four.",
                                        "thinking": "Two and two."}
+
+
+def test_show_shows_model_info_as_ollama_does(qwen):
+    with qwen.uds() as c:
+        shown = c.post("/api/show", json={"model": "plain:1b"}).json()
+        assert shown["model_info"]["tokenizer.ggml.tokens"] is None
+        assert shown["model_info"]["general.architecture"]
+        assert "num_ctx" not in shown["parameters"]  # not loaded: the plan decides at load
+        r = c.post("/api/show", json={"model": "plain:1b", "verbose": True})
+        assert r.status_code == 400 and "'verbose'" in r.json()["error"]

@@ -114,9 +114,14 @@ def routes(state: DaemonState) -> list[Route]:
             raise InvalidRequest("'model' is required.")
         model = await manager.resolve(name)
         header = await asyncio.to_thread(gguf.read_header, model.path)
+        if f.boolean("verbose", False):
+            raise InvalidRequest("'verbose': the tokenizer's vocabulary is not shown; leave"
+                                 " it out.")
+        # As Ollama shows it: every key, the vocabulary's arrays as null; the template apart.
         info: dict[str, Any] = {
-            key: value for key, value in header.metadata.items()
-            if not isinstance(value, (gguf.ArrayStub, list)) and key != "tokenizer.chat_template"
+            key: None if isinstance(value, gguf.ArrayStub) or key in _VOCABULARY_KEYS
+            else value
+            for key, value in header.metadata.items() if key != "tokenizer.chat_template"
         }
         info["general.parameter_count"] = header.parameter_count
         loaded = manager.loaded.get(model.name)
@@ -270,6 +275,9 @@ def _options(f: Fields):
     return replace(sampling(options, max_tokens=max_tokens),
                    logprobs=top_logprobs(f, asked=f.boolean("logprobs", False)))
 
+
+_VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                   "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 
 # The texts that end a turn in the families' chat templates: the stop strings Ollama's
 # Modelfiles list (localinfer stops at the model's end-of-generation tokens, these among them).
