@@ -60,8 +60,11 @@ def test_template_vars_follow_ollama():
     assert template_vars(None, False, model="g") == {}  # off on a model that cannot think
     with pytest.raises(InvalidRequest, match="'g' does not support thinking"):
         template_vars(None, True, model="g")
-    with pytest.raises(InvalidRequest, match="takes no reasoning effort"):
-        template_vars(QWEN, "high", model="q")
+    assert template_vars(QWEN, "high", model="q") == {"enable_thinking": True}
+    harmony = thinking_format("<|channel|> {{ reasoning_effort }}")
+    assert template_vars(harmony, "low", model="o") == {"reasoning_effort": "low"}
+    with pytest.raises(InvalidRequest, match="'think' must be"):
+        template_vars(harmony, "extreme", model="o")
     with pytest.raises(InvalidRequest, match="always thinks"):
         template_vars(thinking_format(R1_STYLE), False, model="r1")
 
@@ -105,9 +108,9 @@ def test_thinking_asked_of_a_model_that_cannot_think_is_400(qwen):
     assert client.chat(model="plain:1b", messages=[{"role": "user", "content": "x"}],
                        think=False).message.content
     with qwen.uds() as c:
-        r = c.post("/api/chat", json={"model": "qwen:1b", "think": "high",
+        r = c.post("/api/chat", json={"model": "qwen:1b", "think": "highest",
                                       "messages": [{"role": "user", "content": "x"}]})
-        assert r.status_code == 400 and "takes no reasoning effort" in r.json()["error"]
+        assert r.status_code == 400 and "'think' must be" in r.json()["error"]
         r = c.post("/api/generate", json={"model": "qwen:1b", "prompt": "x", "raw": True,
                                           "think": True})
         assert r.status_code == 400 and "'think'" in r.json()["error"]

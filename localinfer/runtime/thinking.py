@@ -46,9 +46,9 @@ def thinking_format(template: str | None) -> ThinkingFormat | None:
 def template_vars(fmt: ThinkingFormat | None, think: bool | str | None, *, model: str
                   ) -> dict[str, object]:
     """The template variables for a request's ``think`` (True, False, an effort, or None for
-    the model's default). Refuses what the template cannot do, as Ollama does, naming the
-    model: thinking asked of a model that does not think, an effort of a template that takes
-    none, and "off" for a template that always thinks."""
+    the model's default; an effort switches thinking on where the template takes no effort).
+    Refuses what the template cannot do, as Ollama does, naming the model: thinking asked of
+    a model that does not think, and "off" for a template that always thinks."""
     if think is None:
         return {}
     if fmt is None:
@@ -59,10 +59,9 @@ def template_vars(fmt: ThinkingFormat | None, think: bool | str | None, *, model
         if think not in EFFORTS:
             raise InvalidRequest(f"'think' must be true, false, or one of {', '.join(EFFORTS)};"
                                  f" got {think!r}.")
-        if not fmt.takes_effort:
-            raise InvalidRequest(f"{model!r} takes no reasoning effort: send 'think' as true"
-                                 " or false.")
-        return {"reasoning_effort": think}
+        if fmt.takes_effort:
+            return {"reasoning_effort": think}
+        think = True  # a template that takes no effort thinks at its one level
     if fmt.switch is not None:
         return {fmt.switch: think}
     if think:
