@@ -111,8 +111,8 @@ class SamplingParams:
             raise InvalidRequest("mirostat_tau must be above 0 (at most 100) and mirostat_eta"
                                  " above 0 (at most 1).")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS},"
-                                 f" got {self.logprobs}.")
+            raise InvalidRequest(f"top_logprobs (logprobs on /v1/completions) must be between"
+                                 f" 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}.")
         if len(self.stop) > 16:
             raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}.")
         return self
