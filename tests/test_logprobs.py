@@ -11,21 +11,23 @@ import pytest
 from daemon_util import REPLY, ollama_client, openai_client
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
-from localinfer.runtime.logprobs import log_softmax, token_logprob
+from localinfer.runtime.logprobs import Distribution
 from localinfer.runtime.types import Message, SamplingParams
 
 pytest_plugins = ["daemon_fixtures"]
 
 
-def test_log_softmax_and_top():
-    row = log_softmax(np.array([1000.0, 1000.0 + math.log(3), -5.0], dtype=np.float32))
-    assert np.exp(row).sum() == pytest.approx(1.0)
-    entry = token_logprob(row, 0, 2, lambda t: f"t{t}".encode())
+def test_distribution_and_top():
+    row = np.array([1000.0, 1000.0 + math.log(3), -5.0], dtype=np.float32)
+    distribution = Distribution(row, 2)
+    entry = distribution.entry(0, float(row[0]), lambda t: f"t{t}".encode())
     assert entry.text == "t0" and entry.data == b"t0"
-    assert entry.logprob == pytest.approx(math.log(0.25), abs=1e-4)  # float32 logits near 1000
+    assert entry.logprob == pytest.approx(math.log(0.25), abs=1e-4)  # float32 logits
     assert [t.text for t in entry.top] == ["t1", "t0"]
     assert entry.top[0].logprob == pytest.approx(math.log(0.75), abs=1e-4)
-    assert token_logprob(row, 2, 0, lambda t: b"\xe2").text == "\ufffd"  # half a character
+    assert sum(math.exp(t.logprob) for t in entry.top) == pytest.approx(1.0, abs=1e-4)
+    half = Distribution(row, 0).entry(2, float(row[2]), lambda t: b"\xe2")
+    assert half.text == "\ufffd" and half.top == ()  # half a character
 
 
 class CountingBackend(FakeBackend):

@@ -27,7 +27,7 @@ from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, Mod
 from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
-from .logprobs import log_softmax, token_logprob
+from .logprobs import Distribution
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
 from .types import (
@@ -716,10 +716,14 @@ class Engine:
         n_top = request.params.logprobs
         if n_top is None:
             return self.backend.sample(request.sampler, index)
-        row = log_softmax(self.backend.raw_logits(index))
+        row = self.backend.raw_logits(index)
+        distribution = Distribution(row, n_top)
         token = self.backend.sample(request.sampler, index)
         if not self.backend.is_eog(token):  # the end of a turn is no part of the reply
-            request.logprobs.append(token_logprob(row, token, n_top, self.backend.token_bytes))
+            # The sampled token's own logit is as it was: the argmax shortcut overwrites only
+            # the never-sampled tokens' logits.
+            request.logprobs.append(distribution.entry(token, float(row[token]),
+                                                       self.backend.token_bytes))
         return token
 
     def _on_token(self, slot: _Slot, token: int, now: float) -> bool:
