@@ -54,7 +54,7 @@ def template_vars(fmt: ThinkingFormat | None, think: bool | str | None, *, model
     if fmt is None:
         if think is False:
             return {}
-        raise InvalidRequest(f"{model!r} does not support thinking.")
+        raise InvalidRequest(f"\"{model}\" does not support thinking")
     if isinstance(think, str):
         if think not in EFFORTS:
             raise InvalidRequest(f"'think' must be true, false, or one of {', '.join(EFFORTS)};"
@@ -66,7 +66,7 @@ def template_vars(fmt: ThinkingFormat | None, think: bool | str | None, *, model
         return {fmt.switch: think}
     if think:
         return {}
-    raise InvalidRequest(f"{model!r} always thinks: its chat template has no switch to turn"
+    raise InvalidRequest(f"\"{model}\" always thinks: its chat template has no switch to turn"
                          " thinking off.")
 
 
