@@ -68,6 +68,8 @@ class ModelInfo:
     add_bos: bool = True
     fim: tuple[str, str, str] | None = None
     """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
+    embedding_only: bool = False
+    """An embedding model: it returns vectors and generates no text."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,14 @@ def generate_request_json(model: str, *, messages: Sequence[Message] | None, pro
         "priority": priority.name.lower(),  # interactive, normal or background
     }
     body["params"]["stop"] = list(params.stop)
+    # logit_bias goes as OpenAI's object (a banned token's -inf as -100); off, it and
+    # logprobs stay out.
+    del body["params"]["logit_bias"]
+    if params.logprobs is None:
+        del body["params"]["logprobs"]
+    if params.logit_bias:
+        body["params"]["logit_bias"] = {str(token): max(bias, -100.0)
+                                        for token, bias in params.logit_bias}
     if messages is not None:
         body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
     else:

@@ -9,6 +9,9 @@ served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats
     ollama_routes.py   /api/version, tags, ps, show, chat, generate, pull, delete
     native_routes.py   /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
     requests.py        reading request bodies: typed fields, errors naming the field
+    fields.py          each route's honoured, ignored and refused fields (the README's table)
+    thinking.py        think / reasoning_effort to the template; reasoning split from answer
+    logprobs.py        log-probabilities in each API's shape
     bridge.py          generations and pulls into the event loop; disconnects cancel them
     manager.py         loading on demand, swapping, keep-alive unloading
     server.py          lifecycle: pid-file lock, sockets, signals, idle exit

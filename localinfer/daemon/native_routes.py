@@ -194,6 +194,9 @@ def _params(f: Fields) -> SamplingParams:
     unknown = sorted(set(f.data) - _PARAM_FIELDS)
     if unknown:
         raise InvalidRequest(f"'params.{unknown[0]}' is not a sampling parameter.")
+    if f.data.get("logprobs") is not None:
+        raise InvalidRequest("'params.logprobs': log-probabilities are served by /v1 and"
+                             " /api routes, not by the native stream.")
     if "max_tokens" in f.data and f.data["max_tokens"] is None:
         max_tokens = None  # until the context is full
     else:

@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -20,13 +21,16 @@ from starlette.routing import Route
 from ..errors import InvalidRequest, LocalInferError, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
-from ..runtime.types import Done, Priority, SamplingParams, Token
+from ..runtime.types import Done, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel
 from ..store.starter import available_models
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .errors import error_body, guarded
-from .requests import Fields, parse_messages, priority_of, read_json, sampling
+from .fields import audit
+from .logprobs import completion_json, entries_json
+from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
 from .state import DaemonState
+from .thinking import Thinking, openai_think
 
 
 def usage_json(done: Done) -> dict[str, Any]:
@@ -66,13 +70,19 @@ def routes(state: DaemonState) -> list[Route]:
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
+        audit("/v1/chat/completions", body)
         f = Fields(body)
         messages = parse_messages(body.get("messages"))
-        return await _generate(state, request, f, lambda e: e.chat_tokens(messages),
-                               _params(f), priority_of(request, body), chat=True)
+        thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
+        params = replace(_params(f), logprobs=top_logprobs(f, asked=f.boolean("logprobs",
+                                                                               False)))
+        return await _generate(state, request, f, lambda e: thinking.chat_tokens(e, messages),
+                               params, priority_of(request, body), chat=True,
+                               thinking=thinking)
 
     async def completions(request: Request) -> Response:
         body = await read_json(request)
+        audit("/v1/completions", body)
         f = Fields(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -82,8 +92,10 @@ def routes(state: DaemonState) -> list[Route]:
         if body.get("suffix"):
             raise InvalidRequest("'suffix' (fill-in-the-middle) is served by Ollama's"
                                  " /api/generate; /v1/completions takes a prompt only.")
+        # The legacy API's logprobs is how many alternatives to send (OpenAI allows 5).
+        params = replace(_params(f), logprobs=f.integer("logprobs", None, low=0))
         return await _generate(state, request, f, lambda e: e.completion_tokens(prompt),
-                               _params(f), priority_of(request, body), chat=False)
+                               params, priority_of(request, body), chat=False)
 
     return [
         Route("/v1/models", guarded(state, "v1/models", list_models), methods=["GET"]),
@@ -100,8 +112,6 @@ def _params(f: Fields) -> SamplingParams:
     n = f.integer("n", 1)
     if n != 1:
         raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n}.")
-    if f.data.get("logprobs"):
-        raise InvalidRequest("'logprobs' is not supported.")
     max_tokens = f.integer("max_completion_tokens", None, low=1)
     if max_tokens is None:
         max_tokens = f.integer("max_tokens", None, low=1)
@@ -110,7 +120,8 @@ def _params(f: Fields) -> SamplingParams:
 
 async def _generate(state: DaemonState, request: Request, f: Fields,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
-                    priority: Priority, *, chat: bool) -> Response:
+                    priority: Priority, *, chat: bool, thinking: Thinking | None = None
+                    ) -> Response:
     stream = f.boolean("stream", False)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
@@ -119,13 +130,26 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = entry.name
+    sent = [0]  # characters of text sent: the legacy logprobs' text_offset
+
+    def logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
+        if params.logprobs is None:
+            return None
+        if chat:
+            return {"content": entries_json(entries)}
+        return completion_json(entries, offset=sent[0])
+
     if not stream:
         done = await whole_reply(state, request, events, stack)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
-                      "logprobs": None, "finish_reason": finish_reason(done)}
+            reasoning, content = thinking.whole(done.text) if thinking else ("", done.text)
+            message = {"role": "assistant", "content": content}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            choice = {"index": 0, "message": message,
+                      "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
         else:
-            choice = {"index": 0, "text": done.text, "logprobs": None,
+            choice = {"index": 0, "text": done.text, "logprobs": logprobs(done.logprobs),
                       "finish_reason": finish_reason(done)}
         return JSONResponse({
             "id": ident, "object": "chat.completion" if chat else "text_completion",
@@ -135,13 +159,18 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
 
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta_text: str | None, reason: str | None, timings: dict) -> str:
+    def chunk(delta_text: str | None, reason: str | None, timings: dict,
+              entries: tuple[TokenLogprob, ...] = (), reasoning: str = "") -> str:
         if chat:
             delta: dict[str, Any] = {} if delta_text is None else {"content": delta_text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": delta_text or "", "logprobs": None,
+            if reasoning:
+                delta = {"reasoning_content": reasoning, **delta}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs(entries),
                       "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": delta_text or "", "logprobs": logprobs(entries),
+                      "finish_reason": reason}
+            sent[0] += len(delta_text or "")
         body = {"id": ident, "object": kind, "created": created, "model": model,
                 "choices": [choice], "timings": timings}
         if include_usage:
@@ -159,12 +188,20 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
         try:
             async for event in events:
                 if isinstance(event, Token):
-                    yield chunk(event.text, None, live_json(event.live))
+                    reasoning, content = thinking.split(event.text) if thinking else (
+                        "", event.text)
+                    if reasoning or content or event.logprobs:
+                        yield chunk(content or None if reasoning else content, None,
+                                    live_json(event.live), event.logprobs, reasoning)
                     continue
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
                                           " shutting down or the model was unloaded).")
+                reasoning, content = thinking.flush() if thinking else ("", "")
+                if reasoning or content:
+                    yield chunk(content or None, None, timings_json(event.timings),
+                                reasoning=reasoning)
                 yield chunk(None, finish_reason(event), timings_json(event.timings))
                 if include_usage:
                     tail = {"id": ident, "object": kind, "created": created, "model": model,

@@ -152,7 +152,45 @@ def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = DEFAULT_S
         stop=f.stop(),
         # localinfer's extension: prompt-lookup speculation on/off (default: the engine's).
         speculative=f.boolean("speculative", None),
+        typical_p=f.number("typical_p", d.typical_p),
+        mirostat=f.integer("mirostat", d.mirostat),
+        mirostat_tau=f.number("mirostat_tau", d.mirostat_tau),
+        mirostat_eta=f.number("mirostat_eta", d.mirostat_eta),
+        logit_bias=logit_bias(f),
     ).validate()
+
+
+def logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: an object from token ids (as strings) to a bias from -100 to
+    100, added to the logits; -100 bans the token (as llama-server does, with -inf)."""
+    value = f.data.get("logit_bias")
+    if value is None:
+        return ()
+    where = f"{f.where}logit_bias"
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"'{where}' must be an object from token ids to biases.")
+    pairs = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest(f"'{where}' keys must be token ids, got {key!r}.") from None
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
+                not -100 <= bias <= 100:
+            raise InvalidRequest(f"'{where}.{key}' must be a number from -100 to 100.")
+        pairs.append((token, -math.inf if bias == -100 else float(bias)))
+    return tuple(pairs)
+
+
+def top_logprobs(f: Fields, *, asked: bool) -> int | None:
+    """How many alternatives per token a request asks for (``top_logprobs``, 0 to 20, with
+    ``logprobs: true``); None when it asks for no log-probabilities."""
+    n = f.integer("top_logprobs", None, low=0)
+    if not asked:
+        if n:
+            raise InvalidRequest(f"'{f.where}top_logprobs' needs 'logprobs': true.")
+        return None
+    return n or 0
 
 
 def _seed(value: int | None) -> int | None:

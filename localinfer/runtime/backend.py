@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..protocol import ModelInfo
 from .types import SamplingParams
 
@@ -86,6 +88,11 @@ class Backend(Protocol):
     def logits(self, index: int) -> Sequence[float]:
         """A copy of batch entry ``index``'s score for every vocabulary token (for checks
         that ask how close two candidate tokens were, not for sampling)."""
+        ...
+
+    def raw_logits(self, index: int) -> np.ndarray:
+        """Batch entry ``index``'s logits as llama.cpp computed them, as a view (no copy)
+        valid until the next decode or sample: the source of log-probabilities."""
         ...
 
     def accept(self, sampler: Any, tokens: Sequence[int]) -> None:

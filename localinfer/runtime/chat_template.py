@@ -8,7 +8,7 @@ immutable sandbox, like Hugging Face transformers and llama-cpp-python do.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -106,12 +106,16 @@ class ChatTemplate:
             known = ", ".join(sorted(BUILTIN_TEMPLATES))
             raise ModelLoadError(f"unknown chat template {name!r} (known: {known}).") from None
 
-    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+               template_vars: Mapping[str, Any] | None = None) -> str:
+        """``template_vars`` are more variables for the template (``enable_thinking``,
+        ``reasoning_effort``); they cannot replace the ones set here."""
         if not messages:
             raise InvalidRequest("messages must not be empty.")
         payload: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
         try:
             return self._template.render(
+                **(template_vars or {}),
                 messages=payload,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,

@@ -18,7 +18,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, Mod
 from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
+from .logprobs import Distribution
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
 from .types import (
@@ -40,6 +41,7 @@ from .types import (
     SamplingParams,
     Timings,
     Token,
+    TokenLogprob,
     Usage,
 )
 
@@ -136,6 +138,15 @@ class _Request:
     sampler: object = None
     lookup: PromptLookup | None = None
     assembler: TextAssembler = field(default_factory=TextAssembler)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """Each generated token's log-probability, when the request asks for them."""
+    n_logprobs_sent: int = 0
+    """How many of them have gone out with a Token event."""
+
+    def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
+        unsent = tuple(self.logprobs[self.n_logprobs_sent:])
+        self.n_logprobs_sent = len(self.logprobs)
+        return unsent
 
     @property
     def n_generated(self) -> int:
@@ -281,13 +292,27 @@ class Engine:
         return self.backend.tokenize(f"{pre}{prefix}{suf}{suffix}{mid}",
                                      add_special=self.info.add_bos)
 
+    @property
+    def chat_template_source(self) -> str:
+        """The Jinja source chats are rendered with (the model's, its family's, or one the
+        caller gave)."""
+        return self._template.source
+
     def render_chat(self, messages: Sequence[Message], *,
-                    add_generation_prompt: bool = True) -> str:
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt)
+                    add_generation_prompt: bool = True,
+                    template_vars: Mapping[str, Any] | None = None) -> str:
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                     template_vars=template_vars)
 
     def chat_tokens(self, messages: Sequence[Message], *,
-                    add_generation_prompt: bool = True) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+                    add_generation_prompt: bool = True,
+                    template_vars: Mapping[str, Any] | None = None) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt,
+                                template_vars=template_vars)
+        return self.prompt_tokens(text)
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """A rendered chat prompt's tokens."""
         bos = self.info.bos_text
         # Templates usually write the BOS token themselves; add it only when they do not.
         add_special = not (bos and text.startswith(bos))
@@ -646,7 +671,7 @@ class Engine:
             start = len(slot.cached)
             slot.cached.extend(slot.running.target[start : start + n])
             if not slot.prefilling:
-                token = self.backend.sample(slot.running.sampler, slot.batch_index)
+                token = self._sample(slot.running, slot.batch_index)
                 self._on_token(slot, token, now)
 
     def _verify(self, slot: _Slot, now: float) -> None:
@@ -659,7 +684,7 @@ class Engine:
         for j in range(len(draft) + 1):
             if j and request.generation.cancelled:
                 break  # cancelled mid-step: stop at one token, even with a draft accepted
-            token = self.backend.sample(request.sampler, slot.batch_index + j)
+            token = self._sample(request, slot.batch_index + j)
             if not self._on_token(slot, token, now):
                 break  # finished (end of generation, a stop string, max_tokens)
             if j < len(draft) and token == draft[j]:
@@ -684,6 +709,23 @@ class Engine:
                     slot.next_token = None
         slot.draft = []
 
+    def _sample(self, request: _Request, index: int) -> int:
+        """Sample batch entry ``index`` with the request's sampler; with its log-probability
+        when asked for (taken from the logits before sampling: the argmax shortcut and the
+        native chain both leave the model's distribution behind them)."""
+        n_top = request.params.logprobs
+        if n_top is None:
+            return self.backend.sample(request.sampler, index)
+        row = self.backend.raw_logits(index)
+        distribution = Distribution(row, n_top)
+        token = self.backend.sample(request.sampler, index)
+        if not self.backend.is_eog(token):  # the end of a turn is no part of the reply
+            # The sampled token's own logit is as it was: the argmax shortcut overwrites only
+            # the never-sampled tokens' logits.
+            request.logprobs.append(distribution.entry(token, float(row[token]),
+                                                       self.backend.token_bytes))
+        return token
+
     def _on_token(self, slot: _Slot, token: int, now: float) -> bool:
         """Record a sampled token; False when the generation has ended."""
         request = slot.running
@@ -698,7 +740,7 @@ class Engine:
             return False
         text = request.assembler.push(self.backend.token_bytes(token))
         if text:
-            self._post(request, Token(text, _live(request, now)))
+            self._post(request, Token(text, _live(request, now), request.unsent_logprobs()))
         if request.assembler.stopped:
             self._finish(slot, "stop", now)
         elif request.params.max_tokens is not None and \
@@ -715,7 +757,7 @@ class Engine:
         request = slot.running
         rest = request.assembler.flush()
         if rest:
-            self._post(request, Token(rest, _live(request, now)))
+            self._post(request, Token(rest, _live(request, now), request.unsent_logprobs()))
         done = _done(request, reason, now)
         self._generated_tokens_total += request.n_generated
         if done.timings.decode_tokens:
@@ -843,4 +885,4 @@ def _done(request: _Request, reason: FinishReason, now: float) -> Done:
         completion_tokens=request.n_generated,
         cached_tokens=request.n_cached,
     )
-    return Done(request.assembler.text, reason, usage, timings)
+    return Done(request.assembler.text, reason, usage, timings, tuple(request.logprobs))

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import LocalInferError
 from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
@@ -55,6 +57,7 @@ class FakeBackend:
         fim: bool = False,
         n_ctx_train: int | None = None,
         base_model: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
@@ -63,7 +66,10 @@ class FakeBackend:
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
-        for special in ("<pad>", EOS, "<bos>", END_OF_TURN, "<start_of_turn>"):
+        # Control tokens print as nothing; any other <word> (Qwen's <think>) is text.
+        self._control = ("<pad>", EOS, "<bos>", END_OF_TURN, "<start_of_turn>", "<fim_prefix>",
+                         "<fim_suffix>", "<fim_middle>")
+        for special in self._control[:5]:
             self._id(special)
         self._seqs: dict[int, list[int]] = {}
         self._outputs: dict[int, tuple[int, int]] = {}  # batch index -> (seq, position)
@@ -82,7 +88,7 @@ class FakeBackend:
             n_ctx=n_ctx,
             n_slots=n_slots,
             n_vocab=1000,
-            chat_template=BUILTIN_TEMPLATES["gemma"],
+            chat_template=chat_template or BUILTIN_TEMPLATES["gemma"],
             bos_text="<bos>",
             eos_text=EOS,
             fim=("<fim_prefix>", "<fim_suffix>", "<fim_middle>") if fim else None,
@@ -104,7 +110,7 @@ class FakeBackend:
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces[token]
-        return b"" if piece.startswith("<") and piece.endswith(">") else piece.encode()
+        return b"" if piece in self._control else piece.encode()
 
     def is_eog(self, token: int) -> bool:
         return self._pieces[token] in (EOS, END_OF_TURN)
@@ -155,18 +161,28 @@ class FakeBackend:
         seq, pos = self._outputs[index]
         if sampler.script is None:  # the first sample of a request: its prompt ends at pos
             sampler.prompt_len = pos + 1
-            prompt = self.detokenize(self._seqs[seq][: pos + 1])
-            text = self.reply(prompt) if callable(self.reply) else self.reply
+            text = self._reply_to(self.detokenize(self._seqs[seq][: pos + 1]))
             sampler.script = self.tokenize(text, add_special=False) + [self._id(EOS)]
         k = pos + 1 - sampler.prompt_len
         token = sampler.script[k] if k < len(sampler.script) else self._id(EOS)
         sampler.accepted.append(token)
         return token
 
+    def _reply_to(self, prompt: str) -> str:
+        return self.reply(prompt) if callable(self.reply) else self.reply
+
     def logits(self, index: int) -> list[float]:
         if index not in self._outputs:
             raise LocalInferError(f"fake logits: batch entry {index} has no output")
         return [0.0] * len(self._pieces)  # every token alike: the script alone decides
+
+    def raw_logits(self, index: int) -> np.ndarray:
+        # Every token alike, over a vocabulary that already holds the reply's pieces (the
+        # sampler tokenizes the script only when it samples, after this).
+        seq, pos = self._outputs[index]
+        self.tokenize(self._reply_to(self.detokenize(self._seqs[seq][: pos + 1])),
+                      add_special=False)
+        return np.zeros(len(self._pieces), dtype=np.float32)
 
     def seq_trim(self, seq_id: int, start: int) -> int:
         cells = self._seqs.setdefault(seq_id, [])

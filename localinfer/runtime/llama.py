@@ -444,13 +444,29 @@ class LlamaBackend:
             add(chain, L.llama_sampler_init_penalties(
                 self._n_vocab, params.repeat_last_n, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))
+        if params.logit_bias:
+            bias = (L.llama_logit_bias * len(params.logit_bias))(
+                *(L.llama_logit_bias(token, value) for token, value in params.logit_bias))
+            add(chain, L.llama_sampler_init_logit_bias(self._n_vocab, len(bias), bias))
         if params.greedy:
             add(chain, L.llama_sampler_init_greedy())
-            if not penalized:
+            if not penalized and not params.logit_bias:
                 self._argmax_chains.add(id(chain))
+            return chain
+        if params.mirostat:
+            # As llama.cpp's common sampler: mirostat replaces the truncating samplers.
+            add(chain, L.llama_sampler_init_temp(params.temperature))
+            if params.mirostat == 1:
+                add(chain, L.llama_sampler_init_mirostat(
+                    self._n_vocab, seed, params.mirostat_tau, params.mirostat_eta, 100))
+            else:
+                add(chain, L.llama_sampler_init_mirostat_v2(
+                    seed, params.mirostat_tau, params.mirostat_eta))
             return chain
         if params.top_k > 0:
             add(chain, L.llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:
+            add(chain, L.llama_sampler_init_typical(params.typical_p, 1))
         if params.top_p < 1.0:
             add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:
@@ -476,6 +492,10 @@ class LlamaBackend:
     def logits(self, index: int) -> list[float]:
         row = L.llama_get_logits_ith(self._ctx, index)
         return np.ctypeslib.as_array(row, shape=(self._n_vocab,)).tolist()
+
+    def raw_logits(self, index: int) -> np.ndarray:
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
+                                     shape=(self._n_vocab,))
 
     def accept(self, sampler: ctypes.c_void_p, tokens: Sequence[int]) -> None:
         for token in tokens:

@@ -19,6 +19,8 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 MAX_STOP_CHARS = 512
 """Longer stop strings would make every token's check slow (and no client needs them)."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives reported per token (OpenAI's and Ollama's limit)."""
 
 
 class Priority(enum.IntEnum):
@@ -55,6 +57,21 @@ class SamplingParams:
     """Generation ends before any of these strings; they are not included in the text."""
     speculative: bool | None = None
     """Prompt-lookup speculative decoding: None lets the engine decide."""
+    typical_p: float = 1.0
+    """Locally typical sampling: keep the tokens whose surprise is closest to the expected
+    surprise, up to this probability mass (1 = off)."""
+    mirostat: int = 0
+    """Mirostat sampling (0 = off, 1 = version 1, 2 = version 2): it replaces top-k, top-p,
+    min-p and typical-p and steers towards a target surprise."""
+    mirostat_tau: float = 5.0
+    """Mirostat's target surprise (entropy), in nats."""
+    mirostat_eta: float = 0.1
+    """Mirostat's learning rate."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before sampling; -inf bans a token."""
+    logprobs: int | None = None
+    """Report each generated token's log-probability with this many most likely alternatives
+    (0: the token's alone); None (the default) computes nothing."""
 
     def validate(self) -> SamplingParams:
         """Raise InvalidRequest for a value no sampler can use; return self."""
@@ -86,6 +103,16 @@ class SamplingParams:
             raise InvalidRequest("stop strings must be non-empty strings.")
         if any(len(s) > MAX_STOP_CHARS for s in self.stop):
             raise InvalidRequest(f"stop strings must be at most {MAX_STOP_CHARS} characters.")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise InvalidRequest(f"typical_p must be above 0 and at most 1, got {self.typical_p}.")
+        if self.mirostat not in (0, 1, 2):
+            raise InvalidRequest(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}.")
+        if not (0.0 < self.mirostat_tau <= 100.0 and 0.0 < self.mirostat_eta <= 1.0):
+            raise InvalidRequest("mirostat_tau must be above 0 (at most 100) and mirostat_eta"
+                                 " above 0 (at most 1).")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs (logprobs on /v1/completions) must be between"
+                                 f" 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}.")
         if len(self.stop) > 16:
             raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}.")
         return self
@@ -97,6 +124,10 @@ class SamplingParams:
     def bounded(self, n_ctx: int, n_vocab: int) -> SamplingParams:
         """The same parameters with the model's limits applied: repeat_last_n -1 means the
         whole context, and neither window reaches past what the model has."""
+        for token, _ in self.logit_bias:
+            if n_vocab and not 0 <= token < n_vocab:
+                raise InvalidRequest(f"logit_bias: token {token} is not in the model's"
+                                     f" vocabulary (0 to {n_vocab - 1}).")
         last_n = n_ctx if self.repeat_last_n < 0 else min(self.repeat_last_n, n_ctx)
         top_k = min(self.top_k, n_vocab) if n_vocab else self.top_k
         if (last_n, top_k) == (self.repeat_last_n, self.top_k):
@@ -176,11 +207,25 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token and its log-probability under the model (with the most likely
+    alternatives at its position, when asked for)."""
+
+    text: str
+    """The token's text (a partial UTF-8 character shows as U+FFFD; ``data`` has the bytes)."""
+    data: bytes
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class Token:
     """A piece of generated text (may hold several tokens' worth, or part of a character)."""
 
     text: str
     live: LiveStats
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The tokens this piece completes, when the request asked for log-probabilities."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +236,8 @@ class Done:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings = field(default_factory=Timings)
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """Every generated token's log-probability, when the request asked for them."""
 
 
 Event = Token | Done

@@ -1,0 +1,211 @@
+"""Every request field of the generation routes, and what the daemon does with it: honoured,
+accepted and ignored (where OpenAI or Ollama tolerate it too, and ignoring it changes no reply),
+or refused with a 400 that names it. A field in none of the lists is refused as unknown.
+
+The routes audit each body against these lists before reading it, and the README's table of
+request fields is generated from them (``fields_table``; tests/test_fields.py checks that the
+two agree), so the documentation and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A field the daemon does not implement: a 400 with ``message``, unless its value asks
+    for nothing (``allows``: the default value clients send, e.g. ``n: 1``)."""
+
+    message: str
+    allows: Callable[[Any], bool] = lambda value: False
+    allowed: str = ""
+    """The values let through, for the README (e.g. "1", "false")."""
+
+
+@dataclass(frozen=True)
+class RouteFields:
+    """The fields one route (or the ``options`` object of Ollama's routes) knows."""
+
+    honoured: tuple[str, ...]
+    elsewhere: tuple[str, ...] = ()
+    """Honoured by the tool-calling, structured-output and fill-in-the-middle code."""
+    ignored: dict[str, str] = field(default_factory=dict)
+    """Accepted and ignored, with the reason ignoring it changes nothing."""
+    refused: dict[str, Refused] = field(default_factory=dict)
+
+    def audit(self, body: dict[str, Any], *, route: str, where: str = "") -> None:
+        """Raise InvalidRequest for the first refused or unknown field of ``body``."""
+        known = set(self.honoured) | set(self.elsewhere) | set(self.ignored)
+        for name, value in body.items():
+            if name in known or value is None:
+                continue
+            rule = self.refused.get(name)
+            if rule is None:
+                raise InvalidRequest(f"'{where}{name}' is not a field of {route} that localinfer"
+                                     " implements; remove it (the README lists the fields).")
+            if not rule.allows(value):
+                raise InvalidRequest(f"'{where}{name}': {rule.message}")
+
+
+def _false(value: Any) -> bool:
+    return value is False
+
+
+def _one(value: Any) -> bool:
+    return value == 1 and not isinstance(value, bool)
+
+
+def _empty(value: Any) -> bool:
+    return value in ("", [], {})
+
+
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty",
+             "repeat_last_n", "frequency_penalty", "presence_penalty", "seed", "stop",
+             "mirostat", "mirostat_tau", "mirostat_eta", "logit_bias", "speculative")
+"""What ``requests.sampling`` reads (OpenAI's names and llama-server's extensions)."""
+
+_LOCALINFER = ("priority",)
+
+_OPENAI_IGNORED = {
+    "user": "an end user's id for abuse monitoring; nothing is monitored locally",
+    "store": "nothing is stored",
+    "metadata": "kept with stored completions; nothing is stored",
+    "safety_identifier": "an end user's id for abuse monitoring; nothing is monitored locally",
+    "prompt_cache_key": "prompt caching is automatic: each request reuses the longest"
+                        " cached prefix",
+    "cache_prompt": "llama-server's switch; prompt caching is always on",
+    "service_tier": "there is one tier",
+}
+
+_OPENAI_REFUSED = {
+    "functions": Refused("the deprecated function-calling fields are not supported; send"
+                         " 'tools'."),
+    "function_call": Refused("the deprecated function-calling fields are not supported;"
+                             " send 'tool_choice'."),
+    "audio": Refused("this model server makes no audio; leave it out."),
+    "modalities": Refused("text is the only output modality.",
+                          lambda v: v == ["text"], '["text"]'),
+    "prediction": Refused("predicted outputs are not supported; localinfer drafts from the"
+                          " prompt by itself (prompt-lookup speculation)."),
+    "web_search_options": Refused("there is no web search (localinfer runs offline)."),
+    "verbosity": Refused("not supported; ask for brevity in the prompt."),
+}
+
+V1_CHAT = RouteFields(
+    honoured=("model", "messages", "stream", "stream_options", "n", "max_tokens",
+              "max_completion_tokens", "logprobs", "top_logprobs", "reasoning_effort",
+              "chat_template_kwargs", *_SAMPLING, *_LOCALINFER),
+    elsewhere=("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar",
+               "json_schema"),
+    ignored=_OPENAI_IGNORED,
+    refused=_OPENAI_REFUSED,
+)
+
+V1_COMPLETIONS = RouteFields(
+    honoured=("model", "prompt", "stream", "stream_options", "n", "max_tokens", "logprobs",
+              *_SAMPLING, *_LOCALINFER),
+    elsewhere=("suffix", "response_format", "grammar", "json_schema"),
+    ignored=_OPENAI_IGNORED,
+    refused={
+        "best_of": Refused("one candidate per request; send best_of: 1 or leave it out.",
+                           _one, "1"),
+        "echo": Refused("echoing the prompt is not supported; the client has it.", _false,
+                        "false"),
+    },
+)
+
+_OLLAMA_HONOURED = ("model", "stream", "options", "keep_alive", "think", "logprobs",
+                    "top_logprobs", *_LOCALINFER)
+_OLLAMA_REFUSED = {
+    "truncate": Refused("localinfer never cuts a prompt that overflows the context; it answers"
+                        " 400 (send false, or leave it out).", _false, "false"),
+    "shift": Refused("localinfer does not shift the context when a reply fills it; the reply"
+                     " ends with done_reason \"length\" (send false, or leave it out).",
+                     _false, "false"),
+}
+
+API_CHAT = RouteFields(
+    honoured=("messages", *_OLLAMA_HONOURED),
+    elsewhere=("tools", "format"),
+    refused=_OLLAMA_REFUSED,
+)
+
+API_GENERATE = RouteFields(
+    honoured=("prompt", "system", "raw", *_OLLAMA_HONOURED),
+    elsewhere=("suffix", "format"),
+    refused={
+        **_OLLAMA_REFUSED,
+        "images": Refused("this model server has no vision support.", _empty, "empty"),
+        "template": Refused("a Go template is not supported; send 'raw': true with a fully"
+                            " formatted prompt instead.", _empty, "empty"),
+        "context": Refused("the deprecated token context is not supported; send the"
+                           " conversation as messages to /api/chat.", _empty, "empty"),
+        **{name: Refused("image generation is not supported.") for name in
+           ("width", "height", "steps")},
+    },
+)
+
+_PLACEMENT = "the daemon's plan places every model for all its clients (see `localinfer plan`)"
+
+API_OPTIONS = RouteFields(
+    honoured=("num_ctx", "num_predict", *_SAMPLING),
+    ignored={
+        "num_thread": "threads are the daemon's (`--threads`, measured per machine); they"
+                      " change the speed, not the reply",
+        "num_batch": _PLACEMENT,
+        "num_gpu": _PLACEMENT,
+        "main_gpu": _PLACEMENT,
+        "low_vram": _PLACEMENT,
+        "numa": _PLACEMENT,
+        "use_mmap": _PLACEMENT,
+        "use_mlock": _PLACEMENT,
+        "num_keep": "tokens kept when the context shifts; localinfer never shifts it",
+    },
+    refused={
+        "tfs_z": Refused("tail-free sampling was removed from llama.cpp (1 turns it off).",
+                         lambda v: v == 1, "1"),
+        "penalize_newline": Refused("was removed from llama.cpp.", _false, "false"),
+        "f16_kv": Refused("the KV cache type is the daemon's (--kv-type).",
+                          lambda v: v is True, "true"),
+        **{name: Refused("is not supported.", _false, "false") for name in
+           ("logits_all", "vocab_only", "embedding_only")},
+    },
+)
+
+ROUTES: dict[str, RouteFields] = {
+    "/v1/chat/completions": V1_CHAT,
+    "/v1/completions": V1_COMPLETIONS,
+    "/api/chat": API_CHAT,
+    "/api/generate": API_GENERATE,
+    "/api/chat and /api/generate: options": API_OPTIONS,
+}
+
+
+def audit(route: str, body: dict[str, Any]) -> None:
+    """Refuse ``body``'s first refused or unknown field (and, on Ollama's routes, of its
+    ``options``) with a 400 naming it."""
+    ROUTES[route].audit(body, route=route)
+    options = body.get("options")
+    if route.startswith("/api/") and isinstance(options, dict):
+        API_OPTIONS.audit(options, route=route, where="options.")
+
+
+def fields_table() -> str:
+    """The README's table: every field of each route and what happens to it."""
+    lines = ["| Route | Honoured | Accepted and ignored | Refused with 400 |",
+             "|---|---|---|---|"]
+    for route, rule in ROUTES.items():
+        honoured = ", ".join(f"`{n}`" for n in rule.honoured)
+        if rule.elsewhere:
+            honoured += "; tool calling, structured output, FIM: " + ", ".join(
+                f"`{n}`" for n in rule.elsewhere)
+        ignored = "; ".join(f"`{n}` ({why})" for n, why in rule.ignored.items()) or "none"
+        refused = ", ".join(f"`{n}`" + (f" (except {r.allowed})" if r.allowed else "")
+                            for n, r in rule.refused.items())
+        lines.append(f"| `{route}` | {honoured} | {ignored} | {refused}; any other field |")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""No request field is silently dropped: each route's refused and unknown fields get a 400
+naming them, the accepted-and-ignored ones get a normal reply, and the README's table is the
+one the field lists generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localinfer.daemon.fields import ROUTES, fields_table
+from localinfer.errors import InvalidRequest
+from localinfer.runtime.types import SamplingParams
+
+pytest_plugins = ["daemon_fixtures"]
+
+CHAT = {"model": "fake:1b", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "fake:1b", "prompt": "hi"}
+OLLAMA_CHAT = {**CHAT, "stream": False}
+GENERATE = {"model": "fake:1b", "prompt": "hi", "stream": False}
+
+REFUSED = [
+    ("/v1/chat/completions", CHAT, {"functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", CHAT, {"function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    ("/v1/chat/completions", CHAT, {"modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", CHAT, {"prediction": {"type": "content"}}, "prediction"),
+    ("/v1/chat/completions", CHAT, {"web_search_options": {}}, "web_search_options"),
+    ("/v1/chat/completions", CHAT, {"verbosity": "low"}, "verbosity"),
+    ("/v1/chat/completions", CHAT, {"n_probs": 3}, "n_probs"),  # unknown
+    ("/v1/completions", COMPLETION, {"echo": True}, "echo"),
+    ("/v1/completions", COMPLETION, {"best_of": 3}, "best_of"),
+    ("/v1/completions", COMPLETION, {"logprobs": -1}, "logprobs"),
+    ("/api/chat", OLLAMA_CHAT, {"truncate": True}, "truncate"),
+    ("/api/chat", OLLAMA_CHAT, {"shift": True}, "shift"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"tfs_z": 0.9}}, "options.tfs_z"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"penalize_newline": True}},
+     "options.penalize_newline"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"f16_kv": False}}, "options.f16_kv"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"vocab_only": True}}, "options.vocab_only"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"num_gqa": 8}}, "options.num_gqa"),  # unknown
+    ("/api/chat", OLLAMA_CHAT, {"options": {"mirostat": 3}}, "mirostat"),
+    ("/api/generate", GENERATE, {"images": ["aGk="]}, "images"),
+    ("/api/generate", GENERATE, {"template": "{{ .Prompt }}"}, "template"),
+    ("/api/generate", GENERATE, {"context": [1, 2, 3]}, "context"),
+    ("/api/generate", GENERATE, {"width": 512}, "width"),
+    ("/api/generate", GENERATE, {"options": {"typical_p": 0}}, "typical_p"),
+    ("/api/generate", GENERATE, {"debug_render_only": True}, "debug_render_only"),
+]
+
+
+@pytest.mark.parametrize(("path", "base", "extra", "name"), REFUSED,
+                         ids=[f"{p}:{n}" for p, _, _, n in REFUSED])
+def test_refused_fields_are_400_naming_them(daemon, path, base, extra, name):
+    with daemon.uds() as c:
+        r = c.post(path, json={**base, **extra})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    message = error if isinstance(error, str) else error["message"]
+    assert name in message
+
+
+ACCEPTED = [
+    ("/v1/chat/completions", CHAT, {"user": "u1", "store": False, "metadata": {"a": "b"},
+                                    "prompt_cache_key": "k", "service_tier": "auto",
+                                    "safety_identifier": "s", "modalities": ["text"], "n": 1,
+                                    "stream_options": None, "cache_prompt": True}),
+    ("/v1/completions", COMPLETION, {"echo": False, "best_of": 1, "user": "u1"}),
+    ("/api/chat", OLLAMA_CHAT, {"truncate": False, "shift": False, "keep_alive": "5m",
+                                "options": {"num_thread": 4, "num_gpu": 99, "use_mmap": True,
+                                            "num_keep": 5, "num_batch": 512, "tfs_z": 1,
+                                            "penalize_newline": False, "f16_kv": True}}),
+    ("/api/generate", GENERATE, {"images": [], "context": [], "template": "",
+                                 "system": "Be brief.", "raw": False}),
+]
+
+
+@pytest.mark.parametrize(("path", "base", "extra"), ACCEPTED,
+                         ids=[p for p, _, _ in ACCEPTED])
+def test_tolerated_fields_are_accepted(daemon, path, base, extra):
+    with daemon.uds() as c:
+        r = c.post(path, json={**base, **extra})
+    assert r.status_code == 200, r.text
+
+
+def test_samplers_and_bias_are_parsed(daemon):
+    """typical_p, mirostat and logit_bias reach the sampling parameters (the real model's
+    tests check their effect); bad values are 400."""
+    from localinfer.daemon.requests import Fields, sampling
+
+    params = sampling(Fields({"typical_p": 0.5, "mirostat": 2, "mirostat_tau": 3.0,
+                              "mirostat_eta": 0.2, "logit_bias": {"7": -100, "8": 2.5}}),
+                      max_tokens=None)
+    assert (params.typical_p, params.mirostat, params.mirostat_tau, params.mirostat_eta) == (
+        0.5, 2, 3.0, 0.2)
+    assert params.logit_bias == ((7, float("-inf")), (8, 2.5))
+    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"7": 101}}, {"logit_bias": [1]}):
+        with pytest.raises(InvalidRequest, match="logit_bias"):
+            sampling(Fields(bad), max_tokens=None)
+    with pytest.raises(InvalidRequest, match="vocabulary"):
+        SamplingParams(logit_bias=((5000, 1.0),)).bounded(2048, 1000)
+    with daemon.uds() as c:
+        r = c.post("/v1/chat/completions", json={**CHAT, "logit_bias": {"99999": 1}})
+        assert r.status_code == 400 and "logit_bias" in r.json()["error"]["message"]
+
+
+def test_readme_table_is_generated_from_the_field_lists():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert fields_table() in readme, "README.md: paste localinfer.daemon.fields.fields_table()"
+
+
+def test_every_route_lists_each_field_once():
+    for route, rule in ROUTES.items():
+        names = [*rule.honoured, *rule.elsewhere, *rule.ignored, *rule.refused]
+        assert len(names) == len(set(names)), route
+
+
+def test_editor_shaped_requests_get_what_they_expect(daemon):
+    """Continue's Ollama provider (options with its sampling and load settings, keep_alive),
+    Continue's and Zed's OpenAI providers (max_tokens or max_completion_tokens, an empty
+    stop list, stream_options), as they send them."""
+    continue_ollama = {"model": "fake:1b", "stream": False, "keep_alive": 1800,
+                       "messages": [{"role": "user", "content": "hi"}],
+                       "options": {"num_predict": 64, "temperature": 0.7, "top_p": 0.9,
+                                   "top_k": 40, "stop": ["<|im_end|>"], "num_ctx": 1024,
+                                   "mirostat": 0, "num_thread": 8, "use_mmap": True,
+                                   "num_gpu": 99, "min_p": 0.05}}
+    continue_openai = {"model": "fake:1b", "stream": True, "max_tokens": 64, "temperature": 0.7,
+                       "top_p": 0.9, "frequency_penalty": 0, "presence_penalty": 0,
+                       "stop": ["\n\n"], "messages": [{"role": "user", "content": "hi"}]}
+    zed_openai = {"model": "fake:1b", "stream": True, "max_completion_tokens": 64, "stop": [],
+                  "temperature": 1.0, "stream_options": {"include_usage": True},
+                  "prompt_cache_key": "thread-1",
+                  "messages": [{"role": "system", "content": "You are Zed."},
+                               {"role": "user", "content": "hi"}]}
+    with daemon.uds() as c:
+        r = c.post("/api/chat", json=continue_ollama)
+        assert r.status_code == 200 and r.json()["message"]["content"], r.text
+        for body in (continue_openai, zed_openai):
+            with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                text = r.read().decode()
+            assert text.rstrip().endswith("data: [DONE]") and '"content":"Hello' in text
