@@ -68,6 +68,8 @@ class ModelInfo:
     add_bos: bool = True
     fim: tuple[str, str, str] | None = None
     """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
+    embedding_only: bool = False
+    """An embedding model: it returns vectors and generates no text."""
 
 
 @dataclass(frozen=True)

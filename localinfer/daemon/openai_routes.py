@@ -21,6 +21,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token
+from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .errors import error_body, guarded
 from .requests import Fields, parse_messages, priority_of, read_json, sampling
@@ -60,9 +61,12 @@ def routes(state: DaemonState) -> list[Route]:
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise InvalidRequest("'prompt' must be a string (one prompt per request).")
-        if body.get("suffix"):
-            raise InvalidRequest("'suffix' (fill-in-the-middle) is served by Ollama's"
-                                 " /api/generate; /v1/completions takes a prompt only.")
+        suffix = f.string("suffix", "")
+        if suffix:  # fill-in-the-middle: an editor's autocomplete
+            return await _generate(state, request, f, lambda e: e.infill_tokens(prompt, suffix),
+                                   autocomplete_params(_params(f), request, f.string("model"),
+                                                       prompt),
+                                   autocomplete_priority(request, body), chat=False)
         return await _generate(state, request, f, lambda e: e.completion_tokens(prompt),
                                _params(f), priority_of(request, body), chat=False)
 
@@ -143,7 +147,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
-                                          " shutting down or the model was unloaded).")
+                                          " shutting down, the model was unloaded, or a"
+                                          " newer autocomplete request replaced it).")
                 yield chunk(None, finish_reason(event), timings_json(event.timings))
                 if include_usage:
                     tail = {"id": ident, "object": kind, "created": created, "model": model,
