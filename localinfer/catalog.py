@@ -46,6 +46,21 @@ QUANT_QUALITY: dict[str, float] = {
 
 CATALOG_ENV = "LOCALINFER_CATALOG"
 
+EMBEDDING_ARCHITECTURES = frozenset({
+    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
+    "neo-bert", "t5encoder", "gemma-embedding"})
+"""GGUF architectures that only embed (encoders, with no text head)."""
+POOLING_RANK = 4
+"""llama.cpp's pooling type of rerankers: a score, not an embedding."""
+
+
+def is_embedding_header(architecture: str, pooling_type: object) -> bool:
+    """Whether a GGUF holds an embedding model: an encoder architecture, or a declared pooling
+    (``<arch>.pooling_type``, which converters write for embedding models, e.g.
+    Qwen3-Embedding's last token)."""
+    return architecture in EMBEDDING_ARCHITECTURES or (
+        isinstance(pooling_type, int) and pooling_type not in (0, POOLING_RANK))
+
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$")
 
 
@@ -55,7 +70,8 @@ class Family:
     title: str
     architecture: str
     chat_template: str
-    """Name of a built-in template (runtime/chat_template.py) for files without one."""
+    """Name of a built-in template (runtime/chat_template.py) for files without one; empty
+    for families that do not chat (embedding models)."""
     license: str = ""
     use: tuple[str, ...] = ("chat",)
     """What the family is good for: "chat", "code", "reasoning"..."""
@@ -113,6 +129,10 @@ class ModelSpec:
     base: bool = False
     """A base model (pretrained, not instruction-tuned): it continues text; it does not
     follow instructions or chat."""
+    embedding_only: bool = False
+    """An embedding model: it returns vectors (for search, RAG, codebase indexing) and
+    generates no text. The planner gives its memory and embedding throughput, no decode
+    speed, and never picks it for chat."""
     experts: int = 0
     experts_used: int = 0
     line: int = 0
@@ -225,7 +245,7 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             id=fam_id,
             title=r.string("title"),
             architecture=r.string("architecture"),
-            chat_template=r.string("chat_template"),
+            chat_template=r.string("chat_template", ""),
             license=r.string("license", ""),
             use=tuple(r.list_of_str("use", ["chat"])),
             description=r.string("description", ""),
@@ -289,6 +309,7 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             feed_forward=r.integer("feed_forward", 0),
             tied_embeddings=r.boolean("tied_embeddings", False),
             base=r.boolean("base", False),
+            embedding_only=r.boolean("embedding_only", False),
             experts=r.integer("experts", 0),
             experts_used=r.integer("experts_used", 0),
             repo=r.string("repo"),

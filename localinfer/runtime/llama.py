@@ -21,6 +21,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+from ..catalog import is_embedding_header
 from ..errors import InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from ..protocol import ModelInfo
@@ -77,10 +78,6 @@ class Device:
 
 
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
-EMBEDDING_ARCHITECTURES = frozenset({
-    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
-    "neo-bert", "t5encoder", "gemma-embedding"})
-"""Architectures that only embed (encoders, with no text head)."""
 EMBED_SEQS = 32
 """Inputs embedded together in one decode (each its own sequence)."""
 EMBED_CTX_MAX = 2048
@@ -91,13 +88,6 @@ EMBED_CTX_GENERATIVE = 512
 """The same for a generative model asked for embeddings: a second context on the same weights,
 kept small (a 512-token cache and micro-batch) so that it costs little memory."""
 
-
-def is_embedding_model(header: GGUFHeader) -> bool:
-    """Whether a GGUF holds an embedding model: an encoder architecture, or a declared pooling
-    (the key converters write for embedding models, e.g. Qwen3-Embedding's last token)."""
-    pooling = header.arch_value("pooling_type")
-    return header.architecture in EMBEDDING_ARCHITECTURES or bool(
-        isinstance(pooling, int) and pooling not in (0, L.LLAMA_POOLING_TYPE_RANK))
 _GGML_KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids
 
 
@@ -281,7 +271,8 @@ class LlamaBackend:
         self._never_bias = (L.llama_logit_bias * len(self.never_sampled))(
             *(L.llama_logit_bias(token, -np.inf) for token in self.never_sampled.tolist()))
 
-        self.embedding_only = options.embedding_only or is_embedding_model(header)
+        self.embedding_only = options.embedding_only or is_embedding_header(
+            header.architecture, header.arch_value("pooling_type"))
         n_slots = 1 if self.embedding_only else max(1, options.n_slots)
         threads = options.n_threads or _physical_cores()
         self._threads = (threads, options.n_threads_batch or threads)
