@@ -54,6 +54,13 @@ POOLING_RANK = 4
 """llama.cpp's pooling type of rerankers: a score, not an embedding."""
 
 
+def _fim_order(r: _Reader) -> str:
+    order = r.string("fim_order", "psm")
+    if order not in ("psm", "spm"):
+        raise r.error("fim_order", f"must be \"psm\" or \"spm\", got {order!r}")
+    return order
+
+
 def is_embedding_header(architecture: str, pooling_type: object) -> bool:
     """Whether a GGUF holds an embedding model: an encoder architecture, or a declared pooling
     (``<arch>.pooling_type``, which converters write for embedding models, e.g.
@@ -76,6 +83,9 @@ class Family:
     use: tuple[str, ...] = ("chat",)
     """What the family is good for: "chat", "code", "reasoning"..."""
     description: str = ""
+    fim_order: str = "psm"
+    """The order its fill-in-the-middle prompts were trained in: "psm" (prefix, suffix,
+    middle; most families) or "spm" (suffix first, whose KV cache then survives typing)."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +259,7 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             license=r.string("license", ""),
             use=tuple(r.list_of_str("use", ["chat"])),
             description=r.string("description", ""),
+            fim_order=_fim_order(r),
         )
         r.done()
 

@@ -94,10 +94,21 @@ def test_catalog_covers_the_families_people_run_locally():
     ("kv_heads = 8", "kv_heads = 64", "kv_heads (64) cannot exceed heads"),
     ("head_dim = 64\n", 'head_dim = 64\nbase = "yes"\n', "base must be true"),
     ("context = 131072", "context = 131072\nsliding_window = 200000", "sliding_window"),
+    ('chat_template = "llama3"', 'chat_template = "llama3"\nfim_order = "pms"', "fim_order"),
+    ("head_dim = 64\n", 'head_dim = 64\nembedding_only = "yes"\n', "embedding_only must"),
 ])
 def test_new_fields_are_validated(old, new, field):
     with pytest.raises(ConfigError, match=r"models\.toml:\d+: field " + field.split()[0]):
         parse_catalog(GOOD.replace(old, new), source="models.toml")
+
+
+def test_fim_order_and_embedding_only():
+    catalog = parse_catalog(GOOD.replace('chat_template = "llama3"',
+                                         'chat_template = "llama3"\nfim_order = "spm"')
+                            .replace("head_dim = 64\n", "head_dim = 64\nembedding_only = true\n"))
+    assert catalog.families["demo"].fim_order == "spm"
+    assert catalog.models["demo:1b"].embedding_only
+    assert parse_catalog(GOOD).families["demo"].fim_order == "psm"
 
 
 def test_a_dotted_family_id_is_found_for_errors():

@@ -80,6 +80,9 @@ def load_engine(
         options = replace(options, base_model=is_base_model(name))
     if not options.embedding_only:
         options = replace(options, embedding_only=is_embedding_only(name))
+    fam = load_catalog().family_for(family) if family else None
+    if fam is not None and fam.fim_order == "spm":
+        options = replace(options, fim_spm=True)
     try:
         from .llama import LlamaBackend
     except ImportError as exc:
