@@ -147,6 +147,15 @@ def test_ollama_generate_reads_fim_tokens_without_raw(coder):
     assert out.response == "|[bos][fim_prefix]def f([fim_suffix]):[fim_middle]|"
 
 
+def test_ollama_generate_raw_fim_prompt_as_zed_sends_it(coder):
+    # Zed's Ollama edit prediction: its own FIM prompt, raw, not streamed
+    out = ollama_client(coder).generate(
+        model="coder:1b", prompt="<fim_prefix>x = <fim_suffix>\n<fim_middle>", raw=True,
+        stream=False, options={"num_predict": 128, "temperature": 0.2,
+                               "stop": ["<fim_pad>", "\n\n"]})
+    assert out.response == "|[bos][fim_prefix]x = [fim_suffix]\n[fim_middle]|"
+
+
 def test_ollama_generate_does_not_chat_wrap_base_models(home):
     install_fake_models("base:1b-f16")
     with serve(fake_factory(reply=echo, base_model=True)) as d:

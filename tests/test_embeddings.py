@@ -16,7 +16,8 @@ import pytest
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
 from localinfer.config import Config
 from localinfer.errors import ContextOverflow, InvalidRequest
-from localinfer.runtime.loader import engine_factory
+from localinfer.runtime.backend import LoadOptions
+from localinfer.runtime.loader import engine_factory, load_engine
 from localinfer.runtime.types import SamplingParams
 
 TEXTS = ["The cat sat on the mat.", "Quantum chromodynamics describes the strong force.",
@@ -159,3 +160,23 @@ def test_starter_embeddings_through_both_clients(starter_path):
         alone = client.embeddings.create(model="gemma3:270m", input=TEXTS[2])
         full = olla.embed(model="gemma3:270m", input=TEXTS).embeddings[2]
         assert cosine(alone.data[0].embedding, full) > 0.9999
+
+
+@pytest.mark.model
+def test_an_embedding_only_load_embeds_in_its_own_context(starter_path, real_engine):
+    """The embedding-model path (a context made for embeddings, many sequences at once), on
+    the starter loaded as if it were one: its mean-pooled vectors are the generative model's."""
+    engine = load_engine(starter_path, LoadOptions(n_ctx=512, embedding_only=True),
+                         name="gemma3:270m", family="gemma3").wait_ready()
+    try:
+        assert engine.info.embedding_only and engine.info.n_slots == 1
+        with pytest.raises(InvalidRequest, match="embedding model"):
+            engine.complete("hi")
+        tokens = [engine.embedding_tokens(t) for t in TEXTS]
+        own = engine.embed(tokens).vectors
+        pooled = real_engine.embed(tokens).vectors
+        for a, b in zip(own, pooled, strict=True):
+            assert cosine(a, b) > 0.9999
+        assert len(engine.embedding_tokens("word " * 600)) == 512
+    finally:
+        engine.close()
