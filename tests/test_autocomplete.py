@@ -188,6 +188,16 @@ def test_infill_with_llama_vscode_request(coder):
         body["timings"])
 
 
+def test_infill_with_llama_vim_response_fields(coder):
+    fields = ["content", "timings/prompt_n", "timings/predicted_per_second", "truncated",
+              "tokens_cached", "timings/nonexistent"]
+    with coder.tcp() as http:
+        body = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b", "n_indent": 0,
+                                          "response_fields": fields}).json()
+    assert set(body) == set(fields) - {"timings/nonexistent"}
+    assert body["timings/prompt_n"] > 0 and body["content"].startswith("|[bos]")
+
+
 def test_infill_streams_and_picks_the_loaded_fim_model(coder):
     ollama_client(coder).generate(model="coder:1b", prompt="warm", raw=True)  # loads it
     with coder.tcp() as http, http.stream("POST", "/infill", json={

@@ -3,7 +3,8 @@ autocomplete), with its request and response shapes.
 
 The request: ``input_prefix``, ``input_suffix``, ``input_extra`` (files as ``[{filename,
 text}]``, repo-level context), ``prompt`` (text typed at the cursor), ``n_predict``,
-``t_max_predict_ms``, ``n_indent``, the samplers, ``stream``, ``cache_prompt``; ``model`` is
+``t_max_predict_ms``, ``n_indent``, the samplers, ``stream``, ``cache_prompt``,
+``response_fields`` (llama.vim: only those fields of the final reply); ``model`` is
 optional (llama-server serves one model): without it the most recently used loaded model with
 FIM tokens answers, else the configured default model. The reply is llama-server's completion
 object (``content``, ``stop``, ``stop_type``, ``tokens_predicted``, ``tokens_evaluated``,
@@ -42,7 +43,7 @@ INFILL_FIELDS = frozenset({
     "t_max_predict_ms", "t_max_prompt_ms", "n_indent", "stream", "cache_prompt", "samplers",
     "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
     "frequency_penalty", "presence_penalty", "seed", "stop", "speculative", "priority",
-    "id_slot"})
+    "id_slot", "response_fields"})
 SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
 
 
@@ -65,6 +66,7 @@ def routes(state: DaemonState) -> list[Route]:
             raise InvalidRequest("'id_slot' must be -1: the engine picks the slot whose cache"
                                  " the prompt shares most.")
         f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
+        fields = _response_fields(body.get("response_fields"))
         name = f.string("model", None) or _default_model(state)
         params = _params(f)
         params = autocomplete_params(params, request, name, prefix)
@@ -78,7 +80,7 @@ def routes(state: DaemonState) -> list[Route]:
         model = entry.name
         if not f.boolean("stream", False):
             done = await whole_reply(state, request, events, stack)
-            return JSONResponse(_final(done, model, done.text))
+            return JSONResponse(_only(fields, _final(done, model, done.text)))
 
         async def stream() -> AsyncIterator[str]:
             try:
@@ -91,7 +93,7 @@ def routes(state: DaemonState) -> list[Route]:
                                     "model": model})
                         continue
                     state.record(event)
-                    yield _sse(_final(event, model, ""))
+                    yield _sse(_only(fields, _final(event, model, "")))
             except Exception as exc:  # headers are sent: report the error in the stream
                 status = exc.http_status if isinstance(exc, LocalInferError) else 500
                 message = exc.message if isinstance(exc, LocalInferError) else str(exc)
@@ -113,6 +115,33 @@ def _extra(value: Any) -> list[FimFile]:
         f = Fields(item, f"input_extra[{i}].")
         files.append(FimFile(filename=f.string("filename", "tmp"), text=f.string("text", "")))
     return files
+
+
+def _response_fields(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise InvalidRequest("'response_fields' must be a list of field paths like"
+                             " \"timings/prompt_n\".")
+    return value
+
+
+def _only(paths: list[str], reply: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``response_fields``: only these fields of the final reply, each under
+    its path ("timings/prompt_n"); a path the reply lacks is left out."""
+    if not paths:
+        return reply
+    out = {}
+    for path in paths:
+        value: Any = reply
+        for key in path.split("/"):
+            value = value.get(key, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT:
+            out[path] = value
+    return out
+
+
+_ABSENT = object()
 
 
 def _default_model(state: DaemonState) -> str:
