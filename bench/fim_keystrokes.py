@@ -8,6 +8,13 @@ prints, for each mode, the median time to first token and the median prompt toke
 cache. The starter model has no FIM tokens, so its control tokens stand in for them (the prompt's
 shape and the cache's behaviour are those of a code model; the completions mean nothing).
 
+Measured on the starter (2-core x86, busy: load average 9), a 1,486-token prompt, 12 keystrokes:
+TTFT p50 cold 30.0 s; PSM 26.5 s with 0 tokens reused; SPM 0.28 s with 1,480 reused. The
+starter's sliding-window layers keep only the last 512 positions, so once a request has read
+the suffix after the cursor the window before the cursor is gone and its prefix cannot be
+reused; a model without a sliding window (Qwen2.5-Coder) keeps it (the engine tests show the
+prefix reused), and suffix-first order keeps everything before the typed characters.
+
     python bench/fim_keystrokes.py [--model gemma3:270m] [--keystrokes 12] [--tokens 8]
 """
 
