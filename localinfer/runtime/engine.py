@@ -6,7 +6,8 @@ for events. The worker runs a continuous-batching loop: every step it puts the n
 each running sequence, plus a chunk of any prompt being read, into one batch, decodes it, and
 samples each sequence with its own native sampler. Finished sequences leave their KV cache in
 their slot, so a later request that starts with the same tokens (the previous chat turn, an
-editor resending a file) only evaluates what is new.
+editor resending a file) only evaluates what is new. Embeddings (``embed``) run on the same
+worker between two steps, many inputs per decode.
 """
 
 from __future__ import annotations
