@@ -56,8 +56,8 @@ class SamplingParams:
     speculative: bool | None = None
     """Prompt-lookup speculative decoding: None lets the engine decide."""
     t_max_predict_ms: float | None = None
-    """Autocomplete's time limit (llama-server's): once the text holds a new line, the
-    generation stops at the next new line that comes later than this after the first token."""
+    """Autocomplete's time limit (llama-server's): the generation stops at the first new line
+    generated later than this after the first token (a whole line, never a cut one)."""
     n_indent: int = 0
     """Autocomplete's indentation floor (llama-server's): a new line indented by fewer than
     this many spaces or tabs ends the generation, without that line."""
