@@ -106,8 +106,7 @@ async def _embed(state: DaemonState, name: str, inputs: list[EmbedInput], f: Fie
     num_ctx = options.integer("num_ctx", None, low=1)
     keep_alive = parse_keep_alive(f.data.get("keep_alive"))
     manager = state.manager
-    loaded_before = await manager.resolve(name)
-    was_loaded = loaded_before.name in manager.loaded
+    was_loaded = (await manager.resolve(name)).name in manager.loaded
     async with manager.lease(name, keep_alive_s=keep_alive, num_ctx=num_ctx) as entry:
         engine = entry.engine
 
