@@ -75,7 +75,7 @@ def test_n_indent_ends_at_a_line_indented_less():
     pieces = ["    x = 1\n", "\n", "    ", "y = 2\n", "  ", "z = 3\n", "after"]
     shown = "".join(text.push(p.encode()) for p in pieces) + text.flush()
     assert shown == text.text == "    x = 1\n\n    y = 2\n"
-    assert text.stopped
+    assert text.stopped and text.indent_stopped
 
 
 def test_t_max_predict_ms_stops_at_a_new_line_after_the_time(fake_engine):
@@ -178,6 +178,7 @@ def test_infill_with_llama_vscode_request(coder):
         assert reply.status_code == 200, reply.text
         # n_indent 4: the reply's second line starts at column 0, which ends it
         assert reply.json()["content"] == "|[bos][repo_name]myproject\n"
+        assert reply.json()["stop_type"] == "limit"
         body = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
                                           "n_indent": 0}).json()
     assert body["content"].startswith("|[bos][repo_name]myproject\n[file_sep]util.py\n")

@@ -782,7 +782,7 @@ class Engine:
         if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
             self._finish(slot, "length", now)  # autocomplete's time limit, at a line's end
         elif request.assembler.stopped:
-            self._finish(slot, "stop", now)
+            self._finish(slot, "length" if request.assembler.indent_stopped else "stop", now)
         elif request.params.max_tokens is not None and \
                 request.n_generated >= request.params.max_tokens:
             self._finish(slot, "length", now)

@@ -24,6 +24,9 @@ class TextAssembler:
         self._min_indent = min_indent
         self._line_head = ""  # a new line's leading whitespace, held back (min_indent only)
         self._in_head = False
+        self.indent_stopped = False
+        """The text stopped at a line indented less than ``min_indent`` (a limit, as
+        llama-server reports it, not a stop string)."""
 
     def push(self, data: bytes) -> str:
         if self.stopped:
@@ -59,6 +62,7 @@ class TextAssembler:
                     cut = len(self._line_head) + len(body)
                     self.text = self.text[:len(self.text) - cut]
                     self._pending, self._line_head, self.stopped = "", "", True
+                    self.indent_stopped = True
                     break
                 out.append(self._line_head)
                 self._line_head, self._in_head, rest = "", False, body
