@@ -58,6 +58,28 @@ QUANT_QUALITY: dict[str, float] = {
 
 CATALOG_ENV = "LOCALINFER_CATALOG"
 
+EMBEDDING_ARCHITECTURES = frozenset({
+    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
+    "neo-bert", "t5encoder", "gemma-embedding"})
+"""GGUF architectures that only embed (encoders, with no text head)."""
+POOLING_RANK = 4
+"""llama.cpp's pooling type of rerankers: a score, not an embedding."""
+
+
+def _fim_order(r: _Reader) -> str:
+    order = r.string("fim_order", "psm")
+    if order not in ("psm", "spm"):
+        raise r.error("fim_order", f"must be \"psm\" or \"spm\", got {order!r}")
+    return order
+
+
+def is_embedding_header(architecture: str, pooling_type: object) -> bool:
+    """Whether a GGUF holds an embedding model: an encoder architecture, or a declared pooling
+    (``<arch>.pooling_type``, which converters write for embedding models, e.g.
+    Qwen3-Embedding's last token)."""
+    return architecture in EMBEDDING_ARCHITECTURES or (
+        isinstance(pooling_type, int) and pooling_type not in (0, POOLING_RANK))
+
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$")
 
 
@@ -67,11 +89,15 @@ class Family:
     title: str
     architecture: str
     chat_template: str
-    """Name of a built-in template (runtime/chat_template.py) for files without one."""
+    """Name of a built-in template (runtime/chat_template.py) for files without one; empty
+    for families that do not chat (embedding models)."""
     license: str = ""
     use: tuple[str, ...] = ("chat",)
     """What the family is good for: "chat", "code", "reasoning"..."""
     description: str = ""
+    fim_order: str = "psm"
+    """The order its fill-in-the-middle prompts were trained in: "psm" (prefix, suffix,
+    middle; most families) or "spm" (suffix first, whose KV cache then survives typing)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,10 @@ class ModelSpec:
     base: bool = False
     """A base model (pretrained, not instruction-tuned): it continues text; it does not
     follow instructions or chat."""
+    embedding_only: bool = False
+    """An embedding model: it returns vectors (for search, RAG, codebase indexing) and
+    generates no text. The planner gives its memory and embedding throughput, no decode
+    speed, and never picks it for chat."""
     experts: int = 0
     experts_used: int = 0
     quality: float = 0.0
@@ -243,10 +273,11 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             id=fam_id,
             title=r.string("title"),
             architecture=r.string("architecture"),
-            chat_template=r.string("chat_template"),
+            chat_template=r.string("chat_template", ""),
             license=r.string("license", ""),
             use=tuple(r.list_of_str("use", ["chat"])),
             description=r.string("description", ""),
+            fim_order=_fim_order(r),
         )
         r.done()
 
@@ -307,6 +338,7 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             feed_forward=r.integer("feed_forward", 0),
             tied_embeddings=r.boolean("tied_embeddings", False),
             base=r.boolean("base", False),
+            embedding_only=r.boolean("embedding_only", False),
             experts=r.integer("experts", 0),
             experts_used=r.integer("experts_used", 0),
             quality=r.number("quality", 0.0),

@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from .catalog import QUANT_QUALITY
+from .catalog import QUANT_QUALITY, is_embedding_header
 from .errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -289,6 +289,9 @@ class Candidate:
     benchmark: float = 0.0
     """The model's published benchmark score at full precision, 0..100 (0 = none)."""
     benchmark_source: str = ""
+    embedding_only: bool = False
+    """An embedding model: no decode speed (it generates nothing); its prefill rate is its
+    embedding throughput, and a plan never picks it over a model that generates text."""
 
     @property
     def n_layers(self) -> int:
@@ -371,6 +374,8 @@ class Candidate:
             context_length=header.context_length, params=params, active_params=active,
             quality=QUANT_QUALITY.get(quant, 0.9), estimated=False, installed=installed,
             n_head=header.head_count,
+            embedding_only=is_embedding_header(header.architecture,
+                                               header.arch_value("pooling_type")),
         )
 
     @classmethod
@@ -406,6 +411,7 @@ class Candidate:
             active_params=spec.active_params or spec.params, quality=variant.quality,
             estimated=variant.estimated, installed=installed, n_head=spec.heads,
             benchmark=spec.quality, benchmark_source=spec.quality_source,
+            embedding_only=spec.embedding_only,
         )
 
 
@@ -504,8 +510,9 @@ class Evaluation:
             "ram": {**asdict(self.host), "total_bytes": self.host.total_bytes},
             "vram": ({**asdict(self.gpu), "total_bytes": self.gpu.total_bytes}
                      if self.gpu else None),
-            "decode_tps": round(self.decode_tps, 2),
-            "decode_tps_full_ctx": round(self.decode_tps_full, 2),
+            "decode_tps": None if c.embedding_only else round(self.decode_tps, 2),
+            "decode_tps_full_ctx": None if c.embedding_only else round(self.decode_tps_full, 2),
+            "embedding_only": c.embedding_only,
             "prefill_tps": round(self.prefill_tps, 1),
             "decode_ms": {k: round(v, 3) for k, v in self.decode_ms.items()},
             "calibration": self.calibration, "verdict": self.verdict, "reason": self.reason,
@@ -963,6 +970,12 @@ def _verdict(c: Candidate, m: _Machine, prefs: PlanPrefs, fits: bool, k: int, n_
         ratio = 1.0  # a corrupt calibration must not produce absurd numbers
     decode = short.decode_tps * ratio
     note = reason if fits else ""
+    if c.embedding_only:  # it generates nothing: no decode speed to predict or to miss
+        return Evaluation(
+            candidate=c, fits=fits, n_gpu_layers=k, n_ctx=n_ctx, n_slots=slots,
+            n_threads=m.threads, host=host, gpu=gpu, decode_tps=0.0, decode_tps_full=0.0,
+            prefill_tps=short.prefill_tps, decode_ms={}, calibration=1.0, verdict=verdict,
+            reason=reason, gpu_backend=m.gpu_backend if k else None, ctx_note=note)
     if fits and decode < prefs.min_tps:
         verdict = "slow"
         reason = (f"{decode:.1f} tok/s predicted, below the {prefs.min_tps:g} tok/s target"
@@ -996,10 +1009,21 @@ def _missing(c: Candidate, m: _Machine, prefs: PlanPrefs, host: DeviceUse,
 
 def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
             hw: HardwareProfile) -> Plan:
+    embedders = [e for e in evaluations if e.candidate.embedding_only]
+    if embedders and len(embedders) < len(evaluations):
+        # Embedding models are listed, never picked to generate text.
+        plan = _choose([e for e in evaluations if not e.candidate.embedding_only], prefs, m, hw)
+        return replace(plan, evaluations=plan.evaluations + tuple(
+            replace(e, verdict="embedding", reason="an embedding model: it makes no text")
+            for e in embedders))
     fitting = [e for e in evaluations if e.fits]
     fast = [e for e in fitting if e.decode_tps >= prefs.min_tps]
     choice: Evaluation | None
-    if fast:
+    if embedders and fitting:  # only embedding models: the best that fits, at any speed
+        choice = max(fitting, key=lambda e: (e.candidate.quality_score, e.prefill_tps))
+        summary = (f"{choice.candidate.name}: the best quality that fits (embeds a predicted"
+                   f" {choice.prefill_tps:.0f} tokens/s);")
+    elif fast:
         choice = max(fast, key=lambda e: (e.candidate.quality_score, e.decode_tps))
         summary = (f"{choice.candidate.name}: the best quality that fits and reaches"
                    f" {prefs.min_tps:g} tok/s (predicted {choice.decode_tps:.1f} tok/s;"
@@ -1027,7 +1051,8 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: _Machine,
             summary += (f" The llama.cpp build is CPU-only: it cannot use {names}."
                         if not hw.can_offload else
                         f" No backend of this llama.cpp build drives {names}.")
-        why = (f"best quality at the target speed: {choice.candidate.quality_reason}" if fast
+        why = ("best quality that fits" if embedders else
+               f"best quality at the target speed: {choice.candidate.quality_reason}" if fast
                else "fastest that fits")
         choice = replace(choice, verdict="chosen",
                          reason=why + (f"; {choice.ctx_note}" if choice.ctx_note else ""))

@@ -78,11 +78,12 @@ def test_catalog_covers_the_families_people_run_locally():
                  "mistral:7b", "mistral-nemo:12b", "gpt-oss:20b"):
         assert name in catalog.models, name
     for fam in catalog.families.values():
-        assert fam.chat_template in BUILTIN_TEMPLATES, fam.id
+        assert fam.chat_template in BUILTIN_TEMPLATES or fam.use == ("embedding",), fam.id
     for spec in catalog.models.values():
         assert spec.kv_heads <= spec.heads and spec.context > 0 and spec.layers > 0
         quants = {v.quant for v in spec.variants}
-        if spec.family.id not in ("gpt-oss", "smollm2") and spec.name != "gemma3:270m":
+        if spec.family.id not in ("gpt-oss", "smollm2") and spec.name != "gemma3:270m" \
+                and not spec.embedding_only:  # embedding models ship Q8_0/F16
             assert {"Q2_K", "Q4_K_M", "Q8_0"} <= quants, spec.name
     moe = catalog.models["qwen3:30b-a3b"]
     assert 0 < moe.active_params < moe.params and moe.experts_used < moe.experts
@@ -96,10 +97,21 @@ def test_catalog_covers_the_families_people_run_locally():
     # A score must say where it was read: an address, not a title remembered.
     ("head_dim = 64\n", 'head_dim = 64\nquality = 60.0\nquality_source = "MMLU, a paper"\n',
      "quality_source must name the benchmark and the https:// address"),
+    ('chat_template = "llama3"', 'chat_template = "llama3"\nfim_order = "pms"', "fim_order"),
+    ("head_dim = 64\n", 'head_dim = 64\nembedding_only = "yes"\n', "embedding_only must"),
 ])
 def test_new_fields_are_validated(old, new, field):
     with pytest.raises(ConfigError, match=r"models\.toml:\d+: field " + field.split()[0]):
         parse_catalog(GOOD.replace(old, new), source="models.toml")
+
+
+def test_fim_order_and_embedding_only():
+    catalog = parse_catalog(GOOD.replace('chat_template = "llama3"',
+                                         'chat_template = "llama3"\nfim_order = "spm"')
+                            .replace("head_dim = 64\n", "head_dim = 64\nembedding_only = true\n"))
+    assert catalog.families["demo"].fim_order == "spm"
+    assert catalog.models["demo:1b"].embedding_only
+    assert parse_catalog(GOOD).families["demo"].fim_order == "psm"
 
 
 def test_a_dotted_family_id_is_found_for_errors():
@@ -118,6 +130,9 @@ def test_base_models_are_marked_and_the_starter_names_its_own_repo():
     assert starter.variant().repo is None and starter.variant().source.startswith("pypi:")
     # Every other entry is an instruction-tuned repo (Qwen3's hybrid models are too).
     for spec in catalog.models.values():
+        if spec.embedding_only:  # neither base nor instruct: they make no text
+            assert not spec.base, spec.name
+            continue
         instruct = any(word in spec.repo.lower() for word in ("-it-", "instruct", "qwen3-",
                                                                "gpt-oss"))
         assert spec.base != instruct, spec.name

@@ -352,3 +352,23 @@ def test_header_candidate_matches_the_file(starter_path):
 
     e = plan(probe(measure_bandwidth=False), [c], PlanPrefs(n_ctx=8192)).evaluations[0]
     assert e.host.kv_bytes == (24 + 15) * 2**20
+
+
+# --- embedding models -------------------------------------------------------------------------
+def test_embedding_models_get_memory_and_throughput_not_a_decode_speed():
+    hw = profile("laptop-8gb-cpu")
+    e = one(hw, "nomic-embed-text:137m")
+    assert e.fits and e.candidate.embedding_only
+    assert e.decode_tps == 0 and e.prefill_tps > 100 and e.host.total_bytes > 0
+    assert e.to_dict()["decode_tps"] is None and e.to_dict()["embedding_only"] is True
+    result = plan(hw, candidates_for_specs(CATALOG.in_family("nomic-embed-text")), PlanPrefs())
+    assert result.choice is not None and "embeds" in result.summary  # no tok/s target to miss
+
+
+def test_an_embedding_model_is_never_picked_to_generate_text():
+    hw = profile("laptop-8gb-cpu")
+    mixed = [candidate("all-minilm:22m"), candidate("qwen3:0.6b")]
+    result = plan(hw, mixed, PlanPrefs())
+    assert result.choice.candidate.name.startswith("qwen3:0.6b")
+    [embedder] = [e for e in result.evaluations if e.candidate.embedding_only]
+    assert embedder.verdict == "embedding"

@@ -323,9 +323,13 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     if e.fits:
         memory = f"RAM {e.host.total_bytes / 2**30:.1f} GiB" + (
             f", VRAM {e.gpu.total_bytes / 2**30:.1f} GiB" if e.gpu else "")
-        print(f"  {where}, context {e.n_ctx}: {memory}; predicted prefill"
-              f" {e.prefill_tps:.0f} tok/s, decode {e.decode_tps:.1f} tok/s"
-              f"{' (calibrated)' if e.calibration != 1.0 else ''}.")
+        if e.candidate.embedding_only:  # it generates nothing: no decode speed
+            print(f"  {where}, context {e.n_ctx}: {memory}; an embedding model, predicted"
+                  f" to embed {e.prefill_tps:.0f} tokens/s.")
+        else:
+            print(f"  {where}, context {e.n_ctx}: {memory}; predicted prefill"
+                  f" {e.prefill_tps:.0f} tok/s, decode {e.decode_tps:.1f} tok/s"
+                  f"{' (calibrated)' if e.calibration != 1.0 else ''}.")
     else:
         print(f"  does not fit: {e.reason}.")
     if e.verdict == "slow":

@@ -271,7 +271,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
             gpu_layers_text(e.n_gpu_layers, c.n_layers),
             _gib(e.host.total_bytes), _gib(e.gpu.total_bytes) if e.gpu else "-",
             str(e.n_ctx) + (f"x{e.n_slots}" if e.n_slots > 1 else ""),
-            f"{e.prefill_tps:.0f}", f"{e.decode_tps:.1f}", e.verdict, e.reason,
+            f"{e.prefill_tps:.0f}", "-" if c.embedding_only else f"{e.decode_tps:.1f}",
+            e.verdict, e.reason,
         ))
     print_table(rows)
     print(f"Choice: {overall.summary}")

@@ -10,7 +10,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import LocalInferError
-from . import native_routes, ollama_routes, openai_routes
+from . import embedding_routes, llama_routes, native_routes, ollama_routes, openai_routes
 from .errors import handle_error
 from .guard import Guard
 from .state import DaemonState
@@ -18,7 +18,8 @@ from .state import DaemonState
 
 def create_app(state: DaemonState) -> Starlette:
     routes = [*native_routes.routes(state), *openai_routes.routes(state),
-              *ollama_routes.routes(state)]
+              *ollama_routes.routes(state), *embedding_routes.routes(state),
+              *llama_routes.routes(state)]
     middleware = [Middleware(Guard, settings=state.settings)]
     if state.settings.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(

@@ -32,6 +32,7 @@ from ..runtime.thinking import thinking_format
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel, PullProgress
 from ..store.starter import available_models
+from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, PullJob, start_generation, whole_reply
 from .errors import guarded
 from .fields import audit
@@ -176,12 +177,17 @@ def routes(state: DaemonState) -> list[Route]:
         def encode(engine: Engine) -> list[int]:
             if suffix:
                 return engine.infill_tokens(prompt, suffix)
-            if raw:
+            if raw or _unwrapped(engine, prompt):
                 return engine.completion_tokens(prompt)
             messages = ([Message("system", system)] if system else []) + [
                 Message("user", prompt)]
             return thinking.chat_tokens(engine, messages)
 
+        if suffix:  # fill-in-the-middle: an editor's autocomplete
+            return await _generate(state, request, f, name, encode,
+                                   autocomplete_params(_options(f), request, name, prompt),
+                                   autocomplete_priority(request, body), chat=False,
+                                   thinking=thinking)
         return await _generate(state, request, f, name, encode, _options(f),
                                priority_of(request, body), chat=False, thinking=thinking)
 
@@ -243,9 +249,18 @@ def routes(state: DaemonState) -> list[Route]:
         Route("/api/pull", guarded(state, "api/pull", pull), methods=["POST"]),
         Route("/api/delete", guarded(state, "api/delete", delete), methods=["DELETE"]),
         *[Route(path, unsupported, methods=["POST", "DELETE"]) for path in
-          ("/api/create", "/api/copy", "/api/push", "/api/embed", "/api/embeddings",
-           "/api/blobs/{digest}")],
+          ("/api/create", "/api/copy", "/api/push", "/api/blobs/{digest}")],
     ]
+
+
+def _unwrapped(engine: Engine, prompt: str) -> bool:
+    """A prompt for a model with no chat template, or a base model, is read as it is (as
+    Ollama does for a model without a TEMPLATE), and so is one that already holds the model's
+    FIM tokens (llm.nvim sends them without ``raw``): chat turns around it would make the
+    completion prose."""
+    info = engine.info
+    return (info.base_model or not info.chat_template
+            or (info.fim is not None and info.fim[0] in prompt))
 
 
 PULL_STATUS = {"resolving": "pulling manifest", "verifying": "verifying sha256 digest",
@@ -389,7 +404,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
-                                          " shutting down or the model was unloaded).")
+                                          " shutting down, the model was unloaded, or a"
+                                          " newer autocomplete request replaced it).")
                 reasoning, content = thinking.flush()
                 yield json_line(final(event, content, reasoning)) + "\n"
         except Exception as exc:  # headers are sent: report the error in the stream

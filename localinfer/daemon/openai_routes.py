@@ -24,6 +24,7 @@ from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel
 from ..store.starter import available_models
+from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .errors import error_body, guarded
 from .fields import audit
@@ -89,11 +90,14 @@ def routes(state: DaemonState) -> list[Route]:
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise InvalidRequest("'prompt' must be a string (one prompt per request).")
-        if body.get("suffix"):
-            raise InvalidRequest("'suffix' (fill-in-the-middle) is served by Ollama's"
-                                 " /api/generate; /v1/completions takes a prompt only.")
         # The legacy API's logprobs is how many alternatives to send (OpenAI allows 5).
         params = replace(_params(f), logprobs=f.integer("logprobs", None, low=0))
+        suffix = f.string("suffix", "")
+        if suffix:  # fill-in-the-middle: an editor's autocomplete
+            return await _generate(state, request, f, lambda e: e.infill_tokens(prompt, suffix),
+                                   autocomplete_params(params, request, f.string("model"),
+                                                       prompt),
+                                   autocomplete_priority(request, body), chat=False)
         return await _generate(state, request, f, lambda e: e.completion_tokens(prompt),
                                params, priority_of(request, body), chat=False)
 
@@ -197,7 +201,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
-                                          " shutting down or the model was unloaded).")
+                                          " shutting down, the model was unloaded, or a"
+                                          " newer autocomplete request replaced it).")
                 reasoning, content = thinking.flush() if thinking else ("", "")
                 if reasoning or content:
                     yield chunk(content or None, None, timings_json(event.timings),

@@ -47,6 +47,10 @@ class LoadOptions:
     base_model: bool = False
     """The catalog lists the model as a base model (pretrained, not instruction-tuned): it
     continues text and does not follow instructions or chat."""
+    embedding_only: bool = False
+    """The catalog lists the model as an embedding model (the GGUF header may say so too)."""
+    fim_spm: bool = False
+    """The family was trained with fill-in-the-middle prompts in suffix-prefix-middle order."""
 
 
 class Backend(Protocol):
@@ -54,6 +58,13 @@ class Backend(Protocol):
 
     info: ModelInfo
     n_batch: int
+    fim_repo: tuple[str, str] | None
+    """The repo-level FIM token texts (``<|repo_name|>``, ``<|file_sep|>``), if the model
+    has them."""
+    fim_spm: bool
+    """FIM prompts go suffix first (see fim.py)."""
+    n_ctx_embed: int
+    """The most tokens one input to ``embed`` may have."""
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         """Text to tokens; special-token text (``<start_of_turn>``) becomes special tokens."""
@@ -105,6 +116,11 @@ class Backend(Protocol):
         """Drop sequence ``seq_id``'s KV cells at positions >= n_keep and return how many
         tokens are still usable: ``n_keep``, or 0 when the cache cannot be cut there (a
         sliding-window cache that no longer holds the window before ``n_keep``)."""
+        ...
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The pooled, unnormalised vector of each input (at most ``n_ctx_embed`` tokens
+        each), several inputs per decode."""
         ...
 
     def warm_up(self) -> None:

@@ -6,7 +6,8 @@ for events. The worker runs a continuous-batching loop: every step it puts the n
 each running sequence, plus a chunk of any prompt being read, into one batch, decodes it, and
 samples each sequence with its own native sampler. Finished sequences leave their KV cache in
 their slot, so a later request that starts with the same tokens (the previous chat turn, an
-editor resending a file) only evaluates what is new.
+editor resending a file) only evaluates what is new. Embeddings (``embed``) run on the same
+worker between two steps, many inputs per decode.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, Mod
 from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
+from .fim import FimFile, fim_prompt
 from .logprobs import Distribution
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
 from .types import (
     DEFAULT_SAMPLING,
     Done,
+    Embeddings,
     Event,
     FinishReason,
     LiveStats,
@@ -232,6 +235,8 @@ class Engine:
         self._preemptions_total = 0
         self._last_decode_tps = 0.0
         self._jobs: list[tuple[Callable[[], object], Future[Any]]] = []
+        self._step_jobs: list[tuple[Callable[[], object], Future[Any]]] = []
+        """Work for the worker between two steps, even while requests run (embeddings)."""
         self.ready = threading.Event()
         """Set once the worker has warmed the model up (load_ms then includes it), or has
         failed to: ``check()`` says which."""
@@ -275,22 +280,27 @@ class Engine:
         suffix: str,
         params: SamplingParams = DEFAULT_SAMPLING,
         *,
-        priority: Priority = Priority.NORMAL,
+        priority: Priority = Priority.INTERACTIVE,
         sink: Sink | None = None,
     ) -> Generation:
         """Fill in the middle between ``prefix`` and ``suffix`` (code completion), with the
-        model's FIM tokens in prefix-suffix-middle order."""
+        model's FIM tokens (see ``infill_tokens``). Interactive by default: a person is
+        typing and waiting for it."""
         return self.submit(self.infill_tokens(prefix, suffix), params, priority=priority,
                            sink=sink)
 
-    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
+                      extra: Sequence[FimFile] = (), n_predict: int | None = None,
+                      ) -> list[int]:
+        """The FIM prompt, built as llama-server's /infill builds it (see fim.py): ``extra``
+        files as repo-level context (``<|file_sep|>`` for families that have it), then prefix,
+        ``prompt`` (text typed at the cursor), suffix, in the family's order."""
         if self.info.fim is None:
             raise InvalidRequest(f"{self.info.name} has no fill-in-the-middle tokens; use a"
                                  " code model (e.g. qwen2.5-coder) for completions with a"
                                  " suffix.")
-        pre, suf, mid = self.info.fim
-        return self.backend.tokenize(f"{pre}{prefix}{suf}{suffix}{mid}",
-                                     add_special=self.info.add_bos)
+        return fim_prompt(self.backend, self.info, prefix, suffix, prompt=prompt,
+                          extra=extra, n_predict=n_predict)
 
     @property
     def chat_template_source(self) -> str:
@@ -321,6 +331,49 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return self.backend.tokenize(text, add_special=False)
 
+    def embedding_tokens(self, text: str, *, truncate: bool = True) -> list[int]:
+        """``text`` as the model reads it for an embedding: cut to the embedding context
+        when ``truncate``, else refused when longer."""
+        if not isinstance(text, str) or not text:
+            raise InvalidRequest("an input to embed must be a non-empty string.")
+        return self.embedding_input(self.backend.tokenize(text, add_special=True),
+                                    truncate=truncate)
+
+    def embedding_input(self, tokens: list[int], *, truncate: bool = True) -> list[int]:
+        n_max = self.backend.n_ctx_embed
+        if not tokens:
+            raise InvalidRequest("an input to embed must not be empty.")
+        if any(not 0 <= t < self.info.n_vocab for t in tokens):
+            raise InvalidRequest(f"token ids must be between 0 and {self.info.n_vocab - 1}.")
+        if len(tokens) <= n_max:
+            return tokens
+        if not truncate:
+            raise ContextOverflow(
+                f"an input is {len(tokens)} tokens but {self.info.name} embeds at most"
+                f" {n_max} at a time; shorten it, or send truncate: true to cut it.",
+                n_prompt=len(tokens), n_ctx=n_max)
+        return tokens[:n_max]
+
+    def embed(self, inputs: Sequence[list[int]]) -> Embeddings:
+        """The model's pooled vector for each input (token lists from ``embedding_tokens``),
+        as they come (not normalised). Many inputs share each decode; an embedding model pools
+        as it was trained to, a generative one by the mean of its last hidden states. Runs on
+        the worker between two generation steps, so streams keep flowing."""
+        if not inputs:
+            raise InvalidRequest("there is nothing to embed: send at least one input.")
+        started = time.perf_counter()
+        vectors = self._between_steps(lambda: self.backend.embed(inputs))
+        return Embeddings(vectors=vectors, prompt_tokens=sum(len(t) for t in inputs),
+                          total_ms=(time.perf_counter() - started) * 1000.0)
+
+    def _between_steps(self, fn: Callable[[], T]) -> T:
+        future: Future[T] = Future()
+        with self._cv:
+            self._check_open()
+            self._step_jobs.append((fn, future))
+            self._cv.notify()
+        return future.result()
+
     def submit(
         self,
         prompt: list[int],
@@ -331,6 +384,10 @@ class Engine:
     ) -> Generation:
         params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
         n_ctx = self.info.n_ctx
+        if self.info.embedding_only:
+            raise InvalidRequest(f"{self.info.name} is an embedding model: it returns vectors"
+                                 " and generates no text. Use /api/embed or /v1/embeddings,"
+                                 " or a chat or code model here.")
         if not prompt:
             raise InvalidRequest("the prompt is empty after tokenization.")
         if len(prompt) >= n_ctx:
@@ -351,10 +408,12 @@ class Engine:
             generation=generation,
             seed=seed,
             t_submit=time.perf_counter(),
-            assembler=TextAssembler(params.stop),
+            assembler=TextAssembler(params.stop, min_indent=params.n_indent),
             target=list(prompt),
         )
         generation.request = request
+        if params.supersede is not None:
+            self._supersede(params.supersede)
         with self._cv:
             self._check_open()
             if len(self._pending) >= self.max_queue:
@@ -365,6 +424,16 @@ class Engine:
             self._requests_total += 1
             self._cv.notify()
         return generation
+
+    def _supersede(self, key: str) -> None:
+        """Cancel the requests a new one with this key replaces (each ends within a token,
+        its slot free for the new one; its KV cache stays for the new one's shared prefix)."""
+        with self._cv:
+            older = [r for r in self._pending if r.params.supersede == key] + [
+                s.req for s in self._slots
+                if s.req is not None and s.req.params.supersede == key]
+        for request in older:
+            request.generation.cancel()
 
     def stats(self) -> EngineStats:
         with self._cv:
@@ -499,9 +568,10 @@ class Engine:
                 if not self._active():
                     self._flush()  # nothing is decoding: deliver what the last step made
                     self._run_jobs()
+                self._run_step_jobs()
                 with self._cv:
                     while not (self._closing or self._pending or self._active() or
-                               self._jobs):
+                               self._jobs or self._step_jobs):
                         self._cv.wait()
                     if self._closing:
                         break
@@ -519,6 +589,15 @@ class Engine:
             self.ready.set()  # never leave a waiter hanging, even if the warm-up failed
             self._shutdown()
             self._flush()
+
+    def _run_step_jobs(self) -> None:
+        with self._cv:
+            jobs, self._step_jobs = self._step_jobs, []
+        for fn, future in jobs:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # delivered to the caller
+                future.set_exception(exc)
 
     def _run_jobs(self) -> None:
         with self._cv:
@@ -741,8 +820,11 @@ class Engine:
         text = request.assembler.push(self.backend.token_bytes(token))
         if text:
             self._post(request, Token(text, _live(request, now), request.unsent_logprobs()))
-        if request.assembler.stopped:
-            self._finish(slot, "stop", now)
+        limit_ms = request.params.t_max_predict_ms
+        if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
+            self._finish(slot, "length", now)  # autocomplete's time limit, at a line's end
+        elif request.assembler.stopped:
+            self._finish(slot, "length" if request.assembler.indent_stopped else "stop", now)
         elif request.params.max_tokens is not None and \
                 request.n_generated >= request.params.max_tokens:
             self._finish(slot, "length", now)
@@ -786,7 +868,8 @@ class Engine:
         error = LocalInferError(f"the engine stopped unexpectedly: {exc}")
         with self._cv:
             pending, self._pending = self._pending, []
-            jobs, self._jobs = self._jobs, []
+            jobs, self._jobs = self._jobs + self._step_jobs, []
+            self._step_jobs = []
             self._closing = True
         for request in pending:
             self._free_sampler(request)
@@ -810,7 +893,8 @@ class Engine:
         now = time.perf_counter()
         with self._cv:
             pending, self._pending = self._pending, []
-            jobs, self._jobs = self._jobs, []
+            jobs, self._jobs = self._jobs + self._step_jobs, []
+            self._step_jobs = []
         for request in pending:
             self._free_sampler(request)  # a preempted request still holds its sampler
             self._post(request, _done(request, "cancelled", now))  # after its last tokens

@@ -9,6 +9,7 @@ one word-piece per token, with optional delays per decode step and per prompt to
 
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
@@ -58,11 +59,22 @@ class FakeBackend:
         n_ctx_train: int | None = None,
         base_model: bool = False,
         chat_template: str | None = None,
+        fim_repo: bool = False,
+        fim_spm: bool = False,
+        embedding_only: bool = False,
+        n_embd: int = 16,
+        embed_delay_s: float = 0.0,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
         self.prompt_delay_s = prompt_delay_s
         self.n_batch = n_batch
+        self.fim_repo = ("<repo_name>", "<file_sep>") if fim_repo else None
+        self.fim_spm = fim_spm
+        self.n_ctx_embed = n_ctx
+        self.n_embd = n_embd
+        self.embed_delay_s = embed_delay_s
+        self.embed_calls: list[int] = []  # inputs per embed call, for tests of batching
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
@@ -93,6 +105,7 @@ class FakeBackend:
             eos_text=EOS,
             fim=("<fim_prefix>", "<fim_suffix>", "<fim_middle>") if fim else None,
             base_model=base_model,
+            embedding_only=embedding_only,
         )
 
     # --- vocabulary -------------------------------------------------------------------------
@@ -188,6 +201,24 @@ class FakeBackend:
         cells = self._seqs.setdefault(seq_id, [])
         del cells[start:]
         return len(cells)
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """A bag-of-pieces vector: the mean of one fixed pseudo-random vector per token, so
+        that equal texts get equal vectors and texts sharing words point the same way."""
+        self.embed_calls.append(len(inputs))
+        if self.embed_delay_s:
+            time.sleep(self.embed_delay_s)
+        vectors = []
+        for tokens in inputs:
+            if not tokens or len(tokens) > self.n_ctx_embed:
+                raise LocalInferError(f"fake embed: an input of {len(tokens)} tokens")
+            total = [0.0] * self.n_embd
+            for token in tokens:
+                rng = random.Random(token)
+                for i in range(self.n_embd):
+                    total[i] += rng.uniform(-1.0, 1.0)
+            vectors.append([x / len(tokens) for x in total])
+        return vectors
 
     def warm_up(self) -> None:
         self.warmed_up_on = threading.current_thread().name

@@ -21,6 +21,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+from ..catalog import is_embedding_header
 from ..errors import InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from ..protocol import ModelInfo
@@ -77,6 +78,16 @@ class Device:
 
 
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+EMBED_SEQS = 32
+"""Inputs embedded together in one decode (each its own sequence)."""
+EMBED_CTX_MAX = 2048
+"""The most tokens an input to embed may have. Every input is read in one micro-batch (a
+bidirectional encoder must see its whole input at once), and without flash attention the
+compute buffer holds n_ubatch^2 x n_head attention scores: 200 MB at 2,048 for 12 heads."""
+EMBED_CTX_GENERATIVE = 512
+"""The same for a generative model asked for embeddings: a second context on the same weights,
+kept small (a 512-token cache and micro-batch) so that it costs little memory."""
+
 _GGML_KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids
 
 
@@ -230,6 +241,8 @@ class LlamaBackend:
         self._model = None
         self._ctx = None
         self._batch = None
+        self._embed_ctx = None
+        self._embed_batch = None
         gpu = ([d for d in devices() if d.kind in ("gpu", "igpu")]
                if L.llama_supports_gpu_offload() else [])
         # Checked before the weights load: a bad combination fails at once.
@@ -258,8 +271,11 @@ class LlamaBackend:
         self._never_bias = (L.llama_logit_bias * len(self.never_sampled))(
             *(L.llama_logit_bias(token, -np.inf) for token in self.never_sampled.tolist()))
 
-        n_slots = max(1, options.n_slots)
+        self.embedding_only = options.embedding_only or is_embedding_header(
+            header.architecture, header.arch_value("pooling_type"))
+        n_slots = 1 if self.embedding_only else max(1, options.n_slots)
         threads = options.n_threads or _physical_cores()
+        self._threads = (threads, options.n_threads_batch or threads)
         n_layers = L.llama_model_n_layer(self._model)
         offloaded = _offloaded_layers(options.n_gpu_layers, n_layers, gpu_build=bool(gpu))
         cparams = L.llama_context_default_params()
@@ -277,6 +293,13 @@ class LlamaBackend:
             no_perf=True,
             flash_attn_type=flash_attn,
         )
+        if self.embedding_only:
+            # Inputs are separate sequences in one shared cache (an encoder has none), each
+            # read whole in one micro-batch; the model's own pooling, else the mean.
+            n_embed = min(options.n_ctx, EMBED_CTX_MAX)
+            _set(cparams, n_ctx=n_embed, n_batch=n_embed, n_ubatch=n_embed,
+                 n_seq_max=EMBED_SEQS, kv_unified=True, embeddings=True,
+                 pooling_type=self._pooling(header))
         if options.kv_type != "f16":
             kv = _GGML_KV_TYPES.get(options.kv_type)
             if kv is None:
@@ -293,6 +316,11 @@ class LlamaBackend:
         self._mem = L.llama_get_memory(self._ctx)
         self.n_batch = options.n_batch
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.fim_spm = options.fim_spm
+        self._embed_ctx = self._ctx if self.embedding_only else None
+        self._embed_batch = None
+        self.n_ctx_embed = (L.llama_n_ctx(self._ctx) if self.embedding_only
+                            else min(EMBED_CTX_GENERATIVE, L.llama_n_ctx_seq(self._ctx)))
         self.load_ms = (time.perf_counter() - t0) * 1000.0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
@@ -302,6 +330,9 @@ class LlamaBackend:
         self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
         self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
                                    offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
+        repo, sep = L.llama_vocab_fim_rep(self._vocab), L.llama_vocab_fim_sep(self._vocab)
+        self.fim_repo = ((self._special_text(repo), self._special_text(sep))
+                         if repo >= 0 and sep >= 0 else None)
 
     def _scan_vocab(self) -> np.ndarray:
         """``never_sampled_tokens`` of this vocabulary. Reading the attribute of each of the
@@ -328,6 +359,9 @@ class LlamaBackend:
         compute must happen on one thread, or llama.cpp's OpenMP threads slow down by a
         third (libgomp stops spinning once it manages more threads than there are CPUs)."""
         bos = L.llama_vocab_bos(self._vocab)
+        if self.embedding_only:
+            self.embed([[bos if bos >= 0 else 0]])
+            return
         self.decode([bos if bos >= 0 else 0], [0], [0], [True])
         L.llama_memory_clear(self._mem, True)
 
@@ -372,6 +406,7 @@ class LlamaBackend:
             eos_text=self._special_text(eos),
             add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
             fim=self._fim_texts(),
+            embedding_only=self.embedding_only,
         )
 
     def _fim_texts(self) -> tuple[str, str, str] | None:
@@ -517,7 +552,87 @@ class LlamaBackend:
         L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         return 0
 
+    # --- embeddings ------------------------------------------------------------------------
+    @staticmethod
+    def _pooling(header: GGUFHeader) -> int:
+        """The model's own pooling when its file declares one, else the mean (as Ollama
+        pools a generative model)."""
+        declared = header.arch_value("pooling_type")
+        if isinstance(declared, int) and declared > 0:
+            return L.LLAMA_POOLING_TYPE_UNSPECIFIED  # llama.cpp reads it from the file
+        return L.LLAMA_POOLING_TYPE_MEAN
+
+    def _embedding_context(self) -> ctypes.c_void_p:
+        """The context that embeds: the model's own for an embedding model; for a generative
+        one a small second context on the same weights, made on first use, that mean-pools
+        the last hidden states."""
+        if self._embed_ctx is None:
+            cparams = L.llama_context_default_params()
+            n = self.n_ctx_embed
+            _set(cparams, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=EMBED_SEQS,
+                 kv_unified=True, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN,
+                 n_threads=self._threads[0], n_threads_batch=self._threads[1], no_perf=True,
+                 flash_attn_type=0)
+            ctx = L.llama_init_from_model(self._model, cparams)
+            if not ctx:
+                raise LocalInferError(f"llama.cpp could not create a context for embeddings"
+                                      f"{_llama_said()}")
+            self._embed_ctx = ctx
+        if self._embed_batch is None:
+            self._embed_batch = L.llama_batch_init(self.n_ctx_embed, 0, 1)
+        return self._embed_ctx
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        ctx = self._embedding_context()
+        batch = self._embed_batch
+        assert batch is not None  # made with the context
+        mem = L.llama_get_memory(ctx)
+        n_embd = L.llama_model_n_embd(self._model)
+        vectors: list[list[float]] = []
+        i = 0
+        while i < len(inputs):
+            group: list[Sequence[int]] = []
+            n = 0
+            while (i < len(inputs) and len(group) < EMBED_SEQS
+                   and n + len(inputs[i]) <= self.n_ctx_embed):
+                group.append(inputs[i])
+                n += len(inputs[i])
+                i += 1
+            if not group:
+                raise LocalInferError(f"an input of {len(inputs[i])} tokens is longer than"
+                                      f" the {self.n_ctx_embed} tokens embedded at once")
+            k = 0
+            for seq, tokens in enumerate(group):
+                for pos, token in enumerate(tokens):
+                    batch.token[k] = token
+                    batch.pos[k] = pos
+                    batch.n_seq_id[k] = 1
+                    batch.seq_id[k][0] = seq
+                    batch.logits[k] = True
+                    k += 1
+            batch.n_tokens = k
+            try:
+                rc = L.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise LocalInferError(f"llama_decode failed while embedding (error {rc})"
+                                          f"{_llama_said()}")
+                for seq in range(len(group)):
+                    row = L.llama_get_embeddings_seq(ctx, seq)
+                    if not row:
+                        raise LocalInferError("llama.cpp returned no pooled embedding")
+                    vectors.append(np.ctypeslib.as_array(row, shape=(n_embd,)).tolist())
+            finally:
+                if mem:
+                    L.llama_memory_clear(mem, True)
+        return vectors
+
     def close(self) -> None:
+        if self._embed_batch is not None:
+            L.llama_batch_free(self._embed_batch)
+            self._embed_batch = None
+        if self._embed_ctx is not None and self._embed_ctx != self._ctx:
+            L.llama_free(self._embed_ctx)
+        self._embed_ctx = None
         if self._batch is not None:
             L.llama_batch_free(self._batch)
             self._batch = None

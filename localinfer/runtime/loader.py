@@ -44,6 +44,16 @@ def is_base_model(name: str, catalog: Catalog | None = None) -> bool:
     return spec.base
 
 
+def is_embedding_only(name: str, catalog: Catalog | None = None) -> bool:
+    """Whether the catalog lists ``name`` as an embedding model (False for a name it does
+    not know: the GGUF header still decides, see runtime/llama.py)."""
+    try:
+        spec, _ = (catalog or load_catalog()).lookup(name)
+    except KeyError:
+        return False
+    return spec.embedding_only
+
+
 def load_engine(
     path: str | Path,
     options: LoadOptions,
@@ -68,6 +78,11 @@ def load_engine(
         options = replace(options, chat_template=fallback_template(header, family))
     if not options.base_model:
         options = replace(options, base_model=is_base_model(name))
+    if not options.embedding_only:
+        options = replace(options, embedding_only=is_embedding_only(name))
+    fam = load_catalog().family_for(family) if family else None
+    if fam is not None and fam.fim_order == "spm":
+        options = replace(options, fim_spm=True)
     try:
         from .llama import LlamaBackend
     except ImportError as exc:

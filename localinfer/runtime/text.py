@@ -9,29 +9,70 @@ class TextAssembler:
     """Collects token bytes into text and holds back what might be the start of a stop string.
 
     ``push`` returns the text that is safe to show now. When a stop string appears, everything
-    from it on is dropped and ``stopped`` becomes True.
+    from it on is dropped and ``stopped`` becomes True. With ``min_indent`` (autocomplete's
+    n_indent), a line after the first is held back until its indentation is known, and one
+    indented by fewer spaces or tabs stops the text before it (blank lines pass).
     """
 
-    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, stop: tuple[str, ...] = (), *, min_indent: int = 0) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
         self._longest_stop = max((len(s) for s in stop), default=0)
         self._pending = ""  # decoded text not yet released (could begin a stop string)
         self.text = ""  # everything released so far
         self.stopped = False
+        self._min_indent = min_indent
+        self._line_head = ""  # a new line's leading whitespace, held back (min_indent only)
+        self._in_head = False
+        self.indent_stopped = False
+        """The text stopped at a line indented less than ``min_indent`` (a limit, as
+        llama-server reports it, not a stop string)."""
 
     def push(self, data: bytes) -> str:
         if self.stopped:
             return ""
         self._pending += self._decoder.decode(data)
-        return self._release()
+        return self._indented(self._release())
 
     def flush(self) -> str:
         """Release what is held back at the end of generation (no more text will come)."""
         if self.stopped:
             return ""
         self._pending += self._decoder.decode(b"", final=True)
-        return self._release(final=True)
+        out = self._indented(self._release(final=True))
+        if self._in_head and not self.stopped:  # whitespace at the very end: let it go
+            out, self._line_head = out + self._line_head, ""
+        return out
+
+    def _indented(self, released: str) -> str:
+        """The part of ``released`` (already added to ``text``) that may be shown, holding
+        back a new line's indentation until its first other character decides it."""
+        if not self._min_indent or not released:
+            return released
+        out = []
+        rest = released
+        while rest:
+            if self._in_head:
+                body = rest.lstrip(" \t")
+                self._line_head += rest[:len(rest) - len(body)]
+                if not body:
+                    break
+                if body[0] != "\n" and len(self._line_head) < self._min_indent:
+                    # This line ends the completion: take it (and all after) off the text.
+                    cut = len(self._line_head) + len(body)
+                    self.text = self.text[:len(self.text) - cut]
+                    self._pending, self._line_head, self.stopped = "", "", True
+                    self.indent_stopped = True
+                    break
+                out.append(self._line_head)
+                self._line_head, self._in_head, rest = "", False, body
+            newline = rest.find("\n")
+            if newline < 0:
+                out.append(rest)
+                break
+            out.append(rest[:newline + 1])
+            rest, self._in_head = rest[newline + 1:], True
+        return "".join(out)
 
     def _release(self, final: bool = False) -> str:
         if not self._stop:

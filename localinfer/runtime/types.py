@@ -72,6 +72,16 @@ class SamplingParams:
     logprobs: int | None = None
     """Report each generated token's log-probability with this many most likely alternatives
     (0: the token's alone); None (the default) computes nothing."""
+    t_max_predict_ms: float | None = None
+    """Autocomplete's time limit (llama-server's): the generation stops at the first new line
+    generated later than this after the first token (a whole line, never a cut one)."""
+    n_indent: int = 0
+    """Autocomplete's indentation floor (llama-server's): a new line indented by fewer than
+    this many spaces or tabs ends the generation, without that line."""
+    supersede: str | None = None
+    """Autocomplete's keystroke rule: a later request with the same key (one editor, one
+    file) cancels this one if it is still waiting or running; editors send one per keystroke
+    and want only the newest."""
 
     def validate(self) -> SamplingParams:
         """Raise InvalidRequest for a value no sampler can use; return self."""
@@ -113,6 +123,14 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs (logprobs on /v1/completions) must be between"
                                  f" 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}.")
+        if self.t_max_predict_ms is not None and not (
+                isinstance(self.t_max_predict_ms, (int, float))
+                and 0 <= self.t_max_predict_ms < math.inf):
+            raise InvalidRequest(f"t_max_predict_ms must be 0 (off) or more milliseconds, got"
+                                 f" {self.t_max_predict_ms!r}.")
+        if not 0 <= self.n_indent < 1024:
+            raise InvalidRequest(f"n_indent must be between 0 (off) and 1023, got"
+                                 f" {self.n_indent}.")
         if len(self.stop) > 16:
             raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}.")
         return self
@@ -241,6 +259,27 @@ class Done:
 
 
 Event = Token | Done
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The vectors for a list of inputs, in their order: the model's pooled output as it is
+    (callers that want unit vectors normalise them; see ``normalized``)."""
+
+    vectors: list[list[float]]
+    prompt_tokens: int
+    """Tokens read, all inputs together."""
+    total_ms: float
+    """From submission to the last vector."""
+
+
+def normalized(vector: list[float], dimensions: int | None = None) -> list[float]:
+    """``vector`` cut to its first ``dimensions`` values (Matryoshka models are trained for
+    that) and scaled to length 1, as Ollama and llama-server return embeddings. A zero vector
+    stays zero."""
+    cut = vector[:dimensions] if dimensions else vector
+    norm = math.sqrt(math.fsum(x * x for x in cut))
+    return [x / norm for x in cut] if norm > 0 else list(cut)
 
 
 def _rate(tokens: int, ms: float) -> float:

@@ -1,0 +1,43 @@
+"""What makes a fill-in-the-middle request an autocomplete request, on every route that takes
+one (``/infill``, ``/v1/completions`` and ``/api/generate`` with a ``suffix``): it runs at
+interactive priority (someone is typing), and the next keystroke's request from the same client
+cancels it if it is still running.
+
+"The same client" is the same peer address asking the same model about text that starts the
+same way: the first ``KEY_CHARS`` characters of the lines before the cursor's line (editors send
+the file, or a window of lines, from a fixed start, and typing changes the cursor's line). Two
+editors on one machine share an address, so each still gets its own completions as long as
+their files differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from starlette.requests import Request
+
+from ..runtime.types import Priority, SamplingParams
+from .requests import parse_priority
+
+KEY_CHARS = 256
+"""How much of the text before the cursor tells one file's requests from another's."""
+
+
+def supersede_key(request: Request, model: str, context: str) -> str:
+    """The key under which a newer request from this client replaces an older one."""
+    peer = request.client.host if request.client else "local"
+    lines_before = context[:context.rfind("\n") + 1]
+    return f"{peer}\0{model}\0{lines_before[:KEY_CHARS]}"
+
+
+def autocomplete_params(params: SamplingParams, request: Request, model: str,
+                        context: str) -> SamplingParams:
+    return dataclasses.replace(params, supersede=supersede_key(request, model, context))
+
+
+def autocomplete_priority(request: Request, body: dict[str, Any]) -> Priority:
+    """Interactive unless the client says otherwise (``priority`` or the
+    ``X-Localinfer-Priority`` header)."""
+    asked = body.get("priority") or request.headers.get("x-localinfer-priority")
+    return Priority.INTERACTIVE if asked is None else parse_priority(asked)

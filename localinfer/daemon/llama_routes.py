@@ -1,0 +1,208 @@
+"""llama-server's routes that editor plugins use: ``/infill`` (llama.vscode's and llama.vim's
+autocomplete), with its request and response shapes.
+
+The request: ``input_prefix``, ``input_suffix``, ``input_extra`` (files as ``[{filename,
+text}]``, repo-level context), ``prompt`` (text typed at the cursor), ``n_predict``,
+``t_max_predict_ms``, ``n_indent``, the samplers, ``stream``, ``cache_prompt``,
+``response_fields`` (llama.vim: only those fields of the final reply); ``model`` is
+optional (llama-server serves one model): without it the most recently used loaded model with
+FIM tokens answers, else the configured default model. The reply is llama-server's completion
+object (``content``, ``stop``, ``stop_type``, ``tokens_predicted``, ``tokens_evaluated``,
+``tokens_cached``, ``timings`` with ``prompt_n``/``predicted_per_second``...), or with
+``stream`` its server-sent events, one per piece of text, the last with ``stop: true``.
+
+llama.vscode always sends ``t_max_prompt_ms``, which llama-server reads but does not enforce;
+it is accepted here likewise. Its ``samplers`` list turns off the samplers it leaves out (as in
+llama.cpp, a missing ``temperature`` means 1); the ``infill`` sampler it names is accepted and
+not applied: the standard chain samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import InvalidRequest, LocalInferError
+from ..protocol import json_line
+from ..runtime.engine import Engine
+from ..runtime.fim import FimFile
+from ..runtime.types import DEFAULT_SAMPLING, Done, SamplingParams, Token
+from .autocomplete import autocomplete_params, autocomplete_priority
+from .bridge import BridgeResponse, start_generation, whole_reply
+from .errors import error_body, guarded
+from .requests import Fields, read_json, sampling
+from .state import DaemonState
+
+INFILL_FIELDS = frozenset({
+    "model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "max_tokens",
+    "t_max_predict_ms", "t_max_prompt_ms", "n_indent", "stream", "cache_prompt", "samplers",
+    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+    "frequency_penalty", "presence_penalty", "seed", "stop", "speculative", "priority",
+    "id_slot", "response_fields"})
+SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
+
+
+def routes(state: DaemonState) -> list[Route]:
+    async def infill(request: Request) -> Response:
+        body = await read_json(request)
+        unknown = sorted(set(body) - INFILL_FIELDS)
+        if unknown:
+            raise InvalidRequest(f"'{unknown[0]}' is not supported by /infill.")
+        f = Fields(body)
+        prefix = f.string("input_prefix", "")
+        suffix = f.string("input_suffix", "")
+        typed = f.string("prompt", "")
+        extra = _extra(body.get("input_extra"))
+        if f.boolean("cache_prompt", True) is False:
+            raise InvalidRequest("'cache_prompt': false is not supported: the KV cache of an"
+                                 " earlier request with the same start is always reused.")
+        id_slot = f.integer("id_slot", -1)
+        if id_slot != -1:
+            raise InvalidRequest("'id_slot' must be -1: the engine picks the slot whose cache"
+                                 " the prompt shares most.")
+        f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
+        fields = _response_fields(body.get("response_fields"))
+        name = f.string("model", None) or _default_model(state)
+        params = _params(f)
+        params = autocomplete_params(params, request, name, prefix)
+
+        def encode(engine: Engine) -> list[int]:
+            return engine.infill_tokens(prefix, suffix, prompt=typed, extra=extra,
+                                        n_predict=params.max_tokens)
+
+        entry, events, stack = await start_generation(
+            state.manager, name, encode, params, autocomplete_priority(request, body))
+        model = entry.name
+        if not f.boolean("stream", False):
+            done = await whole_reply(state, request, events, stack)
+            return JSONResponse(_only(fields, _final(done, model, done.text)))
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                n = 0
+                async for event in events:
+                    if isinstance(event, Token):
+                        n = event.live.n_tokens
+                        yield _sse({"index": 0, "content": event.text, "tokens": [],
+                                    "stop": False, "id_slot": -1, "tokens_predicted": n,
+                                    "model": model})
+                        continue
+                    state.record(event)
+                    yield _sse(_only(fields, _final(event, model, "")))
+            except Exception as exc:  # headers are sent: report the error in the stream
+                status = exc.http_status if isinstance(exc, LocalInferError) else 500
+                message = exc.message if isinstance(exc, LocalInferError) else str(exc)
+                yield _sse(error_body(request.url.path, status, message))
+
+        return BridgeResponse(stream(), events, media_type="text/event-stream",
+                              on_close=stack.aclose)
+
+    return [Route("/infill", guarded(state, "infill", infill), methods=["POST"])]
+
+
+def _extra(value: Any) -> list[FimFile]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest("'input_extra' must be a list of {filename, text} objects.")
+    files = []
+    for i, item in enumerate(value):
+        f = Fields(item, f"input_extra[{i}].")
+        files.append(FimFile(filename=f.string("filename", "tmp"), text=f.string("text", "")))
+    return files
+
+
+def _response_fields(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise InvalidRequest("'response_fields' must be a list of field paths like"
+                             " \"timings/prompt_n\".")
+    return value
+
+
+def _only(paths: list[str], reply: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``response_fields``: only these fields of the final reply, each under
+    its path ("timings/prompt_n"); a path the reply lacks is left out."""
+    if not paths:
+        return reply
+    out = {}
+    for path in paths:
+        value: Any = reply
+        for key in path.split("/"):
+            value = value.get(key, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT:
+            out[path] = value
+    return out
+
+
+_ABSENT = object()
+
+
+def _default_model(state: DaemonState) -> str:
+    manager = state.manager
+    with_fim = [e for e in manager.loaded.values() if e.engine.info.fim is not None]
+    if with_fim:
+        return max(with_fim, key=lambda e: e.last_used).name
+    if manager.config.default_model:
+        return manager.config.default_model
+    raise InvalidRequest("/infill needs a model: send 'model' (a code model with"
+                         " fill-in-the-middle tokens, e.g. qwen2.5-coder:1.5b), load one, or"
+                         " set default_model in config.toml.")
+
+
+def _params(f: Fields) -> SamplingParams:
+    n_predict = f.integer("n_predict", None)
+    if n_predict is None:
+        n_predict = f.integer("max_tokens", None)
+    if n_predict == 0:
+        raise InvalidRequest("'n_predict' must be positive (or -1 for no limit).")
+    defaults = DEFAULT_SAMPLING
+    samplers = f.data.get("samplers")
+    if samplers is not None:
+        if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
+            raise InvalidRequest("'samplers' must be a list of sampler names.")
+        unknown = sorted(set(samplers) - SAMPLER_NAMES)
+        if unknown:
+            raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
+                                 f" {', '.join(sorted(SAMPLER_NAMES))}).")
+        # As in llama.cpp, a sampler left out of the list does not run.
+        defaults = SamplingParams(
+            top_k=defaults.top_k if "top_k" in samplers else 0,
+            top_p=defaults.top_p if "top_p" in samplers else 1.0,
+            min_p=defaults.min_p if "min_p" in samplers else 0.0,
+            temperature=defaults.temperature if "temperature" in samplers else 1.0)
+    params = sampling(f, max_tokens=None if n_predict is None or n_predict < 0 else n_predict,
+                      defaults=defaults)
+    t_max = f.number("t_max_predict_ms", None)
+    return dataclasses.replace(params, t_max_predict_ms=t_max if t_max and t_max > 0 else None,
+                               n_indent=f.integer("n_indent", 0, low=0)).validate()
+
+
+def _final(done: Done, model: str, content: str) -> dict[str, Any]:
+    t = done.timings
+    stop_type = {"stop": "eos", "length": "limit"}.get(done.finish_reason, "none")
+    return {
+        "index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True,
+        "model": model, "tokens_predicted": t.completion_tokens,
+        "tokens_evaluated": t.prompt_tokens, "tokens_cached": t.cached_tokens,
+        "truncated": False, "has_new_line": "\n" in done.text, "stop_type": stop_type,
+        "stopping_word": "", "superseded": done.finish_reason == "cancelled",
+        "timings": {
+            "prompt_n": t.prefill_tokens, "prompt_ms": t.prefill_ms,
+            "prompt_per_token_ms": t.prefill_ms / t.prefill_tokens if t.prefill_tokens else 0.0,
+            "prompt_per_second": t.prefill_tps, "predicted_n": t.completion_tokens,
+            "predicted_ms": t.decode_ms,
+            "predicted_per_token_ms": t.decode_ms / t.decode_tokens if t.decode_tokens else 0.0,
+            "predicted_per_second": t.decode_tps, "cache_n": t.cached_tokens,
+        },
+    }
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json_line(obj)}\n\n"

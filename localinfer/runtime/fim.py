@@ -1,0 +1,100 @@
+"""Fill-in-the-middle prompts: the tokens a code model reads to complete code at a cursor.
+
+Built as llama-server's ``/infill`` builds them, so editors tuned for it get the same prompt:
+repo-level context first (for families with ``<|repo_name|>``/``<|file_sep|>`` tokens, such as
+Qwen2.5-Coder: the repository, then each extra file under its name, then the current file's
+name; for others each extra file after a ``--- snippet ---`` line), then the prefix and the
+text typed at the cursor, the suffix, and the middle token that asks for the completion. Most
+families read prefix then suffix (PSM); a family trained suffix first (SPM) gets that order, in
+which the suffix, which changes less often than the text before the cursor, comes first and
+its KV cache is reused by the next keystroke's request.
+
+When it does not all fit the context, with room left to generate, the prefix keeps its end (next
+to the cursor) and the suffix its start (3:1, as llama-server), and whole extra files are left out
+from the first (the farthest), so that what stays keeps its KV cache from keystroke to keystroke.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import InvalidRequest
+from ..protocol import ModelInfo
+
+REPO_NAME = "myproject"
+"""The repository name written after ``<|repo_name|>``: llama-server's, which editors tuned
+for it expect (no client sends one)."""
+CURRENT_FILE = "filename"
+"""The current file's name after the last ``<|file_sep|>`` (llama-server's placeholder)."""
+SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
+"""Between extra files, for families without file tokens (llama-server's)."""
+CUT_STEP = 256
+"""A prefix too long for the context loses its head in steps of this many tokens."""
+
+
+@dataclass(frozen=True)
+class FimFile:
+    """An extra file (or a chunk of one) the editor sends as context."""
+
+    filename: str
+    text: str
+
+
+class _Tokenizer(Protocol):
+    fim_repo: tuple[str, str] | None
+    fim_spm: bool
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
+
+
+def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *,
+               prompt: str = "", extra: Sequence[FimFile] = (),
+               n_predict: int | None = None) -> list[int]:
+    """The FIM prompt's tokens (``info.fim`` must be set)."""
+    assert info.fim is not None, "fim_prompt needs a model with FIM tokens"
+    pre, suf, mid = info.fim
+
+    def tokens(text: str) -> list[int]:
+        return backend.tokenize(text, add_special=False) if text else []
+
+    header: list[int] = []
+    files: list[list[int]] = []
+    repo = backend.fim_repo
+    if repo is not None:
+        header = tokens(f"{repo[0]}{REPO_NAME}\n")
+    for file in extra:
+        mark = f"{repo[1]}{file.filename or 'tmp'}\n" if repo is not None else SNIPPET_SEPARATOR
+        files.append(tokens(mark) + tokens(file.text))
+    current = tokens(f"{repo[1]}{CURRENT_FILE}\n") if repo is not None else []
+
+    prefix_tokens = tokens(prefix)
+    suffix_tokens = tokens(suffix)
+    typed = tokens(prompt)
+    marks = tokens(pre) + tokens(suf) + tokens(mid)
+    bos = backend.tokenize("", add_special=True) if info.add_bos else []
+    n_ctx = info.n_ctx
+    reserve = n_predict if n_predict and n_predict > 0 else max(16, n_ctx // 8)
+    budget = (n_ctx - min(reserve, n_ctx // 2) - len(marks) - len(bos) - len(typed)
+              - len(header) - len(current))
+    if budget <= 0:
+        raise InvalidRequest(f"the text typed at the cursor ('prompt') leaves no room in the"
+                             f" context of {n_ctx} tokens.")
+    if len(prefix_tokens) + len(suffix_tokens) > budget:
+        n_suffix = min(len(suffix_tokens), budget // 4)
+        n_prefix = min(len(prefix_tokens), budget - n_suffix)
+        # The prefix loses its head in whole steps, so that it stays put (and its KV cache
+        # stays reusable) while the user types.
+        drop = -(-(len(prefix_tokens) - n_prefix) // CUT_STEP) * CUT_STEP
+        prefix_tokens = prefix_tokens[min(drop, len(prefix_tokens)):]
+        suffix_tokens = suffix_tokens[:min(len(suffix_tokens), budget - len(prefix_tokens))]
+    room = budget - len(prefix_tokens) - len(suffix_tokens)
+    while files and sum(map(len, files)) > room:
+        files.pop(0)  # whole files, the farthest first: what stays keeps its cache
+    extra_tokens = header + [t for f in files for t in f] + current
+
+    head = tokens(pre) + prefix_tokens + typed
+    tail = tokens(suf) + suffix_tokens
+    first, second = (tail, head) if backend.fim_spm else (head, tail)
+    return bos + extra_tokens + first + second + tokens(mid)

@@ -1,0 +1,269 @@
+"""Fill-in-the-middle and autocomplete: the FIM prompt (repo-level context, SPM order, what is
+cut when it does not fit), llama-server's t_max_predict_ms and n_indent, a newer request from
+the same client cancelling the older one, and every route that takes a suffix (/infill,
+/v1/completions, /api/generate) with the requests editors send, through the real openai and
+ollama clients, on the fake backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
+from localinfer.errors import InvalidRequest
+from localinfer.runtime.fim import FimFile
+from localinfer.runtime.text import TextAssembler
+from localinfer.runtime.types import Priority, SamplingParams
+
+
+def echo(prompt: str) -> str:
+    """A reply that shows the prompt the model read (FIM marks spelled out)."""
+    return "|" + prompt.replace("<", "[").replace(">", "]") + "|"
+
+
+def test_fim_prompt_in_prefix_suffix_middle_order(fake_engine):
+    engine = fake_engine(fim=True)
+    text = engine.backend.detokenize(engine.infill_tokens("def f(", "):", prompt="x"))
+    assert text == "<bos><fim_prefix>def f(x<fim_suffix>):<fim_middle>"
+
+
+def test_fim_prompt_suffix_first_for_spm_families(fake_engine):
+    engine = fake_engine(fim=True, fim_spm=True)
+    text = engine.backend.detokenize(engine.infill_tokens("def f(", "):"))
+    assert text == "<bos><fim_suffix>):<fim_prefix>def f(<fim_middle>"
+
+
+def test_fim_prompt_with_repo_level_context(fake_engine):
+    engine = fake_engine(fim=True, fim_repo=True)
+    files = [FimFile("util.py", "def g(): pass"), FimFile("", "x = 1")]
+    text = engine.backend.detokenize(engine.infill_tokens("a", "b", extra=files))
+    assert text == ("<bos><repo_name>myproject\n<file_sep>util.py\ndef g(): pass"
+                    "<file_sep>tmp\nx = 1<file_sep>filename\n<fim_prefix>a<fim_suffix>b"
+                    "<fim_middle>")
+    plain = fake_engine(fim=True)  # no file tokens: llama-server's snippet separator
+    text = plain.backend.detokenize(plain.infill_tokens("a", "b", extra=files[:1]))
+    assert text == "<bos>\n\n--- snippet ---\n\ndef g(): pass<fim_prefix>a<fim_suffix>b<fim_middle>"
+
+
+def test_fim_prompt_cut_to_the_context_keeps_the_cursor_and_whole_files(fake_engine):
+    engine = fake_engine(fim=True, n_ctx=1024)
+    prefix = " ".join(f"p{i}" for i in range(900))  # 1,799 tokens: words and spaces
+    suffix = " ".join(f"s{i}" for i in range(300))
+    files = [FimFile("far.py", "far " * 10), FimFile("near.py", "near")]
+    tokens = engine.infill_tokens(prefix, suffix, extra=files, n_predict=64)
+    text = engine.backend.detokenize(tokens)
+    assert len(tokens) <= 1024 - 64
+    assert "p899<fim_suffix>s0 s1" in text  # the cursor's neighbourhood stays
+    assert "p0 " not in text and "s299" not in text
+    assert "far" not in text or "near" in text  # files go whole, the farthest first
+    # Typing on moves neither cut: the next keystroke's prompt starts with this one's prefix.
+    longer = engine.infill_tokens(prefix + " q", suffix, extra=files, n_predict=64)
+    head = tokens[:tokens.index(engine.backend._id("<fim_suffix>"))]
+    assert longer[:len(head)] == head
+
+
+def test_fim_needs_a_model_with_fim_tokens(fake_engine):
+    with pytest.raises(InvalidRequest, match="fill-in-the-middle"):
+        fake_engine().infill_tokens("a", "b")
+
+
+def test_n_indent_ends_at_a_line_indented_less():
+    text = TextAssembler(min_indent=4)
+    pieces = ["    x = 1\n", "\n", "    ", "y = 2\n", "  ", "z = 3\n", "after"]
+    shown = "".join(text.push(p.encode()) for p in pieces) + text.flush()
+    assert shown == text.text == "    x = 1\n\n    y = 2\n"
+    assert text.stopped and text.indent_stopped
+
+
+def test_t_max_predict_ms_stops_at_a_new_line_after_the_time(fake_engine):
+    reply = "".join(f"line{i}\n" for i in range(40))
+    engine = fake_engine(reply=reply, step_delay_s=0.005)
+    done = engine.complete("x", SamplingParams(max_tokens=500, t_max_predict_ms=30)).result()
+    assert done.finish_reason == "length"
+    assert done.text.endswith("\n") and 2 <= done.text.count("\n") < 40
+    whole = engine.complete("x", SamplingParams(max_tokens=500)).result()
+    assert whole.text.count("\n") == 40
+
+
+def test_a_newer_request_with_the_same_key_cancels_the_older(fake_engine):
+    engine = fake_engine(fim=True, reply="tok " * 200, step_delay_s=0.005, n_slots=1)
+    params = SamplingParams(max_tokens=200, supersede="editor-1")
+    prefix = "import os\n\n\ndef main():\n    return os.getcwd()\n\n\ndef f("
+    first = engine.submit(engine.infill_tokens(prefix, "):"), params,
+                          priority=Priority.INTERACTIVE)
+    events = iter(first)
+    next(events)  # running
+    second = engine.submit(engine.infill_tokens(prefix + "x", "):"), params,
+                           priority=Priority.INTERACTIVE)
+    assert first.result().finish_reason == "cancelled"
+    done = second.result()
+    assert done.finish_reason == "length"
+    # The newer request reused the older one's KV cache up to where they part.
+    assert done.usage.cached_tokens >= 10
+    other = engine.submit(engine.infill_tokens("a", "b"),
+                          SamplingParams(max_tokens=3, supersede="editor-2"))
+    assert other.result().finish_reason == "length"
+
+
+# --- over HTTP -------------------------------------------------------------------------------
+@pytest.fixture
+def coder(home):
+    install_fake_models("coder:1b-f16", "chat:1b-f16")
+    with serve(fake_factory(reply=echo, fim=True, fim_repo=True)) as d:
+        yield d
+
+
+def test_openai_completions_with_suffix_as_minuet_and_continue_send_it(coder):
+    client = openai_client(coder)
+    # minuet-ai.nvim's openai_fim_compatible provider
+    chunks = list(client.completions.create(model="coder:1b", prompt="def f(", suffix="):",
+                                            max_tokens=56, top_p=0.9, stream=True))
+    text = "".join(c.choices[0].text for c in chunks)
+    assert text == "|[bos][repo_name]myproject\n[file_sep]filename\n[fim_prefix]def f(" \
+                   "[fim_suffix]):[fim_middle]|"
+    # Continue's OpenAI provider (_streamFim), not streamed here
+    out = client.completions.create(model="coder:1b", prompt="x = ", suffix="\n", max_tokens=8,
+                                    temperature=0.01, top_p=0.95, frequency_penalty=0,
+                                    presence_penalty=0, stop=["\n\n"])
+    assert out.choices[0].text.startswith("|[bos]")
+
+
+def test_ollama_generate_with_suffix_as_continue_sends_it(coder):
+    client = ollama_client(coder)
+    parts = list(client.generate(model="coder:1b", prompt="def f(", suffix="):", raw=True,
+                                 stream=True, keep_alive=1800,
+                                 options={"temperature": 0.01, "num_predict": 256,
+                                          "stop": ["<|endoftext|>"], "num_ctx": 1024}))
+    assert "".join(p.response for p in parts).endswith("[fim_suffix]):[fim_middle]|")
+
+
+def test_ollama_generate_reads_fim_tokens_without_raw(coder):
+    # llm.nvim's Ollama backend: the FIM prompt spelled out, no raw
+    out = ollama_client(coder).generate(
+        model="coder:1b", prompt="<fim_prefix>def f(<fim_suffix>):<fim_middle>")
+    assert out.response == "|[bos][fim_prefix]def f([fim_suffix]):[fim_middle]|"
+
+
+def test_ollama_generate_raw_fim_prompt_as_zed_sends_it(coder):
+    # Zed's Ollama edit prediction: its own FIM prompt, raw, not streamed
+    out = ollama_client(coder).generate(
+        model="coder:1b", prompt="<fim_prefix>x = <fim_suffix>\n<fim_middle>", raw=True,
+        stream=False, options={"num_predict": 128, "temperature": 0.2,
+                               "stop": ["<fim_pad>", "\n\n"]})
+    assert out.response == "|[bos][fim_prefix]x = [fim_suffix]\n[fim_middle]|"
+
+
+def test_ollama_generate_does_not_chat_wrap_base_models(home):
+    install_fake_models("base:1b-f16")
+    with serve(fake_factory(reply=echo, base_model=True)) as d:
+        out = ollama_client(d).generate(model="base:1b", prompt="Once upon a time")
+        assert out.response == "|[bos]Once upon a time|"
+
+
+LLAMA_VSCODE = {  # llama.vscode's request (src/llama-server.ts createRequestPayload)
+    "input_prefix": "import os\n\ndef main():\n", "input_suffix": "\n    return 0\n",
+    "input_extra": [{"filename": "util.py", "text": "def helper(): pass\n"}],
+    "prompt": "    ", "n_predict": 128, "top_k": 40, "top_p": 0.99, "stream": False,
+    "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
+    "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+}
+
+
+def test_infill_with_llama_vscode_request(coder):
+    with coder.tcp() as http:
+        reply = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b"})
+        assert reply.status_code == 200, reply.text
+        # n_indent 4: the reply's second line starts at column 0, which ends it
+        assert reply.json()["content"] == "|[bos][repo_name]myproject\n"
+        assert reply.json()["stop_type"] == "limit"
+        body = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
+                                          "n_indent": 0}).json()
+    assert body["content"].startswith("|[bos][repo_name]myproject\n[file_sep]util.py\n")
+    assert "[fim_prefix]import os\n\ndef main():\n    [fim_suffix]" in body["content"]
+    assert body["stop"] is True and body["stop_type"] in ("eos", "limit")
+    assert body["tokens_evaluated"] > 10 and body["timings"]["predicted_n"] > 0
+    assert {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_per_second"} <= set(
+        body["timings"])
+
+
+def test_infill_with_llama_vim_response_fields(coder):
+    fields = ["content", "timings/prompt_n", "timings/predicted_per_second", "truncated",
+              "tokens_cached", "timings/nonexistent"]
+    with coder.tcp() as http:
+        body = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b", "n_indent": 0,
+                                          "response_fields": fields}).json()
+    assert set(body) == set(fields) - {"timings/nonexistent"}
+    assert body["timings/prompt_n"] > 0 and body["content"].startswith("|[bos]")
+
+
+def test_infill_streams_and_picks_the_loaded_fim_model(coder):
+    ollama_client(coder).generate(model="coder:1b", prompt="warm", raw=True)  # loads it
+    with coder.tcp() as http, http.stream("POST", "/infill", json={
+            "input_prefix": "a", "input_suffix": "b", "stream": True}) as reply:
+        assert reply.status_code == 200
+        events = [line for line in reply.iter_lines() if line.startswith("data: ")]
+    import json
+    objects = [json.loads(e[6:]) for e in events]
+    assert objects[-1]["stop"] is True and not any(o["stop"] for o in objects[:-1])
+    assert "".join(o["content"] for o in objects).endswith("[fim_middle]|")
+
+
+def test_infill_refuses_what_it_cannot_honour(coder):
+    with coder.tcp() as http:
+        for body, word in [({"grammar": "root ::= x"}, "grammar"),
+                           ({"cache_prompt": False}, "cache_prompt"),
+                           ({"samplers": ["mirostat"]}, "mirostat"),
+                           ({"input_extra": "x"}, "input_extra"),
+                           ({"n_indent": -1}, "n_indent")]:
+            reply = http.post("/infill", json={"model": "coder:1b", "input_prefix": "a",
+                                               **body})
+            assert reply.status_code == 400 and word in reply.text, (body, reply.text)
+
+
+def test_infill_needs_a_model_when_none_is_loaded(home):
+    install_fake_models("coder:1b-f16")
+    with serve(fake_factory(fim=True)) as d, d.tcp() as http:
+        reply = http.post("/infill", json={"input_prefix": "a"})
+        assert reply.status_code == 400 and "'model'" in reply.text
+
+
+def test_a_keystroke_cancels_the_previous_completion_over_http(home):
+    install_fake_models("coder:1b-f16")
+    with serve(fake_factory(reply="tok " * 400, fim=True, step_delay_s=0.01, n_slots=1)) as d:
+        results: dict[str, dict] = {}
+
+        def send(key: str, prefix: str) -> None:
+            with d.tcp() as http:
+                results[key] = http.post("/infill", json={
+                    "model": "coder:1b", "input_prefix": "import os\n" * 8 + prefix,
+                    "input_suffix": "",
+                    "n_predict": 400}).json()
+
+        first = threading.Thread(target=send, args=("first", "def f(x"))
+        first.start()
+        time.sleep(0.5)  # it is generating
+        send("second", "def f(xy")
+        first.join(10)
+    assert results["first"]["superseded"] is True and results["first"]["stop_type"] == "none"
+    assert results["second"]["superseded"] is False
+    assert results["second"]["tokens_predicted"] == 400
+    assert results["second"]["tokens_cached"] >= 10  # the older request's cache, reused
+
+
+def test_a_different_file_is_not_cancelled(home):
+    install_fake_models("coder:1b-f16")
+    with serve(fake_factory(reply="tok " * 100, fim=True, step_delay_s=0.005, n_slots=2)) as d:
+        with httpx.Client(base_url=d.url, timeout=30) as a, \
+                httpx.Client(base_url=d.url, timeout=30) as b:
+            out: list = []
+            t = threading.Thread(target=lambda: out.append(a.post("/infill", json={
+                "model": "coder:1b", "input_prefix": "# one.py\n", "n_predict": 100}).json()))
+            t.start()
+            time.sleep(0.2)
+            b.post("/infill", json={"model": "coder:1b", "input_prefix": "# two.py\n",
+                                    "n_predict": 5})
+            t.join(10)
+    assert out[0]["superseded"] is False and out[0]["tokens_predicted"] == 100

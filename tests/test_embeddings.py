@@ -1,0 +1,182 @@
+"""Embeddings: the engine's batched embed (fake backend and the real starter model, which as a
+generative model is mean-pooled) and the routes /api/embed, /api/embeddings and /v1/embeddings
+through the real ollama and openai clients: unit vectors, dimensions, the same vector alone or
+in a batch, truncation, and what is refused."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import ollama
+import openai
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
+from localinfer.config import Config
+from localinfer.errors import ContextOverflow, InvalidRequest
+from localinfer.runtime.backend import LoadOptions
+from localinfer.runtime.loader import engine_factory, load_engine
+from localinfer.runtime.types import SamplingParams
+
+TEXTS = ["The cat sat on the mat.", "Quantum chromodynamics describes the strong force.",
+         "def add(a, b):\n    return a + b\n"]
+
+
+def norm(v) -> float:
+    return math.sqrt(sum(x * x for x in v))
+
+
+def cosine(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (norm(a) * norm(b))
+
+
+def test_engine_embeds_many_inputs_in_one_call(fake_engine):
+    engine = fake_engine()
+    tokens = [engine.embedding_tokens(t) for t in TEXTS]
+    together = engine.embed(tokens)
+    alone = [engine.embed([t]).vectors[0] for t in tokens]
+    assert together.vectors == alone
+    assert engine.backend.embed_calls == [3, 1, 1, 1]
+    assert together.prompt_tokens == sum(map(len, tokens))
+
+
+def test_engine_embeds_while_generating(fake_engine):
+    engine = fake_engine(reply="tok " * 300, step_delay_s=0.002)
+    running = engine.complete("x", SamplingParams(max_tokens=300))
+    events = iter(running)
+    assert next(events).text  # generating
+    engine.embed([engine.embedding_tokens("hello")])
+    assert running.done is None  # answered between two of its steps
+    assert list(events)[-1].finish_reason == "length"
+
+
+def test_truncate_or_refuse_an_input_longer_than_the_context(fake_engine):
+    engine = fake_engine(n_ctx=64)
+    long = "word " * 100
+    assert len(engine.embedding_tokens(long, truncate=True)) == 64
+    with pytest.raises(ContextOverflow, match="truncate"):
+        engine.embedding_tokens(long, truncate=False)
+    with pytest.raises(InvalidRequest):
+        engine.embedding_input([5000])  # beyond the vocabulary
+
+
+def test_an_embedding_model_generates_no_text(fake_engine):
+    engine = fake_engine(embedding_only=True)
+    with pytest.raises(InvalidRequest, match="embedding model"):
+        engine.complete("hi")
+    assert len(engine.embed([engine.embedding_tokens("hi")]).vectors[0]) == 16
+
+
+@pytest.fixture
+def embedder(home):
+    install_fake_models("embed:1b-f16")
+    with serve(fake_factory(embedding_only=True, n_ctx=64)) as d:
+        yield d
+
+
+def test_ollama_embed_and_legacy_embeddings(embedder):
+    client = ollama_client(embedder)
+    out = client.embed(model="embed:1b", input=TEXTS)
+    assert len(out.embeddings) == 3
+    assert all(abs(norm(v) - 1) < 1e-6 for v in out.embeddings)
+    one = client.embed(model="embed:1b", input=TEXTS[1]).embeddings[0]
+    assert one == pytest.approx(out.embeddings[1], abs=1e-6)
+    cut = client.embed(model="embed:1b", input=TEXTS[0], dimensions=8).embeddings[0]
+    assert len(cut) == 8 and abs(norm(cut) - 1) < 1e-6
+    assert cosine(cut, out.embeddings[0][:8]) == pytest.approx(1.0)
+    legacy = client.embeddings(model="embed:1b", prompt=TEXTS[0]).embedding
+    assert cosine(legacy, out.embeddings[0]) == pytest.approx(1.0)
+    assert abs(norm(legacy) - 1) > 1e-3  # the legacy route returns the vector as pooled
+    assert client.embed(model="embed:1b", input=[]).embeddings == []  # load only
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model="embed:1b", input="word " * 100, truncate=False)
+    assert info.value.status_code == 400 and "truncate" in info.value.error
+    assert len(client.embed(model="embed:1b", input="word " * 100).embeddings) == 1
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model="embed:1b", input="x", options={"temperature": 0})
+    assert info.value.status_code == 400 and "options.temperature" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model="embed:1b", input="x", dimensions=17)
+    assert info.value.status_code == 400 and "dimensions" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        client.generate(model="embed:1b", prompt="hi")
+    assert info.value.status_code == 400 and "embedding model" in info.value.error
+
+
+def test_openai_embeddings(embedder):
+    client = openai_client(embedder)
+    out = client.embeddings.create(model="embed:1b", input=TEXTS)
+    assert [d.index for d in out.data] == [0, 1, 2]
+    assert all(abs(norm(d.embedding) - 1) < 1e-6 for d in out.data)
+    assert out.usage.prompt_tokens > 10 and out.usage.total_tokens == out.usage.prompt_tokens
+    # The client asks for base64 by default and decodes it; ask for floats too.
+    floats = client.embeddings.create(model="embed:1b", input=TEXTS[0], encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(out.data[0].embedding, abs=1e-6)
+    short = client.embeddings.create(model="embed:1b", input=TEXTS[0], dimensions=4,
+                                     encoding_format="float")
+    assert len(short.data[0].embedding) == 4
+    tokens = client.embeddings.create(model="embed:1b", input=[[5, 6, 7], [8, 9]],
+                                      encoding_format="float")
+    assert len(tokens.data) == 2
+    with embedder.uds() as http:
+        raw = http.post("/v1/embeddings", json={"model": "embed:1b", "input": "x",
+                                                "encoding_format": "base64"}).json()
+        packed = base64.b64decode(raw["data"][0]["embedding"])
+        assert len(struct.unpack(f"<{len(packed) // 4}f", packed)) == 16
+        for body, word in [({"input": ""}, "input"), ({"input": [[]]}, "input"),
+                           ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+                           ({"input": "word " * 100}, "truncate")]:
+            reply = http.post("/v1/embeddings", json={"model": "embed:1b", **body})
+            assert reply.status_code == 400 and word in reply.text, (body, reply.text)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="embed:1b", input="x", dimensions=100)
+
+
+# --- the real starter model ------------------------------------------------------------------
+@pytest.mark.model
+def test_starter_embeddings_mean_pooled_same_alone_or_batched(real_engine):
+    tokens = [real_engine.embedding_tokens(t) for t in TEXTS]
+    together = real_engine.embed(tokens).vectors
+    alone = [real_engine.embed([t]).vectors[0] for t in tokens]
+    assert len(together[0]) == 640  # Gemma 3 270M's hidden size
+    for a, b in zip(together, alone, strict=True):
+        assert cosine(a, b) > 0.9999  # batches of other sizes round a little differently
+    # Closer meanings, closer vectors.
+    cat, physics, code = together
+    kitten = real_engine.embed([real_engine.embedding_tokens("A kitten sat on a rug.")]).vectors[0]
+    assert cosine(cat, kitten) > cosine(cat, physics)
+
+
+@pytest.mark.model
+def test_starter_embeddings_through_both_clients(starter_path):
+    with serve(engine_factory(Config(ctx=2048), n_slots=1)) as d:
+        olla = ollama.Client(host=d.url)
+        out = olla.embed(model="gemma3:270m", input=TEXTS, dimensions=256)
+        assert [len(v) for v in out.embeddings] == [256] * 3
+        assert all(abs(norm(v) - 1) < 1e-5 for v in out.embeddings)
+        client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
+        alone = client.embeddings.create(model="gemma3:270m", input=TEXTS[2])
+        full = olla.embed(model="gemma3:270m", input=TEXTS).embeddings[2]
+        assert cosine(alone.data[0].embedding, full) > 0.9999
+
+
+@pytest.mark.model
+def test_an_embedding_only_load_embeds_in_its_own_context(starter_path, real_engine):
+    """The embedding-model path (a context made for embeddings, many sequences at once), on
+    the starter loaded as if it were one: its mean-pooled vectors are the generative model's."""
+    engine = load_engine(starter_path, LoadOptions(n_ctx=512, embedding_only=True),
+                         name="gemma3:270m", family="gemma3").wait_ready()
+    try:
+        assert engine.info.embedding_only and engine.info.n_slots == 1
+        with pytest.raises(InvalidRequest, match="embedding model"):
+            engine.complete("hi")
+        tokens = [engine.embedding_tokens(t) for t in TEXTS]
+        own = engine.embed(tokens).vectors
+        pooled = real_engine.embed(tokens).vectors
+        for a, b in zip(own, pooled, strict=True):
+            assert cosine(a, b) > 0.9999
+        assert len(engine.embedding_tokens("word " * 600)) == 512
+    finally:
+        engine.close()
