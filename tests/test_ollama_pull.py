@@ -11,7 +11,7 @@ import httpx
 import ollama
 import pytest
 
-from daemon_util import fake_factory, install_fake_models, serve
+from daemon_util import STARTER, fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES, STARTER_SHA256
 from localinfer.daemon.bridge import PullJob
 from localinfer.store import ModelStore
@@ -40,8 +40,8 @@ def test_pull_streams_ollama_progress(daemon, local_hub):
     assert all(s.total == STARTER_BYTES for s in layer)
     assert [s.completed for s in layer] == sorted(s.completed for s in layer)
     assert layer[-1].completed == STARTER_BYTES
-    tags = client(daemon).list().models
-    assert [m.model for m in tags] == [NAME] and tags[0].digest == STARTER_SHA256
+    tags = {m.model: m for m in client(daemon).list().models}
+    assert sorted(tags) == sorted([NAME, STARTER]) and tags[NAME].digest == STARTER_SHA256
     # Pulled again without streaming: one object, and nothing downloaded.
     local_hub.reset_log()
     assert client(daemon).pull(NAME, stream=False).status == "success"
@@ -69,7 +69,7 @@ def test_delete_removes_the_model(daemon):
     client(daemon).pull(NAME)
     path = ModelStore().find_installed(NAME).path
     assert client(daemon).delete(NAME).status == "success"
-    assert client(daemon).list().models == []
+    assert [m.model for m in client(daemon).list().models] == [STARTER]  # always offered
     with pytest.raises(ollama.ResponseError) as info:
         client(daemon).delete(NAME)
     assert info.value.status_code == 404
