@@ -176,7 +176,7 @@ def routes(state: DaemonState) -> list[Route]:
         stream = f.boolean("stream", True)
         # An unknown name, a path or a bad quant fails here, with a status code.
         target = await asyncio.to_thread(manager.pull_target, name)
-        job = PullJob(manager.store, target)
+        job = PullJob.follow(manager.store, target)  # joins a pull of it already running
         if not stream:
             await job.drain(request)
             return JSONResponse({"status": "success"})
