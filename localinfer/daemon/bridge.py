@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..errors import Cancelled
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
 from ..store import ModelStore, PullProgress, PullTarget, pull_model
@@ -146,9 +147,17 @@ class PullJob:
 
     @classmethod
     def cancel_all(cls) -> None:
-        """Stop every pull (the daemon shuts down); thread-safe."""
+        """Stop every pull (the daemon shuts down): each request gets its error at once, even
+        from a stalled download, and the thread stops at its next chunk; thread-safe."""
         for job in list(cls.running):
-            job._cancel.set()
+            with job._lock:
+                job._cancel.set()
+                listeners, job._listeners = job._listeners, []
+            name = job.target.name
+            for listener in listeners:
+                listener.end(Cancelled(
+                    f"the daemon is shutting down: the pull of {name} stopped. Its partial"
+                    f" download is kept: `localinfer pull {name}` resumes it."))
 
     def _add(self) -> PullListener | None:
         with self._lock:
