@@ -228,3 +228,105 @@ def test_a_pull_that_fails_before_its_first_byte_leaves_nothing(hub_home, local_
     assert not list(store.root.rglob("*.partial*"))
     assert main(["list"]) == 0
     assert "Partial download" not in capsys.readouterr().out
+
+
+# --- the chat ----------------------------------------------------------------------------------
+def test_the_chat_saves_the_streaming_reply_as_it_goes(home):
+    import asyncio
+
+    from localinfer.chats import ChatMessage, ChatStore
+    from tui_util import REPLY, GatedBackend, Opener, in_process_app, streamed, until
+
+    backends: list[GatedBackend] = []
+    opener = Opener(lambda ref: backends.append(GatedBackend(REPLY, name=ref)) or backends[-1])
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await until(pilot, lambda: app.session is not None, "the model is ready")
+            app.query_one("#input").insert("Tell me a story")
+            await pilot.press("enter")
+            backends[0].release(6)
+            await until(pilot, lambda: streamed(app, 6), "a few tokens")
+            # What a kill -9 now leaves on disk: the question and the text so far.
+            await until(pilot, lambda: len(ChatStore().load(app.chat.id).messages) == 2,
+                        "the streaming reply saved")
+            saved = ChatStore().load(app.chat.id).messages
+            assert [m.role for m in saved] == ["user", "assistant"]
+            assert saved[1].finish_reason == "interrupted"
+            assert saved[1].content and REPLY.startswith(saved[1].content)
+            assert app.chat.messages[-1].role == "user"  # in memory: not a message yet
+            backends[0].open()
+            await until(pilot, lambda: app.reply is None, "the reply ends")
+        final = ChatStore().load(app.chat.id).messages
+        assert [(m.role, m.finish_reason) for m in final] == [("user", None),
+                                                              ("assistant", "stop")]
+        opener.close()
+
+    asyncio.run(main())
+
+    # After crashes (one mid-reply, one before the first word), the next prompt alternates.
+    chat = ChatStore().new()
+    chat.add(ChatMessage("user", "q1"))
+    chat.add(ChatMessage("assistant", "Once up", finish_reason="interrupted"))
+    chat.add(ChatMessage("user", "q2"))  # killed before its reply's first word was saved
+    chat.add(ChatMessage("user", "q2 again"))
+    roles = [m.role for m in chat.prompt_messages()]
+    assert roles == ["user", "assistant", "user"]
+    assert chat.prompt_messages()[-1].content == "q2 again"
+
+
+@pytest.mark.model
+def test_kill_9_of_the_chat_mid_reply_keeps_the_streamed_text(home, starter_path):
+    """The real `localinfer chat --no-daemon` in a terminal, killed while the starter model
+    writes: the chat file holds the question and the reply so far, marked interrupted."""
+    import pty
+
+    from localinfer.chats import ChatStore
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localinfer", "chat", "--no-daemon", str(starter_path)],
+        stdin=follower, stdout=follower, stderr=follower,
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
+        start_new_session=True)
+    os.close(follower)
+    screen = bytearray()
+
+    def drain() -> None:  # the app blocks if nobody reads its screen
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+
+    threading.Thread(target=drain, daemon=True).start()
+    store = ChatStore()
+
+    def streaming_reply() -> str:
+        for summary in store.list():
+            messages = store.load(summary.id).messages
+            if len(messages) == 2 and messages[1].finish_reason == "interrupted" and \
+                    len(messages[1].content.split()) >= 3:
+                return messages[1].content
+        return ""
+
+    try:
+        wait_for(lambda: b"Chat with" in screen, "the chat did not start", 120)
+        for ch in "Write a long story about a dragon who learns to cook.":
+            os.write(leader, ch.encode())
+        os.write(leader, b"\r")
+        wait_for(streaming_reply, "no streaming reply was saved", 120)
+        proc.kill()  # SIGKILL: no chance to save anything more
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
+    [summary] = store.list()
+    user, reply = store.load(summary.id).messages
+    assert user.content == "Write a long story about a dragon who learns to cook."
+    assert reply.finish_reason == "interrupted" and len(reply.content.split()) >= 3
