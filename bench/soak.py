@@ -226,8 +226,8 @@ def main() -> int:
     total = sum(soak.counts.values())
     print(f"\nsoak: {args.clients} clients, {args.disconnect:.0%} leave early,"
           f" {elapsed:.0f} s, model {args.model}, up to {args.tokens} tokens a reply")
-    print(f"| {'what':<34} | {"value":>20} |")
-    print(f"|{'-' * 36}|{"-" * 22}|")
+    print(f"| {'what':<34} | {'value':>20} |")
+    print(f"|{'-' * 36}|{'-' * 22}|")
     rows = [("requests sent", f"{total}")]
     rows += [(what, f"{n}") for what, n in sorted(soak.counts.items())]
     rows += [("5xx seen by clients", f"{soak.counts.get('5xx', 0)}"),

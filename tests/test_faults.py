@@ -177,7 +177,8 @@ def test_sigterm_during_a_pull(hub_home, local_hub, tmp_path):
     local_hub.faults.pause_at = 30_000_000
     sock_path = Path(f"/tmp/li-sig-{os.getpid()}.sock")
     proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "--no-tcp",
-                             "--socket", str(sock_path)], env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                             "--socket", str(sock_path)],
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a dump if hung
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(sock_path.exists, "the daemon did not start", 60)
@@ -195,7 +196,7 @@ def test_sigterm_during_a_pull(hub_home, local_hub, tmp_path):
         try:
             _, stderr = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)
+            proc.send_signal(signal.SIGABRT)  # its threads' stacks, in the failure's output
             print(proc.communicate(timeout=30)[1])
             raise
     finally:
