@@ -331,3 +331,16 @@ def test_kill_9_of_the_chat_mid_reply_keeps_the_streamed_text(home, starter_path
     user, reply = store.load(summary.id).messages
     assert user.content == "Write a long story about a dragon who learns to cook."
     assert reply.finish_reason == "interrupted" and len(reply.content.split()) >= 3
+
+
+@pytest.mark.model
+def test_tokenizing_a_lone_surrogate_is_an_invalid_request(real_engine):
+    """Behind the daemon's own check: llama.cpp's tokenizer gets UTF-8, and a string with an
+    unpaired surrogate has none; the error says so instead of a UnicodeEncodeError."""
+    from localinfer.errors import InvalidRequest
+    from localinfer.runtime.types import Message
+
+    with pytest.raises(InvalidRequest, match="unpaired UTF-16 surrogate"):
+        real_engine.completion_tokens("a cut emoji: \ud83d")
+    with pytest.raises(InvalidRequest, match="unpaired UTF-16 surrogate"):
+        real_engine.chat_tokens([Message("user", "\udc00")])
