@@ -1,13 +1,15 @@
 """Faults from outside: clients that leave (before the body ends, while a reply is made, mid-
-stream), two pulls of one model at once, a daemon stopped (SIGTERM) during a pull, a pull that
-fails before its first byte. Each is quiet (no traceback), counted, and leaves nothing behind
-but what can be resumed."""
+stream), two pulls of one model at once, a daemon stopped (SIGTERM, `stop`) during a pull, a
+pull that fails before its first byte, the chat killed mid-reply. Each is quiet (no traceback),
+counted, and leaves nothing behind but what can be resumed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -22,9 +24,13 @@ from filelock import FileLock
 
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES
+from localinfer.chats import ChatMessage, ChatStore
+from localinfer.cli import main
 from localinfer.daemon.bridge import PullJob
-from localinfer.errors import DownloadError, StoreError
+from localinfer.errors import DownloadError, InvalidRequest, StoreError
+from localinfer.runtime.types import Message
 from localinfer.store import ModelStore, pull_model
+from tui_util import REPLY, GatedBackend, Opener, in_process_app, streamed, until
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home
 NAME = "tinygemma:270m-q4_k_m"
@@ -213,8 +219,6 @@ def test_sigterm_during_a_pull(hub_home, local_hub, tmp_path):
 
 def test_a_pull_that_fails_before_its_first_byte_leaves_nothing(hub_home, local_hub,
                                                                 capsys):
-    from localinfer.cli import main
-
     local_hub.faults.down = True  # the Hub resolves the file, the CDN answers 503
     store = ModelStore()
     with pytest.raises(DownloadError) as info:
@@ -233,11 +237,6 @@ def test_a_pull_that_fails_before_its_first_byte_leaves_nothing(hub_home, local_
 
 # --- the chat ----------------------------------------------------------------------------------
 def test_the_chat_saves_the_streaming_reply_as_it_goes(home):
-    import asyncio
-
-    from localinfer.chats import ChatMessage, ChatStore
-    from tui_util import REPLY, GatedBackend, Opener, in_process_app, streamed, until
-
     backends: list[GatedBackend] = []
     opener = Opener(lambda ref: backends.append(GatedBackend(REPLY, name=ref)) or backends[-1])
 
@@ -281,10 +280,6 @@ def test_the_chat_saves_the_streaming_reply_as_it_goes(home):
 def test_kill_9_of_the_chat_mid_reply_keeps_the_streamed_text(home, starter_path):
     """The real `localinfer chat --no-daemon` in a terminal, killed while the starter model
     writes: the chat file holds the question and the reply so far, marked interrupted."""
-    import pty
-
-    from localinfer.chats import ChatStore
-
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "localinfer", "chat", "--no-daemon", str(starter_path)],
@@ -337,9 +332,6 @@ def test_kill_9_of_the_chat_mid_reply_keeps_the_streamed_text(home, starter_path
 def test_tokenizing_a_lone_surrogate_is_an_invalid_request(real_engine):
     """Behind the daemon's own check: llama.cpp's tokenizer gets UTF-8, and a string with an
     unpaired surrogate has none; the error says so instead of a UnicodeEncodeError."""
-    from localinfer.errors import InvalidRequest
-    from localinfer.runtime.types import Message
-
     with pytest.raises(InvalidRequest, match="unpaired UTF-16 surrogate"):
         real_engine.completion_tokens("a cut emoji: \ud83d")
     with pytest.raises(InvalidRequest, match="unpaired UTF-16 surrogate"):
