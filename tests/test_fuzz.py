@@ -181,7 +181,7 @@ def check(fuzzed: tuple[RunningDaemon, _Errors, httpx.Client], method: str, path
     assert not errors.records, [r.getMessage() for r in errors.records]
 
 
-fuzz_settings = settings(max_examples=CASES, deadline=None, derandomize=True,
+fuzz_settings = settings(max_examples=CASES, deadline=None, derandomize=True, database=None,
                          suppress_health_check=[HealthCheck.too_slow,
                                                 HealthCheck.function_scoped_fixture,
                                                 HealthCheck.data_too_large])
