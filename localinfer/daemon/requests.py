@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from starlette.requests import Request
@@ -30,6 +31,7 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """``read_json``'s checks on a body's bytes."""
     try:
         body = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
     except RecursionError:
@@ -37,7 +39,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}.") from None
     except ValueError as exc:  # Python's int-string limit, or a non-finite number
-        raise InvalidRequest(f"the request body has a number that is out of range: {exc}."
+        reason = f"an integer of more than {sys.get_int_max_str_digits()} digits" \
+            if "integer string conversion" in str(exc) else str(exc)
+        raise InvalidRequest(f"the request body has a number that is out of range: {reason}."
                              ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object.")
