@@ -233,6 +233,12 @@ def test_a_pull_that_fails_before_its_first_byte_leaves_nothing(hub_home, local_
     assert not list(store.root.rglob("*.partial*"))
     assert main(["list"]) == 0
     assert "Partial download" not in capsys.readouterr().out
+    # One left by an earlier version (a description, no bytes) is not listed either.
+    _, meta = store.partial_paths(NAME)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"size": STARTER_BYTES}))
+    assert main(["list"]) == 0
+    assert "Partial download" not in capsys.readouterr().out
 
 
 # --- the chat ----------------------------------------------------------------------------------
