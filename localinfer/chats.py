@@ -1,4 +1,5 @@
-"""Chat history: one JSON file per chat in ``<data>/chats/``, saved after every message.
+"""Chat history: one JSON file per chat in ``<data>/chats/``, saved after every message and,
+while a reply streams, every second or so (so a crash keeps the text streamed so far).
 
 Each chat carries its messages, its own settings (system prompt, temperature, max tokens) and,
 for every reply, the speed figures measured while it streamed. A save replaces that one file
@@ -77,8 +78,9 @@ class ChatMessage:
     model: str | None = None
     """The model that wrote an assistant message."""
     finish_reason: str | None = None
-    """An assistant message's end: "stop", "length", "cancelled" (partial text kept) or
-    "error" (the reply failed; it is not sent to the model again)."""
+    """An assistant message's end: "stop", "length", "cancelled" (partial text kept),
+    "interrupted" (the chat was closed or killed while it streamed: the text saved so far is
+    kept) or "error" (the reply failed; it is not sent to the model again)."""
     stats: ReplyStats | None = None
     error: str | None = None
     """Why the reply failed (with finish_reason "error")."""
@@ -126,10 +128,14 @@ class Chat:
 
     def prompt_messages(self) -> list[Message]:
         """What the model is sent: the system prompt, then the turns still in the context.
-        A failed reply (``error``) is left out; a cancelled one's partial text is kept."""
+        A failed reply (``error``) is left out; a cancelled or interrupted one's partial text
+        is kept. A question left with no reply (it failed, or the chat was killed before the
+        first word) is left out when another follows: turns alternate, as templates need."""
         out = [Message("system", self.system_prompt)] if self.system_prompt.strip() else []
-        for m in self.messages[self.context_start:]:
-            if m.role == "assistant" and (m.finish_reason == "error" or not m.content):
+        turns = [m for m in self.messages[self.context_start:]
+                 if m.role == "user" or (m.finish_reason != "error" and m.content)]
+        for m, after in zip(turns, [*turns[1:], None], strict=True):
+            if m.role == "user" and after is not None and after.role == "user":
                 continue
             out.append(Message(m.role, m.content))
         return out
@@ -228,9 +234,15 @@ class ChatStore:
             raise InvalidRequest(f"invalid chat id {chat_id!r}.")
         return self.root / f"{chat_id}.json"
 
-    def save(self, chat: Chat) -> None:
+    def save(self, chat: Chat, *, streaming: ChatMessage | None = None) -> None:
+        """Replace the chat's file (one rename). ``streaming`` is a reply still being made,
+        saved after the messages as "interrupted" (what a crash then leaves) but not added to
+        the chat: the reply's own save, when it ends, replaces it."""
         chat.updated = time.time()
-        text = json.dumps(chat.to_dict(), ensure_ascii=False, indent=1) + "\n"
+        data = chat.to_dict()
+        if streaming is not None:
+            data["messages"].append(replace(streaming, finish_reason="interrupted").to_dict())
+        text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
         try:
             atomic_write_text(self._file(chat.id), text)
         except OSError as exc:

@@ -68,7 +68,8 @@ def test_prompt_messages_skip_failed_replies_and_dropped_turns(home):
     chat.add(ChatMessage("user", "q3"))
     chat.add(ChatMessage("assistant", "", finish_reason="error", error="daemon gone"))
     chat.add(ChatMessage("user", "q3 again"))
-    assert [m.content for m in chat.prompt_messages()] == ["sys", "q1", "a1", "q2", "a2", "q3",
+    # The unanswered q3 is left out: user and assistant turns alternate.
+    assert [m.content for m in chat.prompt_messages()] == ["sys", "q1", "a1", "q2", "a2",
                                                            "q3 again"]
     assert chat.drop_oldest_turn()
     assert chat.prompt_messages()[:3] == [Message("system", "sys"), Message("user", "q2"),

@@ -149,8 +149,9 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
     except KeyboardInterrupt:
         display.finish("Stopped.")
         partial = next((p for p in store.partials() if p.name == target.name), None)
-        kept = (f": {human_bytes(partial.size_bytes)} of {human_bytes(partial.total_bytes or 0)}"
-                f" is kept in {partial.path}" if partial and partial.size_bytes else "")
+        of = f" of {human_bytes(partial.total_bytes)}" if partial and partial.total_bytes else ""
+        kept = (f": {human_bytes(partial.size_bytes)}{of} is kept in {partial.path}"
+                if partial and partial.size_bytes else "")
         raise Cancelled(f"the pull of {target.name} was interrupted{kept}; run `localinfer"
                         f" pull {target.name}` again to resume.") from None
     finally:
@@ -187,6 +188,8 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
     for m in missing:
         print(m.missing_file_error().message)
     for partial in store.partials():
+        if not partial.size_bytes:
+            continue  # nothing downloaded yet: nothing to resume (or to show)
         total = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
         print(f"Partial download: {partial.name}, {human_bytes(partial.size_bytes)}{total}"
               f" (`localinfer pull {partial.name}` resumes it, `localinfer rm"

@@ -13,21 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 import anyio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..errors import Cancelled
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
 from ..store import ModelStore, PullProgress, PullTarget, pull_model
+from .errors import ClientLeft
 from .manager import LoadedModel, ModelManager
 from .state import DaemonState
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _END = object()
 
@@ -108,42 +112,106 @@ class EventStream(ThreadBridge[Event]):
             self.generation.cancel()
 
 
-class PullJob(ThreadBridge[PullProgress]):
-    """A pull running on its own thread, its progress handed to the event loop. Cancelling
-    it (the client went away) stops the download within a chunk; the partial file stays."""
+class PullJob:
+    """A pull running on its own thread, its progress handed to every request that asked for
+    it: a second /api/pull of a model being pulled joins the first and streams the same
+    progress (as Ollama does). When the last of them goes away (the clients left) or the
+    daemon shuts down, the download stops within a chunk; the partial file stays."""
 
     running: ClassVar[set[PullJob]] = set()
     """Pulls whose thread has not finished."""
 
     def __init__(self, store: ModelStore, target: PullTarget) -> None:
-        super().__init__()
         self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._listeners: list[PullListener] = []
+        self._last: PullProgress | None = None
+        self._finished = False
         self._store = store
         self.target = target
         PullJob.running.add(self)
-        threading.Thread(target=self._run, name=f"pull {target.name}", daemon=True).start()
+
+    @classmethod
+    def follow(cls, store: ModelStore, target: PullTarget) -> PullListener:
+        """Listen to the running pull of ``target``, or start one (in the event loop)."""
+        for job in list(cls.running):
+            if job.target.name == target.name:
+                listener = job._add()
+                if listener is not None:
+                    return listener
+        job = cls(store, target)
+        listener = job._add()
+        assert listener is not None  # a new job
+        threading.Thread(target=job._run, name=f"pull {target.name}", daemon=True).start()
+        return listener
+
+    @classmethod
+    def cancel_all(cls) -> None:
+        """Stop every pull (the daemon shuts down): each request gets its error at once, even
+        from a stalled download, and the thread stops at its next chunk; thread-safe."""
+        for job in list(cls.running):
+            with job._lock:
+                job._cancel.set()
+                listeners, job._listeners = job._listeners, []
+            name = job.target.name
+            for listener in listeners:
+                listener.end(Cancelled(
+                    f"the daemon is shutting down: the pull of {name} stopped. Its partial"
+                    f" download is kept: `localinfer pull {name}` resumes it."))
+
+    def _add(self) -> PullListener | None:
+        with self._lock:
+            if self._finished or self._cancel.is_set():
+                return None
+            listener = PullListener(self)
+            self._listeners.append(listener)
+            if self._last is not None:  # where the pull is now
+                listener.put(self._last)
+            return listener
+
+    def _remove(self, listener: PullListener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+            if not self._listeners:
+                self._cancel.set()  # nobody waits for it any more
 
     def _run(self) -> None:
+        error: BaseException | None = None
         try:
             pull_model(self._store, self.target, progress=self._progress,
                        cancel=self._cancel)
-        except BaseException as exc:  # noqa: BLE001 - handed to the request, raised there
-            self.end(exc)
-        else:
-            self.end()
-        finally:
+        except BaseException as exc:  # noqa: BLE001 - handed to the requests, raised there
+            error = exc
+        with self._lock:
+            self._finished = True
+            listeners = list(self._listeners)
             PullJob.running.discard(self)
+        for listener in listeners:
+            listener.end(error)
 
     def _progress(self, step: PullProgress) -> None:
-        if not self.put(step):
+        with self._lock:
+            self._last = step
+            listeners = list(self._listeners)
+        heard = [listener.put(step) for listener in listeners]
+        if listeners and not any(heard):  # the event loop is gone
             self._cancel.set()
 
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
+
+class PullListener(ThreadBridge[PullProgress]):
+    """One request's view of a ``PullJob``: its progress, then its end or its error."""
+
+    def __init__(self, job: PullJob) -> None:
+        super().__init__()
+        self.job = job
+
     def cancel(self) -> None:
-        self._cancel.set()  # a no-op once the pull is done
+        self.job._remove(self)  # the last one to leave stops the download
 
 
 async def start_generation(
@@ -184,7 +252,7 @@ async def whole_reply(state: DaemonState, request: Request, events: EventStream,
 async def unless_disconnected(request: Request, work: Awaitable[T],
                               cancel: Callable[[], None]) -> T:
     """Await ``work`` while watching the client; if it disconnects first, stop the work,
-    call ``cancel`` and raise CancelledError."""
+    call ``cancel`` and raise ClientLeft."""
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -201,7 +269,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T],
             cancel()
             await asyncio.gather(worker, return_exceptions=True)  # let it finish cancelling
     if worker.cancelled():
-        raise asyncio.CancelledError("the client disconnected")
+        raise ClientLeft("the client disconnected before the reply.")
     return worker.result()  # or raise the work's own error
 
 
@@ -211,15 +279,29 @@ class BridgeResponse(StreamingResponse):
 
     def __init__(self, body: AsyncIterator[str], work: ThreadBridge[Any], *, media_type: str,
                  on_close: Callable[[], object] | None = None) -> None:
-        super().__init__(body, media_type=media_type,
+        super().__init__(self._to_the_end(body), media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._work = work
         self._on_close = on_close
+        self._ended = False
+        self.on_client_left: Callable[[], None] | None = None
+        """Called when the client leaves before the stream's end (set by ``guarded``)."""
+
+    async def _to_the_end(self, body: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for item in body:
+            yield item
+        self._ended = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass  # counted below, like a disconnect noticed while waiting for the next item
         finally:
+            if not self._ended:
+                log.info("%s: the client left mid-stream", scope.get("path"))
+                if self.on_client_left is not None:
+                    self.on_client_left()
             self._work.cancel()
             if self._on_close is not None:
                 with anyio.CancelScope(shield=True):  # release the model even when cancelled

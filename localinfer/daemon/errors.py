@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import Busy, LocalInferError, ModelTooLarge
+from ..errors import Busy, Cancelled, LocalInferError, ModelTooLarge
 from ..protocol import ERROR_CODES, error_json, http_status
 from .state import DaemonState
 
@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 class RequestTooLarge(LocalInferError):
     title = "request too large"
     http_status = 413
+
+
+class ClientLeft(Cancelled):
+    """The client closed its connection before the reply (mid-body or mid-generation): the
+    work stops, nothing is sent, and it is counted as nginx's 499 "client closed request"."""
+
+    title = "client left"
 
 
 _CODES = {**ERROR_CODES, RequestTooLarge: "request_too_large", ModelTooLarge: "model_too_large"}
@@ -77,9 +84,19 @@ def guarded(state: DaemonState, name: str,
         state.touch()
         try:
             response = await handler(request)
+        except (ClientLeft, ClientDisconnect):
+            # Not an error of the daemon's: counted and logged quietly. The 499 is never
+            # sent (nobody listens); the server drops it.
+            log.info("%s %s: the client left before the reply", request.method,
+                     request.url.path)
+            state.counters.count(name, ClientLeft.http_status)
+            state.counters.client_left(name)
+            return Response(status_code=ClientLeft.http_status)
         except Exception as exc:
             response = error_response(request.url.path, exc)
         state.counters.count(name, response.status_code)
+        if hasattr(response, "on_client_left"):  # a stream (bridge.BridgeResponse)
+            response.on_client_left = lambda: state.counters.client_left(name)
         return response
 
     return endpoint

@@ -219,6 +219,9 @@ def _metrics(state: DaemonState) -> str:
     metric("requests_total", "counter", "HTTP requests by route and status.",
            [(f'{{route="{route}",status="{status}"}}', n)
             for (route, status), n in sorted(c.requests.items())])
+    metric("client_disconnects_total", "counter", "Requests whose client left before the"
+           " reply's end (also counted above: status 499 when no reply had started).",
+           [(f'{{route="{route}"}}', n) for route, n in sorted(c.clients_left.items())])
     metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
            [("", c.prompt_tokens)])
     metric("cached_prompt_tokens_total", "counter", "Prompt tokens reused from the KV cache.",

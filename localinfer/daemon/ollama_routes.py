@@ -6,8 +6,9 @@ Streaming is NDJSON by default (``"stream": false`` for one object); the final o
 no messages (or a generate with no prompt) only loads the model, and with ``keep_alive: 0``
 unloads it. Each streamed object also carries localinfer's ``timings``. ``/api/pull`` runs the
 store's blocking pull on its own thread and streams Ollama's progress objects (``status``,
-``digest``, ``total``, ``completed``, then ``{"status": "success"}``); a client that goes away
-cancels the download, which keeps its partial file for the next pull.
+``digest``, ``total``, ``completed``, then ``{"status": "success"}``); a second pull of the
+same model joins the first; when every client has gone away the download stops, keeping its
+partial file for the next pull.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def routes(state: DaemonState) -> list[Route]:
         stream = f.boolean("stream", True)
         # An unknown name, a path or a bad quant fails here, with a status code.
         target = await asyncio.to_thread(manager.pull_target, name)
-        job = PullJob(manager.store, target)
+        job = PullJob.follow(manager.store, target)  # joins a pull of it already running
         if not stream:
             await job.drain(request)
             return JSONResponse({"status": "success"})

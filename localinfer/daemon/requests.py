@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from starlette.requests import Request
@@ -19,18 +20,68 @@ _MISSING = object()
 
 
 async def read_json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, whatever its Content-Type (as Ollama reads it: ``curl -d``
+    sends a form type). Refused with a 400: not JSON (truncated, invalid UTF-8), nested too
+    deeply, a number Python cannot hold (an integer of thousands of digits, 1e999, NaN,
+    Infinity), or a string with a lone UTF-16 surrogate, which no tokenizer can encode."""
     raw = await request.body()
     if not raw.strip():
         raise InvalidRequest("the request body is empty; send a JSON object.")
+    return parse_json_body(raw)
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """``read_json``'s checks on a body's bytes."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}.") from None
+        body = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
     except RecursionError:
         raise InvalidRequest("the request body nests JSON too deeply.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}.") from None
+    except ValueError as exc:  # Python's int-string limit, or a non-finite number
+        reason = f"an integer of more than {sys.get_int_max_str_digits()} digits" \
+            if "integer string conversion" in str(exc) else str(exc)
+        raise InvalidRequest(f"the request body has a number that is out of range: {reason}."
+                             ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object.")
+    # A lone surrogate can only arrive as a \ud800-style escape (raw ones are invalid UTF-8).
+    if b"\\ud" in raw.lower():
+        try:
+            _refuse_surrogates(body, "")
+        except RecursionError:
+            raise InvalidRequest("the request body nests JSON too deeply.") from None
     return body
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _refuse_surrogates(value: Any, where: str) -> None:
+    """Refuse a string with an unpaired UTF-16 surrogate (what an editor plugin sends when
+    it cuts a string inside an emoji), naming the field; the request is not guessed at."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest(
+                f"'{where or 'body'}' contains an unpaired UTF-16 surrogate (such as"
+                " \\ud800), which is not text; send whole characters.") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_surrogates(key, where)
+            _refuse_surrogates(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_surrogates(item, f"{where}[{i}]")
 
 
 class Fields:
@@ -78,10 +129,15 @@ class Fields:
         value = self._get(key, default)
         if value is default:
             return value
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or \
-                not math.isfinite(value):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise InvalidRequest(f"'{self.where}{key}' must be a number, got {_kind(value)}.")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            number = math.inf
+        if not math.isfinite(number):
+            raise InvalidRequest(f"'{self.where}{key}' is out of range.")
+        return number
 
     def stop(self, key: str = "stop") -> tuple[str, ...]:
         value = self._get(key, None)

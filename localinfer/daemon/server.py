@@ -4,8 +4,9 @@
 
 A second ``serve`` finds the first through the pid file, which the running daemon holds
 locked (flock), and says where it listens. A pid file or socket left by a crash is not locked,
-so it is recognised as stale and replaced. SIGINT/SIGTERM end every in-flight stream (each
-gets a final error chunk), close the listeners, unload the models and remove the socket.
+so it is recognised as stale and replaced. SIGINT/SIGTERM end every in-flight stream and pull
+(each gets a final error line; a pull keeps its partial file), close the listeners, unload the
+models and remove the socket. A request uvicorn cannot parse gets a JSON 400 too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -26,10 +28,13 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import DaemonError
 from ..paths import Paths, get_paths
 from .app import create_app
+from .bridge import PullJob
+from .errors import error_body
 from .instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from .manager import EngineFactory, ModelManager
 from .memory import MemoryPlan
@@ -106,6 +111,19 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 def url_for(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+    """uvicorn's HTTP protocol, answering a request it cannot parse (a malformed request
+    line or header) with the JSON error shape instead of its plain-text 400."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_body("/", 400, msg.rstrip(".") + ": send a well-formed HTTP/1.1"
+                                     " request.", "invalid_http_request")).encode()
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() +
+                             b"\r\nconnection: close\r\n\r\n" + body)
+        self.transport.close()
 
 
 class _Server(uvicorn.Server):
@@ -193,7 +211,8 @@ class Daemon:
         self.state = state
         app = create_app(state)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=5, server_header=False)
+                                timeout_graceful_shutdown=5, server_header=False,
+                                http=_JsonRejects)
         server = _Server(config, on_exit=self._end_streams)
         self._server = server
         housekeeping = asyncio.ensure_future(self._housekeeping(state, server))
@@ -206,6 +225,7 @@ class Daemon:
             await manager.close()
 
     def _end_streams(self) -> None:
+        PullJob.cancel_all()  # each pull stops within a chunk, its partial file kept
         if self._loop is not None and self.state is not None:
             self.state.shutting_down = True
             self._loop.call_soon_threadsafe(self.state.manager.cancel_all)

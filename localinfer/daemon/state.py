@@ -43,9 +43,15 @@ class Counters:
     last_decode_tps: float = 0.0
     last_ttft_ms: float = 0.0
 
+    clients_left: dict[str, int] = field(default_factory=dict)
+    """Requests whose client closed the connection before the reply's end, by route."""
+
     def count(self, route: str, status: int) -> None:
         key = (route, status)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def client_left(self, route: str) -> None:
+        self.clients_left[route] = self.clients_left.get(route, 0) + 1
 
 
 class DaemonState:

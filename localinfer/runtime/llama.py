@@ -424,7 +424,12 @@ class LlamaBackend:
 
     # --- the Backend contract ------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800"): not text
+            raise InvalidRequest(f"the prompt contains {exc.object[exc.start:exc.end]!r},"
+                                 " an unpaired UTF-16 surrogate, which is not text; send"
+                                 " whole characters.") from None
         n_max = len(data) + 8
         buf = (L.llama_token * n_max)()
         n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)

@@ -415,8 +415,10 @@ class ModelStore:
         return entry
 
     def check_space(self, directory: Path, needed: int) -> None:
-        """Raise StoreError unless ``directory``'s disk has ``needed`` bytes and a margin."""
-        free = self.disk_free(directory)
+        """Raise StoreError unless ``directory``'s disk has ``needed`` bytes and a margin
+        (``directory`` need not exist yet: it is checked before anything is written)."""
+        existing = next((p for p in (directory, *directory.parents) if p.exists()), directory)
+        free = self.disk_free(existing)
         if free < needed + SPACE_MARGIN:
             raise StoreError(
                 f"not enough disk space in {directory}: {needed / 1e9:.2f} GB needed,"

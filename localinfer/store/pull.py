@@ -26,6 +26,7 @@ from ..errors import (
     DownloadError,
     InvalidModelFile,
     InvalidRequest,
+    ModelInUse,
     ModelNotFound,
     OfflineError,
     StoreError,
@@ -220,8 +221,8 @@ def _pull_lock(store: ModelStore, name: str) -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        raise StoreError(f"another pull of {name} is running (it holds {lock.lock_file}).",
-                         title="pull in progress") from None
+        raise ModelInUse(f"another pull of {name} is running (it holds {lock.lock_file});"
+                         " wait for it to finish.", title="pull in progress") from None
     try:
         yield
     finally:
@@ -246,34 +247,47 @@ def _download(store: ModelStore, target: PullTarget, remote: hub.RemoteFile,
         os.replace(path, partial)
     if meta is None:
         partial.unlink(missing_ok=True)
-        atomic_write_text(meta_path, json.dumps({**wanted, "commit": remote.commit,
-                                                 "sha256": expected,
-                                                 "started": time.time()}) + "\n")
     done = partial.stat().st_size if partial.exists() else 0
     total = remote.size or 0
     if remote.size is not None and done > remote.size:
         partial.unlink()
         done = 0
+    # Nothing is written before the pull can start (space, then the first byte): a pull that
+    # fails before leaves no partial download behind.
     store.check_space(partial.parent, max(total - done, 0))
     digest = expected or ""
     emit(PullProgress("downloading", done, total, name=name, digest=digest,
-                      message=(f"resuming {name} at {_mb(done)} of {_mb(total)}" if done
-                               else f"downloading {name} ({_mb(total)})")))
+                      message=(f"resuming {name} at {_mb(done)} of {_mb(remote.size)}" if done
+                               else f"downloading {name} ({_mb(remote.size)})")))
+
+    described = meta is not None
 
     def on_bytes(completed: int, size: int) -> None:
+        nonlocal described
+        if not described and completed > 0:  # the first bytes: say what they are of
+            described = True
+            atomic_write_text(meta_path, json.dumps({**wanted, "commit": remote.commit,
+                                                     "sha256": expected,
+                                                     "started": time.time()}) + "\n")
         emit(PullProgress("downloading", completed, size or total, name=name,
                           digest=digest, message=f"downloading {name}"))
 
+    def kept() -> str:
+        size = partial.stat().st_size if partial.exists() else 0
+        if size == 0:  # nothing to resume: no phantom partial download in `list`
+            partial.unlink(missing_ok=True)
+            meta_path.unlink(missing_ok=True)
+        return human_bytes(size)
+
     resume = f"run `localinfer pull {name}` again to resume."
+    ensure_dir(partial.parent)
     try:
         hub.download(remote, partial, on_bytes=on_bytes, cancel=cancel)
     except Cancelled:
-        kept = partial.stat().st_size if partial.exists() else 0
-        raise Cancelled(f"stopped the download of {name} at {_mb(kept)} of {_mb(total)};"
+        raise Cancelled(f"stopped the download of {name} at {kept()} of {_mb(remote.size)};"
                         f" {resume}") from None
     except (DownloadError, StoreError) as exc:
-        kept = partial.stat().st_size if partial.exists() else 0
-        raise type(exc)(f"{exc.message} {_mb(kept)} of {_mb(total)} is kept: {resume}",
+        raise type(exc)(f"{exc.message} {kept()} of {_mb(remote.size)} is kept: {resume}",
                         title=exc.title) from None
     return _verify_and_install(store, target, remote, expected, emit, cancel)
 
@@ -333,4 +347,5 @@ def _verify_and_install(store: ModelStore, target: PullTarget, remote: hub.Remot
 
 
 def _mb(n: int | None) -> str:
-    return human_bytes(n) if n else "?"
+    """A size; "?" only when the Hub did not say it."""
+    return "?" if n is None else human_bytes(n)

@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 
 FRAME_S = 1 / 30
 """A streaming reply is redrawn at most this often, however fast tokens arrive."""
+SAVE_EVERY_S = 1.0
+"""A streaming reply is saved at most this often (atomically), so that a crash or a kill
+keeps the text streamed so far, marked "interrupted"."""
 MOUNTED_MESSAGES = 60
 BASE_MODEL_NOTE = "base model: continues text, does not follow instructions · Ctrl+O: models"
 """Under the title bar while a base model is loaded (it fits in 80 columns)."""
@@ -153,6 +156,9 @@ class Reply:
     prompt_tokens: int | None = None
     last_flush: float = 0.0
     flush_timer: Timer | None = None
+    last_save: float = 0.0
+    drawn: list[str] = field(default_factory=list)
+    """The text drawn so far (what a streaming save writes)."""
 
 
 class ChatApp(App[None]):
@@ -527,7 +533,12 @@ class ChatApp(App[None]):
         text = "".join(reply.pending)
         reply.pending.clear()
         if text:
+            reply.drawn.append(text)
             await reply.widget.write(text)
+            if reply.last_flush - reply.last_save >= SAVE_EVERY_S:
+                reply.last_save = reply.last_flush
+                self._save(streaming=ChatMessage("assistant", "".join(reply.drawn),
+                                                 model=reply.model))
         self._show_status()
 
     @on(ReplyDone)
@@ -691,10 +702,10 @@ class ChatApp(App[None]):
         self.query_one(ChatInput).load_text(text)
         return text
 
-    def _save(self) -> None:
+    def _save(self, streaming: ChatMessage | None = None) -> None:
         try:
             if self.chat.messages:
-                self.chats.save(self.chat)
+                self.chats.save(self.chat, streaming=streaming)
             else:  # its only message was taken back (or nothing was said yet)
                 self.chats.delete(self.chat.id)
         except LocalInferError as exc:

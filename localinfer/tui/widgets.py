@@ -165,7 +165,7 @@ class AssistantMessage(Vertical):
     def _show_state(self) -> None:
         m = self.message
         self.set_class(self.streaming, "-streaming")
-        self.set_class(m.finish_reason == "cancelled", "-cancelled")
+        self.set_class(m.finish_reason in ("cancelled", "interrupted"), "-cancelled")
         self.set_class(m.finish_reason == "error", "-error")
 
     def _note(self) -> str:
@@ -179,6 +179,8 @@ class AssistantMessage(Vertical):
             line = "cancelled"
         if m.finish_reason == "cancelled":
             line = "✂ " + line
+        if m.finish_reason == "interrupted":
+            line = "✂ interrupted: the chat closed while this reply streamed"
         return line
 
 
