@@ -80,14 +80,22 @@ sampling = {"temperature": maybe(st.floats(0, 2)), "top_p": maybe(st.floats(0, 1
             "stop": maybe(st.lists(texts, max_size=2) | texts),
             "frequency_penalty": maybe(st.floats(-2, 2)),
             "presence_penalty": maybe(st.floats(-2, 2)),
-            "repeat_last_n": maybe(small_ints), "speculative": maybe(st.booleans())}
+            "repeat_last_n": maybe(small_ints), "speculative": maybe(st.booleans()),
+            "typical_p": maybe(st.floats(0, 1)), "mirostat": maybe(small_ints),
+            "mirostat_tau": maybe(st.floats(0, 10)), "mirostat_eta": maybe(st.floats(0, 1)),
+            "logit_bias": maybe(st.dictionaries(st.integers(0, 300).map(str),
+                                                st.floats(-100, 100), max_size=2))}
 options = st.fixed_dictionaries({}, optional={**sampling, "num_predict": maybe(small_ints),
                                               "num_ctx": maybe(st.integers(0, 9000))})
 ollama_common = {"stream": maybe(st.booleans()), "keep_alive": maybe(texts | small_ints),
-                 "options": maybe(options), "format": values, "priority": maybe(texts)}
+                 "options": maybe(options), "format": values, "priority": maybe(texts),
+                 "think": maybe(st.booleans() | st.sampled_from(["low", "high"])),
+                 "logprobs": maybe(st.booleans()), "top_logprobs": maybe(small_ints)}
 openai_common = {**sampling, "stream": maybe(st.booleans()), "max_tokens": maybe(small_ints),
                  "max_completion_tokens": maybe(small_ints), "n": maybe(small_ints),
-                 "logprobs": values, "stream_options": maybe(st.fixed_dictionaries(
+                 "logprobs": values, "top_logprobs": maybe(small_ints),
+                 "reasoning_effort": maybe(st.sampled_from(["none", "low", "high"])),
+                 "stream_options": maybe(st.fixed_dictionaries(
                      {}, optional={"include_usage": maybe(st.booleans())}))}
 
 SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
@@ -118,6 +126,25 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
                                                       "max_tokens": maybe(small_ints)})),
                                     "priority": maybe(texts),
                                     "keep_alive": maybe(texts | small_ints)}),
+    ("POST", "/infill"): st.fixed_dictionaries(
+        {"input_prefix": maybe(texts), "input_suffix": maybe(texts)},
+        optional={**sampling, "model": model, "prompt": maybe(texts),
+                  "input_extra": maybe(st.lists(st.fixed_dictionaries(
+                      {"filename": maybe(texts), "text": maybe(texts)}), max_size=2)),
+                  "n_predict": maybe(small_ints), "t_max_predict_ms": maybe(small_ints),
+                  "n_indent": maybe(small_ints), "stream": maybe(st.booleans())}),
+    ("POST", "/api/embed"): st.fixed_dictionaries(
+        {"model": model}, optional={"input": maybe(texts | st.lists(texts, max_size=3)),
+                                    "truncate": maybe(st.booleans()),
+                                    "dimensions": maybe(small_ints),
+                                    "keep_alive": maybe(texts | small_ints)}),
+    ("POST", "/api/embeddings"): st.fixed_dictionaries(
+        {"model": model}, optional={"prompt": maybe(texts)}),
+    ("POST", "/v1/embeddings"): st.fixed_dictionaries(
+        {"model": model, "input": maybe(texts | st.lists(texts, max_size=3)
+                                        | st.lists(st.integers(-2, 300), max_size=4))},
+        optional={"encoding_format": maybe(st.sampled_from(["float", "base64"])),
+                  "dimensions": maybe(small_ints)}),
     ("POST", "/localinfer/load"): st.fixed_dictionaries(
         {"model": model}, optional={"keep_alive": maybe(texts | small_ints)}),
 }
