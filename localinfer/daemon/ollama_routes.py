@@ -13,6 +13,7 @@ cancels the download, which keeps its partial file for the next pull.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ from .requests import (
     sampling,
 )
 from .state import DaemonState
+from .structured import Constraints, ollama_calls, ollama_constraints, ollama_format
 
 # The Ollama API version whose routes and fields this daemon implements; some clients check it.
 OLLAMA_API_VERSION = "0.9.0"
@@ -137,8 +139,10 @@ def routes(state: DaemonState) -> list[Route]:
         if not messages:
             return await _load_only(state, name, f, chat=True)
 
-        return await _generate(state, request, f, name, lambda e: e.chat_tokens(messages),
-                               _options(f), priority_of(request, body), chat=True)
+        constraints = ollama_constraints(body)
+        return await _generate(state, request, f, name, constraints.encoder(messages),
+                               constraints.sampling(_options(f)), priority_of(request, body),
+                               chat=True, constraints=constraints)
 
     async def generate(request: Request) -> Response:
         body = await read_json(request)
@@ -249,13 +253,12 @@ def pull_json(step: PullProgress) -> dict[str, Any]:
 
 def _options(f: Fields):
     options = Fields(f.data.get("options") or {}, "options.")
-    if f.data.get("format"):
-        raise InvalidRequest("'format' (structured output) is not supported.")
     num_predict = options.integer("num_predict", None)
     max_tokens = None if num_predict is None or num_predict < 0 else num_predict
     if num_predict == 0:
         raise InvalidRequest("'options.num_predict' must be positive (or -1 for no limit).")
-    return sampling(options, max_tokens=max_tokens)
+    return dataclasses.replace(sampling(options, max_tokens=max_tokens),
+                               grammar=ollama_format(f.data))
 
 
 def _keep_alive(f: Fields) -> float | None:
@@ -287,8 +290,10 @@ async def _load_only(state: DaemonState, name: str, f: Fields, *, chat: bool) ->
 
 
 async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
-                    encode: Callable[[Engine], list[int]], params: SamplingParams,
-                    priority: Priority, *, chat: bool) -> Response:
+                    encode: Callable[[Engine], list[int]],
+                    params: SamplingParams | Callable[[Engine], SamplingParams],
+                    priority: Priority, *, chat: bool, constraints: Constraints | None = None
+                    ) -> Response:
     stream = f.boolean("stream", True)
     entry, events, stack = await start_generation(
         state.manager, name, encode, params, priority, keep_alive_s=_keep_alive(f),
@@ -306,19 +311,38 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
 
     if not stream:
         done = await whole_reply(state, request, events, stack)
-        return JSONResponse(final(done, done.text))
+        reply = final(done, done.text)
+        if constraints is not None:
+            content, calls = constraints.reply(done.text)
+            if calls:
+                reply["message"] = {"role": "assistant", "content": content,
+                                    "tool_calls": ollama_calls(calls)}
+        return JSONResponse(reply)
+
+    splitter = constraints.splitter() if constraints is not None else None
 
     async def body() -> AsyncIterator[str]:
         try:
             async for event in events:
                 if isinstance(event, Token):
-                    yield json_line({"model": name, "created_at": now_iso(), **piece(event.text),
-                                     "done": False, "timings": live_json(event.live)}) + "\n"
+                    text = splitter.push(event.text) if splitter else event.text
+                    if text or splitter is None:
+                        yield json_line({"model": name, "created_at": now_iso(), **piece(text),
+                                         "done": False, "timings": live_json(event.live)}) + "\n"
                     continue
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
                                           " shutting down or the model was unloaded).")
+                if splitter is not None:
+                    rest, calls = splitter.finish(event.text)
+                    if rest or calls:
+                        said: dict[str, Any] = {"role": "assistant", "content": rest}
+                        if calls:
+                            said["tool_calls"] = ollama_calls(calls)
+                        yield json_line({"model": name, "created_at": now_iso(),
+                                         "message": said, "done": False,
+                                         "timings": timings_json(event.timings)}) + "\n"
                 yield json_line(final(event, "")) + "\n"
         except Exception as exc:  # headers are sent: report the error in the stream
             message = exc.message if isinstance(exc, LocalInferError) else str(exc)

@@ -25,6 +25,7 @@ from .bridge import BridgeResponse, start_generation, whole_reply
 from .errors import error_body, guarded
 from .requests import Fields, parse_messages, priority_of, read_json, sampling
 from .state import DaemonState
+from .structured import Constraints, openai_call_deltas, openai_calls, openai_constraints
 
 
 def usage_json(done: Done) -> dict[str, Any]:
@@ -49,8 +50,10 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         f = Fields(body)
         messages = parse_messages(body.get("messages"))
-        return await _generate(state, request, f, lambda e: e.chat_tokens(messages),
-                               _params(f), priority_of(request, body), chat=True)
+        constraints = openai_constraints(body)
+        return await _generate(state, request, f, constraints.encoder(messages),
+                               constraints.sampling(_params(f)), priority_of(request, body),
+                               chat=True, constraints=constraints)
 
     async def completions(request: Request) -> Response:
         body = await read_json(request)
@@ -75,6 +78,15 @@ def routes(state: DaemonState) -> list[Route]:
     ]
 
 
+def _with_calls(choice: dict[str, Any], constraints: Constraints, done: Done) -> None:
+    """Split a reply's tool calls out of its content, in OpenAI's shape."""
+    content, calls = constraints.reply(done.text)
+    if calls:
+        choice["message"] = {"role": "assistant", "content": content or None,
+                             "tool_calls": openai_calls(calls)}
+        choice["finish_reason"] = "tool_calls"
+
+
 def _params(f: Fields) -> SamplingParams:
     n = f.integer("n", 1)
     if n != 1:
@@ -88,8 +100,10 @@ def _params(f: Fields) -> SamplingParams:
 
 
 async def _generate(state: DaemonState, request: Request, f: Fields,
-                    encode: Callable[[Engine], list[int]], params: SamplingParams,
-                    priority: Priority, *, chat: bool) -> Response:
+                    encode: Callable[[Engine], list[int]],
+                    params: SamplingParams | Callable[[Engine], SamplingParams],
+                    priority: Priority, *, chat: bool, constraints: Constraints | None = None
+                    ) -> Response:
     stream = f.boolean("stream", False)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
@@ -103,6 +117,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
                       "logprobs": None, "finish_reason": finish_reason(done)}
+            if constraints is not None:
+                _with_calls(choice, constraints, done)
         else:
             choice = {"index": 0, "text": done.text, "logprobs": None,
                       "finish_reason": finish_reason(done)}
@@ -114,9 +130,12 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
 
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta_text: str | None, reason: str | None, timings: dict) -> str:
+    def chunk(delta_text: str | None, reason: str | None, timings: dict,
+              tool_calls: list[dict[str, Any]] | None = None) -> str:
         if chat:
             delta: dict[str, Any] = {} if delta_text is None else {"content": delta_text}
+            if tool_calls is not None:
+                delta = {"tool_calls": tool_calls}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": delta_text or "", "logprobs": None,
@@ -135,16 +154,27 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
             if include_usage:
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
+        splitter = constraints.splitter() if constraints is not None else None
         try:
             async for event in events:
                 if isinstance(event, Token):
-                    yield chunk(event.text, None, live_json(event.live))
+                    text = splitter.push(event.text) if splitter else event.text
+                    if text or splitter is None:
+                        yield chunk(text, None, live_json(event.live))
                     continue
                 state.record(event)
                 if event.finish_reason == "cancelled":
                     raise LocalInferError("the generation was cancelled (the daemon is"
                                           " shutting down or the model was unloaded).")
-                yield chunk(None, finish_reason(event), timings_json(event.timings))
+                reason = finish_reason(event)
+                if splitter is not None:
+                    rest, calls = splitter.finish(event.text)
+                    if rest:
+                        yield chunk(rest, None, timings_json(event.timings))
+                    for delta in openai_call_deltas(calls):
+                        yield chunk(None, None, timings_json(event.timings), tool_calls=delta)
+                    reason = "tool_calls" if calls else reason
+                yield chunk(None, reason, timings_json(event.timings))
                 if include_usage:
                     tail = {"id": ident, "object": kind, "created": created, "model": model,
                             "choices": [], "usage": usage_json(event)}

@@ -29,6 +29,7 @@ from .backend import Backend
 from .chat_template import ChatTemplate
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
+from .tools import ToolFormat, detect_format
 from .types import (
     DEFAULT_SAMPLING,
     Done,
@@ -282,12 +283,16 @@ class Engine:
                                      add_special=self.info.add_bos)
 
     def render_chat(self, messages: Sequence[Message], *,
-                    add_generation_prompt: bool = True) -> str:
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt)
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None) -> str:
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                     tools=tools)
 
     def chat_tokens(self, messages: Sequence[Message], *,
-                    add_generation_prompt: bool = True) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt,
+                                tools=tools)
         bos = self.info.bos_text
         # Templates usually write the BOS token themselves; add it only when they do not.
         add_special = not (bos and text.startswith(bos))
@@ -295,6 +300,16 @@ class Engine:
 
     def tokenize(self, text: str) -> list[int]:
         return self.backend.tokenize(text, add_special=False)
+
+    def tool_format(self) -> ToolFormat:
+        """How this model writes a tool call; InvalidRequest (a clear 400) for a model whose
+        template has no tools, or writes them in a format localinfer does not parse."""
+        if not self._template.supports_tools:
+            raise InvalidRequest(f"{self.info.name}'s chat template has no tool support, so"
+                                 " it was not taught to call functions: send the request"
+                                 " without 'tools', or use a model that has it (qwen3,"
+                                 " llama3.1, mistral...).")
+        return detect_format(self._template.source)
 
     def submit(
         self,
@@ -305,6 +320,8 @@ class Engine:
         sink: Sink | None = None,
     ) -> Generation:
         params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
+        if params.grammar is not None:
+            self.backend.check_grammar(params.grammar)
         n_ctx = self.info.n_ctx
         if not prompt:
             raise InvalidRequest("the prompt is empty after tokenization.")

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import LocalInferError
+from ..errors import InvalidRequest, LocalInferError
 from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
+from .grammar import Grammar
 from .types import SamplingParams
 
 _PIECE = re.compile(r"<[a-z_]+>|\s+|[^\s<]+|<")
@@ -25,6 +26,7 @@ EOS = "<eos>"
 END_OF_TURN = "<end_of_turn>"
 
 Reply = str | Callable[[str], str]
+_CONTROL = frozenset(("<pad>", EOS, "<bos>", END_OF_TURN, "<start_of_turn>"))
 
 
 @dataclass
@@ -52,6 +54,7 @@ class FakeBackend:
         prompt_delay_s: float = 0.0,
         name: str = "fake:test",
         architecture: str = "gemma3",
+        chat_template: str = BUILTIN_TEMPLATES["gemma"],
         fim: bool = False,
         n_ctx_train: int | None = None,
         base_model: bool = False,
@@ -68,6 +71,9 @@ class FakeBackend:
         self._seqs: dict[int, list[int]] = {}
         self._outputs: dict[int, tuple[int, int]] = {}  # batch index -> (seq, position)
         self.decode_calls: list[int] = []  # batch sizes, for tests of the scheduler
+        self.grammars: list[Grammar] = []
+        """The grammar of each constrained request, in order: the fake does not sample, so
+        tests check what the engine asked for (the real model's tests check the sampling)."""
         self.closed = False
         self.info = ModelInfo(
             name=name,
@@ -82,7 +88,7 @@ class FakeBackend:
             n_ctx=n_ctx,
             n_slots=n_slots,
             n_vocab=1000,
-            chat_template=BUILTIN_TEMPLATES["gemma"],
+            chat_template=chat_template,
             bos_text="<bos>",
             eos_text=EOS,
             fim=("<fim_prefix>", "<fim_suffix>", "<fim_middle>") if fim else None,
@@ -104,7 +110,10 @@ class FakeBackend:
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces[token]
-        return b"" if piece.startswith("<") and piece.endswith(">") else piece.encode()
+        # Control tokens print nothing; other tags (<tool_call>, <think>) are text, as Qwen's
+        # user-defined tokens are.
+        control = piece in _CONTROL or piece.startswith("<fim_")
+        return b"" if control else piece.encode()
 
     def is_eog(self, token: int) -> bool:
         return self._pieces[token] in (EOS, END_OF_TURN)
@@ -143,7 +152,14 @@ class FakeBackend:
                 self._outputs[i] = (seq, pos)
 
     def new_sampler(self, params: SamplingParams, seed: int) -> _FakeSampler:
+        if params.grammar is not None:
+            self.grammars.append(params.grammar)
         return _FakeSampler(params, seed)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        if not isinstance(grammar.schema_json, dict):
+            raise InvalidRequest("the JSON schema cannot be turned into a grammar: a JSON"
+                                 " schema must be an object")
 
     def accept(self, sampler: _FakeSampler, tokens: Sequence[int]) -> None:
         sampler.accepted.extend(tokens)

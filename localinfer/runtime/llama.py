@@ -20,11 +20,13 @@ from pathlib import Path
 
 import llama_cpp as L
 import numpy as np
+from llama_cpp.llama_grammar import SchemaConverter
 
 from ..errors import InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
+from .grammar import Grammar, to_gbnf
 from .types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -300,6 +302,10 @@ class LlamaBackend:
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
         self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
+        self._grammars: dict[int, _Constrained] = {}  # id() of a chain -> its grammar
+        self._gbnf: dict[Grammar, str] = {}
+        self._candidates: np.ndarray | None = None
+        self._vocab_ids: np.ndarray | None = None
         self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
                                    offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
 
@@ -444,9 +450,14 @@ class LlamaBackend:
             add(chain, L.llama_sampler_init_penalties(
                 self._n_vocab, params.repeat_last_n, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))
+        if params.grammar is not None:
+            self._grammars[id(chain)] = _Constrained(
+                self._grammar_sampler(params.grammar),
+                L.llama_sampler_chain_get(chain, 1 if len(self._never_bias) else 0)
+                if penalized else None)
         if params.greedy:
             add(chain, L.llama_sampler_init_greedy())
-            if not penalized:
+            if not penalized and params.grammar is None:
                 self._argmax_chains.add(id(chain))
             return chain
         if params.top_k > 0:
@@ -471,18 +482,94 @@ class LlamaBackend:
                                            shape=(self._n_vocab,))
             logits[self.never_sampled] = -np.inf
             return int(logits.argmax())
+        constrained = self._grammars.get(id(sampler))
+        if constrained is not None:
+            return self._sample_constrained(sampler, constrained.grammar, index)
         return L.llama_sampler_sample(sampler, self._ctx, index)
+
+    # --- grammars ------------------------------------------------------------------------
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Raise InvalidRequest for a grammar llama.cpp cannot use (a schema the converter
+        does not take, rules llama.cpp does not parse), before the request is queued."""
+        L.llama_sampler_free(self._grammar_sampler(grammar))
+
+    def _grammar_sampler(self, grammar: Grammar) -> ctypes.c_void_p:
+        gbnf = self._gbnf.get(grammar)
+        if gbnf is None:
+            try:
+                gbnf = to_gbnf(grammar, schema_rules)
+            except (ValueError, KeyError, TypeError, AssertionError, RecursionError) as exc:
+                raise InvalidRequest(f"the JSON schema cannot be turned into a grammar: {exc}"
+                                     ) from None
+            if len(self._gbnf) > 64:  # a few schemas are in use at once; forget the rest
+                self._gbnf.clear()
+            self._gbnf[grammar] = gbnf
+        if grammar.triggers:
+            patterns = (ctypes.c_char_p * len(grammar.triggers))(
+                *(p.encode() for p in grammar.triggers))
+            sampler = L.llama_sampler_init_grammar_lazy_patterns(
+                self._vocab, gbnf.encode(), b"root", patterns, len(grammar.triggers), None, 0)
+        else:
+            sampler = L.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+        if not sampler:
+            raise InvalidRequest(f"llama.cpp could not parse the grammar{_llama_said()}")
+        return sampler
+
+    def _sample_constrained(self, chain: ctypes.c_void_p, grammar: ctypes.c_void_p,
+                            index: int) -> int:
+        """Sample with the chain alone, then ask the grammar about that one token; only
+        when the grammar refuses it apply the grammar to the whole vocabulary and sample
+        again (llama.cpp's common sampler does the same). Checking every token of a large
+        vocabulary against the grammar costs more than the model's step."""
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
+                                       shape=(self._n_vocab,))
+        token = self._pick(chain, logits, None)
+        one = np.array([(token, 0.0, 0.0)], dtype=_TOKEN_DATA)
+        array = _data_array(one)
+        L.llama_sampler_apply(grammar, ctypes.byref(array))
+        if not np.isfinite(one["logit"][0]):
+            token = self._pick(chain, logits, grammar)
+        L.llama_sampler_accept(grammar, token)
+        L.llama_sampler_accept(chain, token)
+        return token
+
+    def _pick(self, chain: ctypes.c_void_p, logits: np.ndarray,
+              grammar: ctypes.c_void_p | None) -> int:
+        if self._candidates is None:  # one buffer: only the worker thread samples
+            self._candidates = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
+            self._vocab_ids = np.arange(self._n_vocab, dtype=np.int32)
+        candidates = self._candidates
+        candidates["id"] = self._vocab_ids
+        candidates["logit"] = logits
+        candidates["p"] = 0.0
+        array = _data_array(candidates)
+        if grammar is not None:
+            L.llama_sampler_apply(grammar, ctypes.byref(array))
+        L.llama_sampler_apply(chain, ctypes.byref(array))
+        if array.selected < 0:
+            raise LocalInferError("the sampler chain selected no token")
+        return int(candidates["id"][array.selected])
 
     def logits(self, index: int) -> list[float]:
         row = L.llama_get_logits_ith(self._ctx, index)
         return np.ctypeslib.as_array(row, shape=(self._n_vocab,)).tolist()
 
     def accept(self, sampler: ctypes.c_void_p, tokens: Sequence[int]) -> None:
+        constrained = self._grammars.get(id(sampler))
+        if constrained is not None:
+            # The prompt feeds the repetition penalty only: a grammar constrains the reply.
+            if constrained.penalties is not None:
+                for token in tokens:
+                    L.llama_sampler_accept(constrained.penalties, token)
+            return
         for token in tokens:
             L.llama_sampler_accept(sampler, token)
 
     def free_sampler(self, sampler: ctypes.c_void_p) -> None:
         self._argmax_chains.discard(id(sampler))
+        constrained = self._grammars.pop(id(sampler), None)
+        if constrained is not None:
+            L.llama_sampler_free(constrained.grammar)
         L.llama_sampler_free(sampler)
 
     def seq_trim(self, seq_id: int, n_keep: int) -> int:
@@ -507,6 +594,37 @@ class LlamaBackend:
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
+
+
+@dataclass(frozen=True)
+class _Constrained:
+    """A sampler chain's grammar (kept out of the chain: see _sample_constrained), and the
+    chain's penalties sampler, which alone is fed the prompt."""
+
+    grammar: ctypes.c_void_p
+    penalties: ctypes.c_void_p | None
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def _data_array(candidates: np.ndarray) -> L.llama_token_data_array:
+    """A llama_token_data_array over a numpy array of _TOKEN_DATA (no copy: llama.cpp's
+    samplers edit it in place; the numpy array must outlive the call)."""
+    return L.llama_token_data_array(
+        data=candidates.ctypes.data_as(ctypes.POINTER(L.llama_token_data)),
+        size=len(candidates), selected=-1, sorted=False)
+
+
+def schema_rules(schema: object, rule: str) -> str:
+    """GBNF rules defining ``rule`` as JSON that matches ``schema``, by the converter that
+    llama-cpp-python ships (llama.cpp's json_schema_to_grammar.py; local $refs only)."""
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
+                                raw_pattern=False)
+    if not isinstance(schema, dict):
+        raise ValueError("a JSON schema must be an object")
+    converter.visit(converter.resolve_refs(schema, "request"), rule)
+    return str(converter.format_grammar())
 
 
 def _set(struct: ctypes.Structure, **values: object) -> None:
