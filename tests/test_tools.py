@@ -95,6 +95,8 @@ def test_text_and_broken_calls_stay_content():
     cut = '<tool_call>\n{"name": "get_weather", "argu'
     assert parse_reply(FORMATS["hermes"], cut) == (cut, [])
     assert parse_reply(FORMATS["hermes"], '{"name": "x", "arguments": {}}')[1] == []
+    content, calls = parse_reply(FORMATS["hermes"], CALL_TEXT + "\n" + cut)
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
 
 
 def test_the_splitter_streams_content_and_holds_back_a_call():
@@ -269,3 +271,14 @@ def test_editor_shaped_requests_get_calls(tool_daemon):
         assert "tool_calls" in reasons
         body = http.post("/api/chat", json=OPEN_WEBUI).json()
         assert body["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_integer_bounds_are_enforced_or_refused():
+    rules = schema_rules({"type": "integer", "minimum": -3, "exclusiveMaximum": 0}, "n")
+    assert 'n ::= ("-3" | "-2" | "-1") space' in rules
+    assert '"0" | [1-9]' in schema_rules({"type": "integer", "minimum": 0}, "n")
+    assert schema_rules({"type": "string"}, "s").startswith("s ::= string")
+    for schema in ({"type": "integer", "minimum": 5}, {"type": "number", "maximum": 1},
+                   {"type": "integer", "minimum": 3, "maximum": 1}):
+        with pytest.raises(ValueError):
+            schema_rules(schema, "n")

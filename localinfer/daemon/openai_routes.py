@@ -84,7 +84,8 @@ def _with_calls(choice: dict[str, Any], constraints: Constraints, done: Done) ->
     if calls:
         choice["message"] = {"role": "assistant", "content": content or None,
                              "tool_calls": openai_calls(calls)}
-        choice["finish_reason"] = "tool_calls"
+        if done.finish_reason != "length":
+            choice["finish_reason"] = "tool_calls"
 
 
 def _params(f: Fields) -> SamplingParams:
@@ -173,7 +174,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                         yield chunk(rest, None, timings_json(event.timings))
                     for delta in openai_call_deltas(calls):
                         yield chunk(None, None, timings_json(event.timings), tool_calls=delta)
-                    reason = "tool_calls" if calls else reason
+                    reason = "tool_calls" if calls and reason != "length" else reason
                 yield chunk(None, reason, timings_json(event.timings))
                 if include_usage:
                     tail = {"id": ident, "object": kind, "created": created, "model": model,

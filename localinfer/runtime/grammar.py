@@ -8,6 +8,7 @@ llama.cpp); this module wraps its rules in the markers and repetition a tool-cal
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,3 +63,42 @@ def _literal(text: str) -> str:
     if not text:
         return ""
     return json.dumps(text)  # GBNF literals take JSON's escapes (\n, \", \\)
+
+
+MAX_LISTED_INTEGERS = 1000
+"""An integer range up to this many values is written out value by value."""
+
+
+def integer_range(schema: dict[str, Any]) -> str:
+    """The GBNF of an integer schema's bounds (``minimum``, ``maximum`` and their exclusive
+    forms), which the converter llama-cpp-python ships ignores. A range of up to
+    MAX_LISTED_INTEGERS values, or a lower bound of 0 or 1 alone, can be written; any other
+    bound is refused (ValueError), never dropped."""
+    low = _bound(schema, "minimum", "exclusiveMinimum", math.ceil, 1)
+    high = _bound(schema, "maximum", "exclusiveMaximum", math.floor, -1)
+    if low is not None and high is not None:
+        if high < low:
+            raise ValueError(f"no integer lies between {low} and {high}")
+        if high - low < MAX_LISTED_INTEGERS:
+            return " | ".join(f'"{v}"' for v in range(low, high + 1))
+    if high is None and low in (0, 1):
+        return ('"0" | ' if low == 0 else "") + "[1-9] [0-9]{0,15}"
+    raise ValueError(f"integer bounds {low}..{high} cannot be enforced: give both minimum and"
+                     f" maximum at most {MAX_LISTED_INTEGERS} values apart, or a minimum of"
+                     " 0 or 1 alone")
+
+
+def _bound(schema: dict[str, Any], inclusive: str, exclusive: str,
+           to_int: Callable[[float], int], step: int) -> int | None:
+    value, key = schema.get(inclusive), inclusive
+    if value is None and schema.get(exclusive) is not None:
+        value, key = schema[exclusive], exclusive
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not math.isfinite(value):
+        raise ValueError(f"'{key}' must be a number")
+    bound = to_int(value)
+    if key == exclusive and bound == value:
+        bound += step
+    return bound

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
@@ -26,7 +27,7 @@ from ..errors import InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
-from .grammar import Grammar, to_gbnf
+from .grammar import Grammar, integer_range, to_gbnf
 from .types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -619,12 +620,32 @@ def _data_array(candidates: np.ndarray) -> L.llama_token_data_array:
 def schema_rules(schema: object, rule: str) -> str:
     """GBNF rules defining ``rule`` as JSON that matches ``schema``, by the converter that
     llama-cpp-python ships (llama.cpp's json_schema_to_grammar.py; local $refs only)."""
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
-                                raw_pattern=False)
+    converter = _SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
+                                 raw_pattern=False)
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
-    converter.visit(converter.resolve_refs(schema, "request"), rule)
-    return str(converter.format_grammar())
+    defined = converter.visit(converter.resolve_refs(schema, "request"), rule)
+    rules = str(converter.format_grammar())
+    # A primitive schema comes back as a built-in rule's name ("string"), not ``rule``.
+    return rules if defined == rule else f"{rule} ::= {defined}\n{rules}"
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+class _SchemaConverter(SchemaConverter):
+    """The shipped converter, plus the numeric bounds it would silently ignore."""
+
+    def visit(self, schema: Any, name: str) -> str:
+        if isinstance(schema, dict) and any(k in schema for k in _BOUNDS):
+            kind = schema.get("type")
+            if kind == "integer":
+                return str(self._add_rule(name or "integer-range",
+                                          f"({integer_range(schema)}) space"))
+            if kind == "number":
+                raise ValueError("bounds on a 'number' cannot be enforced; use an integer"
+                                 " or leave them out")
+        return str(super().visit(schema, name))
 
 
 def _set(struct: ctypes.Structure, **values: object) -> None:

@@ -170,7 +170,8 @@ def new_call_id() -> str:
 
 def parse_reply(fmt: ToolFormat, text: str) -> tuple[str, list[ToolCall]]:
     """A whole reply -> (its text content, its calls). A reply whose calls do not parse
-    (cut off by max_tokens) is all content."""
+    (cut off by max_tokens) is all content; a last call cut off after complete ones is
+    dropped."""
     start = _call_start(fmt, text)
     if start is None:
         return text, []
@@ -194,9 +195,12 @@ def _call_start(fmt: ToolFormat, text: str) -> int | None:
 def _parse_calls(fmt: ToolFormat, text: str) -> list[ToolCall]:
     objects: list[Any] = []
     if fmt.opener and text.startswith(fmt.opener) and fmt.closer and not fmt.as_list:
-        for block in text.split(fmt.opener)[1:]:
-            body = block.split(fmt.closer, 1)[0]
+        blocks = text.split(fmt.opener)[1:]
+        for i, block in enumerate(blocks):
+            body, closed, _ = block.partition(fmt.closer)
             value = _loads(body)
+            if value is None and not closed and i == len(blocks) - 1 and objects:
+                break  # a last call cut off by max_tokens: the complete ones stand
             objects.extend(value if isinstance(value, list) else [value])
     else:
         body = text[len(fmt.opener):] if fmt.opener and text.startswith(fmt.opener) else text
