@@ -452,10 +452,14 @@ class LlamaBackend:
                 self._n_vocab, params.repeat_last_n, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))
         if params.grammar is not None:
+            # With no penalty (which could reorder the logits), the best allowed tokens
+            # among the most likely ones are the best allowed ones overall: greedy needs
+            # one of them, top-k sampling k.
+            enough = 0 if penalized else 1 if params.greedy else params.top_k
             self._grammars[id(chain)] = _Constrained(
                 self._grammar_sampler(params.grammar),
                 L.llama_sampler_chain_get(chain, 1 if len(self._never_bias) else 0)
-                if penalized else None)
+                if penalized else None, enough)
         if params.greedy:
             add(chain, L.llama_sampler_init_greedy())
             if not penalized and params.grammar is None:
@@ -485,7 +489,7 @@ class LlamaBackend:
             return int(logits.argmax())
         constrained = self._grammars.get(id(sampler))
         if constrained is not None:
-            return self._sample_constrained(sampler, constrained.grammar, index)
+            return self._sample_constrained(sampler, constrained, index)
         return L.llama_sampler_sample(sampler, self._ctx, index)
 
     # --- grammars ------------------------------------------------------------------------
@@ -516,36 +520,69 @@ class LlamaBackend:
             raise InvalidRequest(f"llama.cpp could not parse the grammar{_llama_said()}")
         return sampler
 
-    def _sample_constrained(self, chain: ctypes.c_void_p, grammar: ctypes.c_void_p,
+    def _sample_constrained(self, chain: ctypes.c_void_p, constrained: _Constrained,
                             index: int) -> int:
-        """Sample with the chain alone, then ask the grammar about that one token; only
-        when the grammar refuses it apply the grammar to the whole vocabulary and sample
-        again (llama.cpp's common sampler does the same). Checking every token of a large
-        vocabulary against the grammar costs more than the model's step."""
+        """Sample with the chain alone, then ask the grammar about that one token (llama.cpp's
+        common sampler does the same). When the grammar refuses it, ask it about the
+        GRAMMAR_SHORTLIST most likely tokens and sample among those it allows, when that is
+        sure to pick as the whole vocabulary would; else about the whole vocabulary, which
+        took 31 ms for the starter's 262k tokens on a loaded 2-core x86 (a decode step
+        there: 25 ms unloaded)."""
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
                                        shape=(self._n_vocab,))
-        token = self._pick(chain, logits, None)
+        logits[self.never_sampled] = -np.inf  # as the chain's bias would, and in place
+        grammar = constrained.grammar
+        if constrained.enough == 1:  # greedy: the first largest logit, as the chain picks it
+            token = int(logits.argmax())
+        elif constrained.penalties is None:
+            # llama.cpp's own fill and sample (0.5 ms for 262k tokens against 2 ms through
+            # numpy); it also accepts the token into the chain, which holds no state
+            # without penalties, so a token the grammar refuses leaves no trace.
+            token = L.llama_sampler_sample(chain, self._ctx, index)
+        else:
+            token = self._pick(chain, self._candidates_of(logits, None), None)
         one = np.array([(token, 0.0, 0.0)], dtype=_TOKEN_DATA)
-        array = _data_array(one)
-        L.llama_sampler_apply(grammar, ctypes.byref(array))
+        L.llama_sampler_apply(grammar, ctypes.byref(_data_array(one)))
         if not np.isfinite(one["logit"][0]):
-            token = self._pick(chain, logits, grammar)
+            token = -1
+            if constrained.enough:
+                n = min(GRAMMAR_SHORTLIST, self._n_vocab)
+                shortlist = np.argpartition(logits, -n)[-n:]
+                candidates = self._candidates_of(logits, shortlist)
+                token = self._pick(chain, candidates, grammar, enough=constrained.enough)
+            if token < 0:
+                token = self._pick(chain, self._candidates_of(logits, None), grammar)
         L.llama_sampler_accept(grammar, token)
         L.llama_sampler_accept(chain, token)
         return token
 
-    def _pick(self, chain: ctypes.c_void_p, logits: np.ndarray,
-              grammar: ctypes.c_void_p | None) -> int:
-        if self._candidates is None:  # one buffer: only the worker thread samples
+    def _candidates_of(self, logits: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+        """A llama_token_data array of the given tokens (None: the whole vocabulary, in a
+        buffer kept for it: only the worker thread samples)."""
+        if ids is not None:
+            candidates = np.empty(len(ids), dtype=_TOKEN_DATA)
+            candidates["id"] = ids
+            candidates["logit"] = logits[ids]
+            candidates["p"] = 0.0
+            return candidates
+        if self._candidates is None:
             self._candidates = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
             self._vocab_ids = np.arange(self._n_vocab, dtype=np.int32)
         candidates = self._candidates
-        candidates["id"] = self._vocab_ids
+        candidates["id"] = self._vocab_ids  # again each time: samplers reorder the array
         candidates["logit"] = logits
         candidates["p"] = 0.0
+        return candidates
+
+    def _pick(self, chain: ctypes.c_void_p, candidates: np.ndarray,
+              grammar: ctypes.c_void_p | None, *, enough: int = 0) -> int:
+        """The chain's choice among ``candidates`` (after the grammar's, if given); -1 when
+        fewer than ``enough`` of them pass the grammar."""
         array = _data_array(candidates)
         if grammar is not None:
             L.llama_sampler_apply(grammar, ctypes.byref(array))
+            if enough and np.isfinite(candidates["logit"][:array.size]).sum() < enough:
+                return -1
         L.llama_sampler_apply(chain, ctypes.byref(array))
         if array.selected < 0:
             raise LocalInferError("the sampler chain selected no token")
@@ -604,8 +641,13 @@ class _Constrained:
 
     grammar: ctypes.c_void_p
     penalties: ctypes.c_void_p | None
+    enough: int
+    """How many of the most likely tokens must pass the grammar for a choice among them to
+    be the choice among all (0: always ask about the whole vocabulary)."""
 
 
+GRAMMAR_SHORTLIST = 1024
+"""The most likely tokens a refusing grammar is asked about first (see _sample_constrained)."""
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
