@@ -63,6 +63,8 @@ def test_a_template_without_tools_refuses_them():
     assert not chat.supports_tools
     with pytest.raises(InvalidRequest, match="no tool support"):
         chat.render([Message("user", "hi")], tools=[WEATHER])
+    with pytest.raises(InvalidRequest, match="no tool support"):  # not dropped unseen
+        chat.render([Message("assistant", "", tool_calls=(ToolCall("f", "{}"),))])
 
 
 def test_gpt_oss_and_unknown_formats_are_refused_clearly():

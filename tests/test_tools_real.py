@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from daemon_util import ollama_client, openai_client, serve
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.loader import load_engine
+from localinfer.runtime.tools import FORMATS, ToolChoice, call_grammar, parse_tools
 
 pytestmark = pytest.mark.model
 
@@ -173,3 +174,13 @@ def test_ollama_format_schema_returns_valid_json(tool_daemon):
     generated = client.generate(model="gemma3:270m", prompt="A city as JSON:", format=schema,
                                 raw=True, options={"temperature": 0, "num_predict": 80})
     jsonschema.validate(json.loads(generated.response), schema)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_every_format_grammar_compiles_in_llama_cpp(real_engine, fmt, choice):
+    tools = parse_tools([WEATHER, {"type": "function", "function": {"name": "now"}}])
+    for parallel in (True, False):
+        grammar = call_grammar(FORMATS[fmt], tools, ToolChoice(choice), parallel=parallel)
+        assert grammar is not None
+        real_engine.backend.check_grammar(grammar)

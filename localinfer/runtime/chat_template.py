@@ -119,12 +119,12 @@ class ChatTemplate:
             raise InvalidRequest("messages must not be empty.")
         payload: list[dict[str, Any]] = [_message_json(m) for m in messages]
         extra: dict[str, Any] = {}
-        if tools:
+        if tools or any(m.tool_calls for m in messages):
             if not self.supports_tools:
                 raise InvalidRequest("this model's chat template has no tool support, so it"
                                      " was not taught to call functions: send the request"
-                                     " without 'tools', or use a model that has it (qwen3,"
-                                     " llama3.1, mistral...).")
+                                     " without 'tools' and tool calls, or use a model that"
+                                     " has it (qwen3, llama3.1, mistral...).")
             extra["tools"] = list(tools)
         try:
             return self._template.render(
