@@ -56,6 +56,8 @@ def test_each_family_template_renders_tools_calls_and_results(template, fmt):
     assert '"get_weather"' in text and "The weather in a city" in text  # the tool's definition
     assert '{"city": "Paris"}' in text  # the call, its arguments as an object
     assert "18 C and sunny" in text  # the result
+    # tool_choice "none": the tools are not offered, the history stays.
+    assert '{"city": "Paris"}' in chat.render(history)
 
 
 def test_a_template_without_tools_refuses_them():

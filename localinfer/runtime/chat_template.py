@@ -125,6 +125,7 @@ class ChatTemplate:
                                      " was not taught to call functions: send the request"
                                      " without 'tools' and tool calls, or use a model that"
                                      " has it (qwen3, llama3.1, mistral...).")
+        if tools:
             extra["tools"] = list(tools)
         try:
             return self._template.render(
