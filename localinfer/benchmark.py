@@ -9,6 +9,7 @@ Every figure is measured here, through the same engine that serves chats and edi
   tokens compared with the same request run alone (``first_divergence``);
 - the 5th turn of a chat with ~1,500 tokens of history, with and without KV prefix reuse;
 - decode on a code-edit request with and without prompt-lookup speculation;
+- decode with a JSON schema's grammar against without, and a forced tool call's latency;
 - (full mode) llama-cpp-python's own ``create_completion`` and ``Llama.eval`` on the same model.
 
 The single-stream measurement is stored as a measured/predicted ratio so the planner's
@@ -29,6 +30,8 @@ from typing import Any
 
 from .config import Config
 from .runtime.engine import Engine, Generation
+from .runtime.grammar import json_grammar
+from .runtime.tools import FORMATS, ToolChoice, call_grammar, parse_reply, parse_tools
 from .runtime.types import Done, Message, SamplingParams
 
 Progress = Callable[[str, int, int], None]
@@ -65,6 +68,7 @@ class BenchResult:
     concurrency: list[dict[str, Any]] = field(default_factory=list)
     chat_reuse: dict[str, Any] = field(default_factory=dict)
     speculation: dict[str, Any] = field(default_factory=dict)
+    structured: dict[str, Any] = field(default_factory=dict)
     raw_llama_cpp_python: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +87,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     from .store import ModelStore
 
     stages = ["load", "prefill", "decode and the bare step", "concurrent streams",
-              "chat prefix reuse", "speculation", "calibration"]
+              "chat prefix reuse", "speculation", "structured output", "calibration"]
     if not quick:
         stages.append("llama-cpp-python")
     step = iter(range(1, len(stages) + 1))
@@ -163,6 +167,9 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
 
         stage("speculation")
         result.speculation = _speculation(engine, quick=quick)
+
+        stage("structured output")
+        result.structured = _structured(engine, quick=quick)
 
         stage("calibration")
         from .hardware.calibration import record_run
@@ -436,6 +443,51 @@ def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
         "diverged_at_near_tie": divergence is not None and divergence.near_tie,
         "drafted": spec.timings.drafted_tokens,
         "accepted": spec.timings.accepted_tokens,
+    }
+
+
+CITIES_SCHEMA = {"type": "object", "required": ["cities"], "properties": {"cities": {
+    "type": "array", "items": {"type": "object", "required": ["name", "population"],
+                               "properties": {"name": {"type": "string", "maxLength": 24},
+                                              "population": {"type": "integer",
+                                                             "minimum": 0}}}}}}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city", "parameters": {
+        "type": "object", "required": ["city", "unit"],
+        "properties": {"city": {"type": "string"},
+                       "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+
+
+def _structured(engine: Engine, *, quick: bool) -> dict[str, Any]:
+    """Decode with a JSON schema's grammar against plain decode of the same prompt
+    (alternated, median of three each), and the time to a forced tool call: submitted to
+    done, its arguments constrained by the tool's schema."""
+    n_tokens = 64 if quick else 128
+    prompt = "A list of large cities and their populations, as JSON:\n"
+    rates: dict[str, list[float]] = {"plain": [], "schema": []}
+    for _ in range(3):
+        for label, grammar in (("plain", None), ("schema", json_grammar(CITIES_SCHEMA))):
+            done = engine.complete(prompt, SamplingParams(
+                temperature=0, max_tokens=n_tokens, speculative=False, grammar=grammar)).result()
+            rates[label].append(done.timings.decode_tps)
+    plain, schema = statistics.median(rates["plain"]), statistics.median(rates["schema"])
+    hermes = FORMATS["hermes"]
+    tools = parse_tools([WEATHER_TOOL])
+    call = SamplingParams(temperature=0, max_tokens=64, speculative=False,
+                          grammar=call_grammar(hermes, tools, ToolChoice("required"),
+                                               parallel=False))
+    calls = [engine.complete("User: what's the weather in Paris?\nAssistant:", call).result()
+             for _ in range(3)]
+    best = min(calls, key=lambda d: d.timings.total_ms)
+    return {
+        "tokens": n_tokens,
+        "plain_tps": plain,
+        "schema_tps": schema,
+        "ratio": schema / plain if plain else 0.0,
+        "tool_call_ms": best.timings.total_ms,
+        "tool_call_ttft_ms": best.timings.ttft_ms,
+        "tool_call_tokens": best.usage.completion_tokens,
+        "tool_call_parsed": bool(parse_reply(hermes, best.text)[1]),
     }
 
 

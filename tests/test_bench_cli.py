@@ -39,5 +39,7 @@ def test_bench_quick_json(starter_path):
     s = r["speculation"]
     assert s["identical"] or s["diverged_at_near_tie"], s  # the same rule as for batches
     assert s["accepted"] > 0
+    st = r["structured"]
+    assert st["schema_tps"] > 0 and st["plain_tps"] > 0 and st["tool_call_parsed"], st
     assert r["calibration"]["ratio"] > 0
-    assert "bench [7/7] calibration" in out.stderr  # progress was shown
+    assert "bench [8/8] calibration" in out.stderr  # progress was shown

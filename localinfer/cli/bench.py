@@ -141,6 +141,14 @@ def report(r) -> str:
                f"text parts from plain decoding at token {s['first_divergent_token']}"
                + (" (flash attention on an F16 cache: see --flash-attn)"
                   if r.flash_attn and r.kv_type == "f16" else "")))
+    st = r.structured
+    if st:
+        lines.append(
+            f"  JSON schema ({st['tokens']} tokens): {st['schema_tps']:.1f} tok/s constrained,"
+            f" {st['plain_tps']:.1f} tok/s plain ({st['ratio']:.2f}x); a forced tool call"
+            f" {st['tool_call_ms']:.0f} ms ({st['tool_call_tokens']} tokens, TTFT"
+            f" {st['tool_call_ttft_ms']:.0f} ms" + ("" if st["tool_call_parsed"]
+                                                    else ", did not parse") + ")")
     raw = r.raw_llama_cpp_python
     if raw.get("decode_tps"):
         lines.append(

@@ -216,7 +216,8 @@ class PullListener(ThreadBridge[PullProgress]):
 
 async def start_generation(
     manager: ModelManager, name: str, encode: Callable[[Engine], list[int]],
-    params: SamplingParams, priority: Priority, *, keep_alive_s: float | None = None,
+    params: SamplingParams | Callable[[Engine], SamplingParams], priority: Priority, *,
+    keep_alive_s: float | None = None,
     num_ctx: int | None = None,
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
@@ -229,7 +230,9 @@ async def start_generation(
     try:
         engine = entry.engine
         tokens = await asyncio.to_thread(encode, engine)
-        events = EventStream(lambda sink: engine.submit(tokens, params, priority=priority,
+        # A grammar can depend on the model (its tool-call format): then params is a function.
+        chosen = params(engine) if callable(params) else params
+        events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
                                                         sink=sink))
     except BaseException:
         await stack.aclose()

@@ -14,10 +14,10 @@ partial file for the next pull.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +49,7 @@ from .requests import (
     top_logprobs,
 )
 from .state import DaemonState
+from .structured import Constraints, ollama_calls, ollama_constraints, ollama_format
 from .thinking import Thinking, ollama_think
 
 # The Ollama API version whose routes and fields this daemon implements; some clients check it
@@ -156,9 +157,10 @@ def routes(state: DaemonState) -> list[Route]:
         if not messages:
             return await _load_only(state, name, f, chat=True)
 
-        return await _generate(state, request, f, name,
-                               lambda e: thinking.chat_tokens(e, messages), _options(f),
-                               priority_of(request, body), chat=True, thinking=thinking)
+        constraints = ollama_constraints(body)
+        return await _generate(state, request, f, name, constraints.encoder(messages, thinking),
+                               _options(f), priority_of(request, body), chat=True,
+                               thinking=thinking, constraints=constraints)
 
     async def generate(request: Request) -> Response:
         body = await read_json(request)
@@ -283,14 +285,13 @@ def pull_json(step: PullProgress) -> dict[str, Any]:
 
 def _options(f: Fields):
     options = Fields(f.data.get("options") or {}, "options.")
-    if f.data.get("format"):
-        raise InvalidRequest("'format' (structured output) is not supported.")
     num_predict = options.integer("num_predict", None)
     max_tokens = None if num_predict is None or num_predict < 0 else num_predict
     if num_predict == 0:
         raise InvalidRequest("'options.num_predict' must be positive (or -1 for no limit).")
-    return replace(sampling(options, max_tokens=max_tokens),
-                   logprobs=top_logprobs(f, asked=f.boolean("logprobs", False)))
+    return dataclasses.replace(sampling(options, max_tokens=max_tokens),
+                               logprobs=top_logprobs(f, asked=f.boolean("logprobs", False)),
+                               grammar=ollama_format(f.data))
 
 
 _VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
@@ -359,11 +360,13 @@ async def _load_only(state: DaemonState, name: str, f: Fields, *, chat: bool) ->
 
 async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
-                    priority: Priority, *, chat: bool, thinking: Thinking) -> Response:
+                    priority: Priority, *, chat: bool, thinking: Thinking,
+                    constraints: Constraints | None = None) -> Response:
     stream = f.boolean("stream", True)
     entry, events, stack = await start_generation(
-        state.manager, name, encode, params, priority, keep_alive_s=_keep_alive(f),
-        num_ctx=_num_ctx(f))
+        state.manager, name, encode,
+        constraints.sampling(params) if constraints is not None else params, priority,
+        keep_alive_s=_keep_alive(f), num_ctx=_num_ctx(f))
 
     def piece(text: str, reasoning: str = "",
               entries: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
@@ -389,13 +392,22 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
     if not stream:
         done = await whole_reply(state, request, events, stack)
         reasoning, content = thinking.whole(done.text)
-        return JSONResponse(final(done, content, reasoning, done.logprobs))
+        reply = final(done, content, reasoning, done.logprobs)
+        if constraints is not None:
+            content, calls = constraints.reply(content)
+            if calls:
+                reply["message"].update(content=content, tool_calls=ollama_calls(calls))
+        return JSONResponse(reply)
+
+    splitter = constraints.splitter() if constraints is not None else None
 
     async def body() -> AsyncIterator[str]:
         try:
             async for event in events:
                 if isinstance(event, Token):
                     reasoning, content = thinking.split(event.text)
+                    if splitter is not None:
+                        content = splitter.push(content)
                     if reasoning or content or event.logprobs:
                         yield json_line({"model": name, "created_at": now_iso(),
                                          **piece(content, reasoning, event.logprobs),
@@ -408,6 +420,17 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                                           " shutting down, the model was unloaded, or a"
                                           " newer autocomplete request replaced it).")
                 reasoning, content = thinking.flush()
+                if splitter is not None:
+                    content, calls = splitter.finish(content)
+                    if calls:
+                        said: dict[str, Any] = {"role": "assistant", "content": content,
+                                                "tool_calls": ollama_calls(calls)}
+                        if reasoning:
+                            said["thinking"] = reasoning
+                        yield json_line({"model": name, "created_at": now_iso(),
+                                         "message": said, "done": False,
+                                         "timings": timings_json(event.timings)}) + "\n"
+                        reasoning, content = "", ""
                 yield json_line(final(event, content, reasoning)) + "\n"
         except Exception as exc:  # headers are sent: report the error in the stream
             message = exc.message if isinstance(exc, LocalInferError) else str(exc)

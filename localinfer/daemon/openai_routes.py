@@ -31,6 +31,7 @@ from .fields import audit
 from .logprobs import completion_json, entries_json
 from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
 from .state import DaemonState
+from .structured import Constraints, openai_call_deltas, openai_calls, openai_constraints
 from .thinking import Thinking, openai_think
 
 
@@ -75,11 +76,12 @@ def routes(state: DaemonState) -> list[Route]:
         f = Fields(body)
         messages = parse_messages(body.get("messages"))
         thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
+        constraints = openai_constraints(body)
         params = replace(_params(f), logprobs=top_logprobs(f, asked=f.boolean("logprobs",
                                                                                False)))
-        return await _generate(state, request, f, lambda e: thinking.chat_tokens(e, messages),
+        return await _generate(state, request, f, constraints.encoder(messages, thinking),
                                params, priority_of(request, body), chat=True,
-                               thinking=thinking)
+                               thinking=thinking, constraints=constraints)
 
     async def completions(request: Request) -> Response:
         body = await read_json(request)
@@ -112,6 +114,16 @@ def routes(state: DaemonState) -> list[Route]:
     ]
 
 
+def _with_calls(choice: dict[str, Any], constraints: Constraints, done: Done,
+                text: str) -> None:
+    """Split a reply's tool calls out of its content ``text``, in OpenAI's shape."""
+    content, calls = constraints.reply(text)
+    if calls:
+        choice["message"].update(content=content or None, tool_calls=openai_calls(calls))
+        if done.finish_reason != "length":
+            choice["finish_reason"] = "tool_calls"
+
+
 def _params(f: Fields) -> SamplingParams:
     n = f.integer("n", 1)
     if n != 1:
@@ -124,13 +136,15 @@ def _params(f: Fields) -> SamplingParams:
 
 async def _generate(state: DaemonState, request: Request, f: Fields,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
-                    priority: Priority, *, chat: bool, thinking: Thinking | None = None
+                    priority: Priority, *, chat: bool, thinking: Thinking | None = None,
+                    constraints: Constraints | None = None
                     ) -> Response:
     stream = f.boolean("stream", False)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-    entry, events, stack = await start_generation(state.manager, f.string("model"), encode,
-                                                  params, priority)
+    entry, events, stack = await start_generation(
+        state.manager, f.string("model"), encode,
+        constraints.sampling(params) if constraints is not None else params, priority)
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = entry.name
@@ -152,6 +166,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                 message["reasoning_content"] = reasoning
             choice = {"index": 0, "message": message,
                       "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
+            if constraints is not None:
+                _with_calls(choice, constraints, done, content)
         else:
             choice = {"index": 0, "text": done.text, "logprobs": logprobs(done.logprobs),
                       "finish_reason": finish_reason(done)}
@@ -164,11 +180,14 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(delta_text: str | None, reason: str | None, timings: dict,
-              entries: tuple[TokenLogprob, ...] = (), reasoning: str = "") -> str:
+              entries: tuple[TokenLogprob, ...] = (), reasoning: str = "",
+              tool_calls: list[dict[str, Any]] | None = None) -> str:
         if chat:
             delta: dict[str, Any] = {} if delta_text is None else {"content": delta_text}
             if reasoning:
                 delta = {"reasoning_content": reasoning, **delta}
+            if tool_calls is not None:
+                delta = {"tool_calls": tool_calls}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs(entries),
                       "finish_reason": reason}
         else:
@@ -189,11 +208,14 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
             if include_usage:
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
+        splitter = constraints.splitter() if constraints is not None else None
         try:
             async for event in events:
                 if isinstance(event, Token):
                     reasoning, content = thinking.split(event.text) if thinking else (
                         "", event.text)
+                    if splitter is not None:
+                        content = splitter.push(content)
                     if reasoning or content or event.logprobs:
                         yield chunk(content or None if reasoning else content, None,
                                     live_json(event.live), event.logprobs, reasoning)
@@ -203,11 +225,19 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                     raise LocalInferError("the generation was cancelled (the daemon is"
                                           " shutting down, the model was unloaded, or a"
                                           " newer autocomplete request replaced it).")
+                reason = finish_reason(event)
+                timings = timings_json(event.timings)
                 reasoning, content = thinking.flush() if thinking else ("", "")
+                calls: list = []
+                if splitter is not None:
+                    content, calls = splitter.finish(content)
                 if reasoning or content:
-                    yield chunk(content or None, None, timings_json(event.timings),
-                                reasoning=reasoning)
-                yield chunk(None, finish_reason(event), timings_json(event.timings))
+                    yield chunk(content or None, None, timings, reasoning=reasoning)
+                for delta in openai_call_deltas(calls):
+                    yield chunk(None, None, timings, tool_calls=delta)
+                if calls and reason != "length":
+                    reason = "tool_calls"
+                yield chunk(None, reason, timings)
                 if include_usage:
                     tail = {"id": ident, "object": kind, "created": created, "model": model,
                             "choices": [], "usage": usage_json(event)}

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..errors import InvalidRequest
-from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams
+from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams, ToolCall
 
 _MISSING = object()
 
@@ -168,8 +168,37 @@ def parse_messages(raw: Any, *, allow_empty: bool = False) -> list[Message]:
             raise InvalidRequest(f"'messages[{i}].images': this model server has no vision"
                                  " support; send text only.")
         messages.append(Message("system" if role == "developer" else role,
-                                _content(item.get("content"), i)))
+                                _content(item.get("content"), i),
+                                tool_calls=_tool_calls(item.get("tool_calls"), i),
+                                tool_call_id=f.string("tool_call_id", ""),
+                                tool_name=f.string("tool_name", "") or f.string("name", "")))
     return messages
+
+
+def _tool_calls(raw: Any, i: int) -> tuple[ToolCall, ...]:
+    """An assistant message's calls: OpenAI's (arguments as JSON text, with an id) or
+    Ollama's (arguments as an object)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidRequest(f"'messages[{i}].tool_calls' must be a list.")
+    calls = []
+    for j, item in enumerate(raw):
+        where = f"messages[{i}].tool_calls[{j}]"
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"'{where}' must be {{\"function\": {{\"name\": ...,"
+                                 " \"arguments\": ...}}.")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        elif not isinstance(arguments, str):
+            raise InvalidRequest(f"'{where}.function.arguments' must be an object or JSON"
+                                 " text.")
+        ident = item.get("id", "")
+        calls.append(ToolCall(function["name"], arguments, ident if isinstance(ident, str)
+                              else ""))
+    return tuple(calls)
 
 
 def _content(value: Any, i: int) -> str:

@@ -33,11 +33,12 @@ class Thinking:
         self.extra_vars = dict(extra_vars or {})
         self.splitter: ThinkingSplitter | None = None
 
-    def chat_tokens(self, engine: Engine, messages: Sequence[Message]) -> list[int]:
+    def chat_tokens(self, engine: Engine, messages: Sequence[Message], *,
+                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         fmt = thinking_format(engine.chat_template_source)
         variables = {**self.extra_vars,
                      **template_vars(fmt, self.think, model=engine.info.name)}
-        text = engine.render_chat(messages, template_vars=variables)
+        text = engine.render_chat(messages, tools=tools, template_vars=variables)
         if fmt is not None:
             self.splitter = ThinkingSplitter(fmt, thinking=starts_thinking(fmt, text))
         return engine.prompt_tokens(text)

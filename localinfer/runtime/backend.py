@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..protocol import ModelInfo
+from .grammar import Grammar
 from .types import SamplingParams
 
 ProgressCallback = Callable[[float], None]
@@ -89,7 +90,12 @@ class Backend(Protocol):
         ...
 
     def new_sampler(self, params: SamplingParams, seed: int) -> Any:
-        """A native sampler chain for one sequence."""
+        """A native sampler chain for one sequence (constrained by ``params.grammar``)."""
+        ...
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Raise InvalidRequest for a grammar this backend cannot sample with (called when
+        a request is submitted, so that it fails before it is queued)."""
         ...
 
     def sample(self, sampler: Any, index: int) -> int:

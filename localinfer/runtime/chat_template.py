@@ -14,10 +14,11 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import InvalidRequest, ModelLoadError
-from .types import Message
+from .types import Message, ToolCall
 
 # Lenient versions of the families' official templates: they accept a system prompt and do not
 # insist that roles alternate (API clients send all sorts of conversations).
@@ -97,6 +98,10 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.supports_tools = "tools" in jinja2.meta.find_undeclared_variables(
+            env.parse(source))
+        """Whether the template renders a ``tools`` list (the model was taught to call
+        functions); a request with tools for one that does not is refused."""
 
     @classmethod
     def named(cls, name: str, **tokens: str) -> ChatTemplate:
@@ -107,12 +112,24 @@ class ChatTemplate:
             raise ModelLoadError(f"unknown chat template {name!r} (known: {known}).") from None
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+               tools: Sequence[dict[str, Any]] | None = None,
                template_vars: Mapping[str, Any] | None = None) -> str:
-        """``template_vars`` are more variables for the template (``enable_thinking``,
+        """The prompt text. ``tools`` are OpenAI-shaped function definitions (``{"type":
+        "function", "function": {...}}``), which is what Hugging Face's templates take.
+        ``template_vars`` are more variables for the template (``enable_thinking``,
         ``reasoning_effort``); they cannot replace the ones set here."""
         if not messages:
             raise InvalidRequest("messages must not be empty.")
-        payload: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
+        payload: list[dict[str, Any]] = [_message_json(m) for m in messages]
+        extra: dict[str, Any] = {}
+        if tools or any(m.tool_calls for m in messages):
+            if not self.supports_tools:
+                raise InvalidRequest("this model's chat template has no tool support, so it"
+                                     " was not taught to call functions: send the request"
+                                     " without 'tools' and tool calls, or use a model that"
+                                     " has it (qwen3, llama3.1, mistral...).")
+        if tools:
+            extra["tools"] = list(tools)
         try:
             return self._template.render(
                 **(template_vars or {}),
@@ -120,12 +137,35 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except _TemplateRejected as exc:
             raise InvalidRequest(
                 f"the model's chat template rejected the messages: {exc}") from None
         except Exception as exc:  # a template is code from the model file: any error is its
             raise InvalidRequest(f"the model's chat template failed: {exc}") from None
+
+
+def _message_json(message: Message) -> dict[str, Any]:
+    """A message as Hugging Face's templates read it: calls with their arguments as an
+    object, a tool result with its call's id and function name."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [_call_json(call) for call in message.tool_calls]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_name:
+        out["name"] = message.tool_name
+    return out
+
+
+def _call_json(call: ToolCall) -> dict[str, Any]:
+    try:
+        arguments: Any = json.loads(call.arguments)
+    except json.JSONDecodeError:  # the client's own text: shown as it came
+        arguments = call.arguments
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": arguments}}
 
 
 class _TemplateRejected(Exception):

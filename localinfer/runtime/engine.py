@@ -32,6 +32,7 @@ from .fim import FimFile, fim_prompt
 from .logprobs import Distribution
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
+from .tools import ToolFormat, detect_format
 from .types import (
     DEFAULT_SAMPLING,
     Done,
@@ -310,15 +311,17 @@ class Engine:
 
     def render_chat(self, messages: Sequence[Message], *,
                     add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None,
                     template_vars: Mapping[str, Any] | None = None) -> str:
         return self._template.render(messages, add_generation_prompt=add_generation_prompt,
-                                     template_vars=template_vars)
+                                     tools=tools, template_vars=template_vars)
 
     def chat_tokens(self, messages: Sequence[Message], *,
                     add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None,
                     template_vars: Mapping[str, Any] | None = None) -> list[int]:
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt,
-                                template_vars=template_vars)
+                                tools=tools, template_vars=template_vars)
         return self.prompt_tokens(text)
 
     def prompt_tokens(self, text: str) -> list[int]:
@@ -374,6 +377,16 @@ class Engine:
             self._cv.notify()
         return future.result()
 
+    def tool_format(self) -> ToolFormat:
+        """How this model writes a tool call; InvalidRequest (a clear 400) for a model whose
+        template has no tools, or writes them in a format localinfer does not parse."""
+        if not self._template.supports_tools:
+            raise InvalidRequest(f"{self.info.name}'s chat template has no tool support, so"
+                                 " it was not taught to call functions: send the request"
+                                 " without 'tools', or use a model that has it (qwen3,"
+                                 " llama3.1, mistral...).")
+        return detect_format(self._template.source)
+
     def submit(
         self,
         prompt: list[int],
@@ -383,6 +396,8 @@ class Engine:
         sink: Sink | None = None,
     ) -> Generation:
         params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
+        if params.grammar is not None:
+            self.backend.check_grammar(params.grammar)
         n_ctx = self.info.n_ctx
         if self.info.embedding_only:
             raise InvalidRequest(f"{self.info.name} is an embedding model: it returns vectors"

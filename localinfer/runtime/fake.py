@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import LocalInferError
+from ..errors import InvalidRequest, LocalInferError
 from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
+from .grammar import Grammar
 from .types import SamplingParams
 
 _PIECE = re.compile(r"<[a-z_]+>|\s+|[^\s<]+|<")
@@ -86,6 +87,9 @@ class FakeBackend:
         self._seqs: dict[int, list[int]] = {}
         self._outputs: dict[int, tuple[int, int]] = {}  # batch index -> (seq, position)
         self.decode_calls: list[int] = []  # batch sizes, for tests of the scheduler
+        self.grammars: list[Grammar] = []
+        """The grammar of each constrained request, in order: the fake does not sample, so
+        tests check what the engine asked for (the real model's tests check the sampling)."""
         self.closed = False
         self.info = ModelInfo(
             name=name,
@@ -162,7 +166,14 @@ class FakeBackend:
                 self._outputs[i] = (seq, pos)
 
     def new_sampler(self, params: SamplingParams, seed: int) -> _FakeSampler:
+        if params.grammar is not None:
+            self.grammars.append(params.grammar)
         return _FakeSampler(params, seed)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        if not isinstance(grammar.schema_json, dict):
+            raise InvalidRequest("the JSON schema cannot be turned into a grammar: a JSON"
+                                 " schema must be an object")
 
     def accept(self, sampler: _FakeSampler, tokens: Sequence[int]) -> None:
         sampler.accepted.extend(tokens)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import InvalidRequest
+from .grammar import Grammar
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -82,6 +83,8 @@ class SamplingParams:
     """Autocomplete's keystroke rule: a later request with the same key (one editor, one
     file) cancels this one if it is still waiting or running; editors send one per keystroke
     and want only the newest."""
+    grammar: Grammar | None = None
+    """What the reply must look like (JSON of a schema, tool calls); None: anything."""
 
     def validate(self) -> SamplingParams:
         """Raise InvalidRequest for a value no sampler can use; return self."""
@@ -158,10 +161,27 @@ DEFAULT_SAMPLING = SamplingParams()
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the assistant made (parsed from its reply, or sent back in the
+    history)."""
+
+    name: str
+    arguments: str
+    """The arguments as JSON text (an object)."""
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
     """"system", "user", "assistant" (or "tool")."""
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    """An assistant message's calls."""
+    tool_call_id: str = ""
+    """A tool message's answer to this call (OpenAI)."""
+    tool_name: str = ""
+    """A tool message's function (Ollama's ``tool_name``)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,104 @@
+"""What a reply must look like, as data: JSON matching a schema, optionally wrapped in a tool
+call's markers, and the GBNF grammar that says so to llama.cpp's grammar sampler.
+
+The JSON part is converted from its schema by the backend (llama.cpp's converter lives next to
+llama.cpp); this module wraps its rules in the markers and repetition a tool-call format needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+JSON_RULE = "json-value"
+"""The name of the rule that the schema's converted rules define."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """The reply is ``prefix JSON suffix``, repeated with ``separator`` between when that is
+    not None, where JSON matches ``schema`` (a JSON text, so that the value is hashable)."""
+
+    schema: str
+    prefix: str = ""
+    suffix: str = ""
+    separator: str | None = None
+    """Between repetitions (several tool calls); None allows exactly one."""
+    triggers: tuple[str, ...] = ()
+    """Regular expressions that, once one matches the text so far in full, switch the grammar
+    on from the start of their first group (a tool call opening). Empty: it constrains the
+    reply from its first token."""
+
+    @property
+    def schema_json(self) -> Any:
+        return json.loads(self.schema)
+
+
+def json_grammar(schema: dict[str, Any] | None) -> Grammar:
+    """A reply that is one JSON value matching ``schema`` (None: any JSON object)."""
+    # Not sorted: the grammar writes the properties in the schema's order.
+    return Grammar(json.dumps(schema if schema is not None else {"type": "object"}))
+
+
+SchemaRules = Callable[[Any, str], str]
+"""(schema, rule name) -> GBNF rules that define that rule (and its helpers)."""
+
+
+def to_gbnf(grammar: Grammar, schema_rules: SchemaRules) -> str:
+    """The whole GBNF text of ``grammar``, its start rule ``root``."""
+    item = " ".join(part for part in (_literal(grammar.prefix), JSON_RULE,
+                                      _literal(grammar.suffix)) if part)
+    if grammar.separator is None:
+        root = f"root ::= {item}"
+    else:
+        root = f"root ::= tool-item ({_literal(grammar.separator) or ''} tool-item)*\n" \
+               f"tool-item ::= {item}"
+    return f"{root}\n{schema_rules(grammar.schema_json, JSON_RULE)}\n"
+
+
+def _literal(text: str) -> str:
+    if not text:
+        return ""
+    return json.dumps(text)  # GBNF literals take JSON's escapes (\n, \", \\)
+
+
+MAX_LISTED_INTEGERS = 1000
+"""An integer range up to this many values is written out value by value."""
+
+
+def integer_range(schema: dict[str, Any]) -> str:
+    """The GBNF of an integer schema's bounds (``minimum``, ``maximum`` and their exclusive
+    forms), which the converter llama-cpp-python ships ignores. A range of up to
+    MAX_LISTED_INTEGERS values, or a lower bound of 0 or 1 alone, can be written; any other
+    bound is refused (ValueError), never dropped."""
+    low = _bound(schema, "minimum", "exclusiveMinimum", math.ceil, 1)
+    high = _bound(schema, "maximum", "exclusiveMaximum", math.floor, -1)
+    if low is not None and high is not None:
+        if high < low:
+            raise ValueError(f"no integer lies between {low} and {high}")
+        if high - low < MAX_LISTED_INTEGERS:
+            return " | ".join(f'"{v}"' for v in range(low, high + 1))
+    if high is None and low in (0, 1):
+        return ('"0" | ' if low == 0 else "") + "[1-9] [0-9]{0,15}"
+    raise ValueError(f"integer bounds {low}..{high} cannot be enforced: give both minimum and"
+                     f" maximum at most {MAX_LISTED_INTEGERS} values apart, or a minimum of"
+                     " 0 or 1 alone")
+
+
+def _bound(schema: dict[str, Any], inclusive: str, exclusive: str,
+           to_int: Callable[[float], int], step: int) -> int | None:
+    value, key = schema.get(inclusive), inclusive
+    if value is None and schema.get(exclusive) is not None:
+        value, key = schema[exclusive], exclusive
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not math.isfinite(value):
+        raise ValueError(f"'{key}' must be a number")
+    bound = to_int(value)
+    if key == exclusive and bound == value:
+        bound += step
+    return bound

@@ -1,0 +1,272 @@
+"""Tool calling: the call format each chat template family was taught, the grammar its calls
+must follow (from the tools' JSON schemas), and parsing the calls back out of a reply, whole or
+as it streams.
+
+Formats, as the catalog's templates write them:
+- ``hermes`` (Qwen 2.5/3, Hermes, SmolLM): ``<tool_call>{"name": ..., "arguments": {...}}
+  </tool_call>``, one block per call;
+- ``llama3`` (Llama 3.1/3.2): the whole reply is ``{"name": ..., "parameters": {...}}``;
+- ``mistral`` (Mistral, Mistral Nemo): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``;
+- ``phi4`` (Phi-4-mini): ``<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequest
+from .grammar import Grammar
+from .types import ToolCall
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    opener: str
+    """The text that opens the calls ("" when the reply is the call: llama3)."""
+    closer: str
+    arguments_key: str
+    """"arguments", or Llama's "parameters"."""
+    as_list: bool
+    """The calls are one JSON array (Mistral, Phi-4) rather than one object per block."""
+    bare: bool
+    """A reply may be the calls with no opener in its text: Llama's have none, and a control
+    token opener ([TOOL_CALLS]) is not printed."""
+
+
+FORMATS = {f.name: f for f in (
+    ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", as_list=False,
+               bare=False),
+    ToolFormat("llama3", "", "", "parameters", as_list=False, bare=True),
+    ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", as_list=True, bare=True),
+    ToolFormat("phi4", "<|tool_call|>", "<|/tool_call|>", "arguments", as_list=True,
+               bare=True),
+)}
+
+
+def detect_format(template_source: str) -> ToolFormat:
+    """The call format a chat template's text teaches; InvalidRequest for one we cannot
+    parse (so that a request with tools gets a clear 400, never prose that looks like a
+    call)."""
+    if "<tool_call>" in template_source:
+        return FORMATS["hermes"]
+    if "[TOOL_CALLS]" in template_source:
+        return FORMATS["mistral"]
+    if "<|tool_call|>" in template_source or "<|tool|>" in template_source:
+        return FORMATS["phi4"]
+    if "<|channel|>" in template_source:
+        raise InvalidRequest("tool calls in gpt-oss's harmony format are not supported yet;"
+                             " use a qwen3, llama3.x or mistral model for tools.")
+    if "<|start_header_id|>" in template_source:
+        return FORMATS["llama3"]
+    raise InvalidRequest("this model's chat template takes tools, but in a call format"
+                         " localinfer does not parse; use a qwen3, llama3.x or mistral model"
+                         " for tools.")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call, as the request defined it (OpenAI's shape)."""
+
+    name: str
+    parameters: dict[str, Any]
+    definition: dict[str, Any]
+    """``{"type": "function", "function": {...}}`` as the template renders it."""
+
+
+def parse_tools(raw: Any) -> list[Tool]:
+    """OpenAI/Ollama ``tools`` -> Tools, with errors naming the field."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise InvalidRequest("'tools' must be a list of {type: \"function\", function: {...}}.")
+    tools = []
+    for i, item in enumerate(raw):
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or item.get("type", "function") != "function" or \
+                not isinstance(function, dict):
+            raise InvalidRequest(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\":"
+                                 " {name, description, parameters}}.")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"'tools[{i}].function.name' must be a non-empty string.")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest(f"'tools[{i}].function.parameters' must be a JSON schema"
+                                 " object.")
+        tools.append(Tool(name, parameters, {"type": "function", "function": function}))
+    if len({t.name for t in tools}) != len(tools):
+        raise InvalidRequest("'tools' names a function twice.")
+    return tools
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str
+    """"auto", "none", "required", or "function" (``name`` only)."""
+    name: str = ""
+
+
+def parse_tool_choice(raw: Any, tools: Sequence[Tool]) -> ToolChoice:
+    """OpenAI's ``tool_choice``: "auto", "none", "required" or {"type": "function",
+    "function": {"name": ...}}."""
+    if raw is None:
+        return ToolChoice("auto")
+    if raw in ("auto", "none", "required"):
+        return ToolChoice(raw)
+    function = raw.get("function") if isinstance(raw, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise InvalidRequest("'tool_choice' must be \"auto\", \"none\", \"required\" or"
+                             " {\"type\": \"function\", \"function\": {\"name\": ...}}.")
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"'tool_choice' names {name!r}, which is not among 'tools'.")
+    return ToolChoice("function", name)
+
+
+def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
+                 parallel: bool) -> Grammar | None:
+    """The grammar of a reply's calls: lazy (from where the model opens a call) for "auto",
+    from the first token for "required" or a named function; None for "none"."""
+    if choice.mode == "none" or not tools:
+        return None
+    chosen = [t for t in tools if choice.mode != "function" or t.name == choice.name]
+    call = {"anyOf": [{
+        "type": "object",
+        "properties": {"name": {"const": t.name}, fmt.arguments_key: t.parameters},
+        "required": ["name", fmt.arguments_key],
+    } for t in chosen]}
+    schema: dict[str, Any] = call
+    separator: str | None = "\n" if parallel else None
+    if fmt.as_list:
+        schema = {"type": "array", "items": call, "minItems": 1}
+        if not parallel:
+            schema["maxItems"] = 1
+        separator = None
+    elif fmt.name == "llama3":
+        separator = None  # Llama 3.x calls one function per reply
+    lazy = choice.mode == "auto"
+    if fmt.opener:
+        prefix = fmt.opener + ("\n" if not fmt.as_list else "")
+        suffix = "\n" + fmt.closer if fmt.closer and not fmt.as_list else fmt.closer
+        trigger = r"[\s\S]*?(" + re.escape(fmt.opener) + r")[\s\S]*"
+    else:
+        prefix = suffix = ""
+        trigger = r"\s*(\{\s*\"name\")[\s\S]*"
+    return Grammar(json.dumps(schema), prefix=prefix, suffix=suffix,
+                   separator=separator, triggers=(trigger,) if lazy else ())
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def parse_reply(fmt: ToolFormat, text: str) -> tuple[str, list[ToolCall]]:
+    """A whole reply -> (its text content, its calls). A reply whose calls do not parse
+    (cut off by max_tokens) is all content; a last call cut off after complete ones is
+    dropped."""
+    start = _call_start(fmt, text)
+    if start is None:
+        return text, []
+    calls = _parse_calls(fmt, text[start:])
+    if not calls:
+        return text, []
+    return text[:start].rstrip(), calls
+
+
+def _call_start(fmt: ToolFormat, text: str) -> int | None:
+    if fmt.opener:
+        at = text.find(fmt.opener)
+        if at >= 0:
+            return at
+    stripped = text.lstrip()
+    if fmt.bare and stripped.startswith("[" if fmt.as_list else "{"):
+        return len(text) - len(stripped)
+    return None
+
+
+def _parse_calls(fmt: ToolFormat, text: str) -> list[ToolCall]:
+    objects: list[Any] = []
+    if fmt.opener and text.startswith(fmt.opener) and fmt.closer and not fmt.as_list:
+        blocks = text.split(fmt.opener)[1:]
+        for i, block in enumerate(blocks):
+            body, closed, _ = block.partition(fmt.closer)
+            value = _loads(body)
+            if value is None and not closed and i == len(blocks) - 1 and objects:
+                break  # a last call cut off by max_tokens: the complete ones stand
+            objects.extend(value if isinstance(value, list) else [value])
+    else:
+        body = text[len(fmt.opener):] if fmt.opener and text.startswith(fmt.opener) else text
+        if fmt.closer:
+            body = body.split(fmt.closer, 1)[0]
+        value = _loads(body)
+        objects.extend(value if isinstance(value, list) else [value])
+    calls = []
+    for value in objects:
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return []
+        arguments = value.get(fmt.arguments_key, value.get("arguments", value.get(
+            "parameters", {})))
+        if not isinstance(arguments, dict):
+            return []
+        calls.append(ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False),
+                              new_call_id()))
+    return calls
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+class CallSplitter:
+    """Streams a reply's content while holding back whatever may be the start of a call:
+    ``push`` returns the text that is surely content; ``finish`` parses the whole reply and
+    returns the content not yet sent and the calls."""
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self.fmt = fmt
+        self._text = ""
+        self._sent = 0
+
+    def push(self, piece: str) -> str:
+        self._text += piece
+        end = self._safe_end()
+        out = self._text[self._sent:end] if end > self._sent else ""
+        self._sent = max(self._sent, end)
+        return out
+
+    def _safe_end(self) -> int:
+        text, fmt = self._text, self.fmt
+        stripped = text.lstrip()
+        if fmt.bare and self._sent == 0 and (
+                not stripped or stripped[0] == ("[" if fmt.as_list else "{")):
+            return 0  # the reply may be all calls: wait and see
+        if not fmt.opener:
+            return len(text)
+        at = text.find(fmt.opener)
+        if at >= 0:
+            return at
+        # Hold back a tail that could be the opener's beginning.
+        for n in range(min(len(fmt.opener) - 1, len(text)), 0, -1):
+            if fmt.opener.startswith(text[-n:]):
+                return len(text) - n
+        return len(text)
+
+    def finish(self, tail: str = "") -> tuple[str, list[ToolCall]]:
+        """``tail``: content that came after the last push (held back by a thinking split)."""
+        self._text += tail
+        text = self._text
+        content, calls = parse_reply(self.fmt, text)
+        sent = text[:self._sent]
+        rest = content[len(sent):] if content.startswith(sent) else ""
+        return rest, calls

@@ -1,0 +1,288 @@
+"""Tool calling and structured output, fast: the call formats' parsers and grammars, the
+templates rendering tools and their history, and both APIs' shapes with the scripted backend
+and the real openai and ollama clients (the real model's sampling is in test_tools_real.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
+from localinfer.errors import InvalidRequest
+from localinfer.runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
+from localinfer.runtime.grammar import json_grammar, to_gbnf
+from localinfer.runtime.llama import schema_rules
+from localinfer.runtime.tools import (
+    FORMATS,
+    CallSplitter,
+    ToolChoice,
+    call_grammar,
+    detect_format,
+    parse_reply,
+    parse_tool_choice,
+    parse_tools,
+)
+from localinfer.runtime.types import Message, ToolCall
+
+pytest_plugins = ["daemon_fixtures"]
+
+TEMPLATES = Path(__file__).parent / "templates"
+QWEN = (TEMPLATES / "qwen2.5.jinja").read_text()
+LLAMA = (TEMPLATES / "llama3.1.jinja").read_text()
+MISTRAL = (TEMPLATES / "mistral.jinja").read_text()
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(("template", "fmt"), [(QWEN, "hermes"), (LLAMA, "llama3"),
+                                               (MISTRAL, "mistral")])
+def test_each_family_template_renders_tools_calls_and_results(template, fmt):
+    chat = ChatTemplate(template, bos_token="<s>", eos_token="</s>")
+    assert chat.supports_tools and detect_format(template).name == fmt
+    history = [
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city": "Paris"}',
+                                                      "call_1"),)),
+        Message("tool", "18 C and sunny", tool_call_id="call_1", tool_name="get_weather"),
+        Message("user", "And tomorrow?"),
+    ]
+    text = chat.render(history, tools=[WEATHER])
+    assert '"get_weather"' in text and "The weather in a city" in text  # the tool's definition
+    assert '{"city": "Paris"}' in text  # the call, its arguments as an object
+    assert "18 C and sunny" in text  # the result
+    # tool_choice "none": the tools are not offered, the history stays.
+    assert '{"city": "Paris"}' in chat.render(history)
+
+
+def test_a_template_without_tools_refuses_them():
+    chat = ChatTemplate(BUILTIN_TEMPLATES["gemma"])
+    assert not chat.supports_tools
+    with pytest.raises(InvalidRequest, match="no tool support"):
+        chat.render([Message("user", "hi")], tools=[WEATHER])
+    with pytest.raises(InvalidRequest, match="no tool support"):  # not dropped unseen
+        chat.render([Message("assistant", "", tool_calls=(ToolCall("f", "{}"),))])
+
+
+def test_gpt_oss_and_unknown_formats_are_refused_clearly():
+    with pytest.raises(InvalidRequest, match="harmony"):
+        detect_format("{{ tools }}<|channel|>")
+    with pytest.raises(InvalidRequest, match="does not parse"):
+        detect_format("{{ tools }}")
+
+
+@pytest.mark.parametrize(("fmt", "text", "content"), [
+    ("hermes", "Let me look.\n" + CALL_TEXT, "Let me look."),
+    ("hermes", '<tool_call>\n[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+               "\n</tool_call>", ""),  # SmolLM2 writes a list
+    ("llama3", ' {"name": "get_weather", "parameters": {"city": "Paris"}}', ""),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', ""),
+    ("mistral", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]', ""),
+    ("phi4", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+             "<|/tool_call|>", ""),
+])
+def test_each_format_parses_back_to_calls(fmt, text, content):
+    parsed, calls = parse_reply(FORMATS[fmt], text)
+    assert parsed == content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert calls[0].id.startswith("call_")
+
+
+def test_text_and_broken_calls_stay_content():
+    assert parse_reply(FORMATS["hermes"], "Just prose.") == ("Just prose.", [])
+    cut = '<tool_call>\n{"name": "get_weather", "argu'
+    assert parse_reply(FORMATS["hermes"], cut) == (cut, [])
+    assert parse_reply(FORMATS["hermes"], '{"name": "x", "arguments": {}}')[1] == []
+    content, calls = parse_reply(FORMATS["hermes"], CALL_TEXT + "\n" + cut)
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
+
+
+def test_the_splitter_streams_content_and_holds_back_a_call():
+    splitter = CallSplitter(FORMATS["hermes"])
+    text = "Sure, checking.\n" + CALL_TEXT
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    sent = "".join(splitter.push(p) for p in pieces)
+    assert sent == "Sure, checking.\n"
+    rest, calls = splitter.finish()
+    assert (sent + rest).rstrip() == "Sure, checking." and calls[0].name == "get_weather"
+    llama = CallSplitter(FORMATS["llama3"])
+    assert llama.push('{"name": "get_weather", ') == ""  # may be a call: held back
+    assert CallSplitter(FORMATS["llama3"]).push("Hello") == "Hello"
+
+
+def test_call_grammars_follow_tool_choice():
+    tools = parse_tools([WEATHER, {"type": "function", "function": {"name": "now"}}])
+    hermes = FORMATS["hermes"]
+    auto = call_grammar(hermes, tools, ToolChoice("auto"), parallel=True)
+    assert auto is not None and auto.triggers and auto.prefix == "<tool_call>\n"
+    required = call_grammar(hermes, tools, ToolChoice("required"), parallel=False)
+    assert required is not None and not required.triggers and required.separator is None
+    named = call_grammar(hermes, tools, parse_tool_choice(
+        {"type": "function", "function": {"name": "now"}}, tools), parallel=True)
+    assert named is not None and [c["properties"]["name"]["const"] for c in
+                                  named.schema_json["anyOf"]] == ["now"]
+    assert call_grammar(hermes, tools, ToolChoice("none"), parallel=True) is None
+    with pytest.raises(InvalidRequest, match="not among"):
+        parse_tool_choice({"type": "function", "function": {"name": "nope"}}, tools)
+    gbnf = to_gbnf(required, schema_rules)
+    assert gbnf.startswith('root ::= "<tool_call>\\n" json-value "\\n</tool_call>"')
+    assert '"\\"get_weather\\""' in gbnf
+
+
+def test_bad_tools_are_400s():
+    for raw, message in [("x", "must be a list"), ([{"type": "retrieval"}], "tools\\[0\\]"),
+                         ([{"function": {"name": ""}}], "name"),
+                         ([WEATHER, WEATHER], "twice")]:
+        with pytest.raises(InvalidRequest, match=message):
+            parse_tools(raw)
+    assert json_grammar(None).schema_json == {"type": "object"}
+
+
+@pytest.fixture
+def tool_daemon(home):
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="Checking.\n" + CALL_TEXT, chat_template=QWEN)) as d:
+        yield d
+
+
+def test_openai_client_gets_tool_calls_whole_and_streamed(tool_daemon):
+    client = openai_client(tool_daemon)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = client.chat.completions.create(model="fake:1b", messages=messages,
+                                           tools=[WEATHER])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather", {"city": "Paris"})
+    chunks = list(client.chat.completions.create(model="fake:1b", messages=messages,
+                                                 tools=[WEATHER], stream=True))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert content.strip() == "Checking."
+    assert deltas[0].index == 0 and deltas[0].id.startswith("call_")
+    assert deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The history goes back: the call and its result reach the prompt.
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    again = client.chat.completions.create(model="fake:1b", messages=messages,
+                                           tools=[WEATHER], tool_choice="required",
+                                           parallel_tool_calls=False)
+    assert again.choices[0].message.tool_calls
+    grammar = tool_daemon.manager.loaded["fake:1b-f16"].engine.backend.grammars[-1]
+    assert not grammar.triggers and grammar.separator is None  # required, one call
+
+
+def test_ollama_client_gets_tool_calls_whole_and_streamed(tool_daemon):
+    client = ollama_client(tool_daemon)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = client.chat(model="fake:1b", messages=messages, tools=[WEATHER])
+    [call] = reply.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == {"city": "Paris"}
+    parts = list(client.chat(model="fake:1b", messages=messages, tools=[WEATHER], stream=True))
+    calls = [c for p in parts for c in (p.message.tool_calls or [])]
+    assert [c.function.arguments for c in calls] == [{"city": "Paris"}]
+    assert "".join(p.message.content or "" for p in parts).strip() == "Checking."
+    assert parts[-1].done
+    messages += [reply.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_name": "get_weather", "content": "18 C"}]
+    assert client.chat(model="fake:1b", messages=messages, tools=[WEATHER]).message.tool_calls
+
+
+def test_structured_output_asks_for_a_grammar(tool_daemon):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    openai = openai_client(tool_daemon)
+    openai.chat.completions.create(
+        model="fake:1b", messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema,
+                                                                "strict": True}})
+    ollama_client(tool_daemon).chat(model="fake:1b", messages=[{"role": "user",
+                                                                "content": "hi"}],
+                                    format="json")
+    ollama_client(tool_daemon).generate(model="fake:1b", prompt="hi", format=schema)
+    grammars = tool_daemon.manager.loaded["fake:1b-f16"].engine.backend.grammars
+    assert [g.schema_json for g in grammars] == [schema, {"type": "object"}, schema]
+
+
+def test_refusals_are_400s_naming_the_field(tool_daemon, home):
+    with tool_daemon.uds() as http:
+        for body, message in [
+            ({"response_format": {"type": "yaml"}}, "response_format.type"),
+            ({"response_format": {"type": "json_schema", "json_schema": {}}}, "schema"),
+            ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "together"),
+            ({"tool_choice": "required"}, "'tools' is empty"),
+            ({"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                  "function": {"name": "x"}}}, "not among"),
+            ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ]:
+            r = http.post("/v1/chat/completions", json={
+                "model": "fake:1b", "messages": [{"role": "user", "content": "hi"}], **body})
+            assert r.status_code == 400 and message in r.json()["error"]["message"], body
+        r = http.post("/api/chat", json={"model": "fake:1b", "format": "yaml",
+                                         "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "'format'" in r.json()["error"]
+
+
+def test_a_model_without_tool_support_gets_a_400(daemon):
+    with daemon.uds() as http:
+        for path in ("/v1/chat/completions", "/api/chat"):
+            r = http.post(path, json={"model": "fake:1b", "tools": [WEATHER], "stream": False,
+                                      "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 400 and "no tool support" in json.dumps(r.json()), path
+
+
+ZED = {  # Zed's Ollama provider with tools (its agent panel)
+    "model": "fake:1b", "stream": True, "keep_alive": "-1m",
+    "options": {"num_ctx": 2048, "temperature": 1.0},
+    "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                 {"role": "user", "content": "Weather in Paris?"}],
+    "tools": [WEATHER],
+}
+CONTINUE = {  # Continue's OpenAI provider in agent mode
+    "model": "fake:1b", "stream": True, "max_tokens": 4096, "temperature": 0.7,
+    "messages": [{"role": "system", "content": "<important_rules>...</important_rules>"},
+                 {"role": "user", "content": "Weather in Paris?"}],
+    "tools": [WEATHER], "tool_choice": "auto", "parallel_tool_calls": False,
+    "stream_options": {"include_usage": True},
+}
+OPEN_WEBUI = {  # Open WebUI's native function calling through /api/chat
+    "model": "fake:1b", "stream": False, "options": {},
+    "messages": [{"role": "user", "content": "Weather in Paris?"}],
+    "tools": [WEATHER],
+}
+
+
+def test_editor_shaped_requests_get_calls(tool_daemon):
+    with tool_daemon.uds() as http:
+        lines = [json.loads(line) for line in
+                 http.post("/api/chat", json=ZED).text.splitlines()]
+        assert any(p["message"].get("tool_calls") for p in lines) and lines[-1]["done"]
+        with http.stream("POST", "/v1/chat/completions", json=CONTINUE) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert events[-1]["usage"]["completion_tokens"] > 0
+        reasons = [c["finish_reason"] for e in events for c in e["choices"]]
+        assert "tool_calls" in reasons
+        body = http.post("/api/chat", json=OPEN_WEBUI).json()
+        assert body["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_integer_bounds_are_enforced_or_refused():
+    rules = schema_rules({"type": "integer", "minimum": -3, "exclusiveMaximum": 0}, "n")
+    assert 'n ::= ("-3" | "-2" | "-1") space' in rules
+    assert '"0" | [1-9]' in schema_rules({"type": "integer", "minimum": 0}, "n")
+    assert schema_rules({"type": "string"}, "s").startswith("s ::= string")
+    for schema in ({"type": "integer", "minimum": 5}, {"type": "number", "maximum": 1},
+                   {"type": "integer", "minimum": 3, "maximum": 1}):
+        with pytest.raises(ValueError):
+            schema_rules(schema, "n")
