@@ -11,8 +11,10 @@ bartowski/Mistral-7B-Instruct-v0.3-GGUF/Mistral-7B-Instruct-v0.3-Q4_K_M.gguf,
 bartowski/Mistral-Nemo-Instruct-2407-GGUF/Mistral-Nemo-Instruct-2407-Q4_K_M.gguf,
 bartowski/SmolLM2-1.7B-Instruct-GGUF/SmolLM2-1.7B-Instruct-Q4_K_M.gguf,
 unsloth/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q4_K_M.gguf, unsloth/Qwen3-4B-GGUF/Qwen3-4B-Q4_K_M.gguf,
-ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-mxfp4.gguf. The other repos of models.toml follow the
-same patterns but were not found quoted anywhere: models.toml marks them "name: pattern only".
+ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-mxfp4.gguf; the embedding models' repos and files, each
+at the address in a comment on its publisher's pattern below. The other repos of models.toml
+follow the same patterns but were not found quoted anywhere: models.toml marks them "name: pattern
+only".
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ CHECKED_REPOS = {
     "bartowski/Qwen2.5-Coder-7B-Instruct-GGUF", "bartowski/Mistral-7B-Instruct-v0.3-GGUF",
     "bartowski/Mistral-Nemo-Instruct-2407-GGUF", "bartowski/SmolLM2-1.7B-Instruct-GGUF",
     "unsloth/Qwen3-0.6B-GGUF", "unsloth/Qwen3-4B-GGUF", "ggml-org/gpt-oss-20b-GGUF",
+    "ggml-org/embeddinggemma-300M-GGUF", "nomic-ai/nomic-embed-text-v1.5-GGUF",
+    "leliuga/all-MiniLM-L6-v2-GGUF", "Qwen/Qwen3-Embedding-0.6B-GGUF",
 }
 
 
@@ -43,8 +47,27 @@ def expected_file(repo: str, quant: str) -> str:
         return f"{base}-{quant.lower() if quant in ('F16', 'BF16') else quant}.gguf"
     if publisher == "unsloth":
         return f"{base}-{quant}.gguf"
-    if publisher == "ggml-org":
-        return f"{base}-{quant.lower()}.gguf"
+    if publisher == "ggml-org":  # upper-case quants (Q8_0), lower-case mxfp4
+        # embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf and
+        # Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf:
+        # https://github.com/tobi/qmd/blob/013ef36e33a2d01a7ab240a0b16dabae7ad62676/src/llm.ts
+        return f"{base}-{quant.lower() if quant == 'MXFP4' else quant}.gguf"
+    if publisher == "Qwen":  # upper-case quants, lower-case f16
+        # Qwen3-Embedding-0.6B-Q8_0.gguf, in the same qmd file as ggml-org's above;
+        # Qwen3-Embedding-0.6B-f16.gguf:
+        # https://github.com/stonefruit/Data2Evidence-coding-agent-tools/blob/0b209f132aee4fa2c6ef15216f9b8107b01ead59/tools/code-rag/docs/llama-cpp-setup.md
+        return f"{base}-{quant.lower() if quant == 'F16' else quant}.gguf"
+    if publisher == "nomic-ai":  # a dot before the quant; upper-case quants, lower-case f16
+        # nomic-embed-text-v1.5.Q8_0.gguf:
+        # https://github.com/neozenith/sqlite-muninn/blob/d24e0c7f34edb504b99aaff630cc87e1475e97a2/benchmarks/harness/prep/gguf_models.py
+        # nomic-embed-text-v1.5.f16.gguf:
+        # https://github.com/miyako/4d-example-local-inference-llamafile/blob/3a1d5acbf4147a8cd7de18ebf815498a1745cdd4/local-inference/Project/Sources/DatabaseMethods/onStartup.4dm
+        return f"{base}.{quant.lower() if quant == 'F16' else quant}.gguf"
+    if publisher == "leliuga":  # a dot before the quant; upper case throughout, F16 included
+        # all-MiniLM-L6-v2.Q8_0.gguf, in the same sqlite-muninn file as nomic-ai's above;
+        # all-MiniLM-L6-v2.F16.gguf:
+        # https://github.com/mozilla-ai/byota/blob/04bce87331a841367abddfe679273ec8200e7619/Dockerfile
+        return f"{base}.{quant}.gguf"
     raise AssertionError(f"{repo}: unknown publisher {publisher!r}: add its naming pattern"
                          " here, with a public source that shows it")
 
