@@ -262,8 +262,12 @@ def test_the_chat_saves_the_streaming_reply_as_it_goes(home):
             assert saved[1].finish_reason == "interrupted"
             assert saved[1].content and REPLY.startswith(saved[1].content)
             assert app.chat.messages[-1].role == "user"  # in memory: not a message yet
+            widget = app.reply.widget
             backends[0].open()
-            await until(pilot, lambda: app.reply is None, "the reply ends")
+            # Until the widget has settled too: the app drops its reply before that, and
+            # leaving run_test while it settles tears the widget down under it.
+            await until(pilot, lambda: app.reply is None and not widget.streaming,
+                        "the reply ends")
         final = ChatStore().load(app.chat.id).messages
         assert [(m.role, m.finish_reason) for m in final] == [("user", None),
                                                               ("assistant", "stop")]
