@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localinfer.runtime.llama import L, never_sampled_tokens
+from localinfer.runtime.llama import HARMONY_TOKENS, L, harmony_tokens, never_sampled_tokens
 
 NORMAL = L.LLAMA_TOKEN_ATTR_NORMAL
 CONTROL = L.LLAMA_TOKEN_ATTR_CONTROL
@@ -74,3 +74,37 @@ def test_a_vocabulary_of_plain_text_bans_nothing():
                                   text=lambda token: "never asked")
     assert banned.size == 0
     assert np.zeros(1000)[banned].size == 0  # an index array all the same
+
+
+# gpt-oss's markers as its GGUF declares them (control tokens; <|return|> and <|call|> end the
+# generation), among others of its vocabulary.
+HARMONY_VOCAB = [("<|startoftext|>", CONTROL, False), ("<|start|>", CONTROL, False),
+                 ("<|channel|>", CONTROL, False), ("<|message|>", CONTROL, False),
+                 ("<|constrain|>", CONTROL, False), ("<|end|>", CONTROL, False),
+                 ("<|return|>", CONTROL, True), ("<|call|>", CONTROL, True),
+                 ("<|reserved_200013|>", CONTROL, False), ("hello", NORMAL, False)]
+
+
+def _banned(vocab):
+    attrs = np.array([attr for _, attr, _ in vocab], dtype=np.int32)
+    banned = never_sampled_tokens(attrs, is_eog=lambda token: vocab[token][2],
+                                  text=lambda token: vocab[token][0])
+    return {vocab[t][0] for t in banned}, harmony_tokens(
+        attrs, is_eog=lambda token: vocab[token][2], text=lambda token: vocab[token][0])
+
+
+def test_a_harmony_vocabulary_keeps_its_markers():
+    banned, markers = _banned(HARMONY_VOCAB)
+    assert banned == {"<|startoftext|>", "<|reserved_200013|>"}
+    # printed as text; <|return|> and <|call|> end the generation, as any such token does
+    assert [HARMONY_VOCAB[t][0] for t in markers] == list(HARMONY_TOKENS[:5])
+
+
+def test_other_vocabularies_ban_the_same_control_tokens():
+    # Without <|channel|> and <|message|> the vocabulary is not harmony: its control tokens
+    # named alike (Phi-3's <|end|> ends the generation, so it stays) mean nothing as text.
+    vocab = [entry for entry in HARMONY_VOCAB if entry[0] not in ("<|channel|>", "<|message|>")]
+    banned, markers = _banned(vocab)
+    assert banned == {"<|startoftext|>", "<|start|>", "<|constrain|>", "<|end|>",
+                      "<|reserved_200013|>"}
+    assert markers == []
