@@ -1,10 +1,14 @@
-"""Which tokens a text-only runtime never samples, on a made-up vocabulary with llama.cpp's
-token attributes (runtime/llama.py's never_sampled_tokens)."""
+"""Which tokens a text-only runtime never samples, on made-up vocabularies with llama.cpp's
+token attributes (runtime/llama.py's never_sampled_tokens), and on a harmony vocabulary as
+llama.cpp reads it."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
+import ggufgen
 from localinfer.runtime.llama import HARMONY_TOKENS, L, harmony_tokens, never_sampled_tokens
 
 NORMAL = L.LLAMA_TOKEN_ATTR_NORMAL
@@ -108,3 +112,49 @@ def test_other_vocabularies_ban_the_same_control_tokens():
     assert banned == {"<|startoftext|>", "<|start|>", "<|constrain|>", "<|end|>",
                       "<|reserved_200013|>"}
     assert markers == []
+
+
+def test_llama_cpp_reads_a_harmony_vocabulary_as_the_format_needs(tmp_path):
+    """A vocabulary-only GGUF with gpt-oss's markers, as its file declares them (control),
+    through llama.cpp: every marker but <|return|> and <|call|> stays sampled (and is printed:
+    token_bytes asks with special=True), and those two end the generation, <|end|> not."""
+    names = ["Ċ", "Hello", *HARMONY_TOKENS, "<|endoftext|>", "<|reserved_200013|>"]
+    kvs = [ggufgen.kv("general.architecture", ggufgen.STRING, "llama"),
+           *(ggufgen.kv(f"llama.{key}", ggufgen.U32, n) for key, n in [
+               ("block_count", 1), ("embedding_length", 8), ("feed_forward_length", 16),
+               ("attention.head_count", 2), ("context_length", 64)]),
+           ggufgen.kv("tokenizer.ggml.model", ggufgen.STRING, "gpt2"),
+           ggufgen.kv("tokenizer.ggml.pre", ggufgen.STRING, "gpt-4o"),
+           ggufgen.kv("tokenizer.ggml.tokens", ggufgen.ARRAY, (ggufgen.STRING, names)),
+           ggufgen.kv("tokenizer.ggml.token_type", ggufgen.ARRAY,
+                      (ggufgen.I32, [1, 1] + [3] * (len(names) - 2))),  # normal, control
+           ggufgen.kv("tokenizer.ggml.merges", ggufgen.ARRAY, (ggufgen.STRING, []))]
+    path = tmp_path / "harmony-vocab.gguf"
+    path.write_bytes(ggufgen.gguf(kvs, []))
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(path).encode(), params)
+    assert model
+    try:
+        vocab = L.llama_model_get_vocab(model)
+        attrs = np.array([L.llama_vocab_get_attr(vocab, t) for t in range(len(names))],
+                         dtype=np.int32)
+
+        def is_eog(token: int) -> bool:
+            return bool(L.llama_vocab_is_eog(vocab, token))
+
+        def text(token: int) -> str:
+            return L.llama_vocab_get_text(vocab, token).decode()
+
+        assert [names[t] for t in range(len(names)) if is_eog(t)] == [
+            "<|return|>", "<|call|>", "<|endoftext|>"]
+        banned = never_sampled_tokens(attrs, is_eog=is_eog, text=text)
+        assert [names[t] for t in banned] == ["<|reserved_200013|>"]
+        markers = harmony_tokens(attrs, is_eog=is_eog, text=text)
+        assert [names[t] for t in markers] == list(HARMONY_TOKENS[:5])
+        buf = ctypes.create_string_buffer(32)
+        for token in markers:
+            n = L.llama_token_to_piece(vocab, token, buf, 32, 0, True)
+            assert buf.raw[:n].decode() == names[token]
+    finally:
+        L.llama_model_free(model)
