@@ -59,8 +59,8 @@ def _history(ollama: bool) -> list[dict[str, Any]]:
 def test_required_call_from_the_first_token(harmony_daemon):
     client = openai_client(harmony_daemon)
     reply = client.chat.completions.create(
-        model="gemma3:270m", messages=[{"role": "user", "content": "Weather in Oslo?"}],
-        tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=60)
+        model="gemma3:270m", messages=_history(ollama=False), tools=[WEATHER],
+        tool_choice="required", temperature=0, max_tokens=60)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
     [call] = choice.message.tool_calls

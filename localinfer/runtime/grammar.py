@@ -32,6 +32,8 @@ class Grammar:
     after ``heads[i]`` and then ``infix`` (gpt-oss names the function before the JSON)."""
     infix: str = ""
     """GBNF between a head and its JSON."""
+    lead: str = ""
+    """GBNF before the prefix (gpt-oss's opening of a call it must make)."""
     triggers: tuple[str, ...] = ()
     """Regular expressions that, once one matches the text so far in full, switch the grammar
     on from the start of their first group (a tool call opening). Empty: it constrains the
@@ -65,7 +67,7 @@ def to_gbnf(grammar: Grammar, schema_rules: SchemaRules) -> str:
         lines = [line for i, schema in enumerate(alternatives)
                  for line in schema_rules(schema, f"{JSON_RULE}-{i}").splitlines()]
         rules = "\n".join(dict.fromkeys(lines))
-    item = " ".join(part for part in (_literal(grammar.prefix), value,
+    item = " ".join(part for part in (grammar.lead, _literal(grammar.prefix), value,
                                       _literal(grammar.suffix)) if part)
     if grammar.separator is None:
         root = f"root ::= {item}"

@@ -59,6 +59,12 @@ FORMATS = {f.name: f for f in (
 # as llama.cpp's parser takes them (common/chat.cpp, common_chat_params_init_gpt_oss).
 _HARMONY_INFIX = ('("<|channel|>" ("commentary" | "analysis"))?'
                   ' (" "? "<|constrain|>"? [A-Za-z0-9_-]+)? "<|message|>"')
+# A call gpt-oss must make: it may reason first (one analysis message: any text but its
+# end), then names the recipient in the role's part or in the channel's.
+_HARMONY_CALL_OPENING = ('("<|channel|>analysis<|message|>" ([^<] | "<" [^|] | "<|" [^e]'
+                         ' | "<|e" [^n] | "<|en" [^d] | "<|end" [^|] | "<|end|" [^>])*'
+                         ' "<|end|><|start|>assistant")?'
+                         ' ("<|channel|>" ("commentary" | "analysis"))? " "? "to="')
 # A call opens where a message to a function begins: at the start of the reply or after
 # another message's <|end|>, the recipient in the role's part or in the channel's.
 _HARMONY_TRIGGER = (r"(?:[\s\S]*<\|end\|>)?(?:<\|start\|>assistant)?"
@@ -156,9 +162,9 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
     lazy = choice.mode == "auto"
     if fmt.name == "harmony":  # the name is in the header: one alternative per function
         return Grammar(json.dumps({"anyOf": [t.parameters for t in chosen]}),
-                       prefix="" if lazy else "<|channel|>commentary to=",
                        heads=tuple(f"functions.{t.name}" for t in chosen),
-                       infix=_HARMONY_INFIX, triggers=(_HARMONY_TRIGGER,) if lazy else ())
+                       infix=_HARMONY_INFIX, lead="" if lazy else _HARMONY_CALL_OPENING,
+                       triggers=(_HARMONY_TRIGGER,) if lazy else ())
     call = {"anyOf": [{
         "type": "object",
         "properties": {"name": {"const": t.name}, fmt.arguments_key: t.parameters},
