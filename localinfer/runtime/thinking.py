@@ -260,7 +260,10 @@ Splitter = ThinkingSplitter | HarmonySplitter
 
 def new_splitter(fmt: ThinkingFormat, prompt: str) -> Splitter:
     """The splitter of a reply to the rendered ``prompt``."""
-    thinking = starts_thinking(fmt, prompt)
+    return _splitter(fmt, thinking=starts_thinking(fmt, prompt))
+
+
+def _splitter(fmt: ThinkingFormat, *, thinking: bool) -> Splitter:
     if fmt.harmony:
         return HarmonySplitter(thinking=thinking)
     return ThinkingSplitter(fmt, thinking=thinking)
@@ -268,8 +271,7 @@ def new_splitter(fmt: ThinkingFormat, prompt: str) -> Splitter:
 
 def split_reply(fmt: ThinkingFormat, text: str, *, thinking: bool = False) -> tuple[str, str]:
     """A whole reply's ``(thinking, content)``."""
-    splitter: Splitter = (HarmonySplitter(thinking=thinking) if fmt.harmony
-                          else ThinkingSplitter(fmt, thinking=thinking))
+    splitter = _splitter(fmt, thinking=thinking)
     splitter.push(text)
     splitter.flush()
     return splitter.thinking, splitter.content
