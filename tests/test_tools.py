@@ -69,9 +69,8 @@ def test_a_template_without_tools_refuses_them():
         chat.render([Message("assistant", "", tool_calls=(ToolCall("f", "{}"),))])
 
 
-def test_gpt_oss_and_unknown_formats_are_refused_clearly():
-    with pytest.raises(InvalidRequest, match="harmony"):
-        detect_format("{{ tools }}<|channel|>")
+def test_unknown_formats_are_refused_clearly():
+    assert detect_format("{{ tools }}<|channel|>").name == "harmony"  # test_harmony.py
     with pytest.raises(InvalidRequest, match="does not parse"):
         detect_format("{{ tools }}")
 

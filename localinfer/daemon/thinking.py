@@ -15,8 +15,8 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..runtime.thinking import (
     EFFORTS,
-    ThinkingSplitter,
-    starts_thinking,
+    Splitter,
+    new_splitter,
     template_vars,
     thinking_format,
 )
@@ -31,7 +31,7 @@ class Thinking:
                  extra_vars: Mapping[str, Any] | None = None) -> None:
         self.think = think
         self.extra_vars = dict(extra_vars or {})
-        self.splitter: ThinkingSplitter | None = None
+        self.splitter: Splitter | None = None
 
     def chat_tokens(self, engine: Engine, messages: Sequence[Message], *,
                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
@@ -40,7 +40,7 @@ class Thinking:
                      **template_vars(fmt, self.think, model=engine.info.name)}
         text = engine.render_chat(messages, tools=tools, template_vars=variables)
         if fmt is not None:
-            self.splitter = ThinkingSplitter(fmt, thinking=starts_thinking(fmt, text))
+            self.splitter = new_splitter(fmt, text)
         return engine.prompt_tokens(text)
 
     def split(self, text: str) -> tuple[str, str]:

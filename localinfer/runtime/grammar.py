@@ -27,6 +27,13 @@ class Grammar:
     suffix: str = ""
     separator: str | None = None
     """Between repetitions (several tool calls); None allows exactly one."""
+    heads: tuple[str, ...] = ()
+    """When not empty, ``schema`` is an ``anyOf`` and the JSON of its i-th alternative comes
+    after ``heads[i]`` and then ``infix`` (gpt-oss names the function before the JSON)."""
+    infix: str = ""
+    """GBNF between a head and its JSON."""
+    lead: str = ""
+    """GBNF before the prefix (gpt-oss's opening of a call it must make)."""
     triggers: tuple[str, ...] = ()
     """Regular expressions that, once one matches the text so far in full, switch the grammar
     on from the start of their first group (a tool call opening). Empty: it constrains the
@@ -49,14 +56,25 @@ SchemaRules = Callable[[Any, str], str]
 
 def to_gbnf(grammar: Grammar, schema_rules: SchemaRules) -> str:
     """The whole GBNF text of ``grammar``, its start rule ``root``."""
-    item = " ".join(part for part in (_literal(grammar.prefix), JSON_RULE,
+    if not grammar.heads:
+        value, rules = JSON_RULE, schema_rules(grammar.schema_json, JSON_RULE)
+    else:
+        alternatives = grammar.schema_json["anyOf"]
+        value = "(" + " | ".join(
+            f"{_literal(head)} {grammar.infix} {JSON_RULE}-{i}"
+            for i, head in enumerate(grammar.heads)) + ")"
+        # The converter writes its shared rules (string, space...) once per schema: alike.
+        lines = [line for i, schema in enumerate(alternatives)
+                 for line in schema_rules(schema, f"{JSON_RULE}-{i}").splitlines()]
+        rules = "\n".join(dict.fromkeys(lines))
+    item = " ".join(part for part in (grammar.lead, _literal(grammar.prefix), value,
                                       _literal(grammar.suffix)) if part)
     if grammar.separator is None:
         root = f"root ::= {item}"
     else:
         root = f"root ::= tool-item ({_literal(grammar.separator) or ''} tool-item)*\n" \
                f"tool-item ::= {item}"
-    return f"{root}\n{schema_rules(grammar.schema_json, JSON_RULE)}\n"
+    return f"{root}\n{rules}\n"
 
 
 def _literal(text: str) -> str:

@@ -195,6 +195,12 @@ _MEDIA_WORDS = ("image", "audio", "video", "vision", "multimodal")
 _TOOL_WORDS = ("tool", "python")
 
 
+# OpenAI's harmony format (gpt-oss) writes its messages' structure with these; a reply is
+# made of them (runtime/thinking.py and tools.py parse it), <|return|> and <|call|> end it.
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>",
+                  "<|return|>", "<|call|>")
+
+
 def never_sampled_tokens(attrs: np.ndarray, *, is_eog: Callable[[int], bool],
                   text: Callable[[int], str]) -> np.ndarray:
     """The tokens a text-only runtime must never emit, from llama.cpp's attribute of each
@@ -202,23 +208,45 @@ def never_sampled_tokens(attrs: np.ndarray, *, is_eog: Callable[[int], bool],
     generation (<bos>, <pad>, <start_of_turn>), which mean nothing as text; and the
     placeholders of images, sounds and videos, which only a multimodal prompt holds.
     User-defined tokens stay (Qwen's <think> and <tool_call> are printed and parsed), and so
-    do control tokens that open a tool call. ``text`` is asked only about the few control and
-    user-defined tokens: a vocabulary has hundreds among a quarter of a million."""
+    do control tokens that open a tool call and, in a harmony vocabulary, the harmony
+    markers. ``text`` is asked only about the few control and user-defined tokens: a
+    vocabulary has hundreds among a quarter of a million."""
     unused = L.LLAMA_TOKEN_ATTR_UNUSED | L.LLAMA_TOKEN_ATTR_UNKNOWN
-    control = L.LLAMA_TOKEN_ATTR_CONTROL
-    special = np.flatnonzero(attrs & (unused | control | L.LLAMA_TOKEN_ATTR_USER_DEFINED))
-    banned = []
-    for token in special.tolist():
-        if is_eog(token):
-            continue
-        if attrs[token] & unused:
+    banned = [token for token in np.flatnonzero(attrs & unused).tolist() if not is_eog(token)]
+    named = _named_specials(attrs, is_eog=is_eog, text=text)
+    kept = set(_harmony_markers(named))
+    for token, name in named.items():
+        name = name.lower()
+        if token not in kept and (any(word in name for word in _MEDIA_WORDS) or (
+                attrs[token] & L.LLAMA_TOKEN_ATTR_CONTROL
+                and not any(word in name for word in _TOOL_WORDS))):
             banned.append(token)
-            continue
-        name = text(token).lower()
-        if any(word in name for word in _MEDIA_WORDS) or (
-                attrs[token] & control and not any(word in name for word in _TOOL_WORDS)):
-            banned.append(token)
-    return np.array(banned, dtype=np.intp)
+    return np.array(sorted(banned), dtype=np.intp)
+
+
+def harmony_tokens(attrs: np.ndarray, *, is_eog: Callable[[int], bool],
+                   text: Callable[[int], str]) -> list[int]:
+    """The harmony markers that do not end the generation, in a harmony vocabulary (one that
+    has <|channel|> and <|message|>); none in any other."""
+    return _harmony_markers(_named_specials(attrs, is_eog=is_eog, text=text))
+
+
+def _named_specials(attrs: np.ndarray, *, is_eog: Callable[[int], bool],
+                    text: Callable[[int], str]) -> dict[int, str]:
+    """The text of each control or user-defined token that is used and does not end the
+    generation."""
+    unused = L.LLAMA_TOKEN_ATTR_UNUSED | L.LLAMA_TOKEN_ATTR_UNKNOWN
+    special = np.flatnonzero((attrs & (L.LLAMA_TOKEN_ATTR_CONTROL
+                                       | L.LLAMA_TOKEN_ATTR_USER_DEFINED) != 0)
+                             & (attrs & unused == 0))
+    return {token: text(token) for token in special.tolist() if not is_eog(token)}
+
+
+def _harmony_markers(named: dict[int, str]) -> list[int]:
+    markers = {name: token for token, name in named.items() if name in HARMONY_TOKENS}
+    if "<|channel|>" not in markers or "<|message|>" not in markers:
+        return []
+    return sorted(markers.values())
 
 
 def _use_extra_buffer_types() -> bool:
@@ -342,19 +370,25 @@ class LlamaBackend:
                          if repo >= 0 and sep >= 0 else None)
 
     def _scan_vocab(self) -> np.ndarray:
-        """``never_sampled_tokens`` of this vocabulary. Reading the attribute of each of the
-        starter's 262k tokens takes 80 ms of CPU on a 2-core x86 (one ctypes call each),
-        sorting out its 6,400 special ones 5 ms more; it bans 6,250 (6,242 <unusedN>, <pad>,
-        <bos>, <unk>, <mask>, <start_of_turn>, [multimodal], <start_of_image> and
-        <end_of_image>)."""
+        """``never_sampled_tokens`` of this vocabulary (and its harmony markers, printed as
+        text). Reading the attribute of each of the starter's 262k tokens takes 80 ms of CPU
+        on a 2-core x86 (one ctypes call each), sorting out its 6,400 special ones 5 ms
+        more; it bans 6,250 (6,242 <unusedN>, <pad>, <bos>, <unk>, <mask>, <start_of_turn>,
+        [multimodal], <start_of_image> and <end_of_image>)."""
         started = time.perf_counter()
         vocab, n = self._vocab, self._n_vocab
         attrs = np.fromiter(map(L.llama_vocab_get_attr, itertools.repeat(vocab, n), range(n)),
                             dtype=np.int32, count=n)
-        banned = never_sampled_tokens(
-            attrs, is_eog=lambda token: bool(L.llama_vocab_is_eog(vocab, token)),
-            text=lambda token: (L.llama_vocab_get_text(vocab, token) or b"").decode(
-                errors="replace"))
+
+        def text(token: int) -> str:
+            return (L.llama_vocab_get_text(vocab, token) or b"").decode(errors="replace")
+
+        def is_eog(token: int) -> bool:
+            return bool(L.llama_vocab_is_eog(vocab, token))
+
+        banned = never_sampled_tokens(attrs, is_eog=is_eog, text=text)
+        self._printed_markers = frozenset(harmony_tokens(attrs, is_eog=is_eog, text=text))
+        """Control tokens token_bytes prints: a harmony model's markers."""
         log.debug("%d of %d tokens are never sampled (vocabulary scanned in %.0f ms)",
                   len(banned), n, (time.perf_counter() - started) * 1000.0)
         return banned
@@ -445,12 +479,15 @@ class LlamaBackend:
         return list(buf[:n])
 
     def token_bytes(self, token: int) -> bytes:
+        """The token's text; a control token's is empty, but for the harmony markers of a
+        harmony vocabulary (gpt-oss's replies are parsed by them)."""
         piece = self._pieces.get(token)
         if piece is None:
-            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+            special = token in self._printed_markers
+            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, special)
             if n < 0:  # longer than the buffer
                 big = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self._vocab, token, big, -n, 0, False)
+                n = L.llama_token_to_piece(self._vocab, token, big, -n, 0, special)
                 piece = big.raw[:n]
             else:
                 piece = self._piece_buf.raw[:n]

@@ -5,11 +5,15 @@ A template thinks when it writes ``<think>`` (Qwen3, the DeepSeek-R1 distills) o
 OpenAI's harmony channels (gpt-oss). Qwen3's template takes ``enable_thinking``; gpt-oss's
 takes ``reasoning_effort`` ("low", "medium", "high"). The reasoning is what the model writes
 between ``<think>`` and ``</think>``; a template may open the block itself at the end of the
-prompt (the R1 distills do), and then the reply starts inside it.
+prompt (the R1 distills do), and then the reply starts inside it. A harmony reply is a run of
+messages, ``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final
+<|message|>...``: the analysis channel is the reasoning, the others the answer (a message to
+``functions.NAME`` is a tool call, which runtime/tools.py parses).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import InvalidRequest
@@ -28,6 +32,8 @@ class ThinkingFormat:
     """The template variable that turns thinking on and off (``enable_thinking``), if any."""
     takes_effort: bool
     """The template takes ``reasoning_effort`` (low, medium, high)."""
+    harmony: bool = False
+    """The reply is harmony messages (gpt-oss), split by HarmonySplitter."""
 
 
 def thinking_format(template: str | None) -> ThinkingFormat | None:
@@ -36,7 +42,7 @@ def thinking_format(template: str | None) -> ThinkingFormat | None:
         return None
     if "<|channel|>" in template:  # harmony: the reasoning is the "analysis" channel
         return ThinkingFormat("<|channel|>analysis<|message|>", "<|end|>",
-                              None, "reasoning_effort" in template)
+                              None, "reasoning_effort" in template, harmony=True)
     if "<think>" in template:
         switch = "enable_thinking" if "enable_thinking" in template else None
         return ThinkingFormat("<think>", "</think>", switch, False)
@@ -145,9 +151,127 @@ def _partial_tag(text: str, tag: str) -> int:
     return 0
 
 
+HARMONY_MESSAGE = "<|message|>"
+HARMONY_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+"""What ends a harmony message: the end of one message, of the turn, of a tool call (the
+last two end the generation, so a reply's text seldom holds them)."""
+_HARMONY_HEADS = ("<|start|>", "<|channel|>", "to=")
+_CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+
+
+def harmony_call(name: str, arguments: str) -> str:
+    """A harmony tool call as HarmonySplitter hands it on (and gpt-oss writes it)."""
+    return (f"<|channel|>commentary to=functions.{name} <|constrain|>json{HARMONY_MESSAGE}"
+            f"{arguments}<|call|>")
+
+
+class HarmonySplitter:
+    """Splits a harmony reply (gpt-oss), piece by piece, like ThinkingSplitter: the analysis
+    channel is reasoning, the final and commentary channels the answer, and the markers are
+    dropped. A message to a function (a header with ``to=functions.NAME``, in the channel's
+    or the role's part) goes to the answer whole, once it ends, written as ``harmony_call``
+    for runtime/tools.py to parse; the model may write its recipient in either place, and a
+    call may follow the reasoning or a preamble."""
+
+    def __init__(self, *, thinking: bool = False) -> None:
+        self._kind = "thinking" if thinking else ""  # "" while a header is read
+        self._held = ""
+        self._call = ""  # the function a message being read is sent to
+        self._arguments = ""  # and what it has been sent so far
+        self.thinking = ""
+        self.content = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        self._held += text
+        thinking = content = ""
+        while True:
+            if not self._kind:
+                head = self._held.lstrip()
+                if head and not any(h.startswith(head[:len(h)]) for h in _HARMONY_HEADS):
+                    self._kind = "content"  # plain text, not a message: the answer
+                    continue
+                at = self._held.find(HARMONY_MESSAGE)
+                if at < 0:
+                    break  # a header is short: wait for its end
+                self._open(self._held[:at])
+                self._held = self._held[at + len(HARMONY_MESSAGE):]
+                continue
+            ends = [(at, end) for end in HARMONY_ENDS if (at := self._held.find(end)) >= 0]
+            if not ends:
+                keep = max(_partial_tag(self._held, end) for end in HARMONY_ENDS)
+                body, self._held = self._held[:len(self._held) - keep], self._held[
+                    len(self._held) - keep:]
+                t, c = self._body(body, ended=False)
+                thinking, content = thinking + t, content + c
+                break
+            at, end = min(ends)
+            body, self._held = self._held[:at], self._held[at + len(end):]
+            t, c = self._body(body, ended=True)
+            thinking, content = thinking + t, content + c
+            self._kind = ""
+        return self._record(thinking, content)
+
+    def _open(self, header: str) -> None:
+        # gpt-oss-20b sometimes writes a stray "<|channel|>commentary to=assistant" before
+        # the real channel (llama.cpp's parser says so): the last channel counts, and a
+        # message "to=assistant" is no call.
+        recipients = [r for r in _RECIPIENT.findall(header) if r != "assistant"]
+        channels = _CHANNEL.findall(header)
+        if recipients:
+            # A call to a built-in tool (browser, python) that no request offers is dropped.
+            self._kind = "call" if recipients[0].startswith("functions.") else "dropped"
+            self._call = recipients[0].removeprefix("functions.")
+        elif channels and channels[-1] == "analysis":
+            self._kind = "thinking"
+        else:
+            self._kind = "content"
+
+    def _body(self, body: str, *, ended: bool) -> tuple[str, str]:
+        if self._kind == "thinking":
+            return body, ""
+        if self._kind == "content":
+            return "", body
+        if self._kind == "dropped":
+            return "", ""
+        self._arguments += body
+        if not ended:
+            return "", ""
+        call, self._arguments = harmony_call(self._call, self._arguments), ""
+        return "", call
+
+    def flush(self) -> tuple[str, str]:
+        """The end of the reply: what was held back. A call cut off (by max_tokens) is
+        handed on as it stands; a header cut off is dropped."""
+        held, self._held = self._held, ""
+        if not self._kind:
+            return self._record("", "")
+        t, c = self._body(held, ended=True)
+        return self._record(t, c)
+
+    def _record(self, thinking: str, content: str) -> tuple[str, str]:
+        self.thinking += thinking
+        self.content += content
+        return thinking, content
+
+
+Splitter = ThinkingSplitter | HarmonySplitter
+
+
+def new_splitter(fmt: ThinkingFormat, prompt: str) -> Splitter:
+    """The splitter of a reply to the rendered ``prompt``."""
+    return _splitter(fmt, thinking=starts_thinking(fmt, prompt))
+
+
+def _splitter(fmt: ThinkingFormat, *, thinking: bool) -> Splitter:
+    if fmt.harmony:
+        return HarmonySplitter(thinking=thinking)
+    return ThinkingSplitter(fmt, thinking=thinking)
+
+
 def split_reply(fmt: ThinkingFormat, text: str, *, thinking: bool = False) -> tuple[str, str]:
     """A whole reply's ``(thinking, content)``."""
-    splitter = ThinkingSplitter(fmt, thinking=thinking)
+    splitter = _splitter(fmt, thinking=thinking)
     splitter.push(text)
     splitter.flush()
     return splitter.thinking, splitter.content

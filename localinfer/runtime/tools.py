@@ -7,7 +7,10 @@ Formats, as the catalog's templates write them:
   </tool_call>``, one block per call;
 - ``llama3`` (Llama 3.1/3.2): the whole reply is ``{"name": ..., "parameters": {...}}``;
 - ``mistral`` (Mistral, Mistral Nemo): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``;
-- ``phi4`` (Phi-4-mini): ``<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>``.
+- ``phi4`` (Phi-4-mini): ``<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>``;
+- ``harmony`` (gpt-oss): a message to the function, ``<|channel|>commentary
+  to=functions.NAME <|constrain|>json<|message|>{...}<|call|>``, one per reply (``<|call|>``
+  ends the generation); runtime/thinking.py's HarmonySplitter hands it on in that form.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from .grammar import Grammar
+from .thinking import HARMONY_MESSAGE
 from .types import ToolCall
 
 
@@ -46,7 +50,25 @@ FORMATS = {f.name: f for f in (
     ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", as_list=True, bare=True),
     ToolFormat("phi4", "<|tool_call|>", "<|/tool_call|>", "arguments", as_list=True,
                bare=True),
+    ToolFormat("harmony", "<|channel|>commentary to=functions.", "<|call|>", "arguments",
+               as_list=False, bare=False),
 )}
+
+# What gpt-oss writes between a call's function name and its JSON: the channel when the
+# recipient came first (``to=functions.NAME<|channel|>commentary json``), the content type;
+# as llama.cpp's parser takes them (common/chat.cpp, common_chat_params_init_gpt_oss).
+_HARMONY_INFIX = ('("<|channel|>" ("commentary" | "analysis"))?'
+                  ' (" "? "<|constrain|>"? [A-Za-z0-9_-]+)? "<|message|>"')
+# A call gpt-oss must make: it may reason first (one analysis message: any text but its
+# end), then names the recipient in the role's part or in the channel's.
+_HARMONY_CALL_OPENING = ('("<|channel|>analysis<|message|>" ([^<] | "<" [^|] | "<|" [^e]'
+                         ' | "<|e" [^n] | "<|en" [^d] | "<|end" [^|] | "<|end|" [^>])*'
+                         ' "<|end|><|start|>assistant")?'
+                         ' ("<|channel|>" ("commentary" | "analysis"))? " "? "to="')
+# A call opens where a message to a function begins: at the start of the reply or after
+# another message's <|end|>, the recipient in the role's part or in the channel's.
+_HARMONY_TRIGGER = (r"(?:[\s\S]*<\|end\|>)?(?:<\|start\|>assistant)?"
+                    r"(?:<\|channel\|>(?:commentary|analysis))?\s*to=(functions\.)[\s\S]*")
 
 
 def detect_format(template_source: str) -> ToolFormat:
@@ -60,8 +82,7 @@ def detect_format(template_source: str) -> ToolFormat:
     if "<|tool_call|>" in template_source or "<|tool|>" in template_source:
         return FORMATS["phi4"]
     if "<|channel|>" in template_source:
-        raise InvalidRequest("tool calls in gpt-oss's harmony format are not supported yet;"
-                             " use a qwen3, llama3.x or mistral model for tools.")
+        return FORMATS["harmony"]
     if "<|start_header_id|>" in template_source:
         return FORMATS["llama3"]
     raise InvalidRequest("this model's chat template takes tools, but in a call format"
@@ -138,6 +159,12 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
     if choice.mode == "none" or not tools:
         return None
     chosen = [t for t in tools if choice.mode != "function" or t.name == choice.name]
+    lazy = choice.mode == "auto"
+    if fmt.name == "harmony":  # the name is in the header: one alternative per function
+        return Grammar(json.dumps({"anyOf": [t.parameters for t in chosen]}),
+                       heads=tuple(f"functions.{t.name}" for t in chosen),
+                       infix=_HARMONY_INFIX, lead="" if lazy else _HARMONY_CALL_OPENING,
+                       triggers=(_HARMONY_TRIGGER,) if lazy else ())
     call = {"anyOf": [{
         "type": "object",
         "properties": {"name": {"const": t.name}, fmt.arguments_key: t.parameters},
@@ -152,7 +179,6 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
         separator = None
     elif fmt.name == "llama3":
         separator = None  # Llama 3.x calls one function per reply
-    lazy = choice.mode == "auto"
     if fmt.opener:
         prefix = fmt.opener + ("\n" if not fmt.as_list else "")
         suffix = "\n" + fmt.closer if fmt.closer and not fmt.as_list else fmt.closer
@@ -198,7 +224,7 @@ def _parse_calls(fmt: ToolFormat, text: str) -> list[ToolCall]:
         blocks = text.split(fmt.opener)[1:]
         for i, block in enumerate(blocks):
             body, closed, _ = block.partition(fmt.closer)
-            value = _loads(body)
+            value = _harmony_value(body) if fmt.name == "harmony" else _loads(body)
             if value is None and not closed and i == len(blocks) - 1 and objects:
                 break  # a last call cut off by max_tokens: the complete ones stand
             objects.extend(value if isinstance(value, list) else [value])
@@ -219,6 +245,14 @@ def _parse_calls(fmt: ToolFormat, text: str) -> list[ToolCall]:
         calls.append(ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False),
                               new_call_id()))
     return calls
+
+
+def _harmony_value(block: str) -> Any:
+    """``NAME <|constrain|>json<|message|>{...}`` -> {"name": NAME, "arguments": {...}}."""
+    header, _, arguments = block.partition(HARMONY_MESSAGE)
+    name = header.split("<|", 1)[0].strip()
+    value = _loads(arguments)
+    return {"name": name, "arguments": value} if name and value is not None else None
 
 
 def _loads(text: str) -> Any:
