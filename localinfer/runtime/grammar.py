@@ -1,5 +1,6 @@
 """What a reply must look like, as data: JSON matching a schema, optionally wrapped in a tool
-call's markers, and the GBNF grammar that says so to llama.cpp's grammar sampler.
+call's markers, or a client's own GBNF text (llama-server's ``grammar``); and the GBNF grammar
+that says so to llama.cpp's grammar sampler.
 
 The JSON part is converted from its schema by the backend (llama.cpp's converter lives next to
 llama.cpp); this module wraps its rules in the markers and repetition a tool-call format needs.
@@ -20,9 +21,10 @@ JSON_RULE = "json-value"
 @dataclass(frozen=True)
 class Grammar:
     """The reply is ``prefix JSON suffix``, repeated with ``separator`` between when that is
-    not None, where JSON matches ``schema`` (a JSON text, so that the value is hashable)."""
+    not None, where JSON matches ``schema`` (a JSON text, so that the value is hashable); or,
+    when ``gbnf`` is set, whatever that GBNF text allows."""
 
-    schema: str
+    schema: str = ""
     prefix: str = ""
     suffix: str = ""
     separator: str | None = None
@@ -31,6 +33,9 @@ class Grammar:
     """Regular expressions that, once one matches the text so far in full, switch the grammar
     on from the start of their first group (a tool call opening). Empty: it constrains the
     reply from its first token."""
+    gbnf: str | None = None
+    """A whole GBNF text as a client sent it (start rule ``root``); the fields above are then
+    unused."""
 
     @property
     def schema_json(self) -> Any:
@@ -43,12 +48,59 @@ def json_grammar(schema: dict[str, Any] | None) -> Grammar:
     return Grammar(json.dumps(schema if schema is not None else {"type": "object"}))
 
 
+MAX_GBNF_NESTING = 100
+"""The deepest nesting of parentheses a client's GBNF may have: llama.cpp parses groups
+recursively, and a deep enough nest would overflow the worker thread's stack."""
+
+
+def gbnf_grammar(text: str) -> Grammar:
+    """A reply that ``text`` (GBNF, as llama-server's ``grammar`` takes it) allows. Raises
+    ValueError for an empty text or one nested deeper than MAX_GBNF_NESTING; whether
+    llama.cpp can parse the rest is the backend's check."""
+    if not text.strip():
+        raise ValueError("the grammar is empty")
+    if _nesting(text) > MAX_GBNF_NESTING:
+        raise ValueError(f"its groups are nested more than {MAX_GBNF_NESTING} deep")
+    return Grammar(gbnf=text)
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of ``(`` in GBNF ``text``, outside literals, character classes and
+    comments."""
+    depth = deepest = 0
+    closer = ""  # the character that ends the literal or class being read, if any
+    escaped = False
+    comment = False
+    for char in text:
+        if comment:
+            comment = char not in "\r\n"
+        elif closer:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == closer:
+                closer = ""
+        elif char in '"[':
+            closer = "]" if char == "[" else char
+        elif char == "#":
+            comment = True
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    return deepest
+
+
 SchemaRules = Callable[[Any, str], str]
 """(schema, rule name) -> GBNF rules that define that rule (and its helpers)."""
 
 
 def to_gbnf(grammar: Grammar, schema_rules: SchemaRules) -> str:
     """The whole GBNF text of ``grammar``, its start rule ``root``."""
+    if grammar.gbnf is not None:
+        return grammar.gbnf
     item = " ".join(part for part in (_literal(grammar.prefix), JSON_RULE,
                                       _literal(grammar.suffix)) if part)
     if grammar.separator is None:

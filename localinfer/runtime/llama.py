@@ -575,6 +575,9 @@ class LlamaBackend:
         else:
             sampler = L.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
         if not sampler:
+            if grammar.gbnf is not None:
+                raise InvalidRequest("the grammar is not GBNF that llama.cpp can parse"
+                                     f"{_llama_said()} Its start rule must be named root.")
             raise InvalidRequest(f"llama.cpp could not parse the grammar{_llama_said()}")
         return sampler
 
