@@ -6,10 +6,22 @@ sampling with them is in test_tools_real.py."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
+
 import pytest
 
 from daemon_util import fake_factory, install_fake_models, openai_client, serve
-from localinfer.runtime.grammar import MAX_GBNF_NESTING, Grammar, gbnf_grammar, to_gbnf
+from localinfer.runtime.grammar import (
+    MAX_GBNF_NESTING,
+    REASONED_RULE,
+    Grammar,
+    _text_through,
+    gbnf_grammar,
+    to_gbnf,
+)
+from template_fixtures import QWEN3_STYLE, R1_STYLE
 
 pytest_plugins = ["daemon_fixtures"]
 
@@ -144,3 +156,83 @@ def test_embedding_routes_audit_their_fields(embedder):
             error = r.json()["error"]
             assert r.status_code == 400 and name in (
                 error["message"] if isinstance(error, dict) else error), (path, r.text)
+
+
+def _gbnf_regex(rule: str) -> str:
+    """A Python regex for GBNF ``rule`` in the subset _text_through writes (literals,
+    negated classes, groups, ``*``, ``|``)."""
+    out, i = [], 0
+    while i < len(rule):
+        char = rule[i]
+        if char == '"':
+            end = i + 1
+            while rule[end] != '"':
+                end += 2 if rule[end] == "\\" else 1
+            out.append(re.escape(json.loads(rule[i:end + 1])))
+            i = end + 1
+        elif char == "[":
+            end = rule.index("]", i + 2)
+            out.append(rule[i:end + 1])
+            i = end + 1
+        elif char == "(":
+            out.append("(?:")
+            i += 1
+        else:
+            out.append("" if char == " " else char)
+            i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("tag", ["</think>", "<|end|>"])
+def test_reasoning_text_is_exactly_text_through_the_first_tag(tag):
+    """Every text of up to four pieces (the tag, its prefixes, its later characters, another
+    character) and then the tag: the grammar's reasoning matches it exactly when the tag
+    appears nowhere before the end."""
+    pattern = re.compile(_gbnf_regex(_text_through(tag)), re.DOTALL)
+    pieces = [tag[:k] for k in range(1, len(tag) + 1)] + [tag[1], tag[-1], "x"]
+    matched = 0
+    for n in range(5):
+        for chosen in itertools.product(pieces, repeat=n):
+            text = "".join(chosen) + tag
+            expected = text.find(tag) == len(text) - len(tag)
+            assert bool(pattern.fullmatch(text)) == expected, text
+            matched += expected
+    assert 0 < matched < len(pieces) ** 4  # both kinds were tried
+
+
+@pytest.fixture
+def thinkers(home):
+    """A model whose template opens the reasoning (R1-style), and a Qwen3-style one that
+    thinks unless switched off."""
+    install_fake_models("opened:1b-f16", "qwen3:1b-f16")
+
+    def factory(model, num_ctx, progress=None):
+        template = (R1_STYLE if model.name.startswith("opened") else QWEN3_STYLE)
+        return fake_factory(reply="<think>Hm.</think>{}", chat_template=template)(
+            model, num_ctx, progress)
+
+    with serve(factory) as d:
+        yield d
+
+
+def test_a_grammar_lets_a_thinking_model_reason_first(thinkers):
+    json_object = {"response_format": {"type": "json_object"}}
+    with thinkers.uds() as http:
+        for model, extra, tags in [
+            ("opened:1b", json_object, ("", "</think>")),
+            ("qwen3:1b", json_object, ("<think>", "</think>")),
+            ("qwen3:1b", {**json_object, "reasoning_effort": "none"}, None),
+        ]:
+            r = http.post("/v1/chat/completions", json={**CHAT, "model": model, **extra})
+            assert r.status_code == 200, r.text
+            assert grammars(thinkers, f"{model}-f16")[-1].reasoning == tags, (model, extra)
+        for path, body in [("/api/chat", {"messages": CHAT["messages"], "format": "json"}),
+                           ("/api/generate", {"prompt": "hi", "format": "json"})]:
+            r = http.post(path, json={"model": "opened:1b", "stream": False, **body})
+            assert r.status_code == 200, r.text
+            assert grammars(thinkers, "opened:1b-f16")[-1].reasoning == ("", "</think>")
+        r = http.post("/api/generate", json={"model": "opened:1b", "stream": False,
+                                             "prompt": "hi", "raw": True, "format": "json"})
+        assert r.status_code == 200 and grammars(thinkers, "opened:1b-f16")[-1].reasoning is None
+    gbnf = to_gbnf(Grammar(gbnf=GBNF, reasoning=("", "</think>")), lambda schema, rule: "")
+    assert gbnf.startswith(GBNF) and f"{REASONED_RULE} ::= reasoning-text root" in gbnf

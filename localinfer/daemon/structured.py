@@ -39,6 +39,8 @@ class Constraints:
     output: Grammar | None
     """The reply's JSON schema (response_format, format), when it has one."""
     fmt: ToolFormat | None = None
+    thinking: Thinking | None = None
+    """The request's thinking, known with the prompt (the encoder sets both)."""
 
     @property
     def calling(self) -> bool:
@@ -49,6 +51,8 @@ class Constraints:
                 ) -> Callable[[Engine], list[int]]:
         """The prompt's tokens, the tools rendered by the model's own template (with the
         request's thinking variables)."""
+        self.thinking = thinking
+
         def encode(engine: Engine) -> list[int]:
             if not self.calling:
                 return thinking.chat_tokens(engine, messages)
@@ -64,7 +68,9 @@ class Constraints:
                 assert self.fmt is not None  # set by the encoder, which runs first
                 grammar = call_grammar(self.fmt, self.tools, self.choice,
                                        parallel=self.parallel)
-            return dataclasses.replace(base, grammar=grammar) if grammar else base
+            if grammar is None:
+                return base
+            return dataclasses.replace(base, grammar=reasoned(grammar, self.thinking))
         return resolve
 
     def splitter(self) -> CallSplitter | None:
@@ -75,6 +81,16 @@ class Constraints:
         if not self.calling or self.fmt is None:
             return text, []
         return parse_reply(self.fmt, text)
+
+
+def reasoned(grammar: Grammar, thinking: Thinking | None) -> Grammar:
+    """``grammar``, letting a thinking model reason first when it constrains the reply from
+    its first token (a lazy grammar waits for its trigger anyway): else the reasoning of a
+    prompt that opened the block would be cut off, and its answer land in the reasoning."""
+    tags = thinking.reasoning_tags() if thinking is not None else None
+    if tags is None or grammar.triggers:
+        return grammar
+    return dataclasses.replace(grammar, reasoning=tags)
 
 
 def openai_constraints(body: dict[str, Any]) -> Constraints:
@@ -116,6 +132,12 @@ def ollama_constraints(body: dict[str, Any]) -> Constraints:
     tools = parse_tools(body.get("tools"))
     return _checked(Constraints(tools, ToolChoice("auto"), True, ollama_format(body)),
                     "format")
+
+
+def format_only(output: Grammar | None, thinking: Thinking) -> Constraints:
+    """A reply's format without tools, for a prompt encoded elsewhere (Ollama's
+    /api/generate)."""
+    return Constraints([], ToolChoice("auto"), True, output, thinking=thinking)
 
 
 def ollama_format(body: dict[str, Any]) -> Grammar | None:

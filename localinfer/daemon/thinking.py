@@ -32,6 +32,8 @@ class Thinking:
         self.think = think
         self.extra_vars = dict(extra_vars or {})
         self.splitter: ThinkingSplitter | None = None
+        self.opened = False
+        """The rendered prompt ends inside an open reasoning block."""
 
     def chat_tokens(self, engine: Engine, messages: Sequence[Message], *,
                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
@@ -40,8 +42,20 @@ class Thinking:
                      **template_vars(fmt, self.think, model=engine.info.name)}
         text = engine.render_chat(messages, tools=tools, template_vars=variables)
         if fmt is not None:
-            self.splitter = ThinkingSplitter(fmt, thinking=starts_thinking(fmt, text))
+            self.opened = starts_thinking(fmt, text)
+            self.splitter = ThinkingSplitter(fmt, thinking=self.opened)
         return engine.prompt_tokens(text)
+
+    def reasoning_tags(self) -> tuple[str, str] | None:
+        """The tags of the ``<think>`` block a reply may begin with, for a grammar that must
+        let the model reason before the constrained part (an empty open tag: the prompt
+        opened it); None when the model does not think this way or thinking is off.
+        Harmony's answer has a channel header of its own after the reasoning: not here."""
+        if self.splitter is None or self.think is False or \
+                self.splitter.fmt.open_tag != "<think>":
+            return None
+        fmt = self.splitter.fmt
+        return ("" if self.opened else fmt.open_tag, fmt.close_tag)
 
     def split(self, text: str) -> tuple[str, str]:
         """A piece of the reply as ``(thinking, content)``."""

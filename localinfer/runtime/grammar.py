@@ -36,10 +36,24 @@ class Grammar:
     gbnf: str | None = None
     """A whole GBNF text as a client sent it (start rule ``root``); the fields above are then
     unused."""
+    reasoning: tuple[str, str] | None = None
+    """A thinking model's reasoning tags (open, close): the reply may begin with a reasoning
+    block of free text, and the constraint holds after it. An empty open tag: the prompt
+    opened the block, so the reply begins inside it and must close it first."""
 
     @property
     def schema_json(self) -> Any:
         return json.loads(self.schema)
+
+    @property
+    def start_rule(self) -> str:
+        """The rule llama.cpp's grammar sampler starts from."""
+        return REASONED_RULE if self.reasoning is not None else "root"
+
+
+REASONED_RULE = "reasoned-root"
+"""The start rule of a grammar that lets the reply reason first (names that neither the schema
+converter nor a client's GBNF are likely to use)."""
 
 
 def json_grammar(schema: dict[str, Any] | None) -> Grammar:
@@ -98,9 +112,37 @@ SchemaRules = Callable[[Any, str], str]
 
 
 def to_gbnf(grammar: Grammar, schema_rules: SchemaRules) -> str:
-    """The whole GBNF text of ``grammar``, its start rule ``root``."""
-    if grammar.gbnf is not None:
-        return grammar.gbnf
+    """The whole GBNF text of ``grammar``, its start rule ``grammar.start_rule``."""
+    text = grammar.gbnf if grammar.gbnf is not None else _constraint_gbnf(grammar, schema_rules)
+    if grammar.reasoning is None:
+        return text
+    open_tag, close_tag = grammar.reasoning
+    lead = f"( {_literal(open_tag)} reasoning-text )?" if open_tag else "reasoning-text"
+    return (f"{text.rstrip()}\n{REASONED_RULE} ::= {lead} root\n"
+            f"reasoning-text ::= {_text_through(close_tag)} [ \\t\\r\\n]*\n")
+
+
+def _text_through(tag: str) -> str:
+    """GBNF for any text up to and including the first ``tag``, exactly: the automaton that
+    looks for ``tag`` (whose first character must not recur in it), as rules. ``opened``
+    reads a run of the first character and partial tags that another one restarts; after it
+    comes a character that breaks the partial tag, or the rest of the tag."""
+    first, rest = tag[0], tag[1:]
+    if not rest or first in rest:
+        raise ValueError(f"the reasoning tag {tag!r} cannot be matched by this grammar")
+    restarts = " | ".join(_literal(rest[:k] + first) for k in range(len(rest)))
+    opened = f"{_literal(first)} ( {restarts} )*"
+    breaks = " | ".join(f"{_literal(rest[:k])} {_not_class(first, rest[k])}".strip()
+                        for k in range(len(rest)))
+    return f"( {_not_class(first)} | {opened} ( {breaks} ) )* {opened} {_literal(rest)}"
+
+
+def _not_class(*chars: str) -> str:
+    """A GBNF character class of any character but ``chars``."""
+    return "[^" + "".join("\\" + c if c in "]\\^-[" else c for c in dict.fromkeys(chars)) + "]"
+
+
+def _constraint_gbnf(grammar: Grammar, schema_rules: SchemaRules) -> str:
     item = " ".join(part for part in (_literal(grammar.prefix), JSON_RULE,
                                       _literal(grammar.suffix)) if part)
     if grammar.separator is None:
