@@ -82,3 +82,17 @@ def test_ollama_thinking_then_a_call(qwen3):
     assert [(c.function.name, c.function.arguments) for c in calls] == [
         ("get_weather", {"city": "Paris"})]
     assert parts[-1].done
+
+
+def test_a_required_call_may_follow_reasoning(qwen3):
+    """tool_choice "required" constrains the reply from its first token: the grammar lets the
+    model think first (test_output_fields checks the rule, test_tools_real the sampling)."""
+    client = openai_client(qwen3)
+    reply = client.chat.completions.create(model="qwen3:1b", messages=MESSAGES,
+                                           tools=[WEATHER], tool_choice="required")
+    assert reply.choices[0].message.tool_calls
+    assert reply.choices[0].message.model_extra["reasoning_content"] == REASONING
+    grammars = qwen3.manager.loaded["qwen3:1b-f16"].engine.backend.grammars
+    assert grammars[-1].reasoning == ("<think>", "</think>") and not grammars[-1].triggers
+    client.chat.completions.create(model="qwen3:1b", messages=MESSAGES, tools=[WEATHER])
+    assert grammars[-1].triggers and grammars[-1].reasoning is None  # waits for <tool_call>
