@@ -45,11 +45,18 @@ def grammars(d, name="fake:1b-f16") -> list[Grammar]:
 def test_gbnf_text_is_the_grammar_as_sent():
     assert to_gbnf(gbnf_grammar(GBNF), lambda schema, rule: "") == GBNF
     for bad, message in [(" \n", "empty"), ("root ::= " + "(" * 101 + '"x"' + ")" * 101,
-                                               str(MAX_GBNF_NESTING))]:
+                                               str(MAX_GBNF_NESTING)),
+                         ('root ::= "a" <[99999]>', "token references"),
+                         ("root ::= <think>", "token references"),
+                         ('root ::= "\\x00"', "NUL"), ('root ::= "a\\u0000"', "NUL"),
+                         ('root ::= "\0"', "NUL")]:
         with pytest.raises(ValueError, match=message):
             gbnf_grammar(bad)
     # Parentheses inside literals and character classes are not groups.
     assert gbnf_grammar('root ::= "' + "(" * 200 + '" [(]')
+    # As llama.cpp's JSON grammar has them: NUL in a negated class, an escaped quote; and a "<"
+    # in a literal and in a comment.
+    assert gbnf_grammar('root ::= "\\"<" [^"\\\\\\x7F\\x00-\\x1F]* # <a> "\\x00"\n')
 
 
 @pytest.mark.parametrize(("path", "base"), [("/v1/chat/completions", CHAT),

@@ -66,45 +66,50 @@ MAX_GBNF_NESTING = 100
 """The deepest nesting of parentheses a client's GBNF may have: llama.cpp parses groups
 recursively, and a deep enough nest would overflow the worker thread's stack."""
 
+_NUL_ESCAPES = ("\\x00", "\\u0000", "\\U00000000")
+
 
 def gbnf_grammar(text: str) -> Grammar:
     """A reply that ``text`` (GBNF, as llama-server's ``grammar`` takes it) allows. Raises
-    ValueError for an empty text or one nested deeper than MAX_GBNF_NESTING; whether
-    llama.cpp can parse the rest is the backend's check."""
+    ValueError for what would crash llama.cpp rather than fail to parse there: groups nested
+    deeper than MAX_GBNF_NESTING, and a reply that no token can write, which its grammar
+    sampler aborts the process on (a token reference, ``<[id]>`` or ``<name>``; a NUL
+    character in a literal, where llama.cpp's matching ends a string). Whether llama.cpp
+    can parse the rest is the backend's check."""
     if not text.strip():
         raise ValueError("the grammar is empty")
-    if _nesting(text) > MAX_GBNF_NESTING:
-        raise ValueError(f"its groups are nested more than {MAX_GBNF_NESTING} deep")
-    return Grammar(gbnf=text)
-
-
-def _nesting(text: str) -> int:
-    """The deepest nesting of ``(`` in GBNF ``text``, outside literals, character classes and
-    comments."""
     depth = deepest = 0
     closer = ""  # the character that ends the literal or class being read, if any
-    escaped = False
-    comment = False
-    for char in text:
+    escaped = comment = False
+    for i, char in enumerate(text):
         if comment:
             comment = char not in "\r\n"
         elif closer:
+            if closer == '"' and char == "\0":
+                raise ValueError("a NUL character in a literal cannot be matched")
             if escaped:
                 escaped = False
             elif char == "\\":
                 escaped = True
+                if closer == '"' and text.startswith(_NUL_ESCAPES, i):
+                    raise ValueError("a NUL character in a literal cannot be matched")
             elif char == closer:
                 closer = ""
         elif char in '"[':
             closer = "]" if char == "[" else char
         elif char == "#":
             comment = True
+        elif char == "<":
+            raise ValueError("token references (<...>) are not supported; write the text"
+                             " as a literal")
         elif char == "(":
             depth += 1
             deepest = max(deepest, depth)
         elif char == ")":
             depth -= 1
-    return deepest
+    if deepest > MAX_GBNF_NESTING:
+        raise ValueError(f"its groups are nested more than {MAX_GBNF_NESTING} deep")
+    return Grammar(gbnf=text)
 
 
 SchemaRules = Callable[[Any, str], str]
