@@ -213,7 +213,8 @@ def test_infill_streams_and_picks_the_loaded_fim_model(coder):
 
 def test_infill_refuses_what_it_cannot_honour(coder):
     with coder.tcp() as http:
-        for body, word in [({"grammar": "root ::= x"}, "grammar"),
+        for body, word in [({"n_probs": 3}, "n_probs"), ({"return_tokens": True}, "return_tokens"),
+                           ({"id_slot": 2}, "id_slot"), ({"grammar": 7}, "grammar"),
                            ({"cache_prompt": False}, "cache_prompt"),
                            ({"samplers": ["mirostat"]}, "mirostat"),
                            ({"input_extra": "x"}, "input_extra"),

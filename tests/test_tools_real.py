@@ -5,6 +5,7 @@ base model what comes next, and the grammar makes every call valid JSON of its s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,8 +18,10 @@ from pydantic import BaseModel, Field
 
 from daemon_util import ollama_client, openai_client, serve
 from localinfer.runtime.backend import LoadOptions
+from localinfer.runtime.grammar import gbnf_grammar, json_grammar
 from localinfer.runtime.loader import load_engine
 from localinfer.runtime.tools import FORMATS, ToolChoice, call_grammar, parse_tools
+from localinfer.runtime.types import SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -184,3 +187,61 @@ def test_every_format_grammar_compiles_in_llama_cpp(real_engine, fmt, choice):
         grammar = call_grammar(FORMATS[fmt], tools, ToolChoice(choice), parallel=parallel)
         assert grammar is not None
         real_engine.backend.check_grammar(grammar)
+        # A thinking model's reasoning may come first (daemon/structured.py ``reasoned``).
+        real_engine.backend.check_grammar(
+            dataclasses.replace(grammar, reasoning=("<think>", "</think>")))
+
+
+def test_raw_grammar_and_json_schema_on_every_route(tool_daemon):
+    """llama-server's ``grammar`` (GBNF) and ``json_schema`` constrain the real model's reply
+    on the chat and completions routes, with logprobs alongside; GBNF llama.cpp cannot parse
+    is a 400 that says so."""
+    gbnf = 'root ::= ("yes" | "no") "."\n'
+    client = openai_client(tool_daemon)
+    chat = client.chat.completions.create(
+        model="gemma3:270m", messages=[{"role": "user", "content": "Is Paris in France?"}],
+        max_tokens=10, logprobs=True, top_logprobs=3, extra_body={"grammar": gbnf})
+    assert chat.choices[0].message.content in ("yes.", "no.")
+    assert "".join(t.token for t in chat.choices[0].logprobs.content) == \
+        chat.choices[0].message.content
+    legacy = client.completions.create(model="gemma3:270m", prompt="A city as JSON:",
+                                       max_tokens=80, temperature=0, logprobs=2,
+                                       extra_body={"json_schema": City.model_json_schema()})
+    City.model_validate_json(legacy.choices[0].text)
+    assert "".join(legacy.choices[0].logprobs.tokens) == legacy.choices[0].text
+    with tool_daemon.uds() as http:
+        r = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "x",
+                                               "grammar": "root ::= undefined-rule"})
+    assert r.status_code == 400
+    assert "not GBNF that llama.cpp can parse" in r.json()["error"]["message"], r.text
+
+
+def test_tool_calls_with_logprobs(tool_daemon):
+    client = openai_client(tool_daemon)
+    reply = client.chat.completions.create(
+        model="gemma3:270m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_tokens=80,
+        logprobs=True, top_logprobs=2)
+    choice = reply.choices[0]
+    assert choice.message.tool_calls and choice.finish_reason == "tool_calls"
+    tokens = "".join(t.token for t in choice.logprobs.content)
+    assert "get_weather" in tokens and all(t.logprob <= 0 for t in choice.logprobs.content)
+
+
+def test_a_grammar_after_reasoning_the_prompt_opened(real_engine):
+    """A prompt that ends inside ``<think>`` (R1-style templates, Qwen3's thinking ones): the
+    grammar lets the model reason, close the block, and then holds it to the schema, whether
+    the schema's or a client's GBNF."""
+    prompt = ('Q: Is the sky blue?\nA: <think>The sky looks blue by day.</think>'
+              '{"answer": "yes"}\nQ: Is grass red?\nA: <think>Grass is green.</think>'
+              '{"answer": "no"}\nQ: Is snow white?\nA: <think>')
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+              "required": ["answer"]}
+    for grammar in (json_grammar(schema),
+                    gbnf_grammar('root ::= "{\\"answer\\": \\"" ("yes" | "no") "\\"}"')):
+        reasoned = dataclasses.replace(grammar, reasoning=("", "</think>"))
+        done = real_engine.complete(prompt, SamplingParams(temperature=0, max_tokens=60,
+                                                           grammar=reasoned)).result()
+        reasoning, _, answer = done.text.partition("</think>")
+        assert reasoning.strip() and done.finish_reason == "stop", done.text
+        jsonschema.validate(json.loads(answer), schema)

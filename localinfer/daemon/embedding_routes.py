@@ -23,6 +23,7 @@ from starlette.routing import Route
 from ..errors import InvalidRequest
 from ..runtime.types import Embeddings, normalized
 from .errors import guarded
+from .fields import audit
 from .requests import Fields, parse_keep_alive, read_json
 from .state import DaemonState
 
@@ -35,6 +36,7 @@ EmbedInput = str | list[int]
 def routes(state: DaemonState) -> list[Route]:
     async def api_embed(request: Request) -> Response:
         body = await read_json(request)
+        audit("/api/embed", body)
         f = Fields(body)
         name = f.string("model")
         raw = body.get("input")
@@ -53,6 +55,7 @@ def routes(state: DaemonState) -> list[Route]:
 
     async def api_embeddings(request: Request) -> Response:
         body = await read_json(request)
+        audit("/api/embeddings", body)
         f = Fields(body)
         name = f.string("model")
         prompt = f.string("prompt", "")
@@ -62,6 +65,7 @@ def routes(state: DaemonState) -> list[Route]:
 
     async def v1_embeddings(request: Request) -> Response:
         body = await read_json(request)
+        audit("/v1/embeddings", body)
         f = Fields(body)
         name = f.string("model")
         inputs = _openai_inputs(body.get("input"))
@@ -70,7 +74,6 @@ def routes(state: DaemonState) -> list[Route]:
             raise InvalidRequest(f"'encoding_format' must be \"float\" or \"base64\", got"
                                  f" {encoding!r}.")
         dimensions = f.integer("dimensions", None, low=1)
-        f.string("user", None)  # an end-user id for the caller's own records: nothing to do
         model, result, _ = await _embed(state, name, inputs, f, truncate=False)
         data = []
         for i, vector in enumerate(result.vectors):
@@ -99,10 +102,6 @@ async def _embed(state: DaemonState, name: str, inputs: list[EmbedInput], f: Fie
     if len(inputs) > MAX_INPUTS:
         raise InvalidRequest(f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}.")
     options = Fields(f.data.get("options") or {}, "options.")
-    unknown = sorted(set(options.data) - {"num_ctx"})
-    if unknown:
-        raise InvalidRequest(f"'options.{unknown[0]}' does not apply to embeddings (only"
-                             " num_ctx does).")
     num_ctx = options.integer("num_ctx", None, low=1)
     keep_alive = parse_keep_alive(f.data.get("keep_alive"))
     manager = state.manager

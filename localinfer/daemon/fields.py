@@ -1,4 +1,5 @@
-"""Every request field of the generation routes, and what the daemon does with it: honoured,
+"""Every request field of the generation and embedding routes, and what the daemon does with
+it: honoured,
 accepted and ignored (where OpenAI or Ollama tolerate it too, and ignoring it changes no reply),
 or refused with a 400 that names it. A field in none of the lists is refused as unknown.
 
@@ -177,13 +178,58 @@ API_OPTIONS = RouteFields(
     },
 )
 
+INFILL = RouteFields(
+    honoured=("model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict",
+              "max_tokens", "t_max_predict_ms", "n_indent", "stream", "samplers",
+              "response_fields", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+              "repeat_last_n", "frequency_penalty", "presence_penalty", "seed", "stop",
+              "logit_bias", "speculative", *_LOCALINFER),
+    elsewhere=("grammar", "json_schema"),
+    ignored={"t_max_prompt_ms": "llama-server reads it and does not enforce it either"},
+    refused={
+        "cache_prompt": Refused("false is not supported: the KV cache of an earlier request"
+                                " with the same start is always reused.",
+                                lambda v: v is True, "true"),
+        "id_slot": Refused("must be -1: the engine picks the slot whose cache the prompt"
+                           " shares most.", lambda v: v == -1 and not isinstance(v, bool),
+                           "-1"),
+        "n_probs": Refused("token probabilities are not returned by /infill; send 0 or leave"
+                           " it out (/v1/completions returns them with 'logprobs').",
+                           lambda v: v == 0 and not isinstance(v, bool), "0"),
+        "return_tokens": Refused("token ids are not returned; send false or leave it out.",
+                                 _false, "false"),
+    },
+)
+
+API_EMBED = RouteFields(
+    honoured=("model", "input", "truncate", "dimensions", "options", "keep_alive"))
+
+API_EMBEDDINGS = RouteFields(honoured=("model", "prompt", "options", "keep_alive"))
+
+V1_EMBEDDINGS = RouteFields(
+    honoured=("model", "input", "encoding_format", "dimensions"),
+    ignored={"user": _OPENAI_IGNORED["user"]})
+
+EMBED_OPTIONS = RouteFields(
+    honoured=("num_ctx",),
+    ignored={name: why for name, why in API_OPTIONS.ignored.items() if name != "num_keep"})
+
 ROUTES: dict[str, RouteFields] = {
     "/v1/chat/completions": V1_CHAT,
     "/v1/completions": V1_COMPLETIONS,
     "/api/chat": API_CHAT,
     "/api/generate": API_GENERATE,
     "/api/chat and /api/generate: options": API_OPTIONS,
+    "/infill": INFILL,
+    "/v1/embeddings": V1_EMBEDDINGS,
+    "/api/embed": API_EMBED,
+    "/api/embeddings": API_EMBEDDINGS,
+    "/api/embed and /api/embeddings: options": EMBED_OPTIONS,
 }
+
+_OPTIONS = {"/api/chat": API_OPTIONS, "/api/generate": API_OPTIONS,
+            "/api/embed": EMBED_OPTIONS, "/api/embeddings": EMBED_OPTIONS}
+"""The fields of each Ollama route's ``options`` object."""
 
 
 def audit(route: str, body: dict[str, Any]) -> None:
@@ -191,8 +237,8 @@ def audit(route: str, body: dict[str, Any]) -> None:
     ``options``) with a 400 naming it."""
     ROUTES[route].audit(body, route=route)
     options = body.get("options")
-    if route.startswith("/api/") and isinstance(options, dict):
-        API_OPTIONS.audit(options, route=route, where="options.")
+    if route in _OPTIONS and isinstance(options, dict):
+        _OPTIONS[route].audit(options, route=route, where="options.")
 
 
 def fields_table() -> str:
@@ -205,7 +251,8 @@ def fields_table() -> str:
             honoured += "; tool calling, structured output, FIM: " + ", ".join(
                 f"`{n}`" for n in rule.elsewhere)
         ignored = "; ".join(f"`{n}` ({why})" for n, why in rule.ignored.items()) or "none"
-        refused = ", ".join(f"`{n}`" + (f" (except {r.allowed})" if r.allowed else "")
-                            for n, r in rule.refused.items())
-        lines.append(f"| `{route}` | {honoured} | {ignored} | {refused}; any other field |")
+        refused = "".join(f"`{n}`" + (f" (except {r.allowed})" if r.allowed else "")
+                          + (", " if i < len(rule.refused) - 1 else "; ")
+                          for i, (n, r) in enumerate(rule.refused.items()))
+        lines.append(f"| `{route}` | {honoured} | {ignored} | {refused}any other field |")
     return "\n".join(lines)

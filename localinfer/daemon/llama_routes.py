@@ -3,8 +3,8 @@ autocomplete), with its request and response shapes.
 
 The request: ``input_prefix``, ``input_suffix``, ``input_extra`` (files as ``[{filename,
 text}]``, repo-level context), ``prompt`` (text typed at the cursor), ``n_predict``,
-``t_max_predict_ms``, ``n_indent``, the samplers, ``stream``, ``cache_prompt``,
-``response_fields`` (llama.vim: only those fields of the final reply); ``model`` is
+``t_max_predict_ms``, ``n_indent``, the samplers, ``grammar`` or ``json_schema``,
+``stream``, ``response_fields`` (llama.vim: only those fields of the final reply); ``model`` is
 optional (llama-server serves one model): without it the most recently used loaded model with
 FIM tokens answers, else the configured default model. The reply is llama-server's completion
 object (``content``, ``stop``, ``stop_type``, ``tokens_predicted``, ``tokens_evaluated``,
@@ -35,40 +35,28 @@ from ..runtime.types import DEFAULT_SAMPLING, Done, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .errors import error_body, guarded
+from .fields import audit
 from .requests import Fields, read_json, sampling
 from .state import DaemonState
+from .structured import LLAMA_OUTPUT_FIELDS, output_grammar
 
-INFILL_FIELDS = frozenset({
-    "model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "max_tokens",
-    "t_max_predict_ms", "t_max_prompt_ms", "n_indent", "stream", "cache_prompt", "samplers",
-    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-    "frequency_penalty", "presence_penalty", "seed", "stop", "speculative", "priority",
-    "id_slot", "response_fields"})
 SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
 
 
 def routes(state: DaemonState) -> list[Route]:
     async def infill(request: Request) -> Response:
         body = await read_json(request)
-        unknown = sorted(set(body) - INFILL_FIELDS)
-        if unknown:
-            raise InvalidRequest(f"'{unknown[0]}' is not supported by /infill.")
+        audit("/infill", body)
         f = Fields(body)
         prefix = f.string("input_prefix", "")
         suffix = f.string("input_suffix", "")
         typed = f.string("prompt", "")
         extra = _extra(body.get("input_extra"))
-        if f.boolean("cache_prompt", True) is False:
-            raise InvalidRequest("'cache_prompt': false is not supported: the KV cache of an"
-                                 " earlier request with the same start is always reused.")
-        id_slot = f.integer("id_slot", -1)
-        if id_slot != -1:
-            raise InvalidRequest("'id_slot' must be -1: the engine picks the slot whose cache"
-                                 " the prompt shares most.")
         f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
         fields = _response_fields(body.get("response_fields"))
         name = f.string("model", None) or _default_model(state)
-        params = _params(f)
+        params = dataclasses.replace(_params(f),
+                                     grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
         params = autocomplete_params(params, request, name, prefix)
 
         def encode(engine: Engine) -> list[int]:

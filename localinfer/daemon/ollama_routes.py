@@ -49,7 +49,13 @@ from .requests import (
     top_logprobs,
 )
 from .state import DaemonState
-from .structured import Constraints, ollama_calls, ollama_constraints, ollama_format
+from .structured import (
+    Constraints,
+    format_only,
+    ollama_calls,
+    ollama_constraints,
+    ollama_format,
+)
 from .thinking import Thinking, ollama_think
 
 # The Ollama API version whose routes and fields this daemon implements; some clients check it
@@ -191,8 +197,10 @@ def routes(state: DaemonState) -> list[Route]:
                                    autocomplete_params(_options(f), request, name, prompt),
                                    autocomplete_priority(request, body), chat=False,
                                    thinking=thinking)
-        return await _generate(state, request, f, name, encode, _options(f),
-                               priority_of(request, body), chat=False, thinking=thinking)
+        params = _options(f)
+        return await _generate(state, request, f, name, encode, params,
+                               priority_of(request, body), chat=False, thinking=thinking,
+                               constraints=format_only(params.grammar, thinking))
 
     async def pull(request: Request) -> Response:
         body = await read_json(request)

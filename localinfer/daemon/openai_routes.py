@@ -31,7 +31,14 @@ from .fields import audit
 from .logprobs import completion_json, entries_json
 from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
 from .state import DaemonState
-from .structured import Constraints, openai_call_deltas, openai_calls, openai_constraints
+from .structured import (
+    OPENAI_OUTPUT_FIELDS,
+    Constraints,
+    openai_call_deltas,
+    openai_calls,
+    openai_constraints,
+    output_grammar,
+)
 from .thinking import Thinking, openai_think
 
 
@@ -93,7 +100,8 @@ def routes(state: DaemonState) -> list[Route]:
         if not isinstance(prompt, str):
             raise InvalidRequest("'prompt' must be a string (one prompt per request).")
         # The legacy API's logprobs is how many alternatives to send (OpenAI allows 5).
-        params = replace(_params(f), logprobs=f.integer("logprobs", None, low=0))
+        params = replace(_params(f), logprobs=f.integer("logprobs", None, low=0),
+                         grammar=output_grammar(body, OPENAI_OUTPUT_FIELDS)[0])
         suffix = f.string("suffix", "")
         if suffix:  # fill-in-the-middle: an editor's autocomplete
             return await _generate(state, request, f, lambda e: e.infill_tokens(prompt, suffix),

@@ -1,6 +1,7 @@
-"""Tool calls and structured output on the chat routes: reading ``tools``, ``tool_choice``,
-``parallel_tool_calls``, ``response_format`` (OpenAI) and ``format`` (Ollama) into a grammar
-for the model's sampler, and its reply back into each API's ``tool_calls``.
+"""Tool calls and structured output: reading ``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``response_format`` (OpenAI), ``json_schema`` and ``grammar``
+(llama-server) and ``format`` (Ollama) into a grammar for the model's sampler, and its reply
+back into each API's ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..runtime.engine import Engine
-from ..runtime.grammar import Grammar, json_grammar
+from ..runtime.grammar import Grammar, gbnf_grammar, json_grammar
 from ..runtime.tools import (
     CallSplitter,
     Tool,
@@ -38,6 +39,8 @@ class Constraints:
     output: Grammar | None
     """The reply's JSON schema (response_format, format), when it has one."""
     fmt: ToolFormat | None = None
+    thinking: Thinking | None = None
+    """The request's thinking, known with the prompt (the encoder sets both)."""
 
     @property
     def calling(self) -> bool:
@@ -48,6 +51,8 @@ class Constraints:
                 ) -> Callable[[Engine], list[int]]:
         """The prompt's tokens, the tools rendered by the model's own template (with the
         request's thinking variables)."""
+        self.thinking = thinking
+
         def encode(engine: Engine) -> list[int]:
             if not self.calling:
                 return thinking.chat_tokens(engine, messages)
@@ -63,7 +68,9 @@ class Constraints:
                 assert self.fmt is not None  # set by the encoder, which runs first
                 grammar = call_grammar(self.fmt, self.tools, self.choice,
                                        parallel=self.parallel)
-            return dataclasses.replace(base, grammar=grammar) if grammar else base
+            if grammar is None:
+                return base
+            return dataclasses.replace(base, grammar=reasoned(grammar, self.thinking))
         return resolve
 
     def splitter(self) -> CallSplitter | None:
@@ -76,6 +83,16 @@ class Constraints:
         return parse_reply(self.fmt, text)
 
 
+def reasoned(grammar: Grammar, thinking: Thinking | None) -> Grammar:
+    """``grammar``, letting a thinking model reason first when it constrains the reply from
+    its first token (a lazy grammar waits for its trigger anyway): else the reasoning of a
+    prompt that opened the block would be cut off, and its answer land in the reasoning."""
+    tags = thinking.reasoning_tags() if thinking is not None else None
+    if tags is None or grammar.triggers:
+        return grammar
+    return dataclasses.replace(grammar, reasoning=tags)
+
+
 def openai_constraints(body: dict[str, Any]) -> Constraints:
     tools = parse_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
@@ -84,14 +101,43 @@ def openai_constraints(body: dict[str, Any]) -> Constraints:
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise InvalidRequest("'parallel_tool_calls' must be true or false.")
-    output = _response_format(body.get("response_format"))
-    return _checked(Constraints(tools, choice, parallel, output), "response_format")
+    output, field = output_grammar(body, OPENAI_OUTPUT_FIELDS)
+    return _checked(Constraints(tools, choice, parallel, output), field)
+
+
+OPENAI_OUTPUT_FIELDS = ("response_format", "json_schema", "grammar")
+"""The fields of OpenAI's routes that say what the reply must look like (OpenAI's, then
+llama-server's)."""
+
+LLAMA_OUTPUT_FIELDS = ("json_schema", "grammar")
+"""Those of llama-server's own routes (/infill)."""
+
+
+def output_grammar(body: dict[str, Any], fields: Sequence[str]) -> tuple[Grammar | None, str]:
+    """The grammar of the one field of ``fields`` that constrains the reply, and its name (the
+    first of ``fields`` when none does). Two at once are refused: each says what the whole
+    reply must be."""
+    readers: dict[str, Callable[[Any], Grammar | None]] = {
+        "response_format": _response_format, "json_schema": _json_schema,
+        "grammar": _gbnf}
+    given = [(grammar, name) for name in fields
+             if (grammar := readers[name](body.get(name))) is not None]
+    if len(given) > 1:
+        raise InvalidRequest(f"'{given[0][1]}' and '{given[1][1]}' each say what the whole"
+                             " reply must look like; send one of them.")
+    return given[0] if given else (None, fields[0])
 
 
 def ollama_constraints(body: dict[str, Any]) -> Constraints:
     tools = parse_tools(body.get("tools"))
     return _checked(Constraints(tools, ToolChoice("auto"), True, ollama_format(body)),
                     "format")
+
+
+def format_only(output: Grammar | None, thinking: Thinking) -> Constraints:
+    """A reply's format without tools, for a prompt encoded elsewhere (Ollama's
+    /api/generate)."""
+    return Constraints([], ToolChoice("auto"), True, output, thinking=thinking)
 
 
 def ollama_format(body: dict[str, Any]) -> Grammar | None:
@@ -125,10 +171,32 @@ def _response_format(value: Any) -> Grammar | None:
                          " \"json_schema\".")
 
 
+def _json_schema(value: Any) -> Grammar | None:
+    """llama-server's ``json_schema``: the reply is JSON matching this schema."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest("'json_schema' must be a JSON schema object.")
+    return json_grammar(value)
+
+
+def _gbnf(value: Any) -> Grammar | None:
+    """llama-server's ``grammar``: GBNF text (start rule ``root``) the reply must match; ""
+    (llama-server's default) constrains nothing."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("'grammar' must be GBNF text (a string).")
+    try:
+        return gbnf_grammar(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"'grammar' cannot be used: {exc}.") from None
+
+
 def _checked(constraints: Constraints, field: str) -> Constraints:
     if constraints.calling and constraints.output is not None:
         raise InvalidRequest(f"'{field}' and 'tools' together are not supported: the reply is"
-                             " either tool calls or JSON of the schema; send one of them.")
+                             f" either tool calls or what '{field}' says; send one of them.")
     return constraints
 
 

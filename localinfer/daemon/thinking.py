@@ -16,7 +16,9 @@ from ..runtime.engine import Engine
 from ..runtime.thinking import (
     EFFORTS,
     Splitter,
+    ThinkingSplitter,
     new_splitter,
+    starts_thinking,
     template_vars,
     thinking_format,
 )
@@ -32,6 +34,8 @@ class Thinking:
         self.think = think
         self.extra_vars = dict(extra_vars or {})
         self.splitter: Splitter | None = None
+        self.opened = False
+        """The rendered prompt ends inside an open reasoning block."""
 
     def chat_tokens(self, engine: Engine, messages: Sequence[Message], *,
                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
@@ -40,8 +44,21 @@ class Thinking:
                      **template_vars(fmt, self.think, model=engine.info.name)}
         text = engine.render_chat(messages, tools=tools, template_vars=variables)
         if fmt is not None:
+            self.opened = starts_thinking(fmt, text)
             self.splitter = new_splitter(fmt, text)
         return engine.prompt_tokens(text)
+
+    def reasoning_tags(self) -> tuple[str, str] | None:
+        """The tags of the ``<think>`` block a reply may begin with, for a grammar that must
+        let the model reason before the constrained part (an empty open tag: the prompt
+        opened it); None when the model does not think this way or thinking is off.
+        Harmony's answer has a channel header of its own after the reasoning: not here."""
+        splitter = self.splitter
+        if not isinstance(splitter, ThinkingSplitter) or self.think is False or \
+                splitter.fmt.open_tag != "<think>":
+            return None
+        fmt = splitter.fmt
+        return ("" if self.opened else fmt.open_tag, fmt.close_tag)
 
     def split(self, text: str) -> tuple[str, str]:
         """A piece of the reply as ``(thinking, content)``."""

@@ -171,7 +171,7 @@ class FakeBackend:
         return _FakeSampler(params, seed)
 
     def check_grammar(self, grammar: Grammar) -> None:
-        if not isinstance(grammar.schema_json, dict):
+        if grammar.gbnf is None and not isinstance(grammar.schema_json, dict):
             raise InvalidRequest("the JSON schema cannot be turned into a grammar: a JSON"
                                  " schema must be an object")
 

@@ -608,10 +608,15 @@ class LlamaBackend:
             patterns = (ctypes.c_char_p * len(grammar.triggers))(
                 *(p.encode() for p in grammar.triggers))
             sampler = L.llama_sampler_init_grammar_lazy_patterns(
-                self._vocab, gbnf.encode(), b"root", patterns, len(grammar.triggers), None, 0)
+                self._vocab, gbnf.encode(), grammar.start_rule.encode(), patterns,
+                len(grammar.triggers), None, 0)
         else:
-            sampler = L.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+            sampler = L.llama_sampler_init_grammar(self._vocab, gbnf.encode(),
+                                                   grammar.start_rule.encode())
         if not sampler:
+            if grammar.gbnf is not None:
+                raise InvalidRequest("the grammar is not GBNF that llama.cpp can parse"
+                                     f"{_llama_said()} Its start rule must be named root.")
             raise InvalidRequest(f"llama.cpp could not parse the grammar{_llama_said()}")
         return sampler
 
