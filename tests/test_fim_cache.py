@@ -1,0 +1,68 @@
+"""Autocomplete keeps its KV cache from keystroke to keystroke: the editor's previous slot,
+and on a sliding-window cache (Gemma 3's), a checkpoint where the next prompt will differ."""
+
+from __future__ import annotations
+
+from localinfer.runtime.types import Priority, SamplingParams
+
+PREFIX = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(8))
+SUFFIX = "".join(f"\ndef g{i}(y):\n    return y * {i}\n" for i in range(8))
+TYPED = ["r", "r e", "r e s", "r e s u", "r e s u l"]
+
+
+def keystrokes(engine, key="editor-1", typed=TYPED, suffix=SUFFIX):
+    """One FIM request per keystroke, each to its end; the Done of each."""
+    params = SamplingParams(max_tokens=3, temperature=0, supersede=key)
+    return [engine.submit(engine.infill_tokens(PREFIX, suffix, prompt="    " + t), params,
+                          priority=Priority.INTERACTIVE).result() for t in typed]
+
+
+def prefix_tokens(engine):
+    """The prompt's tokens up to the text typed at the cursor (BOS, FIM prefix token,
+    prefix): what every keystroke's prompt shares."""
+    return len(engine.infill_tokens(PREFIX, "")) - 2  # less the suffix and middle tokens
+
+
+def test_a_sliding_window_cache_keeps_the_prefix_through_a_checkpoint(fake_engine):
+    engine = fake_engine(fim=True, reply="ok", n_slots=2, window=8)
+    done = keystrokes(engine)
+    shared = prefix_tokens(engine)
+    # The first has nothing cached; the second cannot cut the window back to where it
+    # parts from the first (the suffix is longer than the window) and takes a checkpoint
+    # there; from the third on, each restores it.
+    assert [d.usage.cached_tokens for d in done[:2]] == [0, 0]
+    assert all(d.usage.cached_tokens >= shared for d in done[2:])
+    assert len(engine.backend.restored) == len(TYPED) - 2
+    # The fake checks that each restored checkpoint holds the tokens the slot keeps.
+    assert all(d.finish_reason == "stop" and d.text == "ok" for d in done)
+
+
+def test_no_checkpoint_where_the_cache_can_be_cut(fake_engine):
+    engine = fake_engine(fim=True, reply="ok", n_slots=2)
+    done = keystrokes(engine)
+    assert done[0].usage.cached_tokens == 0
+    assert all(d.usage.cached_tokens >= prefix_tokens(engine) for d in done[1:])
+    assert engine.backend.restored == []
+
+
+def test_the_next_keystroke_returns_to_its_editors_slot(fake_engine):
+    # The shared prefix is less than half of the cached prompt and reply: without the
+    # editor's key, an empty slot would win and the prefix would be read again.
+    engine = fake_engine(fim=True, reply="ok", n_slots=3)
+    suffix = SUFFIX * 2
+    keystrokes(engine, "editor-1", TYPED[:1], suffix)
+    assert prefix_tokens(engine) * 2 < len(engine.infill_tokens(PREFIX, suffix, prompt="r"))
+    second = keystrokes(engine, "editor-1", TYPED[1:2], suffix)[0]
+    assert second.usage.cached_tokens >= prefix_tokens(engine)
+
+
+def test_a_checkpoint_of_another_prompt_is_never_restored(fake_engine):
+    engine = fake_engine(fim=True, reply="ok", n_slots=1, window=8)
+    keystrokes(engine, typed=TYPED[:2])  # the second leaves a checkpoint
+    other = "".join(f"class C{i}:\n    pass\n\n" for i in range(8))
+    engine.submit(engine.infill_tokens(other, SUFFIX), SamplingParams(max_tokens=3),
+                  priority=Priority.INTERACTIVE).result()
+    done = keystrokes(engine, typed=TYPED[2:3])[0]
+    # The only slot's checkpoint was of the first file's prefix, dropped when the other file
+    # took the slot: the next keystroke reads its prompt cold.
+    assert done.usage.cached_tokens == 0 and engine.backend.restored == []
