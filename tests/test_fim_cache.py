@@ -3,6 +3,7 @@ and on a sliding-window cache (Gemma 3's), a checkpoint where the next prompt wi
 
 from __future__ import annotations
 
+from localinfer.runtime.fim import FIM_BATCH
 from localinfer.runtime.types import Priority, SamplingParams
 
 PREFIX = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(8))
@@ -66,3 +67,24 @@ def test_a_checkpoint_of_another_prompt_is_never_restored(fake_engine):
     # The only slot's checkpoint was of the first file's prefix, dropped when the other file
     # took the slot: the next keystroke reads its prompt cold.
     assert done.usage.cached_tokens == 0 and engine.backend.restored == []
+
+
+def test_prefix_and_suffix_are_taken_to_fit_one_batch_as_llama_server_takes_them(fake_engine):
+    engine = fake_engine(fim=True, n_ctx=8192)
+    prefix = "".join(f"p{i} " for i in range(3000))
+    suffix = "".join(f"s{i} " for i in range(3000))
+    tokens = engine.infill_tokens(prefix, suffix, prompt="x y z")
+    backend = engine.backend
+    pre, suf, mid = (backend.tokenize(t, add_special=False)[0]
+                     for t in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+    n_typed = len(backend.tokenize("x y z", add_special=False))
+    n_prefix = tokens.index(suf) - tokens.index(pre) - 1 - n_typed
+    n_suffix = tokens.index(mid) - tokens.index(suf) - 1
+    # The prefix keeps its end (next to the cursor), the suffix its start: 3:1 of FIM_BATCH.
+    head, tail = backend.detokenize(tokens).split("<fim_suffix>")
+    assert head.endswith("p2999 x y z") and tail.startswith("s0 ")
+    assert 512 < n_prefix <= 3 * FIM_BATCH // 4 and n_suffix <= FIM_BATCH // 4 - n_typed
+    assert n_prefix + n_typed + n_suffix <= FIM_BATCH
+    # A short file goes whole.
+    short = engine.backend.detokenize(engine.infill_tokens("a b c", "d e f"))
+    assert short.endswith("<fim_prefix>a b c<fim_suffix>d e f<fim_middle>")
