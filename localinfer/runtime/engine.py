@@ -501,6 +501,7 @@ class Engine:
                 if slot.req is None:
                     self.backend.seq_trim(slot.seq_id, 0)
                     slot.cached.clear()
+                    slot.checkpoint = None
 
         self.run_on_worker(clear)
 
