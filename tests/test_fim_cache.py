@@ -88,3 +88,15 @@ def test_prefix_and_suffix_are_taken_to_fit_one_batch_as_llama_server_takes_them
     # A short file goes whole.
     short = engine.backend.detokenize(engine.infill_tokens("a b c", "d e f"))
     assert short.endswith("<fim_prefix>a b c<fim_suffix>d e f<fim_middle>")
+
+
+def test_a_superseding_request_takes_the_slot_of_the_one_it_cancels(fake_engine):
+    engine = fake_engine(fim=True, reply="tok " * 200, step_delay_s=0.005, n_slots=2)
+    params = SamplingParams(max_tokens=200, supersede="editor-1")
+    first = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="    r"), params,
+                          priority=Priority.INTERACTIVE)
+    next(iter(first))  # running in its slot; the other slot is free and empty
+    second = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="    r e"), params,
+                           priority=Priority.INTERACTIVE)
+    assert first.result().finish_reason == "cancelled"
+    assert second.result().usage.cached_tokens >= prefix_tokens(engine)

@@ -608,10 +608,13 @@ class Engine:
                         self._cv.wait()
                     if self._closing:
                         break
-                    self._admit()
+                # Cancelled requests leave first: a superseding keystroke's request then finds
+                # the slot (and cache) of the one it cancelled free.
                 for slot in self._active():
                     if slot.running.generation.cancelled:
                         self._finish(slot, "cancelled", time.perf_counter())
+                with self._cv:
+                    self._admit()
                 if self._active():
                     self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging

@@ -681,6 +681,8 @@ class LlamaBackend:
 
     def _can_cut(self, seq_id: int, n_keep: int) -> bool:
         """Drop the cells at positions >= n_keep; True when the rest is usable."""
+        if n_keep > 0 and L.llama_memory_seq_pos_max(self._mem, seq_id) < n_keep:
+            return True  # nothing to cut (a prompt read in part goes on where it stopped)
         if n_keep > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
             # A sliding-window cache keeps only the last window: continuing at n_keep needs
             # the window before it to still be there.
