@@ -7,7 +7,7 @@ defaults; llama-server with llama.vscode's CPU-only FIM flags and a second llama
 
     python bench/editor_workload.py --fim-file F.gguf [--embed-file E.gguf]
         [--llama-server PATH] [--only localinfer|llama-server] [--kinds chat,fim,embed]
-        [--quick] [--json OUT.json]
+        [--quick] [--rounds N] [--json OUT.json]
 
 FIM needs a model with FIM tokens. Without a code model at hand, a copy of the starter whose
 header names three unused tokens as FIM tokens serves to measure the servers (not the
@@ -56,6 +56,8 @@ def main() -> int:
     parser.add_argument("--kinds", default="chat,fim,embed",
                         help="client kinds to run, comma-separated (default all)")
     parser.add_argument("--quick", action="store_true", help="fewer requests per client")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run both servers this many times, alternating which goes first")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="also write the figures as JSON")
     args = parser.parse_args()
@@ -71,27 +73,38 @@ def main() -> int:
     print(f"workload: {workload}\nfiles: FIM/chat {fim_file}, embeddings {embed_file}\n"
           f"server logs in {logs}", flush=True)
 
-    results = []
-    if args.only != "llama-server":
-        home = logs / "localinfer-home"
-        home.mkdir()
-        results.append(measure(lambda: start_localinfer(fim_file, embed_file, home,
-                                                        logs / "localinfer.log"), workload))
-        print(f"localinfer: done in {results[-1]['wall_s']} s", flush=True)
-    if args.only != "localinfer":
+    servers = [s for s in ("localinfer", "llama-server") if args.only in (None, s)]
+    if "llama-server" in servers:
         if args.llama_server is None or not shutil.which(str(args.llama_server)):
             print("no llama-server: give its path with --llama-server", file=sys.stderr)
             return 2
         print(f"llama-server: {args.llama_server} {' '.join(LLAMA_SERVER_FIM_ARGS)};"
               f" embeddings: {' '.join(LLAMA_SERVER_EMBED_ARGS)}", flush=True)
-        results.append(measure(lambda: start_llama_server(args.llama_server, fim_file,
-                                                          embed_file, logs / "llama-server.log"),
-                               workload))
-        print(f"llama-server: done in {results[-1]['wall_s']} s", flush=True)
-    print()
-    print(table(results))
+
+    def run(server: str, round_: int) -> dict:
+        if server == "localinfer":
+            home = logs / f"localinfer-home-{round_}"
+            home.mkdir()
+            return measure(lambda: start_localinfer(fim_file, embed_file, home,
+                                                    logs / "localinfer.log"), workload)
+        assert args.llama_server is not None
+        return measure(lambda: start_llama_server(args.llama_server, fim_file, embed_file,
+                                                  logs / "llama-server.log"), workload)
+
+    rounds = []
+    for round_ in range(max(1, args.rounds)):
+        # Alternate which server goes first: the load from other work drifts.
+        order = servers if round_ % 2 == 0 else servers[::-1]
+        results = {}
+        for server in order:
+            results[server] = run(server, round_)
+            print(f"round {round_ + 1}, {server}: done in {results[server]['wall_s']} s",
+                  flush=True)
+        rounds.append([results[s] for s in servers])
+        print(f"\nround {round_ + 1} ({' then '.join(order)}):\n{table(rounds[-1])}\n",
+              flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"workload": workload.__dict__, "results": results},
+        args.json.write_text(json.dumps({"workload": workload.__dict__, "rounds": rounds},
                                         indent=2))
     return 0
 

@@ -421,10 +421,14 @@ def stop(procs: Sequence[subprocess.Popen]) -> None:
 
 def measure(start: Callable[[], tuple[list[subprocess.Popen], Target]], w: Workload
             ) -> dict[str, Any]:
-    """Start a server, warm it up, run the workload, stop it: its summary."""
+    """Start a server, warm it up, run the workload, stop it: its summary, with the machine's
+    load average (1 minute) before and after the workload (other work skews the figures)."""
     procs, target = start()
     try:
-        return asyncio.run(measured(target, w))
+        load_before = os.getloadavg()[0]
+        summary = asyncio.run(measured(target, w))
+        return {**summary, "load_before": round(load_before, 2),
+                "load_after": round(os.getloadavg()[0], 2)}
     finally:
         stop(procs)
 
@@ -437,7 +441,8 @@ ROWS = [("chat TTFT p50 / p95 (ms)", "chat_ttft_p50_ms", "chat_ttft_p95_ms"),
         ("embedding batch p50 (ms)", "embed_batch_p50_ms", None),
         ("aggregate tok/s", "aggregate_tps", None),
         ("embeddings/s", "embeddings_per_s", None),
-        ("wall time (s)", "wall_s", None)]
+        ("wall time (s)", "wall_s", None),
+        ("load average before / after", "load_before", "load_after")]
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:

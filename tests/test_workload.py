@@ -52,9 +52,10 @@ def test_the_table_puts_servers_side_by_side():
     a, b = Figures("localinfer", wall_s=10.0), Figures("llama-server", wall_s=20.0)
     a.chat_ttft_ms, a.chat_tokens, a.fim_tokens = [100.0, 300.0], 50, 50
     b.errors.append("infill: HTTP 500")
-    text = table([a.summary(), b.summary()])
+    text = table([{**a.summary(), "load_before": 1.5, "load_after": 2.25}, b.summary()])
     header, *rows = text.splitlines()
     assert header.split() == ["localinfer", "llama-server"]
     assert "100 / 300" in rows[0] and "– / –" in rows[0]
     assert any(row.startswith("aggregate tok/s") and "10" in row for row in rows)
+    assert any(row.startswith("load average") and "1.5 / 2.25" in row for row in rows)
     assert rows[-1] == "llama-server: infill: HTTP 500"

@@ -66,6 +66,10 @@ class Backend(Protocol):
     """FIM prompts go suffix first (see fim.py)."""
     n_ctx_embed: int
     """The most tokens one input to ``embed`` may have."""
+    needs_checkpoints: bool
+    """Some of the cache cannot be cut back far (sliding-window layers keep only their
+    window): an edit in the middle of a prompt keeps its cache only through a checkpoint
+    (``seq_checkpoint``/``seq_restore``)."""
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         """Text to tokens; special-token text (``<start_of_turn>``) becomes special tokens."""
@@ -122,6 +126,18 @@ class Backend(Protocol):
         """Drop sequence ``seq_id``'s KV cells at positions >= n_keep and return how many
         tokens are still usable: ``n_keep``, or 0 when the cache cannot be cut there (a
         sliding-window cache that no longer holds the window before ``n_keep``)."""
+        ...
+
+    def seq_checkpoint(self, seq_id: int) -> Any:
+        """The state of the parts of ``seq_id``'s cache that cannot be cut back (its
+        sliding-window layers), for ``seq_restore`` to return to this many tokens later."""
+        ...
+
+    def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int, state: Any) -> int:
+        """Like ``seq_trim(seq_id, n_keep)``; where the cache cannot be cut there, cut it at
+        ``n_checkpoint`` (<= n_keep) and put back the parts saved then by ``seq_checkpoint``
+        (``state``, taken when the sequence held the same first ``n_checkpoint`` tokens).
+        Returns how many tokens are usable: ``n_keep``, ``n_checkpoint``, or 0."""
         ...
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:

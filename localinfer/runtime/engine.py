@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 # While other sequences are decoding, a prompt is read in chunks this small so that their
 # streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
 PREFILL_CHUNK_WHILE_DECODING = 64
+CHECKPOINT_MIN_TOKENS = 64
+"""An autocomplete prompt that shares fewer tokens than this with the slot's cache takes no
+checkpoint (a few MB of sliding-window state for little saved)."""
 REREAD_TAIL = EXACT_ROWS + 1
 """Prompt tokens read again even when cached. llama.cpp's CPU matrix kernels compute batches of
 1-7 rows one way and of 8 or more another, which rounds differently: re-reading only the last
@@ -163,6 +166,14 @@ class _Request:
         return self.sort_key() < other.sort_key()
 
 
+@dataclass(frozen=True)
+class _Checkpoint:
+    """The state of a slot's sliding-window layers when it held exactly ``tokens``."""
+
+    tokens: list[int]
+    state: Any
+
+
 class _Slot:
     """One sequence of the KV cache: the request using it, and the tokens it holds."""
 
@@ -174,6 +185,12 @@ class _Slot:
         self.next_token: int | None = None  # sampled, not yet decoded
         self.draft: list[int] = []  # drafted tokens in the current batch, after next_token
         self.batch_index = -1
+        self.checkpoint: _Checkpoint | None = None
+        self.checkpoint_at: int | None = None
+        """Where to take the next checkpoint, once the cache holds this many tokens."""
+        self.supersede: str | None = None
+        """The supersede key of the last request in this slot: the next keystroke's request
+        from the same editor comes back to this slot's cache."""
 
     @property
     def running(self) -> _Request:
@@ -484,6 +501,7 @@ class Engine:
                 if slot.req is None:
                     self.backend.seq_trim(slot.seq_id, 0)
                     slot.cached.clear()
+                    slot.checkpoint = None
 
         self.run_on_worker(clear)
 
@@ -590,10 +608,13 @@ class Engine:
                         self._cv.wait()
                     if self._closing:
                         break
-                    self._admit()
+                # Cancelled requests leave first: a superseding keystroke's request then finds
+                # the slot (and cache) of the one it cancelled free.
                 for slot in self._active():
                     if slot.running.generation.cancelled:
                         self._finish(slot, "cancelled", time.perf_counter())
+                with self._cv:
+                    self._admit()
                 if self._active():
                     self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
@@ -651,17 +672,29 @@ class Engine:
         while self._pending and free:
             request = heapq.heappop(self._pending)
             target = request.target
-            slot = max(free, key=lambda s: _slot_score(s, target))
+            slot = max(free, key=lambda s: _slot_score(s, request))
             free.remove(slot)
+            slot.supersede = request.params.supersede
             # In its slot first: should anything below fail, _fail_all finds it there.
             slot.req, slot.next_token = request, None
             # The last REREAD_TAIL tokens are always read again (at least the last one must
             # be, for its logits): then the last token's logits come from a batch of as many
             # rows as when the prompt is read cold, and a cached prompt gives the same greedy
             # text as a cold one (see REREAD_TAIL).
-            n_keep = min(_common_prefix(slot.cached, target), max(0, len(target) - REREAD_TAIL))
-            n_keep = self.backend.seq_trim(slot.seq_id, n_keep)
+            common = _common_prefix(slot.cached, target)
+            n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
             del slot.cached[n_keep:]
+            if slot.checkpoint is not None and \
+                    slot.checkpoint.tokens != target[:len(slot.checkpoint.tokens)]:
+                slot.checkpoint = None  # of another prompt: free its memory
+            slot.checkpoint_at = None
+            if request.params.supersede is not None and self.backend.needs_checkpoints and \
+                    common >= CHECKPOINT_MIN_TOKENS:
+                # An autocomplete request: the next keystroke's prompt differs from this one
+                # at or after where this one differs from the last (the cursor moves on), so
+                # the cache as it is there is worth keeping.
+                slot.checkpoint_at = common
+                self._take_checkpoint(slot)
             if request.sampler is None:  # first admission (not a resumption)
                 request.t_start = time.perf_counter()
                 request.n_cached = n_keep
@@ -677,6 +710,22 @@ class Engine:
                     request.lookup = PromptLookup(request.prompt)
                 self._prompt_tokens_total += len(request.prompt)
                 self._cached_tokens_total += n_keep
+
+    def _cut(self, slot: _Slot, n_keep: int, target: list[int]) -> int:
+        """Cut the slot's cache to ``n_keep`` tokens, or to its checkpoint where a sliding
+        window cannot be cut there: how many tokens it keeps."""
+        checkpoint = slot.checkpoint
+        n = len(checkpoint.tokens) if checkpoint is not None else 0
+        if checkpoint is not None and 0 < n <= n_keep and checkpoint.tokens == target[:n]:
+            return self.backend.seq_restore(slot.seq_id, n_keep, n, checkpoint.state)
+        return self.backend.seq_trim(slot.seq_id, n_keep)
+
+    def _take_checkpoint(self, slot: _Slot) -> None:
+        if slot.checkpoint_at == len(slot.cached):
+            slot.checkpoint_at = None
+            if slot.checkpoint is None or slot.checkpoint.tokens != slot.cached:
+                slot.checkpoint = _Checkpoint(list(slot.cached),
+                                              self.backend.seq_checkpoint(slot.seq_id))
 
     def _preempt_for(self, waiting: _Request) -> None:
         if waiting.priority != Priority.INTERACTIVE:
@@ -737,6 +786,8 @@ class Engine:
             n = min(len(target) - start, budget, chunk_cap)
             if n <= 0:
                 break
+            if slot.checkpoint_at is not None and start < slot.checkpoint_at:
+                n = min(n, slot.checkpoint_at - start)  # the chunk ends at the checkpoint
             last = start + n == len(target)
             tokens.extend(target[start : start + n])
             positions.extend(range(start, start + n))
@@ -764,6 +815,7 @@ class Engine:
         for slot, n in chunks:
             start = len(slot.cached)
             slot.cached.extend(slot.running.target[start : start + n])
+            self._take_checkpoint(slot)
             if not slot.prefilling:
                 token = self._sample(slot.running, slot.batch_index)
                 self._on_token(slot, token, now)
@@ -926,13 +978,17 @@ def _template_for(info: ModelInfo) -> ChatTemplate:
     return ChatTemplate.named("chatml", **tokens)  # the loader found no better one
 
 
-def _slot_score(slot: _Slot, prompt: list[int]) -> tuple[bool, int, float]:
-    """Which free slot a prompt should take: one whose cached tokens it mostly shares (the
-    longest such prefix wins), else the least recently used, so that a small shared prefix
-    (a common system prompt) does not evict a long cached conversation."""
-    common = _common_prefix(slot.cached, prompt)
+def _slot_score(slot: _Slot, request: _Request) -> tuple[bool, bool, int, float]:
+    """Which free slot a request should take: the one its editor's previous keystroke used
+    (an autocomplete prompt shares its prefix, often less than half of it, and the checkpoint
+    there), else one whose cached tokens it mostly shares (the longest such prefix wins), else
+    the least recently used, so that a small shared prefix (a common system prompt) does not
+    evict a long cached conversation."""
+    key = request.params.supersede
+    common = _common_prefix(slot.cached, request.target)
     keeps_most = 2 * common >= len(slot.cached)
-    return (keeps_most, common if keeps_most else 0, -slot.last_used)
+    return (key is not None and slot.supersede == key, keeps_most,
+            common if keeps_most else 0, -slot.last_used)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -65,6 +65,7 @@ class FakeBackend:
         embedding_only: bool = False,
         n_embd: int = 16,
         embed_delay_s: float = 0.0,
+        window: int | None = None,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
@@ -76,6 +77,11 @@ class FakeBackend:
         self.n_embd = n_embd
         self.embed_delay_s = embed_delay_s
         self.embed_calls: list[int] = []  # inputs per embed call, for tests of batching
+        self.window = window
+        """As a sliding-window cache: a sequence cannot be cut back by more than this many
+        tokens (it then drops all), except at a checkpoint."""
+        self.needs_checkpoints = window is not None
+        self.restored: list[int] = []  # the positions checkpoints were restored at
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
@@ -210,8 +216,24 @@ class FakeBackend:
 
     def seq_trim(self, seq_id: int, start: int) -> int:
         cells = self._seqs.setdefault(seq_id, [])
+        if self.window is not None and len(cells) - start > self.window:
+            start = 0
         del cells[start:]
         return len(cells)
+
+    def seq_checkpoint(self, seq_id: int) -> list[int]:
+        return list(self._seqs.get(seq_id, []))
+
+    def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int,
+                    state: list[int]) -> int:
+        cells = self._seqs.setdefault(seq_id, [])
+        if self.window is None or len(cells) - n_keep <= self.window:
+            del cells[n_keep:]
+            return len(cells)
+        assert state == cells[:n_checkpoint], "a checkpoint of other tokens"
+        del cells[n_checkpoint:]
+        self.restored.append(n_checkpoint)
+        return n_checkpoint
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """A bag-of-pieces vector: the mean of one fixed pseudo-random vector per token, so

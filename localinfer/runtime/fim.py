@@ -9,9 +9,12 @@ families read prefix then suffix (PSM); a family trained suffix first (SPM) gets
 which the suffix, which changes less often than the text before the cursor, comes first and
 its KV cache is reused by the next keystroke's request.
 
-When it does not all fit the context, with room left to generate, the prefix keeps its end (next
-to the cursor) and the suffix its start (3:1, as llama-server), and whole extra files are left out
-from the first (the farthest), so that what stays keeps its KV cache from keystroke to keystroke.
+The prefix, typed text and suffix are taken to fit one batch of ``FIM_BATCH`` tokens, as
+llama-server takes them: the suffix's start in a quarter of it (with the typed text), the
+prefix's end (next to the cursor) in the rest. When it does not all fit the context either,
+with room left to generate, they shrink in the same 3:1 ratio, and whole extra files are left
+out from the first (the farthest), so that what stays keeps its KV cache from keystroke to
+keystroke.
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ CURRENT_FILE = "filename"
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 """Between extra files, for families without file tokens (llama-server's)."""
 CUT_STEP = 256
-"""A prefix too long for the context loses its head in steps of this many tokens."""
+"""A prefix too long loses its head in steps of this many tokens."""
+FIM_BATCH = 1024
+"""The prefix, typed text and suffix take at most this many tokens (llama-server's batch size
+in llama.vscode's and llama.vim's settings, ``-b 1024``): one batch reads them, and a
+keystroke's request reads again only the typed text and the suffix after it."""
 
 
 @dataclass(frozen=True)
@@ -81,14 +88,17 @@ def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *
     if budget <= 0:
         raise InvalidRequest(f"the text typed at the cursor ('prompt') leaves no room in the"
                              f" context of {n_ctx} tokens.")
-    if len(prefix_tokens) + len(suffix_tokens) > budget:
-        n_suffix = min(len(suffix_tokens), budget // 4)
-        n_prefix = min(len(prefix_tokens), budget - n_suffix)
+    # As llama-server: the suffix's start, in a quarter of FIM_BATCH with the typed text.
+    suffix_tokens = suffix_tokens[:max(0, FIM_BATCH // 4 - len(typed))]
+    window = max(0, min(budget, FIM_BATCH - len(typed)))
+    if len(prefix_tokens) + len(suffix_tokens) > window:
+        n_suffix = min(len(suffix_tokens), window // 4)
+        n_prefix = min(len(prefix_tokens), window - n_suffix)
         # The prefix loses its head in whole steps, so that it stays put (and its KV cache
         # stays reusable) while the user types.
         drop = -(-(len(prefix_tokens) - n_prefix) // CUT_STEP) * CUT_STEP
         prefix_tokens = prefix_tokens[min(drop, len(prefix_tokens)):]
-        suffix_tokens = suffix_tokens[:min(len(suffix_tokens), budget - len(prefix_tokens))]
+        suffix_tokens = suffix_tokens[:n_suffix]
     room = budget - len(prefix_tokens) - len(suffix_tokens)
     while files and sum(map(len, files)) > room:
         files.pop(0)  # whole files, the farthest first: what stays keeps its cache

@@ -358,6 +358,7 @@ class LlamaBackend:
         self._token_buf_len = 0
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
+        self.needs_checkpoints = bool(self._n_swa) and not self.embedding_only
         self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
         self._grammars: dict[int, _Constrained] = {}  # id() of a chain -> its grammar
         self._gbnf: dict[Grammar, str] = {}
@@ -715,14 +716,44 @@ class LlamaBackend:
         L.llama_sampler_free(sampler)
 
     def seq_trim(self, seq_id: int, n_keep: int) -> int:
+        if self._can_cut(seq_id, n_keep):
+            return n_keep
+        L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        return 0
+
+    def _can_cut(self, seq_id: int, n_keep: int) -> bool:
+        """Drop the cells at positions >= n_keep; True when the rest is usable."""
+        if n_keep > 0 and L.llama_memory_seq_pos_max(self._mem, seq_id) < n_keep:
+            return True  # nothing to cut (a prompt read in part goes on where it stopped)
         if n_keep > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
             # A sliding-window cache keeps only the last window: continuing at n_keep needs
             # the window before it to still be there.
             if not self._n_swa or n_keep <= 1:
-                return n_keep
+                return True
             pos_min = L.llama_memory_seq_pos_min(self._mem, seq_id)
-            if pos_min <= max(0, n_keep - self._n_swa):
-                return n_keep
+            return bool(pos_min <= max(0, n_keep - self._n_swa))
+        return False
+
+    def seq_checkpoint(self, seq_id: int) -> ctypes.Array[ctypes.c_uint8]:
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the sliding-window layers only
+        size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
+        state = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data_ext(self._ctx, state, size, seq_id, flags) != size:
+            raise LocalInferError(f"llama.cpp could not save a cache checkpoint{_llama_said()}")
+        return state
+
+    def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int,
+                    state: ctypes.Array[ctypes.c_uint8]) -> int:
+        if self._can_cut(seq_id, n_keep):
+            return n_keep
+        if n_checkpoint > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_checkpoint, -1):
+            # The full-attention layers are cut at n_checkpoint; the sliding-window ones get
+            # back the window they held then.
+            flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if L.llama_state_seq_set_data_ext(self._ctx, state, len(state), seq_id,
+                                              flags) == len(state) and \
+                    L.llama_memory_seq_pos_max(self._mem, seq_id) == n_checkpoint - 1:
+                return n_checkpoint
         L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         return 0
 

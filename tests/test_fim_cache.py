@@ -1,0 +1,102 @@
+"""Autocomplete keeps its KV cache from keystroke to keystroke: the editor's previous slot,
+and on a sliding-window cache (Gemma 3's), a checkpoint where the next prompt will differ."""
+
+from __future__ import annotations
+
+from localinfer.runtime.fim import FIM_BATCH
+from localinfer.runtime.types import Priority, SamplingParams
+
+PREFIX = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(8))
+SUFFIX = "".join(f"\ndef g{i}(y):\n    return y * {i}\n" for i in range(8))
+TYPED = ["r", "r e", "r e s", "r e s u", "r e s u l"]
+
+
+def keystrokes(engine, key="editor-1", typed=TYPED, suffix=SUFFIX):
+    """One FIM request per keystroke, each to its end; the Done of each."""
+    params = SamplingParams(max_tokens=3, temperature=0, supersede=key)
+    return [engine.submit(engine.infill_tokens(PREFIX, suffix, prompt="    " + t), params,
+                          priority=Priority.INTERACTIVE).result() for t in typed]
+
+
+def prefix_tokens(engine):
+    """The prompt's tokens up to the text typed at the cursor (BOS, FIM prefix token,
+    prefix): what every keystroke's prompt shares."""
+    return len(engine.infill_tokens(PREFIX, "")) - 2  # less the suffix and middle tokens
+
+
+def test_a_sliding_window_cache_keeps_the_prefix_through_a_checkpoint(fake_engine):
+    engine = fake_engine(fim=True, reply="ok", n_slots=2, window=8)
+    done = keystrokes(engine)
+    shared = prefix_tokens(engine)
+    # The first has nothing cached; the second cannot cut the window back to where it
+    # parts from the first (the suffix is longer than the window) and takes a checkpoint
+    # there; from the third on, each restores it.
+    assert [d.usage.cached_tokens for d in done[:2]] == [0, 0]
+    assert all(d.usage.cached_tokens >= shared for d in done[2:])
+    assert len(engine.backend.restored) == len(TYPED) - 2
+    # The fake checks that each restored checkpoint holds the tokens the slot keeps.
+    assert all(d.finish_reason == "stop" and d.text == "ok" for d in done)
+
+
+def test_no_checkpoint_where_the_cache_can_be_cut(fake_engine):
+    engine = fake_engine(fim=True, reply="ok", n_slots=2)
+    done = keystrokes(engine)
+    assert done[0].usage.cached_tokens == 0
+    assert all(d.usage.cached_tokens >= prefix_tokens(engine) for d in done[1:])
+    assert engine.backend.restored == []
+
+
+def test_the_next_keystroke_returns_to_its_editors_slot(fake_engine):
+    # The shared prefix is less than half of the cached prompt and reply: without the
+    # editor's key, an empty slot would win and the prefix would be read again.
+    engine = fake_engine(fim=True, reply="ok", n_slots=3)
+    suffix = SUFFIX * 2
+    keystrokes(engine, "editor-1", TYPED[:1], suffix)
+    assert prefix_tokens(engine) * 2 < len(engine.infill_tokens(PREFIX, suffix, prompt="r"))
+    second = keystrokes(engine, "editor-1", TYPED[1:2], suffix)[0]
+    assert second.usage.cached_tokens >= prefix_tokens(engine)
+
+
+def test_a_checkpoint_of_another_prompt_is_never_restored(fake_engine):
+    engine = fake_engine(fim=True, reply="ok", n_slots=1, window=8)
+    keystrokes(engine, typed=TYPED[:2])  # the second leaves a checkpoint
+    other = "".join(f"class C{i}:\n    pass\n\n" for i in range(8))
+    engine.submit(engine.infill_tokens(other, SUFFIX), SamplingParams(max_tokens=3),
+                  priority=Priority.INTERACTIVE).result()
+    done = keystrokes(engine, typed=TYPED[2:3])[0]
+    # The only slot's checkpoint was of the first file's prefix, dropped when the other file
+    # took the slot: the next keystroke reads its prompt cold.
+    assert done.usage.cached_tokens == 0 and engine.backend.restored == []
+
+
+def test_prefix_and_suffix_are_taken_to_fit_one_batch_as_llama_server_takes_them(fake_engine):
+    engine = fake_engine(fim=True, n_ctx=8192)
+    prefix = "".join(f"p{i} " for i in range(3000))
+    suffix = "".join(f"s{i} " for i in range(3000))
+    tokens = engine.infill_tokens(prefix, suffix, prompt="x y z")
+    backend = engine.backend
+    pre, suf, mid = (backend.tokenize(t, add_special=False)[0]
+                     for t in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+    n_typed = len(backend.tokenize("x y z", add_special=False))
+    n_prefix = tokens.index(suf) - tokens.index(pre) - 1 - n_typed
+    n_suffix = tokens.index(mid) - tokens.index(suf) - 1
+    # The prefix keeps its end (next to the cursor), the suffix its start: 3:1 of FIM_BATCH.
+    head, tail = backend.detokenize(tokens).split("<fim_suffix>")
+    assert head.endswith("p2999 x y z") and tail.startswith("s0 ")
+    assert 512 < n_prefix <= 3 * FIM_BATCH // 4 and n_suffix <= FIM_BATCH // 4 - n_typed
+    assert n_prefix + n_typed + n_suffix <= FIM_BATCH
+    # A short file goes whole.
+    short = engine.backend.detokenize(engine.infill_tokens("a b c", "d e f"))
+    assert short.endswith("<fim_prefix>a b c<fim_suffix>d e f<fim_middle>")
+
+
+def test_a_superseding_request_takes_the_slot_of_the_one_it_cancels(fake_engine):
+    engine = fake_engine(fim=True, reply="tok " * 200, step_delay_s=0.005, n_slots=2)
+    params = SamplingParams(max_tokens=200, supersede="editor-1")
+    first = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="    r"), params,
+                          priority=Priority.INTERACTIVE)
+    next(iter(first))  # running in its slot; the other slot is free and empty
+    second = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="    r e"), params,
+                           priority=Priority.INTERACTIVE)
+    assert first.result().finish_reason == "cancelled"
+    assert second.result().usage.cached_tokens >= prefix_tokens(engine)
