@@ -65,7 +65,7 @@ def test_the_walk_keeps_what_the_whole_vocabulary_pass_keeps(truncation, share_a
         if share_allowed < 0.001:  # a grammar that allows a handful: digits, a closing brace
             allowed[rng.choice(len(logits), 3, replace=False)] = True
 
-        def allows(ids: np.ndarray) -> np.ndarray:
+        def allows(ids: np.ndarray, allowed: np.ndarray = allowed) -> np.ndarray:
             nonlocal asked
             asked += len(ids)
             return allowed[ids]
