@@ -91,7 +91,7 @@ def _settled(allowed: np.ndarray, logits: np.ndarray, lower: float, truncation: 
     if truncation.min_p > 0.0:
         floor = head + math.log(truncation.min_p)
         kept_by_min_p = int(np.count_nonzero(best >= floor))
-        unseen_dropped = lower <= floor
+        unseen_dropped = lower <= floor - _MARGIN  # llama.cpp rounds its floor in float32
     else:
         kept_by_min_p, unseen_dropped = n, False
     if truncation.top_p >= 1.0:
