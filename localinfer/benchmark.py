@@ -459,18 +459,22 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 
 def _structured(engine: Engine, *, quick: bool) -> dict[str, Any]:
-    """Decode with a JSON schema's grammar against plain decode of the same prompt
-    (alternated, median of three each), and the time to a forced tool call: submitted to
-    done, its arguments constrained by the tool's schema."""
+    """Decode with a JSON schema's grammar against plain decode of the same prompt, greedy
+    and sampled with the default sampler settings (alternated, median of three each), and the
+    time to a forced tool call: submitted to done, its arguments constrained by the tool's
+    schema."""
     n_tokens = 64 if quick else 128
     prompt = "A list of large cities and their populations, as JSON:\n"
-    rates: dict[str, list[float]] = {"plain": [], "schema": []}
-    for _ in range(3):
-        for label, grammar in (("plain", None), ("schema", json_grammar(CITIES_SCHEMA))):
-            done = engine.complete(prompt, SamplingParams(
-                temperature=0, max_tokens=n_tokens, speculative=False, grammar=grammar)).result()
-            rates[label].append(done.timings.decode_tps)
-    plain, schema = statistics.median(rates["plain"]), statistics.median(rates["schema"])
+    rates: dict[str, list[float]] = {}
+    for seed in range(3):
+        for mode, temperature in (("", 0.0), ("sampled_", SamplingParams.temperature)):
+            for label, grammar in (("plain", None), ("schema", json_grammar(CITIES_SCHEMA))):
+                done = engine.complete(prompt, SamplingParams(
+                    temperature=temperature, max_tokens=n_tokens, speculative=False,
+                    grammar=grammar, seed=seed)).result()
+                rates.setdefault(mode + label, []).append(done.timings.decode_tps)
+    median = {label: statistics.median(values) for label, values in rates.items()}
+    plain, schema = median["plain"], median["schema"]
     hermes = FORMATS["hermes"]
     tools = parse_tools([WEATHER_TOOL])
     call = SamplingParams(temperature=0, max_tokens=64, speculative=False,
@@ -484,6 +488,10 @@ def _structured(engine: Engine, *, quick: bool) -> dict[str, Any]:
         "plain_tps": plain,
         "schema_tps": schema,
         "ratio": schema / plain if plain else 0.0,
+        "sampled_plain_tps": median["sampled_plain"],
+        "sampled_schema_tps": median["sampled_schema"],
+        "sampled_ratio": (median["sampled_schema"] / median["sampled_plain"]
+                          if median["sampled_plain"] else 0.0),
         "tool_call_ms": best.timings.total_ms,
         "tool_call_ttft_ms": best.timings.ttft_ms,
         "tool_call_tokens": best.usage.completion_tokens,

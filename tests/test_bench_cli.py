@@ -41,5 +41,6 @@ def test_bench_quick_json(starter_path):
     assert s["accepted"] > 0
     st = r["structured"]
     assert st["schema_tps"] > 0 and st["plain_tps"] > 0 and st["tool_call_parsed"], st
+    assert st["sampled_schema_tps"] > 0 and st["sampled_plain_tps"] > 0, st
     assert r["calibration"]["ratio"] > 0
     assert "bench [8/8] calibration" in out.stderr  # progress was shown

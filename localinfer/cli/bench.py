@@ -145,7 +145,9 @@ def report(r) -> str:
     if st:
         lines.append(
             f"  JSON schema ({st['tokens']} tokens): {st['schema_tps']:.1f} tok/s constrained,"
-            f" {st['plain_tps']:.1f} tok/s plain ({st['ratio']:.2f}x); a forced tool call"
+            f" {st['plain_tps']:.1f} tok/s plain ({st['ratio']:.2f}x); sampled"
+            f" {st['sampled_schema_tps']:.1f} against {st['sampled_plain_tps']:.1f} tok/s"
+            f" ({st['sampled_ratio']:.2f}x); a forced tool call"
             f" {st['tool_call_ms']:.0f} ms ({st['tool_call_tokens']} tokens, TTFT"
             f" {st['tool_call_ttft_ms']:.0f} ms" + ("" if st["tool_call_parsed"]
                                                     else ", did not parse") + ")")

@@ -29,6 +29,7 @@ from ..gguf import GGUFHeader
 from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
 from .grammar import Grammar, integer_range, to_gbnf
+from .shortlist import Truncation, best_allowed
 from .types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -534,16 +535,10 @@ class LlamaBackend:
                 *(L.llama_logit_bias(token, value) for token, value in params.logit_bias))
             add(chain, L.llama_sampler_init_logit_bias(self._n_vocab, len(bias), bias))
         if params.grammar is not None:
-            # With no penalty or bias (which could reorder the logits), the best allowed
-            # tokens among the most likely ones are the best allowed ones overall: greedy
-            # needs one of them, top-k sampling k (mirostat keeps no fixed k: the whole list).
-            reordered = penalized or bool(params.logit_bias)
-            enough = 0 if reordered or (params.mirostat and not params.greedy) \
-                else 1 if params.greedy else params.top_k
             self._grammars[id(chain)] = _Constrained(
                 self._grammar_sampler(params.grammar),
                 L.llama_sampler_chain_get(chain, 1 if len(self._never_bias) else 0)
-                if penalized else None, enough)
+                if penalized else None, _truncation(params, penalized))
         if params.greedy:
             add(chain, L.llama_sampler_init_greedy())
             if not penalized and not params.logit_bias and params.grammar is None:
@@ -623,39 +618,33 @@ class LlamaBackend:
 
     def _sample_constrained(self, chain: ctypes.c_void_p, constrained: _Constrained,
                             index: int) -> int:
-        """Sample with the chain alone, then ask the grammar about that one token (llama.cpp's
-        common sampler does the same). When the grammar refuses it, ask it about the
-        GRAMMAR_SHORTLIST most likely tokens and sample among those it allows, when that is
-        sure to pick as the whole vocabulary would; else about the whole vocabulary, which
-        took 31 ms for the starter's 262k tokens on a loaded 2-core x86 (a decode step
-        there: 25 ms unloaded)."""
+        """Sample as the chain would from the whole vocabulary with the grammar applied, asking
+        the grammar only about the best tokens (see shortlist.best_allowed) where that is
+        exact; else about the whole vocabulary, 17-31 ms for the starter's 262k tokens on a
+        loaded 2-core x86 (a decode step there: 25 ms unloaded). llama.cpp's common sampler
+        instead samples first and asks the grammar about that token only: cheaper, but it
+        favours the tokens the grammar-free chain keeps, so it is not the same distribution."""
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
                                        shape=(self._n_vocab,))
         logits[self.never_sampled] = -np.inf  # as the chain's bias would, and in place
         grammar = constrained.grammar
-        if constrained.enough == 1:  # greedy: the first largest logit, as the chain picks it
-            token = int(logits.argmax())
-        elif constrained.penalties is None:
-            # llama.cpp's own fill and sample (0.5 ms for 262k tokens against 2 ms through
-            # numpy); it also accepts the token into the chain, which holds no state
-            # without penalties, so a token the grammar refuses leaves no trace.
-            token = L.llama_sampler_sample(chain, self._ctx, index)
+        ids = best_allowed(logits, lambda band: self._allows(grammar, band),
+                           constrained.truncation)
+        if ids is None:
+            token = self._pick(chain, self._candidates_of(logits, None), grammar)
         else:
-            token = self._pick(chain, self._candidates_of(logits, None), None)
-        one = np.array([(token, 0.0, 0.0)], dtype=_TOKEN_DATA)
-        L.llama_sampler_apply(grammar, ctypes.byref(_data_array(one)))
-        if not np.isfinite(one["logit"][0]):
-            token = -1
-            if constrained.enough:
-                n = min(GRAMMAR_SHORTLIST, self._n_vocab)
-                shortlist = np.argpartition(logits, -n)[-n:]
-                candidates = self._candidates_of(logits, shortlist)
-                token = self._pick(chain, candidates, grammar, enough=constrained.enough)
-            if token < 0:
-                token = self._pick(chain, self._candidates_of(logits, None), grammar)
+            token = self._pick(chain, self._candidates_of(logits, ids), None)
         L.llama_sampler_accept(grammar, token)
         L.llama_sampler_accept(chain, token)
         return token
+
+    @staticmethod
+    def _allows(grammar: ctypes.c_void_p, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` the grammar allows next (its verdict does not depend on logits)."""
+        candidates = np.zeros(len(ids), dtype=_TOKEN_DATA)
+        candidates["id"] = ids
+        L.llama_sampler_apply(grammar, ctypes.byref(_data_array(candidates)))
+        return np.isfinite(candidates["logit"])
 
     def _candidates_of(self, logits: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
         """A llama_token_data array of the given tokens (None: the whole vocabulary, in a
@@ -676,14 +665,11 @@ class LlamaBackend:
         return candidates
 
     def _pick(self, chain: ctypes.c_void_p, candidates: np.ndarray,
-              grammar: ctypes.c_void_p | None, *, enough: int = 0) -> int:
-        """The chain's choice among ``candidates`` (after the grammar's, if given); -1 when
-        fewer than ``enough`` of them pass the grammar."""
+              grammar: ctypes.c_void_p | None) -> int:
+        """The chain's choice among ``candidates`` (after the grammar's, if given)."""
         array = _data_array(candidates)
         if grammar is not None:
             L.llama_sampler_apply(grammar, ctypes.byref(array))
-            if enough and np.isfinite(candidates["logit"][:array.size]).sum() < enough:
-                return -1
         L.llama_sampler_apply(chain, ctypes.byref(array))
         if array.selected < 0:
             raise LocalInferError("the sampler chain selected no token")
@@ -851,18 +837,24 @@ class LlamaBackend:
 
 @dataclass(frozen=True)
 class _Constrained:
-    """A sampler chain's grammar (kept out of the chain: see _sample_constrained), and the
-    chain's penalties sampler, which alone is fed the prompt."""
+    """A sampler chain's grammar (kept out of the chain: see _sample_constrained), the
+    chain's penalties sampler, which alone is fed the prompt, and what the chain keeps."""
 
     grammar: ctypes.c_void_p
     penalties: ctypes.c_void_p | None
-    enough: int
-    """How many of the most likely tokens must pass the grammar for a choice among them to
-    be the choice among all (0: always ask about the whole vocabulary)."""
+    truncation: Truncation
 
 
-GRAMMAR_SHORTLIST = 1024
-"""The most likely tokens a refusing grammar is asked about first (see _sample_constrained)."""
+def _truncation(params: SamplingParams, penalized: bool) -> Truncation:
+    """The truncation new_sampler's chain for ``params`` applies after the grammar."""
+    if params.greedy:
+        # The first largest logit: penalties or a bias reorder the logits before it.
+        return Truncation(greedy=True, whole=penalized or bool(params.logit_bias))
+    return Truncation(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                      whole=penalized or bool(params.logit_bias) or bool(params.mirostat)
+                      or params.typical_p < 1.0)
+
+
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
