@@ -216,6 +216,20 @@ def test_raw_grammar_and_json_schema_on_every_route(tool_daemon):
     assert "not GBNF that llama.cpp can parse" in r.json()["error"]["message"], r.text
 
 
+def test_a_grammar_no_token_can_follow_ends_the_request_not_the_daemon(tool_daemon):
+    """A character class no token matches: accepting any token would abort the process inside
+    llama.cpp ("Unexpected empty grammar stack"); the request gets a 400, the daemon lives."""
+    with tool_daemon.uds() as http:
+        r = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi",
+                                               "grammar": "root ::= [\\x00-\\x00]",
+                                               "max_tokens": 5})
+        assert r.status_code == 400, r.text
+        assert "allows no token" in r.json()["error"]["message"]
+        ok = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi",
+                                                "max_tokens": 3, "temperature": 0})
+        assert ok.status_code == 200, ok.text
+
+
 def test_tool_calls_with_logprobs(tool_daemon):
     client = openai_client(tool_daemon)
     reply = client.chat.completions.create(

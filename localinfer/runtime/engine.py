@@ -817,8 +817,9 @@ class Engine:
             slot.cached.extend(slot.running.target[start : start + n])
             self._take_checkpoint(slot)
             if not slot.prefilling:
-                token = self._sample(slot.running, slot.batch_index)
-                self._on_token(slot, token, now)
+                token = self._sample_or_abort(slot, slot.batch_index)
+                if token is not None:
+                    self._on_token(slot, token, now)
 
     def _verify(self, slot: _Slot, now: float) -> None:
         """Sample a decoding slot's outputs: its next token, then each draft token for as
@@ -830,8 +831,8 @@ class Engine:
         for j in range(len(draft) + 1):
             if j and request.generation.cancelled:
                 break  # cancelled mid-step: stop at one token, even with a draft accepted
-            token = self._sample(request, slot.batch_index + j)
-            if not self._on_token(slot, token, now):
+            token = self._sample_or_abort(slot, slot.batch_index + j)
+            if token is None or not self._on_token(slot, token, now):
                 break  # finished (end of generation, a stop string, max_tokens)
             if j < len(draft) and token == draft[j]:
                 slot.cached.append(token)  # already decoded at this position: keep it
@@ -854,6 +855,17 @@ class Engine:
                     request.target = request.prompt + request.generated
                     slot.next_token = None
         slot.draft = []
+
+    def _sample_or_abort(self, slot: _Slot, index: int) -> int | None:
+        """The running request's next token, or None when its sampler cannot go on (a
+        grammar that allows no token here): that request ends with the error, the rest of
+        the batch goes on."""
+        try:
+            return self._sample(slot.running, index)
+        except LocalInferError as exc:
+            log.info("a request's sampling failed: %s", exc)
+            self._abort(slot, exc)
+            return None
 
     def _sample(self, request: _Request, index: int) -> int:
         """Sample batch entry ``index`` with the request's sampler; with its log-probability

@@ -670,6 +670,12 @@ class LlamaBackend:
         array = _data_array(candidates)
         if grammar is not None:
             L.llama_sampler_apply(grammar, ctypes.byref(array))
+            if not np.isfinite(candidates["logit"][:array.size]).any():
+                # Accepting any token now would abort the process inside llama.cpp
+                # ("Unexpected empty grammar stack"): end this request instead.
+                raise InvalidRequest("the grammar allows no token the model can write here"
+                                     " (check the grammar or JSON schema: e.g. a character"
+                                     " class no token can match).")
         L.llama_sampler_apply(chain, ctypes.byref(array))
         if array.selected < 0:
             raise LocalInferError("the sampler chain selected no token")
