@@ -189,6 +189,16 @@ def test_infill_with_llama_vscode_request(coder):
         body["timings"])
 
 
+def test_infill_with_a_bad_stream_value_holds_no_model(coder):
+    """The 400 comes before the generation starts: no lease left held, nothing running."""
+    with coder.tcp() as http:
+        reply = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
+                                           "typical_p": 0.9, "mirostat": 0, "stream": "true"})
+        assert reply.status_code == 400 and "stream" in reply.text, reply.text
+    loaded = coder.manager.loaded.get("coder:1b-f16")
+    assert loaded is None or loaded.in_flight == 0
+
+
 def test_infill_with_llama_vim_response_fields(coder):
     fields = ["content", "timings/prompt_n", "timings/predicted_per_second", "truncated",
               "tokens_cached", "timings/nonexistent"]

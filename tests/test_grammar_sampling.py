@@ -128,6 +128,9 @@ def test_same_seed_same_tokens_as_the_whole_vocabulary_pass(real_engine, monkeyp
         return ids
 
     def run(seed: int) -> str:
+        # Both runs read the prompt afresh: a prefix reused from an earlier request (or test)
+        # is computed in other batches, whose float rounding alone can move a draw.
+        real_engine.clear_cache()
         return real_engine.complete(prompt, replace(
             params, seed=seed, max_tokens=48, speculative=False,
             grammar=json_grammar(SCHEMA))).result().text

@@ -230,6 +230,27 @@ def test_a_grammar_no_token_can_follow_ends_the_request_not_the_daemon(tool_daem
         assert ok.status_code == 200, ok.text
 
 
+def test_a_logit_bias_that_bans_what_the_grammar_allows_ends_the_request(tool_daemon):
+    """The grammar allows only tokens that start "a"; the bias bans them all (-100): a 400
+    for that request, where accepting a banned token would abort llama.cpp."""
+    with tool_daemon.uds() as http:
+        warm = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "a",
+                                                  "max_tokens": 1, "temperature": 0})
+        assert warm.status_code == 200, warm.text  # loaded: its vocabulary can be read
+        loaded = next(iter(tool_daemon.manager.loaded.values())).engine
+        starts = [t for t in range(loaded.info.n_vocab)
+                  if loaded.backend.token_bytes(t).startswith(b"a")]
+        bias = {str(t): -100 for t in starts}
+        r = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi",
+                                               "grammar": 'root ::= "a"', "max_tokens": 3,
+                                               "logit_bias": bias})
+        assert r.status_code == 400, r.text
+        assert "logit_bias" in r.json()["error"]["message"]
+        ok = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "Hi",
+                                                "max_tokens": 3, "temperature": 0})
+        assert ok.status_code == 200, ok.text
+
+
 def test_tool_calls_with_logprobs(tool_daemon):
     client = openai_client(tool_daemon)
     reply = client.chat.completions.create(

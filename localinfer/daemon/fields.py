@@ -181,9 +181,7 @@ API_OPTIONS = RouteFields(
 INFILL = RouteFields(
     honoured=("model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict",
               "max_tokens", "t_max_predict_ms", "n_indent", "stream", "samplers",
-              "response_fields", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-              "repeat_last_n", "frequency_penalty", "presence_penalty", "seed", "stop",
-              "logit_bias", "speculative", *_LOCALINFER),
+              "response_fields", *_SAMPLING, *_LOCALINFER),
     elsewhere=("grammar", "json_schema"),
     ignored={"t_max_prompt_ms": "llama-server reads it and does not enforce it either"},
     refused={

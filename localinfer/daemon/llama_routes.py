@@ -54,6 +54,8 @@ def routes(state: DaemonState) -> list[Route]:
         extra = _extra(body.get("input_extra"))
         f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
         fields = _response_fields(body.get("response_fields"))
+        streamed = f.boolean("stream", False)  # read before the generation starts: a bad value
+        # after it would leave the lease held and the generation running
         name = f.string("model", None) or _default_model(state)
         params = dataclasses.replace(_params(f),
                                      grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
@@ -66,7 +68,7 @@ def routes(state: DaemonState) -> list[Route]:
         entry, events, stack = await start_generation(
             state.manager, name, encode, params, autocomplete_priority(request, body))
         model = entry.name
-        if not f.boolean("stream", False):
+        if not streamed:
             done = await whole_reply(state, request, events, stack)
             return JSONResponse(_only(fields, _final(done, model, done.text)))
 

@@ -131,14 +131,14 @@ class ModelManager:
                 # it had): load the model afresh rather than fail every request after it.
                 log.warning("%s stopped working (%s); loading it again", model.name,
                             entry.engine.failed)
-                await self._drain_and_unload(entry)
+                await self._evict(entry)
                 entry = None
             if entry is not None and num_ctx:
                 # As Ollama does, a context beyond what the model was trained for is capped.
                 num_ctx = min(num_ctx, entry.engine.info.n_ctx_train or num_ctx)
             if entry is not None and not self._serves(entry, num_ctx):
                 # Ollama's num_ctx: a larger context than loaded means reloading this model.
-                await self._drain_and_unload(entry)
+                await self._evict(entry)
                 entry = None
             if entry is None:
                 footprint = await self._footprint(model, num_ctx)
@@ -189,12 +189,8 @@ class ModelManager:
         while self.loaded and not self._has_room(footprint):
             idle = [e for e in self.loaded.values() if e.in_flight == 0]
             victim = min(idle or self.loaded.values(), key=lambda e: e.last_used)
-            self._evicting.add(victim.name)
-            try:
-                log.info("unloading %s to make room", victim.name)
-                await self._drain_and_unload(victim)
-            finally:
-                self._evicting.discard(victim.name)
+            log.info("unloading %s to make room", victim.name)
+            await self._evict(victim)
 
     async def _release(self, entry: LoadedModel, keep_alive_s: float | None) -> None:
         async with self._changed:
@@ -207,6 +203,16 @@ class ModelManager:
             self._changed.notify_all()
         if entry.in_flight == 0 and entry.keep_alive_s == 0:
             await self.unload(entry.name)
+
+    async def _evict(self, entry: LoadedModel) -> None:
+        """Drain and unload ``entry`` (under the switch lock), handing it to no new request
+        meanwhile: the lock-free path in _acquire skips a model being evicted, so steady
+        traffic cannot starve the drain."""
+        self._evicting.add(entry.name)
+        try:
+            await self._drain_and_unload(entry)
+        finally:
+            self._evicting.discard(entry.name)
 
     async def _drain_and_unload(self, entry: LoadedModel) -> None:
         async with self._changed:
@@ -236,8 +242,10 @@ class ModelManager:
         return entry
 
     # --- unloading ----------------------------------------------------------------------
-    async def unload(self, name: str) -> bool:
-        """Unload a model now if it is idle (True), else mark it to unload when done."""
+    async def unload(self, name: str, *, only_if_expired: bool = False) -> bool:
+        """Unload a model now if it is idle (True), else mark it to unload when done.
+        ``only_if_expired``: only if its keep-alive is still over once the switch lock is
+        held (a request may have taken it while this waited for the lock)."""
         entry = self.loaded.get(name) or next(
             (e for e in self.loaded.values() if e.model.installed
              and e.model.installed.model == name), None)
@@ -245,6 +253,9 @@ class ModelManager:
             return False
         async with self._switch:
             if self.loaded.get(entry.name) is not entry:
+                return False
+            if only_if_expired and (entry.in_flight or entry.expires_at is None
+                                    or time.monotonic() < entry.expires_at):
                 return False
             if entry.in_flight:
                 entry.keep_alive_s = 0
@@ -262,7 +273,7 @@ class ModelManager:
         now = time.monotonic()
         for entry in list(self.loaded.values()):
             if entry.in_flight == 0 and entry.expires_at is not None and now >= entry.expires_at:
-                await self.unload(entry.name)
+                await self.unload(entry.name, only_if_expired=True)
 
     def cancel_all(self) -> None:
         """End every in-flight generation (shutdown): each stream ends within a token."""

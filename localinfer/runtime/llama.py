@@ -535,8 +535,13 @@ class LlamaBackend:
                 *(L.llama_logit_bias(token, value) for token, value in params.logit_bias))
             add(chain, L.llama_sampler_init_logit_bias(self._n_vocab, len(bias), bias))
         if params.grammar is not None:
+            try:
+                grammar = self._grammar_sampler(params.grammar)
+            except LocalInferError:
+                L.llama_sampler_free(chain)
+                raise
             self._grammars[id(chain)] = _Constrained(
-                self._grammar_sampler(params.grammar),
+                grammar,
                 L.llama_sampler_chain_get(chain, 1 if len(self._never_bias) else 0)
                 if penalized else None, _truncation(params, penalized))
         if params.greedy:
@@ -679,6 +684,12 @@ class LlamaBackend:
         L.llama_sampler_apply(chain, ctypes.byref(array))
         if array.selected < 0:
             raise LocalInferError("the sampler chain selected no token")
+        if grammar is not None and not np.isfinite(candidates["logit"][array.selected]):
+            # The request's logit_bias banned every token the grammar allows: accepting this
+            # one would abort the process inside llama.cpp.
+            raise InvalidRequest("'logit_bias' bans every token the grammar allows here (an"
+                                 " end-of-generation token banned with -100 after the JSON"
+                                 " is complete does so): remove that bias.")
         return int(candidates["id"][array.selected])
 
     def logits(self, index: int) -> list[float]:
@@ -924,7 +935,8 @@ def _physical_cores() -> int:
 
 
 def _llama_said() -> str:
-    errors = [line for line in _recent_log if "error" in line.lower() or "failed" in line.lower()]
+    recent = list(_recent_log)  # one copy: llama.cpp may log from another thread meanwhile
+    errors = [line for line in recent if "error" in line.lower() or "failed" in line.lower()]
     return f" (llama.cpp: {errors[-1]})." if errors else "."
 
 
