@@ -701,9 +701,7 @@ class Engine:
                 request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
                 params = request.params
                 request.sampler = self.backend.new_sampler(params, request.seed)
-                if params.repeat_last_n and (params.repeat_penalty != 1.0 or
-                                             params.frequency_penalty or
-                                             params.presence_penalty):
+                if params.penalized:
                     self.backend.accept(request.sampler,
                                         request.prompt[-params.repeat_last_n:])
                 if params.speculative is not False:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import itertools
 import logging
 import os
@@ -382,9 +383,12 @@ class LlamaBackend:
         attrs = np.fromiter(map(L.llama_vocab_get_attr, itertools.repeat(vocab, n), range(n)),
                             dtype=np.int32, count=n)
 
+        # Cached: the banned tokens and the harmony markers both read the special ones.
+        @functools.cache
         def text(token: int) -> str:
             return (L.llama_vocab_get_text(vocab, token) or b"").decode(errors="replace")
 
+        @functools.cache
         def is_eog(token: int) -> bool:
             return bool(L.llama_vocab_is_eog(vocab, token))
 
@@ -524,9 +528,7 @@ class LlamaBackend:
         if len(self._never_bias):
             add(chain, L.llama_sampler_init_logit_bias(self._n_vocab, len(self._never_bias),
                                                        self._never_bias))
-        penalized = bool(params.repeat_last_n and (
-            params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty))
-        if penalized:
+        if params.penalized:
             add(chain, L.llama_sampler_init_penalties(
                 self._n_vocab, params.repeat_last_n, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))
@@ -543,10 +545,10 @@ class LlamaBackend:
             self._grammars[id(chain)] = _Constrained(
                 grammar,
                 L.llama_sampler_chain_get(chain, 1 if len(self._never_bias) else 0)
-                if penalized else None, _truncation(params, penalized))
+                if params.penalized else None, _truncation(params))
         if params.greedy:
             add(chain, L.llama_sampler_init_greedy())
-            if not penalized and not params.logit_bias and params.grammar is None:
+            if not params.penalized and not params.logit_bias and params.grammar is None:
                 self._argmax_chains.add(id(chain))
             return chain
         if params.mirostat:
@@ -579,8 +581,7 @@ class LlamaBackend:
             # for the starter's 6,250); llama_sampler_sample first fills a candidate array of
             # the whole vocabulary, 0.6 ms a token for the starter's 262k entries, 3% of its
             # decode time. Greedy keeps no state to update.
-            logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
-                                           shape=(self._n_vocab,))
+            logits = self.raw_logits(index)
             logits[self.never_sampled] = -np.inf
             return int(logits.argmax())
         constrained = self._grammars.get(id(sampler))
@@ -629,8 +630,7 @@ class LlamaBackend:
         loaded 2-core x86 (a decode step there: 25 ms unloaded). llama.cpp's common sampler
         instead samples first and asks the grammar about that token only: cheaper, but it
         favours the tokens the grammar-free chain keeps, so it is not the same distribution."""
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
-                                       shape=(self._n_vocab,))
+        logits = self.raw_logits(index)
         logits[self.never_sampled] = -np.inf  # as the chain's bias would, and in place
         grammar = constrained.grammar
         ids = best_allowed(logits, lambda band: self._allows(grammar, band),
@@ -693,10 +693,10 @@ class LlamaBackend:
         return int(candidates["id"][array.selected])
 
     def logits(self, index: int) -> list[float]:
-        row = L.llama_get_logits_ith(self._ctx, index)
-        return np.ctypeslib.as_array(row, shape=(self._n_vocab,)).tolist()
+        return self.raw_logits(index).tolist()
 
     def raw_logits(self, index: int) -> np.ndarray:
+        """Batch entry ``index``'s logits as a view of llama.cpp's buffer (no copy)."""
         return np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, index),
                                      shape=(self._n_vocab,))
 
@@ -862,13 +862,13 @@ class _Constrained:
     truncation: Truncation
 
 
-def _truncation(params: SamplingParams, penalized: bool) -> Truncation:
+def _truncation(params: SamplingParams) -> Truncation:
     """The truncation new_sampler's chain for ``params`` applies after the grammar."""
     if params.greedy:
         # The first largest logit: penalties or a bias reorder the logits before it.
-        return Truncation(greedy=True, whole=penalized or bool(params.logit_bias))
+        return Truncation(greedy=True, whole=params.penalized or bool(params.logit_bias))
     return Truncation(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-                      whole=penalized or bool(params.logit_bias) or bool(params.mirostat)
+                      whole=params.penalized or bool(params.logit_bias) or bool(params.mirostat)
                       or params.typical_p < 1.0)
 
 

@@ -142,6 +142,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def penalized(self) -> bool:
+        """A repetition penalty is on: the sampler needs the recent tokens (the prompt's
+        too), and it may reorder the logits."""
+        return bool(self.repeat_last_n and (self.repeat_penalty != 1.0
+                                            or self.frequency_penalty or self.presence_penalty))
+
     def bounded(self, n_ctx: int, n_vocab: int) -> SamplingParams:
         """The same parameters with the model's limits applied: repeat_last_n -1 means the
         whole context, and neither window reaches past what the model has."""
