@@ -163,9 +163,10 @@ def routes(state: DaemonState) -> list[Route]:
         if not messages:
             return await _load_only(state, name, f, chat=True)
 
-        constraints = ollama_constraints(body)
+        params = _options(f)
+        constraints = ollama_constraints(body, params.grammar)
         return await _generate(state, request, f, name, constraints.encoder(messages, thinking),
-                               _options(f), priority_of(request, body), chat=True,
+                               params, priority_of(request, body), chat=True,
                                thinking=thinking, constraints=constraints)
 
     async def generate(request: Request) -> Response:

@@ -128,10 +128,10 @@ def output_grammar(body: dict[str, Any], fields: Sequence[str]) -> tuple[Grammar
     return given[0] if given else (None, fields[0])
 
 
-def ollama_constraints(body: dict[str, Any]) -> Constraints:
+def ollama_constraints(body: dict[str, Any], output: Grammar | None) -> Constraints:
+    """/api/chat's ``tools`` with its ``format`` (``output``, read once by the options)."""
     tools = parse_tools(body.get("tools"))
-    return _checked(Constraints(tools, ToolChoice("auto"), True, ollama_format(body)),
-                    "format")
+    return _checked(Constraints(tools, ToolChoice("auto"), True, output), "format")
 
 
 def format_only(output: Grammar | None, thinking: Thinking) -> Constraints:
