@@ -119,6 +119,41 @@ class GPUInfo:
 
 
 @dataclass(frozen=True)
+class RemoteDevice:
+    """One device that an RPC worker offers (llama.cpp's ``rpc-server`` exposes its
+    backends' devices; each takes layers like a local GPU)."""
+
+    name: str
+    """The device as the worker's ggml names it: "CPU", "CUDA0", "Metal"..."""
+    memory_total_gib: float
+    memory_free_gib: float
+    """What the worker reports free now (the plan keeps a reserve below it)."""
+    bandwidth_gbps: float = 0.0
+    """The device's memory read bandwidth, as ``localinfer worker`` measured it (0 = unknown:
+    a stock ``rpc-server`` does not say)."""
+    description: str = ""
+    kind: str = "cpu"
+    """"cpu" or "gpu"."""
+
+
+@dataclass(frozen=True)
+class WorkerProfile:
+    """A machine reached through llama.cpp's RPC backend, and the link to it."""
+
+    endpoint: str
+    """"host:port" of its RPC server."""
+    devices: tuple[RemoteDevice, ...]
+    rtt_ms: float = 0.0
+    """Measured round trip of a small RPC command (0 = unknown)."""
+    link_gbps: float = 0.0
+    """Measured throughput to the worker, GB/s (10^9 bytes/s; 0 = unknown)."""
+    protocol: str = ""
+    """The RPC protocol version the worker speaks, "major.minor.patch"."""
+    name: str = ""
+    """A label: the worker's host name, when it says."""
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """What a machine offers to llama.cpp. Frozen and JSON-serialisable."""
 
@@ -143,6 +178,8 @@ class HardwareProfile:
     arch: str = ""
     notes: tuple[str, ...] = ()
     """What the probes could not see or the build cannot use, in words."""
+    workers: tuple[WorkerProfile, ...] = ()
+    """RPC workers on other machines whose devices can hold layers (``--workers``)."""
     schema: int = SCHEMA
 
     # --- derived facts ----------------------------------------------------------------
