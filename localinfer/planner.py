@@ -1086,7 +1086,8 @@ class WorkerSplit:
 
 def plan_split(candidate: Candidate, hardware: HardwareProfile,
                prefs: PlanPrefs | None = None, *, n_ctx: int | None = None,
-               require_workers: bool = False) -> WorkerSplit:
+               require_workers: bool = False, layers: Sequence[int] | None = None
+               ) -> WorkerSplit:
     """The fastest placement of ``candidate`` over this machine and ``hardware.workers`` that
     fits every device's memory with its reserve, for ``n_ctx`` tokens per slot (None: the
     largest of the plan's contexts that fits) and ``prefs.n_slots`` slots (None = 1).
@@ -1095,10 +1096,16 @@ def plan_split(candidate: Candidate, hardware: HardwareProfile,
     trip and its activations (and, on the last device, the logits) over its link; every subset
     of the workers' devices is tried, so a worker that costs more on the link than it saves is
     left out (``require_workers``: only splits that put layers on a worker). When nothing fits,
-    the split returned has ``fits`` False and a ``reason`` in GiB."""
+    the split returned has ``fits`` False and a ``reason`` in GiB.
+
+    ``layers`` asks for a given split instead (a user's ``--tensor-split``, or a test's): the
+    repeating layers per device in llama.cpp's order (``WorkerSplit.devices``), predicted and
+    checked against each device's memory as they are."""
     prefs = prefs or PlanPrefs()
     m = _machine(hardware, prefs)
     ladder = [n_ctx] if n_ctx is not None else _ctx_ladder(candidate, prefs)
+    if layers is not None:
+        return _given_split(candidate, hardware, m, prefs, ladder[0], list(layers))
     best = None
     for ctx in ladder:
         best = _split(candidate, hardware, m, prefs, ctx, prefs.n_slots or 1, require_workers)
@@ -1205,6 +1212,32 @@ def _split(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs, n_c
     holder = max(i for i, k in enumerate(counts) if k) if any(counts[1:]) else 0
     return _build_split(c, hw, m, devices, counts, holder, flash, notes, n_ctx, slots, position,
                         fits=True, reason="")
+
+
+def _given_split(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs, n_ctx: int,
+                 counts: list[int]) -> WorkerSplit:
+    devices, notes = _devices(c, hw, m, prefs)
+    if len(counts) != len(devices) or sum(counts) != c.n_layers or min(counts) < 0:
+        raise InvalidRequest(
+            f"a split of {c.name} names the layers of {len(devices)} devices (this machine's"
+            f" CPU, the workers' devices, this machine's GPU) adding up to {c.n_layers}; got"
+            f" {counts}.")
+    slots = prefs.n_slots or 1
+    holder = max(i for i, k in enumerate(counts) if k) if any(counts[1:]) else 0
+    flash = any(d.kind == "gpu" for d, k in zip(devices, counts, strict=True) if k)
+    split = _build_split(c, hw, m, devices, counts, holder, flash, notes, n_ctx, slots,
+                         min(prefs.decode_position, n_ctx), fits=True, reason="")
+    use: dict[str, int] = {}
+    for d, placed in zip(devices, split.devices, strict=True):
+        use[d.pool] = use.get(d.pool, 0) + placed.memory.total_bytes
+    pools = _pool_budgets(devices, range(len(devices)))
+    over = [f"{p.label} needs {p.memory.total_bytes / GIB:.1f} GiB of"
+            f" {p.memory.budget_bytes / GIB:.1f}" for p in split.devices if not p.memory.fits]
+    over += [f"{'this machine' if pool.startswith('local/') else pool.split('/')[0]}'s memory"
+             f" needs {use[pool] / GIB:.1f} GiB of {pools[pool] / GIB:.1f}"
+             for pool in use if use[pool] > pools[pool] and len(
+                 [d for d in devices if d.pool == pool]) > 1]
+    return replace(split, fits=not over, reason="; ".join(over))
 
 
 def _fixed_use(c: Candidate, d: _Device, host: bool, holds_output: bool, n_ctx: int,

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 from localinfer.cli import main
-from localinfer.errors import ConfigError
+from localinfer.errors import ConfigError, InvalidRequest
 from localinfer.hardware import load_profile
 from localinfer.hardware.profile import HardwareProfile, RemoteDevice, WorkerProfile
-from localinfer.planner import Candidate, LayerShape, PlanPrefs, plan, plan_split
+from localinfer.planner import Candidate, LayerShape, PlanPrefs, plan, plan_split, predict
 
 PROFILES = Path(__file__).parent / "profiles"
 GIB = 2**30
@@ -277,6 +277,33 @@ def test_every_split_is_the_one_llama_cpp_makes(n_remote):
             assert_llama_cpp_agrees(split, n_remote)
             for d in split.devices:
                 assert d.memory.total_bytes <= d.memory.budget_bytes
+
+
+# --- two workers on loopback (the test on one machine) ---------------------------------
+def test_a_given_split_over_loopback_workers_adds_only_the_network():
+    hw = load_profile(PROFILES / "pool-loopback-2core.json")
+    model = toy("toy:18l", 18, 10_000_000)
+    split = plan_split(model, hw, PlanPrefs(), layers=[6, 6, 6])
+    # llama.cpp: n_gpu_layers 13 (12 layers and the output), tensor_split 6, 7.
+    assert split.fits and split.n_gpu_layers == 13 and split.tensor_split() == (6.0, 7.0)
+    assert_llama_cpp_agrees(split, 2)
+    assert any("127.0.0.1:50052 CPU is on this machine" in note for note in split.notes)
+    # Loopback workers are this machine's cores: the layers cost what they cost here alone;
+    # only the links add. Two round trips (0.016 ms each); in: 20,480 + 1,024 each, out: the
+    # activations from the first, the logits (600,000) from the second, at 3 GB/s.
+    alone = predict(model, replace(hw, workers=()), 0, position=64)
+    network_ms = 2 * 0.016 + (2 * 21_504 + 20_480 + 600_000) / 3e9 * 1e3
+    assert split.decode_ms["network"] == pytest.approx(network_ms)
+    assert 1000 / split.decode_tps == pytest.approx(1000 / alone.decode_tps + network_ms)
+    # Left to itself the planner keeps it here: the links only add.
+    assert not plan_split(model, hw, PlanPrefs()).uses_workers
+    # Their memory is this machine's: one pool. 18 x 1.3 GB = 23.4 GB, each third 7.8 GB
+    # (each fits its 20.6 GiB alone), all of it more than the 20.6 GiB (22.1 GB) pool.
+    over = plan_split(toy("toy:18l-big", 18, 1_300_000_000), hw, PlanPrefs(n_ctx=2048),
+                      layers=[6, 6, 6])
+    assert not over.fits and "this machine's memory needs" in over.reason
+    with pytest.raises(InvalidRequest, match="adding up to 18; got"):
+        plan_split(model, hw, PlanPrefs(), layers=[6, 6])
 
 
 # --- `localinfer plan --hardware FILE` with workers ---------------------------------------------
