@@ -991,7 +991,8 @@ class WorkerSplit:
     then every worker's devices in registration order (``hw.workers``, each worker's devices
     as listed), then this machine's GPU when one is usable."""
     decode_tps: float
-    """Predicted at the plan's decode position (uncalibrated)."""
+    """Predicted at the plan's decode position (this machine's devices, a loopback worker's
+    included, scaled by its calibration when ``prefs.calibration`` has one)."""
     decode_tps_full: float
     """Predicted with the context full."""
     prefill_tps: float
@@ -1124,8 +1125,12 @@ def _devices(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs
     cpu_read = min(min(m.host_bw_gbps, threads * m.host_bw_1core_gbps) * m.cpu_eta,
                    threads * m.ghz * CPU_DOT_GBPS_PER_GHZ.get(m.simd, 1.0)) * q
     cpu_flops = threads * m.ghz * 1e9 * CPU_FLOPS_PER_CYCLE.get(m.simd, 4.0)
+    # This machine's calibration (measured/predicted decode) scales its devices' time; the
+    # workers' devices have none.
+    cpu_ratio = _calibration_ratio(prefs, "CPU")
+    cpu_read, cpu_layer_ms = cpu_read * cpu_ratio, CPU_LAYER_MS / cpu_ratio
     devices = [_Device("", "CPU", "cpu", "CPU", m.ram_budget, "local/ram", cpu_read,
-                       CPU_LAYER_MS, HOST_OVERHEAD, cpu_flops, m.host_bw_gbps)]
+                       cpu_layer_ms, HOST_OVERHEAD, cpu_flops, m.host_bw_gbps)]
     notes: list[str] = []
     ram_reserve = (prefs.ram_reserve_fraction, prefs.ram_reserve_min_bytes)
     gpu_reserve = (prefs.vram_reserve_fraction, prefs.vram_reserve_min_bytes)
@@ -1146,7 +1151,7 @@ def _devices(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs
                     # The same cores and RAM as this process: the same rates, one memory.
                     devices.append(_Device(worker.endpoint, dev.name, "cpu", "CPU",
                                            min(budget, m.ram_budget), "local/ram", cpu_read,
-                                           CPU_LAYER_MS, HOST_OVERHEAD, cpu_flops,
+                                           cpu_layer_ms, HOST_OVERHEAD, cpu_flops,
                                            m.host_bw_gbps, LOOPBACK_NOTE))
                     continue
                 bandwidth = dev.bandwidth_gbps
@@ -1180,10 +1185,12 @@ def _devices(c: Candidate, hw: HardwareProfile, m: _Machine, prefs: PlanPrefs
                              f" over {MAX_REMOTE_DEVICES} at most.")
     if m.gpu is not None and m.gpu_class is not None:
         cls = m.gpu_class
+        ratio = _calibration_ratio(prefs, m.gpu_backend or "")
         devices.append(_Device(
             "", m.gpu.name, "gpu", m.gpu_backend or "", m.gpu_budget,
-            "local/ram" if m.unified else "local/gpu", cls.eta * q * m.gpu.bandwidth_gbps,
-            cls.layer_ms, GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
+            "local/ram" if m.unified else "local/gpu",
+            cls.eta * q * m.gpu.bandwidth_gbps * ratio, cls.layer_ms / ratio,
+            GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
             matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta, m.gpu.bandwidth_gbps))
     return devices, notes
 
@@ -1575,9 +1582,7 @@ def _verdict(c: Candidate, m: _Machine, prefs: PlanPrefs, fits: bool, k: int, n_
     k = k if m.gpu is not None else 0
     short = _predict(c, m, k, min(prefs.decode_position, n_ctx))
     full = _predict(c, m, k, n_ctx)
-    ratio = float(prefs.calibration.get(short.key, 1.0)) if prefs.calibration else 1.0
-    if not (0.05 <= ratio <= 20.0) or not math.isfinite(ratio):
-        ratio = 1.0  # a corrupt calibration must not produce absurd numbers
+    ratio = _calibration_ratio(prefs, short.key)
     decode = short.decode_tps * ratio
     note = reason if fits else ""
     if c.embedding_only:  # it generates nothing: no decode speed to predict or to miss
@@ -1633,8 +1638,10 @@ def _with_workers(e: Evaluation, hw: HardwareProfile, m: _Machine, prefs: PlanPr
         n_slots=split.n_slots, n_threads=m.threads, host=split.devices[0].memory,
         gpu=gpu.memory if gpu else None, decode_tps=split.decode_tps,
         decode_tps_full=split.decode_tps_full, prefill_tps=split.prefill_tps,
-        decode_ms=split.decode_ms, calibration=1.0, verdict=verdict, reason=reason,
-        gpu_backend=m.gpu_backend if gpu else None, ctx_note=note, split=split)
+        decode_ms=split.decode_ms,
+        calibration=_calibration_ratio(prefs, (m.gpu_backend or "") if gpu else "CPU"),
+        verdict=verdict, reason=reason, gpu_backend=m.gpu_backend if gpu else None,
+        ctx_note=note, split=split)
 
 
 def _compare_alone(result: Plan, alone: list[Evaluation], prefs: PlanPrefs, m: _Machine,
@@ -1672,6 +1679,14 @@ def _compare_alone(result: Plan, alone: list[Evaluation], prefs: PlanPrefs, m: _
                 f" this machine ({choice.decode_tps:.1f} tok/s).")
         return replace(result, summary=result.summary + text)
     return result
+
+
+def _calibration_ratio(prefs: PlanPrefs, key: str) -> float:
+    """This machine's measured/predicted decode ratio for a backend (1.0 when none)."""
+    ratio = float(prefs.calibration.get(key, 1.0)) if prefs.calibration else 1.0
+    if not (0.05 <= ratio <= 20.0) or not math.isfinite(ratio):
+        ratio = 1.0  # a corrupt calibration must not produce absurd numbers
+    return ratio
 
 
 def _missing(c: Candidate, m: _Machine, prefs: PlanPrefs, host: DeviceUse,

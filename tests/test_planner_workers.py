@@ -295,6 +295,12 @@ def test_a_given_split_over_loopback_workers_adds_only_the_network():
     network_ms = 2 * 0.016 + (2 * 21_504 + 20_480 + 600_000) / 3e9 * 1e3
     assert split.decode_ms["network"] == pytest.approx(network_ms)
     assert 1000 / split.decode_tps == pytest.approx(1000 / alone.decode_tps + network_ms)
+    # This machine's calibration (measured/predicted 0.5) doubles its devices' time, the
+    # loopback workers' too (the same cores); not the links'.
+    calibrated = plan_split(model, hw, PlanPrefs(calibration={"CPU": 0.5}), layers=[6, 6, 6])
+    assert calibrated.decode_ms["local"] == pytest.approx(2 * split.decode_ms["local"])
+    assert calibrated.decode_ms["remote"] == pytest.approx(2 * split.decode_ms["remote"])
+    assert calibrated.decode_ms["network"] == split.decode_ms["network"]
     # Left to itself the planner keeps it here: the links only add.
     assert not plan_split(model, hw, PlanPrefs()).uses_workers
     # Their memory is this machine's: one pool. 18 x 1.3 GB = 23.4 GB, each third 7.8 GB

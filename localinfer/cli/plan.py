@@ -283,11 +283,12 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         ))
     print_table(rows)
     print(f"Choice: {overall.summary}")
-    pooled = [e for e in shown if e.split is not None]
-    if overall.choice is not None and overall.choice.split is not None:
-        pooled = [overall.choice] + [e for e in pooled if e is not overall.choice]
-    for e in pooled[:3]:  # the choice first; a whole catalog's worth would bury the table
-        _print_split(e)
+    # One split: the choice's, else the best pooled candidate's (the one the summary names).
+    pooled = [e for e in ([overall.choice] if overall.choice else []) + shown
+              if e.split is not None and e.fits]
+    if pooled:
+        _print_split(pooled[0] if pooled[0] is overall.choice else
+                     max(pooled, key=lambda e: (e.candidate.quality_score, e.decode_tps)))
     notes = ["* tok/s predicted: decode = sum of bytes read per token / (efficiency x"
              " bandwidth) + per-token costs; prefill = FLOPs / compute. ~ = size estimated"
              " from the catalog."]
