@@ -36,6 +36,18 @@ Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device'
 FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS) x its class's
 matrix_eta; a CPU's cores x clock x FLOPs per cycle of its ISA.
 
+Across machines (``plan_split``, for a profile's llama.cpp RPC workers): the devices in
+llama.cpp's order, this machine's CPU (the first layers), the workers' devices in registration
+order, this machine's GPU (the last layers); the output head on the last device that takes
+layers. Each worker device is a device like a local one (its free memory less the reserve of
+its kind; its bandwidth, or where unknown this machine's one-core figure for a CPU and
+UNKNOWN_REMOTE_GPU_GBPS for a GPU; a worker on loopback is this machine's cores and RAM), and
+per token it adds one round trip and its activations (4 x n_embd bytes in, out to the next
+machine; from the last device the logits, 4 x n_vocab) and masks over its link. Layers go to
+the device that reads them fastest, as many as its memory takes, then the next; every subset
+of the worker devices is tried and the fastest split wins. A candidate is pooled when that
+fits and decodes faster than this machine alone, or only pooling fits.
+
 Variant choice: among candidates that fit, the best quality (the model's published benchmark
 score from models.toml, else one estimated from its parameters, x the share its quant keeps by
 published perplexity, catalog.QUANT_QUALITY) whose predicted decode reaches ``min_tps``; if
@@ -899,11 +911,10 @@ GPU or an iGPU's LPDDR5, below nearly every discrete GPU."""
 LOOPBACK_NOTE = "on this machine: it shares this machine's cores and RAM"
 MAX_REMOTE_DEVICES = 10
 """Splits are searched over every subset of the workers' devices: 2^10 subsets at most."""
-RPC_BACKENDS = {"CUDA": "nvidia", "ROCm": "amd", "HIP": "amd", "Metal": "apple", "MTL": "apple",
-                "SYCL": "intel", "Vulkan": "other", "OpenCL": "other", "MUSA": "other",
-                "CANN": "other"}
-"""A worker's GPU device name ("CUDA0", "Metal", "Vulkan1") without its number -> the vendor
-whose GPU class (GPU_CLASSES, GPU_GENERATIONS) predicts its speed."""
+RPC_BACKENDS = {"CUDA": "nvidia", "ROCm": "amd", "Metal": "apple", "SYCL": "intel",
+                "Vulkan": "other", "OpenCL": "other", "MUSA": "other", "CANN": "other"}
+"""A worker's GPU device name ("CUDA0", "Vulkan1"; Metal's "MTL0") without its number -> the
+vendor whose GPU class (GPU_CLASSES, GPU_GENERATIONS) predicts its speed."""
 
 
 @dataclass(frozen=True)
