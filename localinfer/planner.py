@@ -1294,9 +1294,9 @@ def _pool_budgets(devices: Sequence[_Device], used: Sequence[int]) -> dict[str, 
 def _fill(c: Candidate, devices: Sequence[_Device], used: Sequence[int], kv_type: str,
           n_ctx: int, slots: int, position: int, flash: bool) -> list[int] | None:
     """Layers per device (index as ``devices``) with the devices ``used`` (this machine's CPU
-    first, the last holding the output head): the fastest device per layer takes as many as
-    its memory (and its pool's) allows, then the next. None when the layers do not all fit or
-    a used offload device gets none (a smaller subset is that split)."""
+    first, the last holding the output head): one on each used offload device, then the
+    fastest device per layer takes as many as its memory (and its pool's) allows, then the
+    next. None when the layers do not all fit or a used offload device has no room for one."""
     holder = used[-1]
     left_pool = _pool_budgets(devices, used)
     left: dict[int, int] = {}
@@ -1315,12 +1315,19 @@ def _fill(c: Candidate, devices: Sequence[_Device], used: Sequence[int], kv_type
              for i in used}
     counts = [0] * len(devices)
     remaining = c.n_layers
-    for i in sorted(used, key=lambda i: (speed[i], devices[i].remote, i)):
-        pool = devices[i].pool
-        take = min(remaining, max(0, min(left[i], left_pool[pool]) // footprint))
-        counts[i] = take
-        left_pool[pool] -= take * footprint
-        remaining -= take
+    # A used offload device takes at least one layer (else this subset is a smaller one),
+    # then the fastest take as many as fit.
+    for pass_cap in (1, c.n_layers):
+        for i in sorted(used, key=lambda i: (speed[i], devices[i].remote, i)):
+            if pass_cap == 1 and i == 0:
+                continue
+            pool = devices[i].pool
+            room = max(0, min(left[i], left_pool[pool]) // footprint)
+            take = min(remaining, room, pass_cap)
+            counts[i] += take
+            left[i] -= take * footprint
+            left_pool[pool] -= take * footprint
+            remaining -= take
     if remaining or not all(counts[i] for i in used[1:]):
         return None
     return counts
@@ -1689,7 +1696,16 @@ def _compare_alone(result: Plan, alone: list[Evaluation], prefs: PlanPrefs, m: _
                 f" ~{best.decode_tps:.1f} tok/s: slower than {choice.candidate.name} alone on"
                 f" this machine ({choice.decode_tps:.1f} tok/s).")
         return replace(result, summary=result.summary + text)
-    return result
+    if choice.candidate.embedding_only:
+        return result
+    split = _split(choice.candidate, hw, m, prefs, choice.n_ctx, choice.n_slots,
+                   require_workers=True)
+    if not split.fits:
+        return result
+    workers = ", ".join(dict.fromkeys(d.endpoint for d in split.remote_devices if d.gpu_layers))
+    return replace(result, summary=result.summary + (
+        f" The workers are left out: pooled with {workers} it would decode at"
+        f" ~{split.decode_tps:.1f} tok/s (network {split.network_ms:.1f} ms per token)."))
 
 
 def _calibration_ratio(prefs: PlanPrefs, key: str) -> float:

@@ -301,8 +301,12 @@ def test_a_given_split_over_loopback_workers_adds_only_the_network():
     assert calibrated.decode_ms["local"] == pytest.approx(2 * split.decode_ms["local"])
     assert calibrated.decode_ms["remote"] == pytest.approx(2 * split.decode_ms["remote"])
     assert calibrated.decode_ms["network"] == split.decode_ms["network"]
-    # Left to itself the planner keeps it here: the links only add.
+    # Left to itself the planner keeps it here: the links only add; plan() says so.
     assert not plan_split(model, hw, PlanPrefs()).uses_workers
+    result = plan(hw, [model], PlanPrefs())
+    assert result.choice is not None and result.choice.split is None
+    assert re.search(r"The workers are left out: pooled with 127\.0\.0\.1:50052(, 127\.0\.0\.1:"
+                     r"50053)? it would decode at ~[\d.]+ tok/s", result.summary)
     # Their memory is this machine's: one pool. 18 x 1.3 GB = 23.4 GB, each third 7.8 GB
     # (each fits its 20.6 GiB alone), all of it more than the 20.6 GiB (22.1 GB) pool.
     over = plan_split(toy("toy:18l-big", 18, 1_300_000_000), hw, PlanPrefs(n_ctx=2048),
