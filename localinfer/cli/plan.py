@@ -36,7 +36,12 @@ intel, apple, other), vram_total_gib and bandwidth_gbps. Sizes are GiB, bandwidt
 ram_available_gib defaults to 80% of the total; host_bandwidth_gbps to an estimate from the
 cores (for a data-sheet figure set bandwidth_source "spec"); "backends" lists what the
 llama.cpp build can use (["CPU"] = a CPU-only build, which never offloads).
-Examples: tests/profiles/*.json."""
+"workers" lists RPC workers whose devices the plan splits a model across:
+  "workers": [{"endpoint": "192.168.1.20:50052", "rtt_ms": 0.4, "link_gbps": 0.112,
+               "devices": [{"name": "CUDA0", "kind": "gpu", "memory_total_gib": 24,
+                            "memory_free_gib": 23.2, "bandwidth_gbps": 1008}]}]
+(rtt_ms, link_gbps and bandwidth_gbps 0 or absent = unknown: the plan assumes and says so).
+Examples: tests/profiles/*.json (pool-*.json have workers)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -260,6 +265,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
           if hw.host_bandwidth_gbps else "bandwidth not measured")
     print(f"Planning for {where}: {hw.ram_available_gib:.1f}/{hw.ram_total_gib:.1f} GiB RAM"
           f" available, {hw.cpu.runtime_threads} threads, host {bw}; {gpu_text}.")
+    for worker in hw.workers:
+        print(f"RPC worker {_worker_text(worker)}.")
     rows = [("VARIANT", "SIZE", "FITS", "GPU LAYERS", "RAM", "VRAM", "CTX", "PREFILL*",
              "DECODE*", "VERDICT", "REASON")]
     for e in shown:
@@ -268,7 +275,7 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         rows.append((
             c.name + (" (installed)" if c.installed else ""), size,
             "yes" if e.fits else "no",
-            gpu_layers_text(e.n_gpu_layers, c.n_layers),
+            gpu_layers_text(e.n_gpu_layers, c.n_layers) + (" pooled" if e.split else ""),
             _gib(e.host.total_bytes), _gib(e.gpu.total_bytes) if e.gpu else "-",
             str(e.n_ctx) + (f"x{e.n_slots}" if e.n_slots > 1 else ""),
             f"{e.prefill_tps:.0f}", "-" if c.embedding_only else f"{e.decode_tps:.1f}",
@@ -276,6 +283,12 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         ))
     print_table(rows)
     print(f"Choice: {overall.summary}")
+    # One split: the choice's, else the best pooled candidate's (the one the summary names).
+    pooled = [e for e in ([overall.choice] if overall.choice else []) + shown
+              if e.split is not None and e.fits]
+    if pooled:
+        _print_split(pooled[0] if pooled[0] is overall.choice else
+                     max(pooled, key=lambda e: (e.candidate.quality_score, e.decode_tps)))
     notes = ["* tok/s predicted: decode = sum of bytes read per token / (efficiency x"
              " bandwidth) + per-token costs; prefill = FLOPs / compute. ~ = size estimated"
              " from the catalog."]
@@ -284,5 +297,54 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         notes.append(f"decode calibrated from this machine's runs: {ratios}.")
     elif not from_file:
         notes.append("uncalibrated: `localinfer run` records measured/predicted decode.")
+    if pooled:
+        notes.append("pooled: decode = each device's bytes / (efficiency x bandwidth) + its"
+                     " per-layer costs, in llama.cpp's device order, + per worker device one"
+                     " round trip and its activations (the last: the logits) over the link.")
     for note in notes:
         print(note, file=sys.stdout)
+
+
+def _worker_text(worker) -> str:
+    """One RPC worker from a profile: its devices and the link, unmeasured figures said."""
+    devices = ", ".join(
+        f"{d.name} ({d.description + ', ' if d.description else ''}{d.kind}"
+        f" {d.memory_free_gib:.1f}/{d.memory_total_gib:.1f} GiB free, "
+        + (f"{d.bandwidth_gbps:.0f} GB/s)" if d.bandwidth_gbps else "bandwidth unknown)")
+        for d in worker.devices)
+    rtt = f"round trip {worker.rtt_ms:.2f} ms" if worker.rtt_ms else "round trip unmeasured"
+    link = f"{worker.link_gbps:.3g} GB/s" if worker.link_gbps else "throughput unmeasured"
+    return f"{worker.endpoint}{' (' + worker.name + ')' if worker.name else ''}: {devices};" \
+           f" link {rtt}, {link}"
+
+
+def _print_split(e) -> None:
+    """The split of one pooled evaluation across machines: layers, memory and time per
+    device, the network's share, llama.cpp's parameters."""
+    split = e.split
+    ts = ",".join(f"{w:g}" for w in split.tensor_split())
+    print(f"\nSplit of {e.candidate.name} across machines (context {split.n_ctx}):"
+          f" llama.cpp n_gpu_layers {split.n_gpu_layers}, tensor_split {ts}")
+    rows = [("DEVICE", "LAYERS", "MEMORY", "BANDWIDTH", "MS/TOKEN")]
+    for d in split.devices:
+        if d.n_layers:
+            layers = f"{d.first_layer}-{d.first_layer + d.n_layers - 1}"
+        else:
+            layers = "-"
+        if d.holds_output:
+            layers += " + output"
+        rows.append((d.label, layers,
+                     f"{_gib(d.memory.total_bytes)}/{_gib(d.memory.budget_bytes)}",
+                     f"{d.bandwidth_gbps:.0f} GB/s" + ("?" if d.note.startswith("bandwidth")
+                                                        else ""),
+                     f"{d.decode_ms:.1f}"))
+    rows.append((f"network ({split.round_trips} round trip(s),"
+                 f" {human_bytes(split.network_bytes)}/token)", "", "", "",
+                 f"{split.decode_ms['network']:.1f}"))
+    rows.append(("launch, logits, sampling", "", "", "", f"{split.decode_ms['fixed']:.1f}"))
+    print_table(rows)
+    total = 1000 / split.decode_tps
+    print(f"decode ~{split.decode_tps:.1f} tok/s predicted: {total:.1f} ms per token, of which"
+          f" the network {split.network_ms:.1f} ms ({100 * split.network_ms / total:.0f}%).")
+    for note in split.notes:
+        print(f"note: {note}.")

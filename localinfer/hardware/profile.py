@@ -24,12 +24,26 @@ The JSON format (``schema`` 1); fields marked ? are optional::
       "gpus": [{"name": "NVIDIA GeForce RTX 3060", "vendor": "nvidia", "kind": "discrete",
                 "vram_total_gib": 12, "vram_free_gib": 11.5, "bandwidth_gbps": 360,
                 "fp16_tflops": 51, "unified_memory": false, "backends": ["CUDA", "Vulkan"]}],
-      "backends": ["CPU", "CUDA"]       the llama.cpp build's backends (["CPU"] = no offload)
+      "backends": ["CPU", "CUDA"],      the llama.cpp build's backends (["CPU"] = no offload)
+      "workers": [{"endpoint": "192.168.1.20:50052",    ? RPC workers (``localinfer worker``)
+                   "name": "desktop", "protocol": "3.0.0",   name/protocol ?
+                   "rtt_ms": 0.3, "link_gbps": 0.117,   ? measured round trip of a small RPC
+                                                           command, and throughput in GB/s
+                                                           (0 or absent = unknown: the plan
+                                                           assumes LAN figures and says so)
+                   "devices": [{"name": "CUDA0", "kind": "gpu",      kind ? (default "cpu")
+                                "memory_total_gib": 24, "memory_free_gib": 23.2,   free ?
+                                "bandwidth_gbps": 1008,   ? 0 = unknown (a stock rpc-server)
+                                "description": "NVIDIA GeForce RTX 4090"}]}]   ?
     }
+
+A worker's devices are listed in the order its server reports them; the workers in the order
+they are registered (``--workers``), which is the order llama.cpp gives them layers in.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -42,6 +56,7 @@ SCHEMA = 1
 
 GPU_VENDORS = ("nvidia", "amd", "intel", "apple", "other")
 GPU_KINDS = ("discrete", "integrated")
+REMOTE_DEVICE_KINDS = ("cpu", "gpu")
 KNOWN_BACKENDS = ("CPU", "CUDA", "ROCm", "Metal", "Vulkan", "SYCL", "OpenCL", "CANN", "MUSA")
 # Which ggml backends can drive a GPU of each vendor.
 VENDOR_BACKENDS: dict[str, tuple[str, ...]] = {
@@ -151,6 +166,22 @@ class WorkerProfile:
     """The RPC protocol version the worker speaks, "major.minor.patch"."""
     name: str = ""
     """A label: the worker's host name, when it says."""
+
+    @property
+    def host(self) -> str:
+        """The host part of ``endpoint`` (an IPv6 address without its brackets)."""
+        return self.endpoint.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when the worker runs on this machine (127.0.0.0/8, ::1, localhost): its CPU
+        and RAM are this machine's."""
+        if self.host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 @dataclass(frozen=True)
@@ -336,6 +367,58 @@ class _Parser:
             backends=self.strings(data, "backends", where, (), KNOWN_BACKENDS),
         )
 
+    def remote_device(self, value: Any, where: str) -> RemoteDevice:
+        data = self.table(value, where)
+        self.known(data, RemoteDevice, where)
+        total = float(self.number(data, "memory_total_gib", where, positive=True))
+        free = float(self.number(data, "memory_free_gib", where, default=total))
+        if free > total:
+            raise self.error(f"{where}.memory_free_gib", f"({free}) is more than"
+                                                          f" memory_total_gib ({total})")
+        return RemoteDevice(
+            name=self.string(data, "name", where),
+            memory_total_gib=total,
+            memory_free_gib=free,
+            bandwidth_gbps=float(self.number(data, "bandwidth_gbps", where, default=0.0)),
+            description=self.string(data, "description", where, default=""),
+            kind=self.string(data, "kind", where, default="cpu", choices=REMOTE_DEVICE_KINDS),
+        )
+
+    def worker(self, value: Any, index: int) -> WorkerProfile:
+        where = f"workers[{index}]"
+        data = self.table(value, where)
+        self.known(data, WorkerProfile, where)
+        endpoint = self.string(data, "endpoint", where)
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise self.error(f"{where}.endpoint", f"must be HOST:PORT (a port 1-65535), got"
+                                                  f" {endpoint!r}")
+        devices = data.get("devices")
+        if not isinstance(devices, list) or not devices:
+            raise self.error(f"{where}.devices", "must be a non-empty list of the worker's"
+                                                 " devices" if devices is not None
+                             else "is missing")
+        return WorkerProfile(
+            endpoint=endpoint,
+            devices=tuple(self.remote_device(d, f"{where}.devices[{i}]")
+                          for i, d in enumerate(devices)),
+            rtt_ms=float(self.number(data, "rtt_ms", where, default=0.0)),
+            link_gbps=float(self.number(data, "link_gbps", where, default=0.0)),
+            protocol=self.string(data, "protocol", where, default=""),
+            name=self.string(data, "name", where, default=""),
+        )
+
+    def workers(self, value: Any) -> tuple[WorkerProfile, ...]:
+        if not isinstance(value, list):
+            raise self.error("workers", "must be a list")
+        workers = tuple(self.worker(w, i) for i, w in enumerate(value))
+        seen: set[str] = set()
+        for i, w in enumerate(workers):
+            if w.endpoint in seen:
+                raise self.error(f"workers[{i}].endpoint", f"{w.endpoint!r} is listed twice")
+            seen.add(w.endpoint)
+        return workers
+
     def profile(self, value: Any) -> HardwareProfile:
         data = self.table(value, "(top level)")
         self.known(data, HardwareProfile, "")
@@ -373,4 +456,5 @@ class _Parser:
             bandwidth_source=self.string(data, "bandwidth_source", "", default="spec",
                                          choices=("measured", "spec", "estimated")),
             notes=self.strings(data, "notes", "", ()),
+            workers=self.workers(data.get("workers", [])),
         )
