@@ -144,7 +144,7 @@ def test_a_figure_under_load_never_replaces_a_quiet_one(tmp_path):
     assert bw.store(tmp_path, "k", quiet).kept == quiet
     result = bw.store(tmp_path, "k", figure(6.4, BUSY))
     assert result.kept == quiet and result.previous == quiet
-    assert "kept the cached one" in result.summary()
+    assert "kept the cached one (measured on a quiet machine)" in result.summary()
     entry = bw.cached(tmp_path, "k")
     assert entry.current == quiet and entry.under_load.bandwidth_gbps == 6.4
     # Under load, the higher figure is the truer one: a lower one does not replace it.
@@ -157,11 +157,14 @@ def test_a_figure_under_load_never_replaces_a_quiet_one(tmp_path):
 def test_a_figure_under_load_is_used_until_a_quiet_one_comes(tmp_path):
     busy = figure(6.4, BUSY)
     assert bw.store(tmp_path, "k", busy).kept == busy
+    lower = bw.store(tmp_path, "k", figure(4.2, BUSY))
+    assert lower.kept == busy and "(0.66x): kept the cached one (higher; both under load)" in \
+        lower.summary()
     result = bw.store(tmp_path, "k", figure(14.5, QUIET))
     assert result.kept.bandwidth_gbps == 14.5
     text = result.summary()
     assert text.startswith("14.5 GB/s (quiet), was 6.4 GB/s on ") and "under load (load 7.9," \
-        " others kept 5.2 of 8 cores busy) (2.3x): kept the new one" in text
+        " others kept 5.2 of 8 cores busy) (2.27x): kept the new one" in text
 
 
 def test_remeasure_summary_of_a_first_figure():
@@ -177,7 +180,8 @@ def test_the_first_cache_format_is_read_and_replaced(tmp_path):
                              "measured_at": 1796108571.37,
                              "method": "numpy int64 sum, one slice per thread, best of 3"
                                        " passes"},
-        "bad": {"bandwidth_gbps": "x", "unknown_field": 1}}))
+        "bad": {"bandwidth_gbps": "x", "bandwidth_1core_gbps": 3.1, "buffer_bytes": 1,
+                "threads": 2, "seconds": 0.7, "measured_at": 1.0}}))
     entry = bw.cached(tmp_path, "57c27fc31f26819f")
     assert entry.current.bandwidth_gbps == 4.2 and entry.current.load is None
     assert entry.current.under_load and "load not recorded" in entry.current.describe()
@@ -295,10 +299,35 @@ def test_old_calibration_records_are_read_and_not_used(tmp_path):
     path.parent.mkdir()
     path.write_text(json.dumps({calibration.profile_key(hw): {"CPU": [
         {"ratio": 0.25, "predicted_tps": 10, "measured_tps": 2.5, "model": "m",
-         "n_gpu_layers": 0, "tokens": 100, "at": 0.0}, {"ratio": "bad"}]}}))
+         "n_gpu_layers": 0, "tokens": 100, "at": 0.0}, {"ratio": "bad"},
+        {"ratio": "x", "predicted_tps": 10, "measured_tps": 2.5, "model": "m",
+         "n_gpu_layers": 0, "tokens": 100, "at": 0.0}]}}))
     [old] = calibration.history(hw, tmp_path)["CPU"]
     assert old.load is None and not old.quiet  # its load is unknown: it may be the busy one
     assert calibration.load_ratios(hw, tmp_path) == {}
+
+
+def test_a_run_above_the_roofline_gets_a_note_and_a_remeasure(home, tmp_path):
+    from localinfer.config import Config
+    from localinfer.protocol import ModelInfo
+    from localinfer.runtime.types import Done, Timings, Usage
+
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(ggufgen.tiny_model())
+    hw = probe(measure_bandwidth=False, with_build=False)
+    cache = home / "cache" / "hardware"
+    bw.store(cache, bw.profile_key(hw), figure(0.001, QUIET))  # a figure far too low
+    info = ModelInfo(name="tiny", path=str(model), architecture="llama", quant="F32",
+                     size_bytes=1, n_params=1, n_layers=2, n_gpu_layers=0, n_ctx_train=256,
+                     n_ctx=256, n_slots=1, n_vocab=32)
+    done = Done("x", "length", Usage(10, 101), Timings(
+        prompt_tokens=10, completion_tokens=101, decode_tokens=100, decode_ms=1000.0))
+    note = calibration.record_calibration(info, done, Config(), BUSY)
+    assert note is not None and note.startswith("note: tiny decoded 100.0 tok/s, ")
+    assert "of the roofline of 0.0 GB/s: the cached host bandwidth figure looks wrong" in note
+    assert bw.cached(cache, bw.profile_key(hw)).suspect
+    [recorded] = calibration.history(probe(measure_bandwidth=False))["CPU"]
+    assert recorded.load == BUSY and recorded.drift and not recorded.quiet
 
 
 def test_a_quiet_run_far_from_the_calibration_is_drift():
@@ -354,7 +383,7 @@ def test_plan_for_a_recorded_laptop():
 
 
 def test_hw_shows_each_figure_with_its_load_and_reset_forgets_them(home):
-    hw = probe(measure_bandwidth=False, with_build=False)
+    hw = probe(measure_bandwidth=False)  # with the build's backends: the calibration's key
     cache = home / "cache" / "hardware"
     bw.store(cache, bw.profile_key(hw), figure(900.0, QUIET, at=1.0))
     bw.store(cache, bw.profile_key(hw), figure(450.0, BUSY, at=2.0))
@@ -372,7 +401,7 @@ def test_hw_shows_each_figure_with_its_load_and_reset_forgets_them(home):
                and line.endswith("not used (a quiet figure exists)") for line in lines)
     assert any(line.startswith("CALIBRATE  CPU x0.90") and line.endswith("; used")
                for line in lines)
-    assert any(line.startswith("CALIBRATE  CPU x0.25") and "under" not in line
+    assert any(line.startswith("CALIBRATE  CPU x0.25") and "under load (load 7.9" in line
                and line.endswith("not used (not a quiet run)") for line in lines)
 
     out = cli("hw", "--reset")

@@ -86,7 +86,7 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
 
     cache = get_paths().cache_dir / "hardware"
     if args.reset:
-        hw = probe(measure_bandwidth=False, with_build=False)
+        hw = probe(measure_bandwidth=False)  # the build's backends are in the calibration key
         forgot = [what for what, done in (
             ("bandwidth figures", bandwidth.forget(cache, bandwidth.profile_key(hw))),
             ("decode calibration", calibration.forget(hw))) if done]
@@ -119,7 +119,8 @@ def measured_lines(figures, runs, host_bandwidth_gbps: float) -> list[tuple[str,
     for backend, records in sorted(runs.items()):
         for r in records:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.at))
-            load = r.load.describe() if r.load else "load not recorded"
+            load = (f"{'quiet' if r.quiet else 'under load'} ({r.load.describe()})" if r.load
+                    else "load not recorded")
             if r.calibrates(host_bandwidth_gbps):
                 use = "used"
             elif not r.quiet:

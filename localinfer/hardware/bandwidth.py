@@ -77,6 +77,9 @@ class BandwidthMeasurement:
         """From the cache; raises TypeError or ValueError on a malformed entry."""
         if not isinstance(data, dict):
             raise TypeError("not an object")
+        if not all(isinstance(data.get(f), (int, float))
+                   for f in ("bandwidth_gbps", "bandwidth_1core_gbps", "measured_at")):
+            raise ValueError("a figure is not a number")
         load = data.get("load")
         return cls(**{**data, "load": MachineLoad(**load) if load is not None else None})
 
@@ -135,10 +138,13 @@ class Remeasured:
         if self.previous is None:
             return text + ": cached"
         ratio = new.bandwidth_gbps / self.previous.bandwidth_gbps
-        verdict = ("kept the new one" if self.kept is new else
-                   "kept the cached one (measured on a quieter machine);"
-                   " measure again when the machine is quiet")
-        return (f"{text}, was {self.previous.describe()} ({ratio:.2g}x): {verdict}")
+        if self.kept is new:
+            verdict = "kept the new one"
+        elif self.kept.under_load:
+            verdict = "kept the cached one (higher; both under load)"
+        else:
+            verdict = "kept the cached one (measured on a quiet machine)"
+        return f"{text}, was {self.previous.describe()} ({ratio:.2f}x): {verdict}"
 
 
 def buffer_size(llc_bytes: int, available_bytes: int) -> int:

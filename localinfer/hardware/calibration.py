@@ -82,6 +82,9 @@ class Measurement:
         """From the cache; raises TypeError or ValueError on a malformed record."""
         if not isinstance(data, dict):
             raise TypeError("not an object")
+        if not all(isinstance(data.get(f), (int, float))
+                   for f in ("ratio", "predicted_tps", "measured_tps", "at")):
+            raise ValueError("a figure is not a number")
         load = data.get("load")
         return cls(**{**data, "load": MachineLoad(**load) if load is not None else None})
 

@@ -394,9 +394,8 @@ def probe(*, measure_bandwidth: bool = True, remeasure: bool = False,
     if measurement is None:
         notes.append("host bandwidth not measured yet (`localinfer hw` measures it).")
     elif measurement.under_load:
-        notes.append(f"the host bandwidth figure ({measurement.describe()}) is not a quiet"
-                     " machine's, so predictions may be low: `localinfer hw --remeasure`"
-                     " when the machine is quiet replaces it.")
+        notes.append("the host bandwidth in use was not measured on a quiet machine, so"
+                     " predictions may be low: `localinfer hw` on a quiet machine replaces it.")
 
     gpus: list[GPUInfo] = []
     for found, more in (probe_nvidia(), probe_drm(ram_total_bytes=mem.total_bytes,
