@@ -17,6 +17,7 @@ import time
 
 from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
+from ..paths import get_paths
 from ..progress import human_bytes
 from .common import gpu_layers_text, print_table
 
@@ -82,7 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     # The probes and the caches of measured figures: not for building the parser.
     from ..hardware import bandwidth, calibration, probe
-    from ..paths import get_paths
 
     cache = get_paths().cache_dir / "hardware"
     if args.reset:
@@ -112,7 +112,7 @@ def measured_lines(figures, runs, host_bandwidth_gbps: float) -> list[tuple[str,
         for m in (figures.quiet, figures.under_load):
             if m is not None:
                 use = "in use" if m is figures.current else "not used (a quiet figure exists)"
-                lines.append(("MEASURED", f"{m.describe()}; {m.trials or '?'} passes in"
+                lines.append(("MEASURED", f"{m.describe()}; {m.trials or '?'} passes,"
                                           f" {m.seconds:.2f} s; {use}"))
         if figures.suspect:
             lines.append(("SUSPECT", f"{figures.suspect}: measured again at the next probe"))
