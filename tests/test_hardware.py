@@ -163,13 +163,15 @@ def test_a_figure_under_load_is_used_until_a_quiet_one_comes(tmp_path):
     result = bw.store(tmp_path, "k", figure(14.5, QUIET))
     assert result.kept.bandwidth_gbps == 14.5
     text = result.summary()
-    assert text.startswith("14.5 GB/s (quiet), was 6.4 GB/s on ") and "under load (load 7.9," \
+    assert text.startswith("14.5 GB/s quiet (load 0.6, others kept 0.1 of 8 cores busy), was"
+                           " 6.4 GB/s on ") and "under load (load 7.9," \
         " others kept 5.2 of 8 cores busy) (2.27x): kept the new one" in text
 
 
 def test_remeasure_summary_of_a_first_figure():
     result = bw.Remeasured(new=figure(6.4, BUSY), previous=None, kept=figure(6.4, BUSY))
-    assert result.summary() == "6.4 GB/s (under load): cached"
+    assert result.summary() == ("6.4 GB/s under load (load 7.9, others kept 5.2 of 8 cores"
+                                " busy): cached")
 
 
 def test_the_first_cache_format_is_read_and_replaced(tmp_path):

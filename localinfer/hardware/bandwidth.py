@@ -130,11 +130,14 @@ class Remeasured:
     """Why the previous figure had been marked to be measured again."""
 
     def summary(self) -> str:
-        """"14.5 GB/s (quiet), was 6.4 GB/s on 2026-11-30 14:02, under load (...) (2.3x):
-        kept the new one"."""
+        """"14.5 GB/s quiet (load 0.4, ...), was 6.4 GB/s on 2026-11-30 14:02, under load
+        (load 5.2, ...) (2.27x): kept the new one"."""
         new = self.new
-        text = f"{new.bandwidth_gbps:.1f} GB/s"
-        text += " (under load)" if new.under_load else " (quiet)"
+        if new.load is None:
+            text = f"{new.bandwidth_gbps:.1f} GB/s"
+        else:
+            how = "under load" if new.load.heavy else "quiet"
+            text = f"{new.bandwidth_gbps:.1f} GB/s {how} ({new.load.describe()})"
         if self.previous is None:
             return text + ": cached"
         ratio = new.bandwidth_gbps / self.previous.bandwidth_gbps
