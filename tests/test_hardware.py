@@ -331,6 +331,16 @@ def test_a_run_above_the_roofline_gets_a_note_and_a_remeasure(home, tmp_path):
     [recorded] = calibration.history(probe(measure_bandwidth=False))["CPU"]
     assert recorded.load == BUSY and recorded.drift and not recorded.quiet
 
+    # With speculation a step makes several tokens: it is the steps that the roofline bounds.
+    bw.store(cache, bw.profile_key(hw), figure(0.001, QUIET))  # measured again: not suspect
+    speculative = Done("x", "length", Usage(10, 101), Timings(
+        prompt_tokens=10, completion_tokens=101, decode_tokens=100, decode_ms=1000.0,
+        drafted_tokens=80, accepted_tokens=60))
+    note = calibration.record_calibration(info, speculative, Config(), QUIET)
+    assert note is not None and note.startswith("note: tiny ran 40.0 decode steps/s, ")
+    assert bw.cached(cache, bw.profile_key(hw)).suspect
+    assert len(calibration.history(probe(measure_bandwidth=False))["CPU"]) == 1  # not a sample
+
 
 def test_a_quiet_run_far_from_the_calibration_is_drift():
     m = run_record(2.5, QUIET)

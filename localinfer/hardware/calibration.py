@@ -189,9 +189,7 @@ def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
     position = prompt_tokens + decode_tokens // 2
     prediction = predict(candidate, hw, n_gpu_layers, position=position, n_threads=n_threads,
                          kv_type=kv_type)
-    gpus = hw.usable_gpus()
-    roofline = Roofline(decode_reads(candidate, n_gpu_layers, kv_type), hw.host_bandwidth_gbps,
-                        hw.bandwidth_source, gpus[0][0].bandwidth_gbps if gpus else 0.0)
+    roofline = _roofline(candidate, hw, n_gpu_layers, kv_type)
     ceiling = roofline.ceiling_tps(position)
     measurement = Measurement(
         ratio=round(decode_tps / prediction.decode_tps, 4),
@@ -208,6 +206,36 @@ def record_run(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
     return measurement
 
 
+def _roofline(candidate: Candidate, hw: HardwareProfile, n_gpu_layers: int,
+              kv_type: str) -> Roofline:
+    gpus = hw.usable_gpus()
+    return Roofline(decode_reads(candidate, n_gpu_layers, kv_type), hw.host_bandwidth_gbps,
+                    hw.bandwidth_source, gpus[0][0].bandwidth_gbps if gpus else 0.0)
+
+
+def check_steps(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
+                prompt_tokens: int, decode_tokens: int, steps_tps: float,
+                hw: HardwareProfile | None = None, cache_dir: Path | None = None,
+                kv_type: str = "f16") -> str | None:
+    """For a run with speculation (not a calibration sample: several tokens a step): each
+    decode step still reads the weights once, so steps faster than the roofline show the host
+    bandwidth figure too low; mark it. Returns the reason when it did."""
+    if decode_tokens < MIN_DECODE_TOKENS or steps_tps <= 0:
+        return None
+    hw = hw or probe()
+    candidate = Candidate.from_header(gguf.read_header(model_path), name=model_name)
+    roofline = _roofline(candidate, hw, n_gpu_layers, kv_type)
+    position = prompt_tokens + decode_tokens // 2
+    ceiling = roofline.ceiling_tps(position)
+    if not ceiling or steps_tps <= ABOVE_ROOFLINE * ceiling:
+        return None
+    reason = (f"{model_name} ran {steps_tps:.1f} decode steps/s, {steps_tps / ceiling:.0%} of"
+              f" the roofline of {hw.host_bandwidth_gbps:.1f} GB/s")
+    if roofline.reads.bytes_at(position)[0] and flag_bandwidth(hw, reason, cache_dir):
+        return reason
+    return None
+
+
 def record_calibration(info: ModelInfo, done: Done | None, config: Config,
                        load: MachineLoad | None = None) -> str | None:
     """After an in-process ``localinfer run``: record its measured/predicted decode for this
@@ -217,9 +245,14 @@ def record_calibration(info: ModelInfo, done: Done | None, config: Config,
     if done is None or done.finish_reason == "cancelled":
         return None
     t = done.timings
-    if t.drafted_tokens:  # speculation makes several tokens per step: not a decode rate
-        return None
     try:
+        if t.drafted_tokens and t.decode_tokens:  # several tokens a step: not a decode rate
+            steps_tps = t.decode_tps * (t.decode_tokens - t.accepted_tokens) / t.decode_tokens
+            reason = check_steps(model_path=info.path, model_name=info.name,
+                                 n_gpu_layers=info.n_gpu_layers, prompt_tokens=t.prompt_tokens,
+                                 decode_tokens=t.decode_tokens, steps_tps=steps_tps,
+                                 kv_type=info.kv_type)
+            return drift_note(reason) if reason else None
         m = record_run(model_path=info.path, model_name=info.name,
                        n_gpu_layers=info.n_gpu_layers, n_threads=config.threads,
                        prompt_tokens=t.prompt_tokens, decode_tokens=t.decode_tokens,

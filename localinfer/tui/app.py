@@ -291,19 +291,24 @@ class ChatApp(App[None]):
             self._measuring = False
 
     def _check_roofline(self, roofline_pct: float | None, done: Done) -> None:
-        """A plain decode faster than the roofline means the cached host bandwidth is too low:
-        mark it and measure it again in the background, once per session (speculation makes
-        several tokens per weight read: no evidence)."""
+        """Decode steps faster than the roofline mean the cached host bandwidth is too low:
+        mark it and measure it again in the background, once per session. Each step reads
+        the weights once; with speculation a step makes its accepted drafts too, so the
+        steps' rate is the tokens' rate without them."""
         from ..hardware.calibration import ABOVE_ROOFLINE  # the hardware layer: only here
 
-        if (roofline_pct is None or roofline_pct <= 100 * ABOVE_ROOFLINE or self.hardware is None
-                or self.hardware_fixed or done.timings.drafted_tokens or self._remeasured):
+        t = done.timings
+        if (roofline_pct is None or t.decode_tokens <= 0 or self.hardware is None
+                or self.hardware_fixed or self._remeasured):
+            return
+        steps_pct = roofline_pct * (t.decode_tokens - t.accepted_tokens) / t.decode_tokens
+        if steps_pct <= 100 * ABOVE_ROOFLINE:
             return
         self._remeasured = True
         host = self.hardware.host_bandwidth_gbps
-        self.notify(f"Decode ran at {roofline_pct:.0f}% of the roofline: the cached host"
+        self.notify(f"Decode ran at {steps_pct:.0f}% of the roofline: the cached host"
                     f" bandwidth ({host:.1f} GB/s) is too low; measuring it again.")
-        self._remeasure(f"a reply decoded at {roofline_pct:.0f}% of the roofline of"
+        self._remeasure(f"a reply decoded at {steps_pct:.0f}% of the roofline of"
                         f" {host:.1f} GB/s")
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="bandwidth")
