@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ class Remeasured:
     """The figure in use before."""
     kept: BandwidthMeasurement
     """The figure in use now."""
-    suspect: str | None = field(default=None)
+    suspect: str | None = None
     """Why the previous figure had been marked to be measured again."""
 
     def summary(self) -> str:
