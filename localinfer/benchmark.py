@@ -82,6 +82,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     ``quick`` and a few minutes in full on a 2-core laptop with the starter model."""
     from . import gguf
     from .hardware import probe
+    from .hardware.load import LoadWindow
     from .planner import Candidate, decode_bytes_per_token, predict
     from .runtime.loader import load_engine, options_for
     from .store import ModelStore
@@ -132,9 +133,11 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         # The bare llama_decode step is measured right before each run, so that both see
         # the machine in the same state (a laptop's clock moves with its temperature).
         runs, bare = [], []
+        window = LoadWindow()  # the machine's load over the decode runs, for the calibration
         for k in range(3):
             bare.append(engine.measure_decode_step(32))
             runs.append(engine.complete(f"Run {k}. {STORY_PROMPTS[0]}", greedy).result())
+        decode_load = window.finish()
         decode_tps = statistics.median(d.timings.decode_tps for d in runs)
         bare_tps = statistics.median(bare)
         candidate = Candidate.from_header(header, name=info.name)
@@ -172,16 +175,21 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         result.structured = _structured(engine, quick=quick)
 
         stage("calibration")
-        from .hardware.calibration import record_run
+        from .hardware.calibration import drift_note, record_run
 
         measurement = record_run(
             model_path=model.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
             n_threads=options.n_threads or None, prompt_tokens=runs[0].usage.prompt_tokens,
-            decode_tokens=runs[0].timings.decode_tokens, decode_tps=decode_tps, hw=hardware)
+            decode_tokens=runs[0].timings.decode_tokens, decode_tps=decode_tps, hw=hardware,
+            load=decode_load)
         if measurement is not None:
             result.calibration = {"predicted_tps": measurement.predicted_tps,
                                   "measured_tps": measurement.measured_tps,
-                                  "ratio": measurement.ratio}
+                                  "ratio": measurement.ratio,
+                                  "under_load": not measurement.quiet,
+                                  "load": decode_load.describe(),
+                                  "drift_note": drift_note(measurement.drift)
+                                  if measurement.drift else None}
     finally:
         engine.close()
 

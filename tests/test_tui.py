@@ -370,6 +370,40 @@ def test_a_base_model_is_said_to_continue_text_not_follow_instructions(home):
     run(main())
 
 
+def test_a_reply_faster_than_the_roofline_measures_the_bandwidth_again(home):
+    from localinfer.hardware import bandwidth as bw
+    from localinfer.hardware import probe
+    from localinfer.hardware.load import MachineLoad
+
+    # A cached figure far too low (a measurement on a busy machine that slipped through).
+    cache = home / "cache" / "hardware"
+    key = bw.profile_key(probe(measure_bandwidth=False, with_build=False))
+    bw.store(cache, key, bw.BandwidthMeasurement(
+        bandwidth_gbps=0.0001, bandwidth_1core_gbps=0.0001, buffer_bytes=1, threads=1,
+        seconds=0.1, measured_at=1e9, load=MachineLoad(0.0, 2, 0.1)))
+    opener, backends = gated_opener(reply="Sure. " * 40)
+
+    async def main():
+        app = in_process_app(opener, hardware=None)  # this machine's profile, from the cache
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await until(pilot, lambda: app.hardware is not None, "the hardware probed")
+            assert app.hardware.host_bandwidth_gbps == 0.0001
+            backends[0].open()
+            await send(pilot, "Hi")
+            await finished(pilot, 2)
+            reply = app.chat.messages[-1]
+            assert reply.stats.roofline_pct > 110  # a 1 MB model at 0.1 MB/s
+            await until(pilot, lambda: app.hardware.host_bandwidth_gbps > 0.0001,
+                        "the bandwidth measured again", timeout_s=60)
+            entry = bw.cached(cache, key)
+            assert entry.suspect is None and entry.current.measured_at > 1e9
+            assert any("of the roofline: the cached host bandwidth (0.0 GB/s) is too low"
+                       in str(n.message) for n in app._notifications)
+
+    run(main())
+
+
 # --- models --------------------------------------------------------------------------------
 def test_models_screen_opens_and_switches_through_the_daemon(home, monkeypatch):
     install_fake_models("fake:1b-f16", "fake:2b-f16")

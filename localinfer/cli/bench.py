@@ -162,7 +162,11 @@ def report(r) -> str:
         lines.append(f"  llama-cpp-python        {raw['error']}")
     if r.calibration:
         c = r.calibration
+        used = ("recorded but not used by `localinfer plan`: taken under load"
+                if c.get("under_load") else "saved for `localinfer plan`")
         lines.append(f"  calibration: the planner predicted {c['predicted_tps']:.1f} tok/s,"
-                     f" measured {c['measured_tps']:.1f} (x{c['ratio']:.2f}), saved for"
-                     " `localinfer plan`")
+                     f" measured {c['measured_tps']:.1f} (x{c['ratio']:.2f}) at"
+                     f" {c.get('load', 'an unrecorded load')}; {used}")
+        if c.get("drift_note"):
+            lines.append(f"  {c['drift_note']}")
     return "\n".join(lines)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
+from ..paths import get_paths
 from ..progress import human_bytes
 from .common import gpu_layers_text, print_table
 
@@ -51,7 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the profile as JSON (the"
                    " format `plan --hardware` reads)")
     p.add_argument("--remeasure", action="store_true",
-                   help="measure the memory bandwidth again instead of using the cached figure")
+                   help="measure the memory bandwidth again and compare with the cached figure"
+                        " (a figure taken under load never replaces a quiet one; without"
+                        " this, only a figure not taken on a quiet machine is measured again)")
+    p.add_argument("--reset", action="store_true",
+                   help="forget this machine's bandwidth figures and decode calibration, then"
+                        " measure the bandwidth again")
     p.set_defaults(func=cmd_hw)
 
     p = sub.add_parser(
@@ -79,15 +86,59 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --- hw ----------------------------------------------------------------------------------------
 def cmd_hw(args: argparse.Namespace, config: Config) -> int:
-    from ..hardware import probe  # the probes: not for building the parser
+    # The probes and the caches of measured figures: not for building the parser.
+    from ..hardware import bandwidth, calibration, probe
 
-    hw = probe(remeasure=args.remeasure)
+    cache = get_paths().cache_dir / "hardware"
+    if args.reset:
+        hw = probe(measure_bandwidth=False)  # the build's backends are in the calibration key
+        forgot = [what for what, done in (
+            ("bandwidth figures", bandwidth.forget(cache, bandwidth.profile_key(hw))),
+            ("decode calibration", calibration.forget(hw))) if done]
+        print("Forgot this machine's " + (" and ".join(forgot) if forgot else "nothing (none"
+                                          " cached)") + ".", file=sys.stderr)
+    hw = probe(remeasure=args.remeasure, remeasure_under_load=True)
     if args.json:
         print(hw.to_json())
         return 0
     for label, value in hardware_lines(hw):
         print(f"{label:<10} {value}")
+    for label, value in measured_lines(bandwidth.cached(cache, bandwidth.profile_key(hw)),
+                                       calibration.history(hw), hw.host_bandwidth_gbps):
+        print(f"{label:<10} {value}")
     return 0
+
+
+def measured_lines(figures, runs, host_bandwidth_gbps: float) -> list[tuple[str, str]]:
+    """When and under what load each cached figure was taken: the bandwidth figures (the one
+    in use first) and the decode calibration's runs, each marked used or not and why."""
+    lines = []
+    if figures is not None:
+        for m in (figures.quiet, figures.under_load):
+            if m is not None:
+                use = "in use" if m is figures.current else "not used (a quiet figure exists)"
+                lines.append(("MEASURED", f"{m.describe()}; {m.trials or '?'} passes,"
+                                          f" {m.seconds:.2f} s; {use}"))
+        if figures.suspect:
+            lines.append(("SUSPECT", f"{figures.suspect}: measured again at the next probe"))
+    for backend, records in sorted(runs.items()):
+        for r in records:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.at))
+            load = (f"{'quiet' if r.quiet else 'under load'} ({r.load.describe()})" if r.load
+                    else "load not recorded")
+            if r.calibrates(host_bandwidth_gbps):
+                use = "used"
+            elif not r.quiet:
+                use = "not used (not a quiet run)"
+            else:
+                use = f"not used (predicted with {r.host_bandwidth_gbps:.1f} GB/s)"
+            lines.append(("CALIBRATE", f"{backend} x{r.ratio:.2f} ({r.model}: {r.measured_tps:.1f}"
+                                       f" tok/s, predicted {r.predicted_tps:.1f}) {when},"
+                                       f" {load}; {use}"))
+    if not runs:
+        lines.append(("CALIBRATE", "none yet (`localinfer run` and `bench` record measured"
+                                   " against predicted decode)"))
+    return lines
 
 
 def hardware_lines(hw) -> list[tuple[str, str]]:

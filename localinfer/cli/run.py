@@ -70,9 +70,15 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         finally:
             display.close()
         display.loaded(session)
+        # The machine's load over the generation goes with its calibration record (the
+        # probes: not for building the parser).
+        from ..hardware.load import LoadWindow
+
+        window = LoadWindow()
         generation = (session.chat(messages, params) if messages
                       else session.complete(prompt, params))
         done = _stream(generation, args.json)
+        load = window.finish()
         if args.json:
             print(json.dumps(run_result_json(session.info.name, done), indent=2))
         else:
@@ -84,7 +90,9 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             # The hardware probes and the planner: not for building the parser.
             from ..hardware.calibration import record_calibration
 
-            record_calibration(session.info, done, config)
+            note = record_calibration(session.info, done, config, load)
+            if note:
+                print(note, file=sys.stderr)
     finally:
         if session is not None:
             session.close()

@@ -366,24 +366,36 @@ def _normalise_backend(name: str) -> str:
 
 # --- all together -------------------------------------------------------------------------------
 def probe(*, measure_bandwidth: bool = True, remeasure: bool = False,
-          with_build: bool = True) -> HardwareProfile:
+          remeasure_under_load: bool = False, with_build: bool = True) -> HardwareProfile:
     """Probe this machine. ``measure_bandwidth``: measure host bandwidth when the cache has
-    no figure for this machine (else leave it unknown); ``remeasure``: measure again anyway."""
+    no figure for this machine, or one marked suspect (else leave it as it is);
+    ``remeasure``: measure again anyway; ``remeasure_under_load``: measure again when the
+    figure was not taken on a quiet machine (``localinfer hw``)."""
     paths = get_paths()
     mem = probe_memory()
     cpu = probe_cpu()
     notes: list[str] = []
     key = bw.machine_key(cpu.model, mem.total_bytes, cpu.logical_cores)
-    measurement = bw.cached(paths.cache_dir / "hardware", key)
-    if remeasure or (measurement is None and measure_bandwidth):
+    entry = bw.cached(paths.cache_dir / "hardware", key) or bw.CachedBandwidth()
+    measurement = entry.current
+    if remeasure or (measure_bandwidth and (measurement is None or entry.suspect)) or (
+            remeasure_under_load and measurement is not None and measurement.under_load):
         size = bw.buffer_size(last_level_cache_bytes(), mem.available_bytes)
-        measurement = bw.cached_or_measured(paths.cache_dir / "hardware", key,
-                                            threads=cpu.logical_cores, size_bytes=size,
-                                            remeasure=True)
+        result = bw.measure_and_store(paths.cache_dir / "hardware", key,
+                                      threads=cpu.logical_cores, size_bytes=size)
+        measurement = result.kept
+        if result.suspect:
+            notes.append(f"host bandwidth measured again ({result.suspect}): "
+                         + result.summary() + ".")
+        elif result.previous is not None:
+            notes.append("host bandwidth measured again: " + result.summary() + ".")
     host_bw = measurement.bandwidth_gbps if measurement else 0.0
     host_bw1 = measurement.bandwidth_1core_gbps if measurement else 0.0
     if measurement is None:
         notes.append("host bandwidth not measured yet (`localinfer hw` measures it).")
+    elif measurement.under_load:
+        notes.append("the host bandwidth in use was not measured on a quiet machine, so"
+                     " predictions may be low: `localinfer hw` on a quiet machine replaces it.")
 
     gpus: list[GPUInfo] = []
     for found, more in (probe_nvidia(), probe_drm(ram_total_bytes=mem.total_bytes,

@@ -217,6 +217,8 @@ class ChatApp(App[None]):
         self._last_stats: ReplyStats | None = None
         self._hidden_messages = 0
         self._measuring = False
+        self._remeasured = False
+        """The bandwidth was measured again after a reply beat the roofline (once a session)."""
         self._context_at_least = False
 
     # --- layout ---------------------------------------------------------------------------
@@ -287,6 +289,38 @@ class ChatApp(App[None]):
         except Exception:  # noqa: BLE001 - the roofline stays unknown; chatting works
             log.warning("measuring the memory bandwidth failed", exc_info=True)
             self._measuring = False
+
+    def _check_roofline(self, roofline_pct: float | None, done: Done) -> None:
+        """Decode steps faster than the roofline mean the cached host bandwidth is too low:
+        mark it and measure it again in the background, once per session. Each step reads
+        the weights once; with speculation a step makes its accepted drafts too, so the
+        steps' rate is the tokens' rate without them."""
+        from ..hardware.calibration import ABOVE_ROOFLINE  # the hardware layer: only here
+
+        t = done.timings
+        if (roofline_pct is None or t.decode_tokens <= 0 or self.hardware is None
+                or self.hardware_fixed or self._remeasured):
+            return
+        steps_pct = roofline_pct * (t.decode_tokens - t.accepted_tokens) / t.decode_tokens
+        if steps_pct <= 100 * ABOVE_ROOFLINE:
+            return
+        self._remeasured = True
+        host = self.hardware.host_bandwidth_gbps
+        self.notify(f"Decode ran at {steps_pct:.0f}% of the roofline: the cached host"
+                    f" bandwidth ({host:.1f} GB/s) is too low; measuring it again.")
+        self._remeasure(f"a reply decoded at {steps_pct:.0f}% of the roofline of"
+                        f" {host:.1f} GB/s")
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="bandwidth")
+    def _remeasure(self, reason: str) -> None:
+        from ..hardware.calibration import flag_bandwidth  # the hardware layer: only here
+
+        try:
+            if self.hardware is not None and flag_bandwidth(self.hardware, reason):
+                self.post_message(HardwareReady(
+                    *self.launcher.probe_hardware(measure_bandwidth=True)))
+        except Exception:  # noqa: BLE001 - the old figure stays; chatting works
+            log.warning("measuring the memory bandwidth again failed", exc_info=True)
 
     @on(LoadProgress)
     def _load_progress(self, event: LoadProgress) -> None:
@@ -560,6 +594,7 @@ class ChatApp(App[None]):
         self.reply = None
         self._drop_from = self._drop_next_for = None
         self._last_stats = stats
+        self._check_roofline(stats.roofline_pct, done)
         if stats.prompt_tokens:
             self.context_tokens, self._context_at_least = stats.context_tokens, False
         else:  # a cancelled daemon reply: the prompt's size is not known
