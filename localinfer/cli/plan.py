@@ -17,6 +17,7 @@ import sys
 from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
 from ..progress import human_bytes
+from . import worker
 from .common import gpu_layers_text, print_table
 
 PROFILE_HELP = """\
@@ -47,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " format `plan --hardware` reads)")
     p.add_argument("--remeasure", action="store_true",
                    help="measure the memory bandwidth again instead of using the cached figure")
+    p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
+                   help="also list these RPC workers' devices, memory and bandwidth, and the"
+                        " link's round trip and throughput (default: config workers)")
     p.set_defaults(func=cmd_hw)
 
     p = sub.add_parser(
@@ -77,10 +81,11 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     from ..hardware import probe  # the probes: not for building the parser
 
     hw = probe(remeasure=args.remeasure)
+    hw, worker_rows = worker.probe_for_hw(hw, args.workers or config.workers)
     if args.json:
         print(hw.to_json())
         return 0
-    for label, value in hardware_lines(hw):
+    for label, value in hardware_lines(hw) + worker_rows:
         print(f"{label:<10} {value}")
     return 0
 

@@ -24,7 +24,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, ModelLoadError
+from ..errors import (
+    Busy,
+    ContextOverflow,
+    InvalidRequest,
+    LocalInferError,
+    ModelLoadError,
+    WorkerLost,
+)
 from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
@@ -805,6 +812,8 @@ class Engine:
             log.error("decode failed: %s", exc)
             for slot in decoding + [s for s, _ in chunks]:
                 self._abort(slot, exc)
+            if isinstance(exc, WorkerLost):
+                raise  # the model's process is gone: stop (``failed``), the owner reloads it
             return
 
         now = time.perf_counter()
