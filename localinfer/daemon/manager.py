@@ -269,10 +269,14 @@ class ModelManager:
         log.info("unloaded %s", entry.name)
 
     async def expire(self) -> None:
-        """Unload models whose keep-alive has run out (called periodically)."""
+        """Unload models whose keep-alive has run out, and idle ones that stopped working
+        (called periodically)."""
         now = time.monotonic()
         for entry in list(self.loaded.values()):
-            if entry.in_flight == 0 and entry.expires_at is not None and now >= entry.expires_at:
+            if entry.in_flight == 0 and entry.engine.failed is not None:
+                await self.unload(entry.name)  # stopped (a lost RPC worker): `ps` drops it now
+            elif entry.in_flight == 0 and entry.expires_at is not None and \
+                    now >= entry.expires_at:
                 await self.unload(entry.name, only_if_expired=True)
 
     def cancel_all(self) -> None:
