@@ -193,6 +193,16 @@ def test_a_mismatched_worker_refuses_the_load_and_an_absent_one_is_left_out(tmp_
     assert with_workers(LoadOptions(), header, (gone,), local_free_bytes=GIB) == LoadOptions()
 
 
+def test_a_load_that_fails_in_the_child_process_says_why(tmp_path):
+    from localinfer.errors import ModelLoadError
+    from localinfer.runtime.isolated import IsolatedBackend
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())  # a header llama.cpp cannot load weights from
+    with pytest.raises(ModelLoadError, match=f"llama.cpp could not load {path}"):
+        IsolatedBackend(path, LoadOptions(n_ctx=64), name="tiny")
+
+
 def test_the_split_crosses_the_wire():
     info = FakeBackend().info
     split = (("CPU", 7), ("127.0.0.1:50052 #0", 6))

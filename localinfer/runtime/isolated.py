@@ -60,7 +60,9 @@ class IsolatedBackend:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "localinfer.runtime.isolated", str(child.fileno())],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                # No gdb backtrace when llama.cpp aborts on a lost worker: expected, and slow.
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                     "GGML_NO_BACKTRACE": "1"})
         finally:
             child.close()
         self._conn = Connection(parent.detach())
@@ -222,13 +224,13 @@ class IsolatedBackend:
 
 
 def _answers(endpoint: str) -> bool:
-    """Whether a worker completes the RPC handshake now (the child's connection is closed,
-    so a live worker is free again)."""
+    """Whether a worker is still there: it completes the RPC handshake, or accepts the
+    connection but is still busy (freeing what the dead child held) when asked."""
     try:
         RPCConnection(endpoint, connect_timeout_s=1.0, reply_timeout_s=2.0).close()
         return True
-    except WorkerError:
-        return False
+    except WorkerError as exc:
+        return exc.title == "worker busy"
 
 
 def _exit_text(proc: subprocess.Popen) -> str:

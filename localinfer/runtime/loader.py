@@ -180,6 +180,18 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     )
 
 
+def on_workers(options: LoadOptions, header: gguf.GGUFHeader, endpoints: tuple[str, ...]
+               ) -> LoadOptions:
+    """``with_workers`` against this machine's free memory now; the options unchanged
+    without workers (the config's ``workers``, ``serve --workers``)."""
+    if not endpoints:
+        return options
+    from ..hardware.probe import probe_memory
+
+    return with_workers(options, header, endpoints,
+                        local_free_bytes=probe_memory().available_bytes)
+
+
 def open_engine(
     ref: str,
     config: Config,
@@ -194,6 +206,7 @@ def open_engine(
     model = store.resolve(ref, progress=on_copy)
     header = gguf.read_header(model.path)
     options = options_for(header, config, n_slots=n_slots, name=model.name)
+    options = on_workers(options, header, parse_endpoints(config.workers))
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header)
 
@@ -212,11 +225,7 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
         options = options_for(header, config.replace(ctx=num_ctx),
                               n_slots=n_slots or config.slots, name=model.name)
-        if workers:
-            from ..hardware.probe import probe_memory
-
-            options = with_workers(options, header, workers,
-                                   local_free_bytes=probe_memory().available_bytes)
+        options = on_workers(options, header, workers)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue, progress=progress)
 
