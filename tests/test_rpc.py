@@ -20,7 +20,7 @@ import pytest
 import ggufgen
 from localinfer import gguf
 from localinfer.config import Config, load_config
-from localinfer.errors import ConfigError, ModelTooLarge, WorkerError
+from localinfer.errors import ConfigError, ModelTooLarge, WorkerError, WorkerLost
 from localinfer.hardware import rpc
 from localinfer.hardware.profile import RemoteDevice, WorkerProfile
 from localinfer.protocol import model_info_from, model_info_json
@@ -201,6 +201,21 @@ def test_a_load_that_fails_in_the_child_process_says_why(tmp_path):
     path.write_bytes(ggufgen.tiny_model())  # a header llama.cpp cannot load weights from
     with pytest.raises(ModelLoadError, match=f"llama.cpp could not load {path}"):
         IsolatedBackend(path, LoadOptions(n_ctx=64), name="tiny")
+
+
+def test_a_model_whose_process_died_is_loaded_again(home):
+    from daemon_util import fake_factory, install_fake_models, serve
+
+    install_fake_models("fake:1b-f16")
+    loads: list = []
+    body = {"model": "fake:1b-f16", "prompt": "x", "stream": False}
+    with serve(fake_factory(loads=loads, reply="hi")) as d, d.uds() as c:
+        assert c.post("/api/generate", json=body).status_code == 200
+        (entry,) = d.manager.loaded.values()
+        # As runtime/isolated.py says once a call found its child process dead.
+        entry.engine.backend.lost = WorkerLost("worker a:1 stopped responding")
+        assert c.post("/api/generate", json=body).json()["response"] == "hi"
+    assert len(loads) == 2
 
 
 def test_the_split_crosses_the_wire():

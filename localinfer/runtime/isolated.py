@@ -80,6 +80,11 @@ class IsolatedBackend:
         self.needs_checkpoints: bool = reply["needs_checkpoints"]
         self.load_ms: float = reply["load_ms"]
 
+    @property
+    def lost(self) -> WorkerLost | None:
+        """Why this model is gone (its process died), once a call found out; else None."""
+        return self._lost
+
     # --- the channel -------------------------------------------------------------------------
     def _send(self, message: Any) -> None:
         try:
