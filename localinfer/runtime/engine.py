@@ -625,7 +625,8 @@ class Engine:
                 if self._active():
                     self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
-            log.exception("engine worker crashed")
+            if not isinstance(exc, WorkerLost):  # logged where it was found out, no bug
+                log.exception("engine worker crashed")
             self.failed = exc
             self._fail_all(exc)
         finally:

@@ -84,11 +84,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def ipv4_address(host: str) -> str:
+    """The IPv4 address to listen on: llama.cpp's RPC server takes only a dotted IPv4
+    address, so a name (localhost, the machine's LAN name) is resolved here."""
+    try:
+        return socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        raise InvalidRequest(f"--host {host!r} is not an IPv4 address or a name that resolves"
+                             " to one (llama.cpp's RPC server listens on IPv4 only).") from None
+
+
 def check_port_free(host: str, port: int) -> None:
     """DaemonError when ``host:port`` cannot be listened on (llama.cpp only prints that it
     failed)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
@@ -106,8 +115,7 @@ class InfoServer:
         body = json.dumps(document).encode()
         self._reply = (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self._sock.listen(8)
@@ -134,6 +142,7 @@ def serve(host: str, port: int, *, device_names: Sequence[str], cache_dir: Path 
     fails to listen: DaemonError)."""
     if not llama.supports_rpc():
         raise BackendUnavailable(llama.RPC_MISSING, title="no RPC support in this build")
+    host = ipv4_address(host)
     check_port_free(host, port)
     devices = offered(choose_devices(device_names), hw)
     try:
@@ -143,24 +152,23 @@ def serve(host: str, port: int, *, device_names: Sequence[str], cache_dir: Path 
         info_note = (f"no description (port {port + INFO_PORT_OFFSET}: {exc.strerror}):"
                      " clients see its devices without names or bandwidth")
     gib = float(1 << 30)
-    where = f"[{host}]" if ":" in host else host
     print(f"localinfer worker: llama.cpp RPC protocol {version_text(PROTOCOL)} on"
-          f" {where}:{port}, {info_note}", file=out)
+          f" {host}:{port}, {info_note}", file=out)
     for d in devices:
         bandwidth = f", {d.bandwidth_gbps:.1f} GB/s measured" if d.bandwidth_gbps else ""
         print(f"  {d.name:<8} {d.description}: {d.memory_free / gib:.1f} GiB free of"
               f" {d.memory_total / gib:.1f} GiB{bandwidth}", file=out)
     print(f"  tensor cache: {cache_dir or 'off'}; threads: {n_threads}", file=out)
     if not is_loopback(host):
-        print(f"warning: {where}:{port} is reachable from the network and llama.cpp's RPC"
+        print(f"warning: {host}:{port} is reachable from the network and llama.cpp's RPC"
               " protocol has no authentication: anyone who can reach it can use this"
               " machine's memory and compute. Expose it only on a network you trust.",
               file=out)
-    print(f"use it with: localinfer serve --workers {where}:{port}", file=out, flush=True)
+    print(f"use it with: localinfer serve --workers {host}:{port}", file=out, flush=True)
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     # Blocks in C (the GIL released) while it serves, one client at a time.
     llama.start_rpc_server(f"{host}:{port}", str(cache_dir) if cache_dir else None, n_threads,
                            [d.name for d in devices])
-    raise DaemonError(f"llama.cpp's RPC server stopped: it could not listen on {where}:{port}"
+    raise DaemonError(f"llama.cpp's RPC server stopped: it could not listen on {host}:{port}"
                       " (see its message above).")
