@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -90,7 +91,7 @@ class IsolatedBackend:
         try:
             self._conn.send(message)
         except OSError:
-            raise self._dead("the model's process closed its channel") from None
+            raise self._dead() from None
 
     def _receive(self, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -99,9 +100,9 @@ class IsolatedBackend:
                 if self._conn.poll(_POLL_S):
                     return self._conn.recv()
             except (EOFError, OSError):
-                raise self._dead("the model's process exited") from None
+                raise self._dead() from None
             if self._proc.poll() is not None and not self._conn.poll(0):
-                raise self._dead(f"the model's process exited ({_exit_text(self._proc)})")
+                raise self._dead()
             if time.monotonic() > deadline:
                 raise self._dead(f"no answer in {timeout_s:.0f} s")
 
@@ -126,11 +127,12 @@ class IsolatedBackend:
             raise value
         return value
 
-    def _dead(self, why: str) -> WorkerLost:
-        """The child is gone (or hung: killed now): which workers stopped answering, and the
-        error every later call raises."""
+    def _dead(self, why: str | None = None) -> WorkerLost:
+        """The child is gone (or hung, ``why``: killed now): which workers stopped
+        answering, and the error every later call raises."""
         if self._lost is None:
             self._kill()
+            why = why or f"its process ended with {_exit_text(self._proc)}"
             gone = [e for e in self._endpoints if not _answers(e)] or list(self._endpoints)
             names = ", ".join(gone)
             self._lost = WorkerLost(
@@ -141,7 +143,9 @@ class IsolatedBackend:
         return self._lost
 
     def _kill(self) -> None:
-        if self._proc.poll() is None:
+        try:  # a child that closed its end is exiting: let it say how
+            self._proc.wait(1.0)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
         try:
             self._proc.wait(CLOSE_TIMEOUT_S)
@@ -240,9 +244,9 @@ def _answers(endpoint: str) -> bool:
 
 def _exit_text(proc: subprocess.Popen) -> str:
     code = proc.returncode
-    if code is not None and code < 0:
-        return f"signal {-code}: llama.cpp aborts when a worker stops answering"
-    return f"exit status {code}"
+    if code == -signal.SIGABRT:
+        return "llama.cpp's abort, as when a worker stops answering"
+    return f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
 
 
 # --- the child -----------------------------------------------------------------------------------
