@@ -58,6 +58,9 @@ class Config:
     """Decode speed (tokens/s) the planner aims for when it picks a model variant."""
     offline: bool = False
     """Never touch the network (also set by HF_HUB_OFFLINE=1)."""
+    workers: str | None = None
+    """RPC workers whose devices take layers of the daemon's models: "HOST:PORT,..."
+    (``localinfer worker`` or llama.cpp's rpc-server on each; ``serve --workers``)."""
 
     def replace(self, **changes: Any) -> Config:
         """A copy with the given fields changed; None values are ignored."""

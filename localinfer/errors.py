@@ -20,6 +20,8 @@ daemon maps ``http_status`` into a JSON ``error`` body.
     ├── DaemonError                      exit 8   daemon unreachable, already running, port in use
     │   └── Busy                         exit 8   the request queue is full (HTTP 503)
     ├── BackendUnavailable               exit 9   llama-cpp-python missing or unusable
+    ├── WorkerError                      exit 10  an RPC worker unreachable, refused or gone
+    │   └── WorkerLost                   exit 10  a worker died under a loaded model (unloaded)
     └── Cancelled                        exit 130 a generation or download cancelled (Ctrl+C)
 
 Exit code 2 is also what argparse uses for usage errors.
@@ -134,6 +136,22 @@ class BackendUnavailable(LocalInferError):
     title = "llama.cpp backend unavailable"
     exit_code = 9
     http_status = 500
+
+
+class WorkerError(LocalInferError):
+    """An RPC worker (``localinfer worker``, llama.cpp's ``rpc-server``) that cannot be used:
+    unreachable, of another protocol version, or serving someone else."""
+
+    title = "worker unavailable"
+    exit_code = 10
+    http_status = 503
+
+
+class WorkerLost(WorkerError):
+    """The process holding a model with RPC workers died (a worker stopped responding and
+    llama.cpp aborted it): the model is unloaded and its requests end with this."""
+
+    title = "worker lost"
 
 
 class Cancelled(LocalInferError):

@@ -70,6 +70,10 @@ class ModelInfo:
     """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
     embedding_only: bool = False
     """An embedding model: it returns vectors and generates no text."""
+    split: tuple[tuple[str, int], ...] = ()
+    """Where the layers are when RPC workers hold some: (device, layers) for the local CPU,
+    then each worker's device ("HOST:PORT #0"); the output layer counts as one. Empty on one
+    machine."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,8 @@ def model_info_from(data: dict[str, Any]) -> ModelInfo | None:
     values = {k: v for k, v in data.items() if k in names}
     if isinstance(values.get("fim"), list):
         values["fim"] = tuple(values["fim"])
+    if isinstance(values.get("split"), list):
+        values["split"] = tuple((str(device), int(layers)) for device, layers in values["split"])
     try:
         return ModelInfo(**values)
     except TypeError:

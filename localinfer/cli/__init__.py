@@ -8,6 +8,7 @@ Each area keeps its sub-commands in its own module with a ``register(subparsers)
     bench.py    bench                        measured speed against the limits
     chat.py     chat                         the terminal chat UI
     models.py   pull, list, show, rm, add    the model store
+    worker.py   worker                       lend this machine's devices over llama.cpp RPC
     common.py   the flags and output helpers several areas share
 
 Building the parser loads none of the engine, the daemon, Textual or the store: each command
@@ -28,11 +29,11 @@ from collections.abc import Sequence
 from .. import __version__, errors
 from ..config import load_config
 from ..errors import Cancelled, LocalInferError
-from . import bench, chat, daemon, models, plan, run
+from . import bench, chat, daemon, models, plan, run, worker
 
 INTERNAL_ERROR = 70
 
-AREAS = (run, daemon, plan, bench, chat, models)
+AREAS = (run, daemon, plan, bench, chat, models, worker)
 """In the order their commands are listed in ``--help``."""
 
 

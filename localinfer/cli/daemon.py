@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..daemon.instance import running_daemon
-from ..errors import DaemonError
+from ..errors import BackendUnavailable, DaemonError, WorkerError
 from ..progress import human_bytes
 from .common import (
     add_load_flags,
@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow this browser origin (repeatable; none by default)")
     p.add_argument("--model", default=None, metavar="MODEL", help="load this model at start")
+    p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
+                   help="RPC workers (`localinfer worker` on other machines) whose devices take"
+                        " layers of the models (default: config workers, LOCALINFER_WORKERS)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("ps", help="show the daemon's address and the models it has loaded",
@@ -92,7 +95,8 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from ..daemon.state import DaemonSettings
     from ..runtime.loader import engine_factory
 
-    config = load_settings(config, args).replace(slots=args.slots)
+    config = load_settings(config, args).replace(slots=args.slots, workers=args.workers)
+    _check_workers(config)
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
         port = args.port
@@ -126,6 +130,31 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     daemon.run()
     print("localinfer serve: stopped", flush=True)
     return 0
+
+
+def _check_workers(config: Config) -> None:
+    """Say what each RPC worker offers, before serving: a worker of another protocol
+    version, or a build without RPC, stops ``serve`` here; one that does not answer yet is
+    only warned about (each load probes the workers again)."""
+    from ..hardware.rpc import MISMATCH, parse_endpoints, probe_worker
+    from ..runtime.llama import RPC_MISSING, supports_rpc
+
+    endpoints = parse_endpoints(config.workers)
+    if not endpoints:
+        return
+    if not supports_rpc():
+        raise BackendUnavailable(RPC_MISSING, title="no RPC support in this build")
+    for endpoint in endpoints:
+        try:
+            worker = probe_worker(endpoint, measure_link=False)
+        except WorkerError as exc:
+            if exc.title == MISMATCH:
+                raise
+            print(f"localinfer serve: warning: {exc.message}", file=sys.stderr)
+            continue
+        offered = ", ".join(f"{d.name} {d.memory_free_gib:.1f} GiB free" for d in worker.devices)
+        print(f"localinfer serve: worker {endpoint}"
+              f"{f' ({worker.name})' if worker.name else ''}: {offered}", flush=True)
 
 
 def _preload(daemon, model: str) -> None:
@@ -201,6 +230,10 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
                      str(info["n_ctx"]), str(info["n_slots"]),
                      str(entry["stats"]["active"]), until))
     print_table(rows)
+    for entry in status["loaded"]:
+        if entry["info"].get("split"):
+            print(f"{entry['info']['name']} layers: " + ", ".join(
+                f"{device} {layers}" for device, layers in entry["info"]["split"]))
     return 0
 
 

@@ -19,6 +19,7 @@ from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
 from ..paths import get_paths
 from ..progress import human_bytes
+from . import worker
 from .common import gpu_layers_text, print_table
 
 PROFILE_HELP = """\
@@ -59,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reset", action="store_true",
                    help="forget this machine's bandwidth figures and decode calibration, then"
                         " measure the bandwidth again")
+    p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
+                   help="also list these RPC workers' devices, memory and bandwidth, and the"
+                        " link's round trip and throughput (default: config workers)")
     p.set_defaults(func=cmd_hw)
 
     p = sub.add_parser(
@@ -98,10 +102,11 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
         print("Forgot this machine's " + (" and ".join(forgot) if forgot else "nothing (none"
                                           " cached)") + ".", file=sys.stderr)
     hw = probe(remeasure=args.remeasure, remeasure_under_load=True)
+    hw, worker_rows = worker.probe_for_hw(hw, args.workers or config.workers)
     if args.json:
         print(hw.to_json())
         return 0
-    for label, value in hardware_lines(hw):
+    for label, value in hardware_lines(hw) + worker_rows:
         print(f"{label:<10} {value}")
     for label, value in measured_lines(bandwidth.cached(cache, bandwidth.profile_key(hw)),
                                        calibration.history(hw), hw.host_bandwidth_gbps):
@@ -316,8 +321,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
           if hw.host_bandwidth_gbps else "bandwidth not measured")
     print(f"Planning for {where}: {hw.ram_available_gib:.1f}/{hw.ram_total_gib:.1f} GiB RAM"
           f" available, {hw.cpu.runtime_threads} threads, host {bw}; {gpu_text}.")
-    for worker in hw.workers:
-        print(f"RPC worker {_worker_text(worker)}.")
+    for remote in hw.workers:
+        print(f"RPC worker {_worker_text(remote)}.")
     rows = [("VARIANT", "SIZE", "FITS", "GPU LAYERS", "RAM", "VRAM", "CTX", "PREFILL*",
              "DECODE*", "VERDICT", "REASON")]
     for e in shown:

@@ -55,6 +55,12 @@ class LoadedModel:
     """Its memory as the plan counts it; None without a memory plan."""
 
 
+def _stopped(entry: LoadedModel) -> BaseException | None:
+    """Why a loaded model can no longer answer: its engine's worker failed, or the process
+    that held it (a model with RPC workers, runtime/isolated.py) is gone."""
+    return entry.engine.failed or getattr(entry.engine.backend, "lost", None)
+
+
 class ModelManager:
     def __init__(
         self,
@@ -126,11 +132,11 @@ class ModelManager:
             return self._take(entry)  # no lock: another model's load or drain is no reason to wait
         async with self._switch:
             entry = self.loaded.get(model.name)
-            if entry is not None and entry.engine.failed is not None:
+            if entry is not None and _stopped(entry) is not None:
                 # Its worker stopped on an error (a bug, already reported to the requests
                 # it had): load the model afresh rather than fail every request after it.
                 log.warning("%s stopped working (%s); loading it again", model.name,
-                            entry.engine.failed)
+                            _stopped(entry))
                 await self._evict(entry)
                 entry = None
             if entry is not None and num_ctx:
@@ -151,7 +157,7 @@ class ModelManager:
     def _serves(entry: LoadedModel, num_ctx: int | None) -> bool:
         """The loaded ``entry`` can take a request with this context (as Ollama does, a
         context beyond what the model was trained for is capped)."""
-        if entry.engine.failed is not None:
+        if _stopped(entry) is not None:
             return False
         info = entry.engine.info
         return not num_ctx or min(num_ctx, info.n_ctx_train or num_ctx) <= info.n_ctx
@@ -269,10 +275,14 @@ class ModelManager:
         log.info("unloaded %s", entry.name)
 
     async def expire(self) -> None:
-        """Unload models whose keep-alive has run out (called periodically)."""
+        """Unload models whose keep-alive has run out, and idle ones that stopped working
+        (called periodically)."""
         now = time.monotonic()
         for entry in list(self.loaded.values()):
-            if entry.in_flight == 0 and entry.expires_at is not None and now >= entry.expires_at:
+            if entry.in_flight == 0 and _stopped(entry) is not None:
+                await self.unload(entry.name)  # stopped (a lost RPC worker): `ps` drops it now
+            elif entry.in_flight == 0 and entry.expires_at is not None and \
+                    now >= entry.expires_at:
                 await self.unload(entry.name, only_if_expired=True)
 
     def cancel_all(self) -> None:

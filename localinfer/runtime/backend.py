@@ -52,6 +52,12 @@ class LoadOptions:
     """The catalog lists the model as an embedding model (the GGUF header may say so too)."""
     fim_spm: bool = False
     """The family was trained with fill-in-the-middle prompts in suffix-prefix-middle order."""
+    rpc_servers: tuple[str, ...] = ()
+    """RPC workers ("HOST:PORT", each probed by hardware.rpc first) whose devices take the
+    ``n_gpu_layers`` offloaded layers; the local CPU keeps the rest."""
+    tensor_split: tuple[float, ...] = ()
+    """With rpc_servers: each worker device's share of the offloaded layers, in the order
+    the workers are listed (empty: by their free memory)."""
 
 
 class Backend(Protocol):

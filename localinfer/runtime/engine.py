@@ -24,7 +24,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import Busy, ContextOverflow, InvalidRequest, LocalInferError, ModelLoadError
+from ..errors import (
+    Busy,
+    ContextOverflow,
+    InvalidRequest,
+    LocalInferError,
+    ModelLoadError,
+    WorkerLost,
+)
 from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
@@ -618,7 +625,8 @@ class Engine:
                 if self._active():
                     self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
-            log.exception("engine worker crashed")
+            if not isinstance(exc, WorkerLost):  # logged where it was found out, no bug
+                log.exception("engine worker crashed")
             self.failed = exc
             self._fail_all(exc)
         finally:
@@ -805,6 +813,8 @@ class Engine:
             log.error("decode failed: %s", exc)
             for slot in decoding + [s for s, _ in chunks]:
                 self._abort(slot, exc)
+            if isinstance(exc, WorkerLost):
+                raise  # the model's process is gone: stop (``failed``), the owner reloads it
             return
 
         now = time.perf_counter()

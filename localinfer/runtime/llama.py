@@ -25,7 +25,7 @@ import numpy as np
 from llama_cpp.llama_grammar import SchemaConverter
 
 from ..catalog import is_embedding_header
-from ..errors import InvalidRequest, LocalInferError, ModelLoadError
+from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
@@ -287,6 +287,9 @@ class LlamaBackend:
              use_extra_bufts=_use_extra_buffer_types())
         if not options.use_mmap:
             _set(mparams, load_mode=L.LLAMA_LOAD_MODE_NONE)
+        self._split: tuple[tuple[str, int], ...] = ()
+        if options.rpc_servers:
+            self._rpc_arrays = _use_workers(mparams, options)  # kept: llama.cpp reads them
         if progress is not None:
             # Kept on self: ctypes must not free the callback while llama.cpp holds it.
             self._progress_cb = L.llama_progress_callback(self._on_progress)
@@ -311,6 +314,9 @@ class LlamaBackend:
         self._threads = (threads, options.n_threads_batch or threads)
         n_layers = L.llama_model_n_layer(self._model)
         offloaded = _offloaded_layers(options.n_gpu_layers, n_layers, gpu_build=bool(gpu))
+        if options.rpc_servers:
+            self._split = _worker_split(n_layers, options, self._rpc_arrays[2])
+            offloaded = 0  # no local GPU takes layers (info.split says where they are)
         cparams = L.llama_context_default_params()
         _set(
             cparams,
@@ -454,6 +460,7 @@ class LlamaBackend:
             add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
             fim=self._fim_texts(),
             embedding_only=self.embedding_only,
+            split=self._split,
         )
 
     def _fim_texts(self) -> tuple[str, str, str] | None:
@@ -974,3 +981,130 @@ def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_
         "prefill_tokens": len(tokens),
         "prefill_tps": len(tokens) / prefill_s,
     }
+
+
+# --- RPC workers (llama.cpp's ggml-rpc backend) ---------------------------------------------
+RPC_MISSING = ("this llama-cpp-python was built without llama.cpp's RPC backend; rebuild it"
+               " with: CMAKE_ARGS=\"-DGGML_RPC=on\" pip install --force-reinstall --no-cache-dir"
+               " --no-deps llama-cpp-python==0.3.36")
+_RPC_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+_RPC_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                     ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
+
+
+def supports_rpc() -> bool:
+    """Whether this llama.cpp build has the RPC backend (``-DGGML_RPC=on``)."""
+    _init()
+    return bool(L.llama_supports_rpc())
+
+
+def _rpc_function(name: str, prototype: Any) -> Any:
+    """A function of the RPC backend, found through ggml's registry (as llama.cpp's own
+    tools find it: it may live in libggml-rpc or be loaded dynamically)."""
+    _init()
+    lib = _rpc_registry_lib()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    address = lib.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+    if not address:
+        raise BackendUnavailable(RPC_MISSING, title="no RPC support in this build")
+    return prototype(address)
+
+
+def _rpc_registry_lib() -> ctypes.CDLL:
+    lib = _ggml_lib()
+    p = ctypes.c_void_p
+    for name, args, res in [
+        ("ggml_backend_reg_by_name", [ctypes.c_char_p], p),
+        ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+        ("ggml_backend_reg_dev_count", [p], ctypes.c_size_t),
+        ("ggml_backend_reg_dev_get", [p, ctypes.c_size_t], p),
+        ("ggml_backend_dev_by_name", [ctypes.c_char_p], p),
+    ]:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def rpc_devices(endpoints: Sequence[str]) -> list[int]:
+    """The devices of each RPC worker, in order (llama.cpp connects to each here and ABORTS
+    the process if one cannot be reached: probe them with hardware.rpc first)."""
+    add_server = _rpc_function("ggml_backend_rpc_add_server", _RPC_ADD_SERVER)
+    lib = _rpc_registry_lib()
+    out: list[int] = []
+    for endpoint in endpoints:
+        reg = add_server(endpoint.encode())
+        if not reg:
+            raise ModelLoadError(f"RPC worker {endpoint} offers no device.")
+        out += [lib.ggml_backend_reg_dev_get(reg, i)
+                for i in range(lib.ggml_backend_reg_dev_count(reg))]
+    return out
+
+
+def layers_per_device(n_layers: int, n_gpu_layers: int, tensor_split: Sequence[float]
+                      ) -> list[int]:
+    """How many of the n_layers + 1 layers (repeating layers, then the output layer)
+    llama.cpp puts on each offload device for ``n_gpu_layers`` and ``tensor_split``
+    (llama_model_base::load_tensors' rule); the CPU keeps the rest."""
+    n_devices = len(tensor_split)
+    counts = [0] * n_devices
+    offloaded = max(0, min(n_gpu_layers if n_gpu_layers >= 0 else n_layers + 1, n_layers + 1))
+    if not n_devices or not offloaded or sum(tensor_split) <= 0:
+        return counts
+    # In float32, as llama.cpp computes it, so that a layer on a boundary lands alike.
+    bounds = np.cumsum(np.array(tensor_split, dtype=np.float32), dtype=np.float32)
+    bounds = bounds / bounds[-1]
+    for j in range(offloaded):
+        position = np.float32(j) / np.float32(offloaded)
+        index = int(np.searchsorted(bounds, position, side="right"))
+        counts[min(index, n_devices - 1)] += 1
+    return counts
+
+
+def _use_workers(mparams: L.llama_model_params, options: LoadOptions
+                 ) -> tuple[ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_float], list[str]]:
+    """Put ``options.n_gpu_layers`` layers on the RPC workers' devices, shared out by
+    ``options.tensor_split``; the rest stays on the local CPU. Returns the arrays llama.cpp
+    reads while it loads, and a label for each device ("HOST:PORT #i")."""
+    handles = rpc_devices(options.rpc_servers)
+    if len(options.tensor_split) not in (0, len(handles)):
+        raise InvalidRequest(f"tensor_split has {len(options.tensor_split)} shares for"
+                             f" {len(handles)} worker devices.")
+    lib = _ggml_lib()
+    labels: list[str] = []
+    for handle in handles:
+        # The RPC backend describes each of its devices by the worker's endpoint.
+        endpoint = (lib.ggml_backend_dev_description(handle) or b"").decode()
+        labels.append(f"{endpoint} #{sum(x.startswith(endpoint + ' #') for x in labels)}")
+    array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)  # NULL-terminated
+    split = (ctypes.c_float * L.llama_max_devices())(*(options.tensor_split or ()))
+    _set(mparams, devices=ctypes.cast(array, ctypes.c_void_p).value,
+         split_mode=L.LLAMA_SPLIT_MODE_LAYER,
+         tensor_split=ctypes.cast(split, ctypes.POINTER(ctypes.c_float)) if options.tensor_split
+         else None)
+    return array, split, labels
+
+
+def _worker_split(n_layers: int, options: LoadOptions, labels: list[str]
+                  ) -> tuple[tuple[str, int], ...]:
+    """Layers per device, the local CPU first (as ModelInfo.split shows them)."""
+    shares = options.tensor_split or tuple(1.0 for _ in labels)
+    counts = layers_per_device(n_layers, options.n_gpu_layers, shares)
+    return (("CPU", n_layers + 1 - sum(counts)), *zip(labels, counts, strict=True))
+
+
+def start_rpc_server(endpoint: str, cache_dir: str | None, n_threads: int,
+                     device_names: Sequence[str]) -> None:
+    """Run llama.cpp's RPC server for these local devices (blocks while it serves; returns
+    when it could not listen)."""
+    start = _rpc_function("ggml_backend_rpc_start_server", _RPC_START_SERVER)
+    lib = _rpc_registry_lib()
+    handles = []
+    for name in device_names:
+        dev = lib.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            known = ", ".join(d.name for d in devices())
+            raise InvalidRequest(f"no device {name!r} in this llama.cpp build (it has: {known}).")
+        handles.append(dev)
+    array = (ctypes.c_void_p * len(handles))(*handles)
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads,
+          len(handles), array)

@@ -11,7 +11,9 @@ from pathlib import Path
 from .. import gguf
 from ..catalog import Catalog, load_catalog
 from ..config import FLASH_ATTN, Config
-from ..errors import BackendUnavailable, InvalidRequest, LocalInferError
+from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
+from ..hardware.profile import WorkerProfile
+from ..hardware.rpc import parse_endpoints, probe_workers
 from ..planner import Candidate, plan
 from ..selection import plan_prefs
 from ..store import CopyProgress, ModelStore
@@ -90,8 +92,58 @@ def load_engine(
             f"llama-cpp-python cannot be imported ({exc}). Install it with"
             " `pip install llama-cpp-python` (it builds llama.cpp from source, ~10 min)."
         ) from None
+    if options.rpc_servers:
+        # llama.cpp aborts its process when a worker dies: that process must not be ours.
+        from .isolated import IsolatedBackend
+
+        isolated = IsolatedBackend(path, options, name=name, progress=progress)
+        return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue)
+
+
+WORKER_RESERVE = 0.9
+"""The placeholder split fills at most this fraction of each device's free memory."""
+
+
+def _split_for_workers(header: gguf.GGUFHeader, local_free_bytes: float,
+                       workers: list[WorkerProfile]) -> tuple[int, tuple[float, ...]]:
+    """(layers on the workers, each worker device's layers): the n_layers + 1 layers (the
+    output layer counts as one) shared in proportion to free memory, the local CPU first.
+    A placeholder for the planner's split (planner.plan_split), which weighs bandwidth and
+    the link too. ModelTooLarge when the weights exceed the memory of all of them."""
+    units = header.block_count + 1
+    free = [local_free_bytes] + [d.memory_free_gib * 2**30 for w in workers for d in w.devices]
+    weights = header.tensor_bytes
+    if weights > WORKER_RESERVE * sum(free):
+        gib = 2**30
+        raise ModelTooLarge(
+            f"{header.name or 'the model'} needs {weights / gib:.1f} GiB for its weights; this"
+            f" machine ({free[0] / gib:.1f} GiB free) and the workers"
+            f" ({', '.join(w.endpoint for w in workers)}: {sum(free[1:]) / gib:.1f} GiB free)"
+            f" hold {WORKER_RESERVE * sum(free) / gib:.1f} GiB together.")
+    counts = [int(units * f / sum(free)) for f in free]
+    for i in sorted(range(len(free)), key=lambda i: -free[i])[:units - sum(counts)]:
+        counts[i] += 1  # the layers rounding left over, to the roomiest devices
+    return units - counts[0], tuple(float(c) for c in counts[1:])
+
+
+def with_workers(options: LoadOptions, header: gguf.GGUFHeader, endpoints: tuple[str, ...],
+                 *, local_free_bytes: float) -> LoadOptions:
+    """``options`` with layers on the RPC workers that answer now (probed here, before
+    llama.cpp is given them: it aborts on one it cannot reach). A worker that does not
+    answer is left out with a warning; one of another protocol version is refused
+    (WorkerError). No worker left: the options as they were (this machine alone)."""
+    workers, skipped = probe_workers(endpoints, measure_link=False, skip_unreachable=True)
+    for reason in skipped:
+        log.warning("leaving a worker out: %s", reason)
+    if not workers:
+        log.warning("no RPC worker answers (%s): loading on this machine alone",
+                    ", ".join(endpoints))
+        return options
+    n_remote, split = _split_for_workers(header, local_free_bytes, workers)
+    return replace(options, rpc_servers=tuple(w.endpoint for w in workers),
+                   tensor_split=split, n_gpu_layers=n_remote)
 
 
 DEFAULT_CTX = 4096
@@ -128,6 +180,18 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     )
 
 
+def on_workers(options: LoadOptions, header: gguf.GGUFHeader, endpoints: tuple[str, ...]
+               ) -> LoadOptions:
+    """``with_workers`` against this machine's free memory now; the options unchanged
+    without workers (the config's ``workers``, ``serve --workers``)."""
+    if not endpoints:
+        return options
+    from ..hardware.probe import probe_memory
+
+    return with_workers(options, header, endpoints,
+                        local_free_bytes=probe_memory().available_bytes)
+
+
 def open_engine(
     ref: str,
     config: Config,
@@ -142,6 +206,7 @@ def open_engine(
     model = store.resolve(ref, progress=on_copy)
     header = gguf.read_header(model.path)
     options = options_for(header, config, n_slots=n_slots, name=model.name)
+    options = on_workers(options, header, parse_endpoints(config.workers))
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header)
 
@@ -149,6 +214,8 @@ def open_engine(
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
     """The daemon's way to load a model: (resolved model, requested context) -> engine."""
     from ..store import ResolvedModel
+
+    workers = parse_endpoints(config.workers)
 
     def load(model: ResolvedModel, num_ctx: int | None, progress: ProgressCallback | None = None
              ) -> Engine:
@@ -158,6 +225,7 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
         options = options_for(header, config.replace(ctx=num_ctx),
                               n_slots=n_slots or config.slots, name=model.name)
+        options = on_workers(options, header, workers)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue, progress=progress)
 

@@ -1,0 +1,355 @@
+"""RPC workers: the pure-Python probe of llama.cpp's RPC protocol (against a fake worker),
+the placeholder split, and on the real starter model two `localinfer worker` processes on
+loopback: the split's greedy text, a worker killed mid-stream, a version refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+import ggufgen
+from localinfer import gguf
+from localinfer.config import Config, load_config
+from localinfer.errors import ConfigError, ModelTooLarge, WorkerError, WorkerLost
+from localinfer.hardware import rpc
+from localinfer.hardware.profile import RemoteDevice, WorkerProfile
+from localinfer.protocol import model_info_from, model_info_json
+from localinfer.runtime.backend import LoadOptions
+from localinfer.runtime.fake import FakeBackend
+from localinfer.runtime.loader import _split_for_workers, with_workers
+from rpc_fake import FakeWorker
+
+GIB = 1 << 30
+
+
+# --- the protocol, against a fake worker ------------------------------------------------------
+def test_endpoints_are_parsed_and_checked():
+    assert rpc.parse_endpoints(" 10.0.0.2:50052, desk:1234,10.0.0.2:50052") == (
+        "10.0.0.2:50052", "desk:1234")
+    assert rpc.parse_endpoint("[::1]:7") == ("::1", 7)
+    assert rpc.parse_endpoints(None) == ()
+    for bad in ("desk", "desk:", ":50052", "desk:0", "desk:70000", "desk:x"):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            rpc.parse_endpoints(bad)
+
+
+def test_the_rpc_tensor_is_llama_cpps_struct():
+    header = rpc.rpc_tensor_bytes(buffer=0x1000, data=0x2000, n_bytes=64)
+    assert len(header) == 296  # sizeof(rpc_tensor) in ggml-rpc.cpp
+    assert header[12:20] == (0x1000).to_bytes(8, "little")  # buffer, after id and type
+    assert header[20:24] == (16).to_bytes(4, "little")  # ne[0]: 16 floats
+
+
+def test_a_worker_is_probed():
+    worker = FakeWorker(devices=2, free=3 * GIB, total=4 * GIB)
+    try:
+        profile = rpc.probe_worker(worker.endpoint)
+    finally:
+        worker.close()
+    assert profile.endpoint == worker.endpoint and profile.protocol == "7.0.0"
+    assert [(d.name, d.memory_free_gib, d.memory_total_gib) for d in profile.devices] == [
+        ("device 0", 3.0, 4.0), ("device 1", 3.0, 4.0)]
+    # A stock rpc-server publishes nothing more: no names, no bandwidth, no host name.
+    assert profile.devices[0].bandwidth_gbps == 0.0 and profile.name == ""
+    assert profile.rtt_ms > 0 and profile.link_gbps > 0
+    sends = rpc.THROUGHPUT_SENDS
+    assert worker.bytes_set == sends * rpc.THROUGHPUT_BYTES
+    assert worker.commands[0] == rpc.CMD_HELLO and rpc.CMD_FREE_BUFFER in worker.commands
+
+
+@pytest.mark.parametrize("version", [(7, 0, 9), (7, 0, 0)])
+def test_a_newer_patch_is_accepted(version):
+    worker = FakeWorker(version)
+    try:
+        assert rpc.probe_worker(worker.endpoint, measure_link=False).protocol == \
+            rpc.version_text(version)
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("version, why", [((8, 0, 0), "major version differs"),
+                                          ((6, 3, 1), "major version differs"),
+                                          ((7, 1, 0), "minor version is newer")])
+def test_another_protocol_version_is_refused(version, why):
+    worker = FakeWorker(version)
+    try:
+        with pytest.raises(WorkerError) as caught:
+            rpc.probe_worker(worker.endpoint)
+    finally:
+        worker.close()
+    text = caught.value.one_line()
+    assert caught.value.title == rpc.MISMATCH
+    for part in (worker.endpoint, rpc.version_text(version), "7.0.0", why):
+        assert part in text
+
+
+def test_something_else_on_the_port_is_named():
+    worker = FakeWorker(hello_size=2)
+    try:
+        with pytest.raises(WorkerError, match="not a llama.cpp RPC worker"):
+            rpc.probe_worker(worker.endpoint)
+    finally:
+        worker.close()
+
+
+def test_a_busy_worker_times_out_with_a_reason():
+    worker = FakeWorker(busy=True)
+    started = time.monotonic()
+    try:
+        with pytest.raises(WorkerError, match="busy serving another client") as caught:
+            rpc.RPCConnection(worker.endpoint, reply_timeout_s=0.3)
+    finally:
+        worker.close()
+    assert caught.value.title == "worker busy"
+    assert time.monotonic() - started < 5
+
+
+def test_an_unreachable_worker_is_left_out_or_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"  # closed once this block ends
+    with pytest.raises(WorkerError, match=f"cannot reach worker {endpoint}"):
+        rpc.probe_worker(endpoint)
+    assert rpc.probe_workers((endpoint,), skip_unreachable=True)[0] == []
+
+
+def test_a_localinfer_worker_publishes_names_and_bandwidth():
+    from localinfer.runtime.rpc_worker import InfoServer, OfferedDevice, info_document
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        info_port = s.getsockname()[1]
+    device = OfferedDevice("CPU", "AMD EPYC", "cpu", 3 * GIB, 4 * GIB, 17.5)
+    InfoServer("127.0.0.1", info_port, info_document([device], info_port - 1))
+    info = rpc.worker_info(f"127.0.0.1:{info_port - 1}")
+    assert info is not None and info["devices"][0]["bandwidth_gbps"] == 17.5
+    worker = FakeWorker()
+    try:
+        profile = rpc.probe_worker(worker.endpoint, measure_link=False,
+                                   info=lambda endpoint: info)
+    finally:
+        worker.close()
+    assert (profile.devices[0].name, profile.devices[0].bandwidth_gbps) == ("CPU", 17.5)
+    assert profile.name == socket.gethostname()
+    with pytest.raises(ValueError):
+        rpc.parse_worker_info({"devices": [{"name": "CPU", "bandwidth_gbps": -1}]})
+
+
+def test_workers_come_from_the_config_and_environment(home):
+    assert load_config(environ={"LOCALINFER_WORKERS": "10.0.0.2:50052,10.0.0.3:50052"}
+                       ).workers == "10.0.0.2:50052,10.0.0.3:50052"
+    assert Config().workers is None
+
+
+# --- the split ------------------------------------------------------------------------------
+def _worker(endpoint: str, *free_gib: float) -> WorkerProfile:
+    return WorkerProfile(endpoint, tuple(RemoteDevice(f"device {i}", 8.0, f)
+                                         for i, f in enumerate(free_gib)))
+
+
+def test_the_placeholder_split_follows_free_memory():
+    header = SimpleNamespace(block_count=18, tensor_bytes=2 * GIB, name="m")
+    # 19 layers (18 + the output layer) over 8, 4 and 4 GiB: 9.5, 4.75, 4.75 -> 9, 4, 4,
+    # and the two left over to the roomiest (this machine, then the first worker).
+    n_remote, split = _split_for_workers(header, 8 * GIB, [_worker("a:1", 4), _worker("b:1", 4)])
+    assert (n_remote, split) == (9, (5.0, 4.0))
+    with pytest.raises(ModelTooLarge, match="a:1, b:1"):
+        _split_for_workers(SimpleNamespace(block_count=18, tensor_bytes=16 * GIB, name="m"),
+                           8 * GIB, [_worker("a:1", 4), _worker("b:1", 4)])
+
+
+def test_llama_cpps_layer_rule_is_followed():
+    from localinfer.runtime.llama import layers_per_device
+
+    assert layers_per_device(18, 9, (5.0, 4.0)) == [5, 4]
+    assert layers_per_device(18, 12, (1.0, 1.0)) == [6, 6]
+    assert sum(layers_per_device(18, -1, (1.0, 2.0, 3.0))) == 19
+    assert layers_per_device(18, 0, (1.0,)) == [0]
+
+
+def test_a_mismatched_worker_refuses_the_load_and_an_absent_one_is_left_out(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())
+    header = gguf.read_header(path)
+    worker = FakeWorker((8, 0, 0))
+    try:
+        with pytest.raises(WorkerError, match="speaks RPC protocol 8.0.0"):
+            with_workers(LoadOptions(), header, (worker.endpoint,), local_free_bytes=GIB)
+    finally:
+        worker.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    assert with_workers(LoadOptions(), header, (gone,), local_free_bytes=GIB) == LoadOptions()
+
+
+def test_a_load_that_fails_in_the_child_process_says_why(tmp_path):
+    from localinfer.errors import ModelLoadError
+    from localinfer.runtime.isolated import IsolatedBackend
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())  # a header llama.cpp cannot load weights from
+    with pytest.raises(ModelLoadError, match=f"llama.cpp could not load {path}"):
+        IsolatedBackend(path, LoadOptions(n_ctx=64), name="tiny")
+
+
+def test_a_model_whose_process_died_is_loaded_again(home):
+    from daemon_util import fake_factory, install_fake_models, serve
+
+    install_fake_models("fake:1b-f16")
+    loads: list = []
+    body = {"model": "fake:1b-f16", "prompt": "x", "stream": False}
+    with serve(fake_factory(loads=loads, reply="hi")) as d, d.uds() as c:
+        assert c.post("/api/generate", json=body).status_code == 200
+        (entry,) = d.manager.loaded.values()
+        # As runtime/isolated.py says once a call found its child process dead.
+        entry.engine.backend.lost = WorkerLost("worker a:1 stopped responding")
+        assert c.post("/api/generate", json=body).json()["response"] == "hi"
+    assert len(loads) == 2
+
+
+def test_the_split_crosses_the_wire():
+    info = FakeBackend().info
+    split = (("CPU", 7), ("127.0.0.1:50052 #0", 6))
+    data = json.loads(json.dumps(model_info_json(info.__class__(**{**info.__dict__,
+                                                                  "split": split}))))
+    restored = model_info_from(data)
+    assert restored is not None and restored.split == split
+
+
+# --- two workers on loopback, the real model -------------------------------------------------
+def _free_port_pair() -> int:
+    """A port P with P + 1 free too (the worker's description)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+def _start_worker(home: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port_pair()
+    env = {**os.environ, "LOCALINFER_HOME": str(home),
+           "PYTHONPATH": str(Path(__file__).parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "worker", "--port", str(port),
+                             "--cache", "off", "--threads", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    endpoint = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            rpc.RPCConnection(endpoint, connect_timeout_s=1).close()
+            return proc, endpoint
+        except WorkerError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the worker did not start: {proc.stderr.read()}") from None
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    home = tmp_path_factory.mktemp("worker-home")
+    started = [_start_worker(home) for _ in range(2)]
+    yield started
+    for proc, _ in started:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+def same_kernels(monkeypatch):
+    """llama.cpp's RPC server keeps weights in plain buffers, where this process repacks
+    them for its CPU (another kernel, another rounding): both sides alike, for equal text."""
+    monkeypatch.setenv("LOCALINFER_LLAMA_EXTRA_BUFTS", "0")
+
+
+PROMPT = "Once upon a time, in a village by the sea,"
+
+
+@pytest.mark.model
+def test_the_split_over_two_workers_writes_the_local_text(two_workers, starter_path,
+                                                          same_kernels):
+    from localinfer.hardware.probe import probe_memory
+    from localinfer.runtime.loader import load_engine
+    from localinfer.runtime.types import SamplingParams
+
+    endpoints = tuple(endpoint for _, endpoint in two_workers)
+    local = LoadOptions(n_ctx=512)
+    split = with_workers(local, gguf.read_header(starter_path), endpoints,
+                         local_free_bytes=probe_memory().available_bytes)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24)
+    texts = []
+    for options in (split, local):
+        with load_engine(starter_path, options, name="gemma3:270m",
+                         family="gemma3").wait_ready() as engine:
+            texts.append(engine.complete(PROMPT, greedy).result().text)
+            if options.rpc_servers:
+                layers = dict(engine.info.split)
+                assert list(layers) == ["CPU", f"{endpoints[0]} #0", f"{endpoints[1]} #0"]
+                assert all(n > 0 for n in layers.values()) and sum(layers.values()) == 19
+    assert texts[0] == texts[1] and len(texts[0]) > 20
+
+
+@pytest.mark.model
+def test_a_worker_killed_mid_stream_ends_that_request_and_the_daemon_goes_on(
+        two_workers, starter_path, same_kernels, tmp_path):
+    from daemon_util import serve
+    from localinfer.runtime.loader import engine_factory
+
+    (_, kept), (victim, lost) = two_workers
+    config = Config(ctx=512, workers=f"{kept},{lost}")
+    with serve(engine_factory(config, n_slots=1)) as d, httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(d.socket)), base_url="http://localhost",
+            timeout=120) as c:
+        body = {"model": "gemma3:270m", "prompt": PROMPT, "stream": True,
+                "options": {"temperature": 0, "num_predict": 400}}
+        lines = []
+        with c.stream("POST", "/api/generate", json=body) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                lines.append(json.loads(line))
+                if len(lines) == 3:
+                    victim.send_signal(signal.SIGKILL)
+        error = lines[-1].get("error", "")
+        assert f"worker {lost} stopped responding; the model was unloaded" in error
+        assert kept not in error.split(";")[0]
+        # The next request loads the model again, without the dead worker.
+        again = c.post("/api/generate", json={**body, "stream": False,
+                                              "options": {"num_predict": 4}})
+        assert again.status_code == 200 and again.json()["response"]
+        loaded = c.get("/localinfer/status").json()["loaded"]
+        assert [device for device, _ in loaded[0]["info"]["split"]] == ["CPU", f"{kept} #0"]
+    assert victim.wait(10) == -signal.SIGKILL
+
+
+def test_serve_refuses_a_worker_of_another_protocol(home):
+    worker = FakeWorker((8, 0, 0))
+    try:
+        done = subprocess.run([sys.executable, "-m", "localinfer", "serve", "--no-tcp",
+                               "--workers", worker.endpoint],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "LOCALINFER_HOME": str(home),
+                                   "PYTHONPATH": str(Path(__file__).parent.parent)})
+    finally:
+        worker.close()
+    assert done.returncode == WorkerError.exit_code, done.stderr
+    assert f"worker {worker.endpoint} speaks RPC protocol 8.0.0" in done.stderr
+    assert "Traceback" not in done.stderr
+
