@@ -25,12 +25,13 @@ import time
 from pathlib import Path
 
 from localinfer import gguf
+from localinfer.config import Config
 from localinfer.hardware import rpc
-from localinfer.hardware.probe import probe_memory
+from localinfer.hardware.probe import probe
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.isolated import IsolatedBackend
-from localinfer.runtime.loader import load_engine, with_workers
+from localinfer.runtime.loader import load_engine, split_options, worker_split
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore
 
@@ -113,16 +114,23 @@ def main() -> None:
               " makes two: decode, sample)", flush=True)
 
     workers = [start_worker(args.threads) for _ in range(2)]
+    hardware = probe(measure_bandwidth=False)
     try:
-        for endpoints in ([workers[0][1]], [w[1] for w in workers]):
-            split = with_workers(local, header, tuple(endpoints),
-                                 local_free_bytes=probe_memory().available_bytes)
-            with load_engine(model.path, split, name=model.name).wait_ready() as engine:
+        # The layers in equal shares (the planner alone keeps a model this small on one
+        # machine): what the split costs, against what the planner predicts for it.
+        for endpoints, layers in (([workers[0][1]], "9,9"), ([w[1] for w in workers], "6,6,6")):
+            split = worker_split(header, tuple(endpoints), hardware=hardware,
+                                 config=Config(threads=args.threads, layer_split=layers),
+                                 n_ctx=local.n_ctx, n_slots=1, name=model.name)
+            assert split is not None, "the workers did not answer"
+            options = split_options(local, split, model.name)
+            with load_engine(model.path, options, name=model.name).wait_ready() as engine:
                 where = ", ".join(f"{d} {n}" for d, n in engine.info.split)
                 step = 1.0 / engine.measure_decode_step()
                 report(f"split over {len(endpoints)} worker(s)",
                        decode_rates(engine, args.runs, args.tokens), step)
-                print(f"{'':<34} layers: {where}", flush=True)
+                print(f"{'':<34} layers: {where}; predicted {split.decode_tps:.1f} tok/s"
+                      f" (network {split.network_ms:.2f} ms a token)", flush=True)
             links = [rpc.probe_worker(e) for e in endpoints]
             print(f"{'':<34} link: " + "; ".join(
                 f"{w.endpoint} round trip {w.rtt_ms:.3f} ms, {w.link_gbps:.2f} GB/s"

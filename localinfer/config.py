@@ -61,6 +61,9 @@ class Config:
     workers: str | None = None
     """RPC workers whose devices take layers of the daemon's models: "HOST:PORT,..."
     (``localinfer worker`` or llama.cpp's rpc-server on each; ``serve --workers``)."""
+    layer_split: str | None = None
+    """Layers per device with workers, instead of the planner's split: "6,6,6" = this
+    machine's CPU, then each worker device in order (``serve --layer-split``)."""
 
     def replace(self, **changes: Any) -> Config:
         """A copy with the given fields changed; None values are ignored."""

@@ -1,5 +1,5 @@
 """RPC workers: the pure-Python probe of llama.cpp's RPC protocol (against a fake worker),
-the placeholder split, and on the real starter model two `localinfer worker` processes on
+the planner's split as loaded, and on the real starter model two `localinfer worker` processes on
 loopback: the split's greedy text, a worker killed mid-stream, a version refused."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -20,13 +19,13 @@ import pytest
 import ggufgen
 from localinfer import gguf
 from localinfer.config import Config, load_config
-from localinfer.errors import ConfigError, ModelTooLarge, WorkerError, WorkerLost
+from localinfer.errors import ConfigError, InvalidRequest, WorkerError, WorkerLost
 from localinfer.hardware import rpc
-from localinfer.hardware.profile import RemoteDevice, WorkerProfile
+from localinfer.hardware.profile import CPUInfo, HardwareProfile
 from localinfer.protocol import model_info_from, model_info_json
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.fake import FakeBackend
-from localinfer.runtime.loader import _split_for_workers, with_workers
+from localinfer.runtime.loader import parse_layer_split, with_workers
 from rpc_fake import FakeWorker
 
 GIB = 1 << 30
@@ -152,20 +151,16 @@ def test_workers_come_from_the_config_and_environment(home):
 
 
 # --- the split ------------------------------------------------------------------------------
-def _worker(endpoint: str, *free_gib: float) -> WorkerProfile:
-    return WorkerProfile(endpoint, tuple(RemoteDevice(f"device {i}", 8.0, f)
-                                         for i, f in enumerate(free_gib)))
+HOST = HardwareProfile(ram_total_gib=16, ram_available_gib=12,
+                       cpu=CPUInfo("x86", physical_cores=4, logical_cores=8),
+                       host_bandwidth_gbps=40, host_bandwidth_1core_gbps=15)
 
 
-def test_the_placeholder_split_follows_free_memory():
-    header = SimpleNamespace(block_count=18, tensor_bytes=2 * GIB, name="m")
-    # 19 layers (18 + the output layer) over 8, 4 and 4 GiB: 9.5, 4.75, 4.75 -> 9, 4, 4,
-    # and the two left over to the roomiest (this machine, then the first worker).
-    n_remote, split = _split_for_workers(header, 8 * GIB, [_worker("a:1", 4), _worker("b:1", 4)])
-    assert (n_remote, split) == (9, (5.0, 4.0))
-    with pytest.raises(ModelTooLarge, match="a:1, b:1"):
-        _split_for_workers(SimpleNamespace(block_count=18, tensor_bytes=16 * GIB, name="m"),
-                           8 * GIB, [_worker("a:1", 4), _worker("b:1", 4)])
+def test_a_layer_split_is_read_or_refused_by_name():
+    assert parse_layer_split("6,6,6") == [6, 6, 6]
+    for bad in ("", "6,x", "6,-1"):
+        with pytest.raises(InvalidRequest, match="layer_split"):
+            parse_layer_split(bad)
 
 
 def test_llama_cpps_layer_rule_is_followed():
@@ -184,13 +179,45 @@ def test_a_mismatched_worker_refuses_the_load_and_an_absent_one_is_left_out(tmp_
     worker = FakeWorker((8, 0, 0))
     try:
         with pytest.raises(WorkerError, match="speaks RPC protocol 8.0.0"):
-            with_workers(LoadOptions(), header, (worker.endpoint,), local_free_bytes=GIB)
+            with_workers(LoadOptions(), header, (worker.endpoint,), hardware=HOST,
+                         config=Config())
     finally:
         worker.close()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         gone = f"127.0.0.1:{s.getsockname()[1]}"
-    assert with_workers(LoadOptions(), header, (gone,), local_free_bytes=GIB) == LoadOptions()
+    assert with_workers(LoadOptions(), header, (gone,), hardware=HOST,
+                        config=Config()) == LoadOptions()
+
+
+def test_the_load_takes_the_planners_split_or_the_one_given(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())
+    header = gguf.read_header(path)  # 2 layers
+    worker = FakeWorker(devices=2, free=3 * GIB, total=4 * GIB)
+    try:
+        endpoints = (worker.endpoint,)
+        # A model this small reads faster on this machine than over any link: it stays.
+        planned = with_workers(LoadOptions(n_ctx=256), header, endpoints, hardware=HOST,
+                               config=Config())
+        assert planned == LoadOptions(n_ctx=256)
+        # Given: layer 0 here, layer 1 and the output head on the worker's first device (the
+        # head counts as one layer in llama.cpp's n_gpu_layers and tensor_split), none on its
+        # second; then one layer on each worker device, the head on the second.
+        given = with_workers(LoadOptions(n_ctx=256), header, endpoints, hardware=HOST,
+                             config=Config(layer_split="1,1,0"))
+        assert (given.rpc_servers, given.n_gpu_layers, given.tensor_split) == \
+            (endpoints, 2, (2.0,))
+        given = with_workers(LoadOptions(n_ctx=256), header, endpoints, hardware=HOST,
+                             config=Config(layer_split="0,1,1"))
+        assert (given.n_gpu_layers, given.tensor_split) == (3, (1.0, 2.0))
+        # A split written for devices that are not all there any more: the planner's, over
+        # the ones that answer, still on the workers (the user asked for them).
+        fallback = with_workers(LoadOptions(n_ctx=256), header, endpoints, hardware=HOST,
+                                config=Config(layer_split="1,1"))
+        assert fallback.rpc_servers == endpoints and fallback.n_gpu_layers >= 1
+    finally:
+        worker.close()
 
 
 def test_a_load_that_fails_in_the_child_process_says_why(tmp_path):
@@ -286,14 +313,16 @@ PROMPT = "Once upon a time, in a village by the sea,"
 @pytest.mark.model
 def test_the_split_over_two_workers_writes_the_local_text(two_workers, starter_path,
                                                           same_kernels):
-    from localinfer.hardware.probe import probe_memory
+    from localinfer.hardware.probe import probe
     from localinfer.runtime.loader import load_engine
     from localinfer.runtime.types import SamplingParams
 
     endpoints = tuple(endpoint for _, endpoint in two_workers)
     local = LoadOptions(n_ctx=512)
+    # The planner keeps a model this small on one machine: the split is given.
     split = with_workers(local, gguf.read_header(starter_path), endpoints,
-                         local_free_bytes=probe_memory().available_bytes)
+                         hardware=probe(measure_bandwidth=False),
+                         config=Config(layer_split="6,6,6"))
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     texts = []
     for options in (split, local):
@@ -303,7 +332,7 @@ def test_the_split_over_two_workers_writes_the_local_text(two_workers, starter_p
             if options.rpc_servers:
                 layers = dict(engine.info.split)
                 assert list(layers) == ["CPU", f"{endpoints[0]} #0", f"{endpoints[1]} #0"]
-                assert all(n > 0 for n in layers.values()) and sum(layers.values()) == 19
+                assert list(layers.values()) == [6, 6, 7]  # the output head on the last
     assert texts[0] == texts[1] and len(texts[0]) > 20
 
 
@@ -314,7 +343,9 @@ def test_a_worker_killed_mid_stream_ends_that_request_and_the_daemon_goes_on(
     from localinfer.runtime.loader import engine_factory
 
     (_, kept), (victim, lost) = two_workers
-    config = Config(ctx=512, workers=f"{kept},{lost}")
+    # With one worker gone, the split given for three devices no longer applies: the reload
+    # takes the planner's over this machine and the worker left.
+    config = Config(ctx=512, workers=f"{kept},{lost}", layer_split="6,6,6")
     with serve(engine_factory(config, n_slots=1)) as d, httpx.Client(
             transport=httpx.HTTPTransport(uds=str(d.socket)), base_url="http://localhost",
             timeout=120) as c:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..daemon.instance import running_daemon
-from ..errors import BackendUnavailable, DaemonError, WorkerError
+from ..errors import BackendUnavailable, DaemonError, InvalidRequest, WorkerError
 from ..progress import human_bytes
 from .common import (
     add_load_flags,
@@ -52,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
                    help="RPC workers (`localinfer worker` on other machines) whose devices take"
                         " layers of the models (default: config workers, LOCALINFER_WORKERS)")
+    p.add_argument("--layer-split", default=None, metavar="N,N,...",
+                   help="with --workers: layers on this machine's CPU, then on each worker"
+                        " device in order, instead of the planner's split (default: config"
+                        " layer_split)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("ps", help="show the daemon's address and the models it has loaded",
@@ -95,7 +99,8 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from ..daemon.state import DaemonSettings
     from ..runtime.loader import engine_factory
 
-    config = load_settings(config, args).replace(slots=args.slots, workers=args.workers)
+    config = load_settings(config, args).replace(slots=args.slots, workers=args.workers,
+                                                 layer_split=args.layer_split)
     _check_workers(config)
     host, port = parse_address(args.host or config.host, config.port)
     if args.port is not None:
@@ -138,8 +143,14 @@ def _check_workers(config: Config) -> None:
     only warned about (each load probes the workers again)."""
     from ..hardware.rpc import MISMATCH, parse_endpoints, probe_worker
     from ..runtime.llama import RPC_MISSING, supports_rpc
+    from ..runtime.loader import parse_layer_split
 
     endpoints = parse_endpoints(config.workers)
+    if config.layer_split:
+        parse_layer_split(config.layer_split)
+        if not endpoints:
+            raise InvalidRequest("layer_split splits a model across RPC workers: give"
+                                 " --workers too (or leave layer_split out).")
     if not endpoints:
         return
     if not supports_rpc():

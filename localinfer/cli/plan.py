@@ -11,6 +11,7 @@ family, it uses cached headers and else the catalog's estimates, marked ``~``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -80,6 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="parallel sequences (default 1; 0 = as many as fit, for the daemon)")
     p.add_argument("--hardware", metavar="PROFILE.json",
                    help="plan for the machine described in this file instead of this one")
+    p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
+                   help="plan with these RPC workers' devices too, probed now (default: config"
+                        " workers; with --hardware, the profile's \"workers\")")
     p.add_argument("--all", action="store_true",
                    help="with no MODEL: list every variant, not the best per model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -187,6 +191,7 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
     # The hardware probes, the planner and the store: not for building the parser.
     from ..hardware import load_profile, probe
     from ..hardware.calibration import load_ratios
+    from ..hardware.rpc import parse_endpoints, probe_workers
     from ..planner import plan
     from ..selection import best_or_smallest, plan_prefs
     from ..store import HeaderFetch
@@ -202,11 +207,17 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
                            file=sys.stderr)))
     groups = _candidates(args.model, fetch)  # a bad name fails before any probing
     if args.hardware:
+        if args.workers:
+            raise InvalidRequest("--workers probes workers from this machine; for a machine"
+                                 " described in --hardware, list them in its \"workers\".")
         hw = load_profile(args.hardware)
         calibration: dict[str, float] = {}
     else:
         hw = probe()
         calibration = load_ratios(hw)
+        endpoints = parse_endpoints(args.workers or config.workers)
+        if endpoints:
+            hw = dataclasses.replace(hw, workers=tuple(probe_workers(endpoints)[0]))
     prefs = plan_prefs(config.replace(ctx=args.ctx, min_tps=args.min_tps), calibration,
                        n_slots=None if args.slots == 0 else (args.slots or 1))
     every = [c for _, cands in groups for c in cands]

@@ -15,9 +15,10 @@ from .. import gguf
 from ..config import Config
 from ..errors import ModelTooLarge
 from ..hardware import HardwareProfile, probe
+from ..hardware.rpc import parse_endpoints
 from ..planner import Candidate, memory_budget, plan
 from ..progress import human_bytes
-from ..runtime.loader import options_for
+from ..runtime.loader import options_for, worker_split
 from ..selection import plan_prefs
 from ..store import ResolvedModel
 
@@ -141,6 +142,17 @@ class MemoryPlan:
                 num_ctx = min(num_ctx, header.context_length)
             options = options_for(header, config.replace(ctx=num_ctx), n_slots=config.slots,
                                   hardware=machine(), name=model.name)
+            endpoints = parse_endpoints(config.workers)
+            split = worker_split(header, endpoints, hardware=machine(), config=config,
+                                 n_ctx=options.n_ctx, n_slots=options.n_slots,
+                                 name=model.name) if endpoints else None
+            if split is not None and split.fits and split.uses_workers:
+                # Only this machine's part counts against its memory (a loaded model with
+                # workers runs in a child process, runtime/isolated.py).
+                local = split.devices[0]
+                return Footprint(ram_bytes=local.memory.total_bytes,
+                                 n_gpu_layers=split.n_gpu_layers,
+                                 n_layers_total=header.block_count + 1)
             placed = plan(machine(), [Candidate.from_header(header, name=model.name)],
                           replace(prefs, n_ctx=options.n_ctx, n_slots=options.n_slots,
                                   n_gpu_layers=options.n_gpu_layers)).evaluations[0]

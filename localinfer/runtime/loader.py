@@ -12,9 +12,9 @@ from .. import gguf
 from ..catalog import Catalog, load_catalog
 from ..config import FLASH_ATTN, Config
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
-from ..hardware.profile import WorkerProfile
+from ..hardware.profile import HardwareProfile
 from ..hardware.rpc import parse_endpoints, probe_workers
-from ..planner import Candidate, plan
+from ..planner import Candidate, WorkerSplit, plan, plan_split
 from ..selection import plan_prefs
 from ..store import CopyProgress, ModelStore
 from .backend import LoadOptions, ProgressCallback
@@ -102,48 +102,79 @@ def load_engine(
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue)
 
 
-WORKER_RESERVE = 0.9
-"""The placeholder split fills at most this fraction of each device's free memory."""
-
-
-def _split_for_workers(header: gguf.GGUFHeader, local_free_bytes: float,
-                       workers: list[WorkerProfile]) -> tuple[int, tuple[float, ...]]:
-    """(layers on the workers, each worker device's layers): the n_layers + 1 layers (the
-    output layer counts as one) shared in proportion to free memory, the local CPU first.
-    A placeholder for the planner's split (planner.plan_split), which weighs bandwidth and
-    the link too. ModelTooLarge when the weights exceed the memory of all of them."""
-    units = header.block_count + 1
-    free = [local_free_bytes] + [d.memory_free_gib * 2**30 for w in workers for d in w.devices]
-    weights = header.tensor_bytes
-    if weights > WORKER_RESERVE * sum(free):
-        gib = 2**30
-        raise ModelTooLarge(
-            f"{header.name or 'the model'} needs {weights / gib:.1f} GiB for its weights; this"
-            f" machine ({free[0] / gib:.1f} GiB free) and the workers"
-            f" ({', '.join(w.endpoint for w in workers)}: {sum(free[1:]) / gib:.1f} GiB free)"
-            f" hold {WORKER_RESERVE * sum(free) / gib:.1f} GiB together.")
-    counts = [int(units * f / sum(free)) for f in free]
-    for i in sorted(range(len(free)), key=lambda i: -free[i])[:units - sum(counts)]:
-        counts[i] += 1  # the layers rounding left over, to the roomiest devices
-    return units - counts[0], tuple(float(c) for c in counts[1:])
-
-
-def with_workers(options: LoadOptions, header: gguf.GGUFHeader, endpoints: tuple[str, ...],
-                 *, local_free_bytes: float) -> LoadOptions:
-    """``options`` with layers on the RPC workers that answer now (probed here, before
-    llama.cpp is given them: it aborts on one it cannot reach). A worker that does not
-    answer is left out with a warning; one of another protocol version is refused
-    (WorkerError). No worker left: the options as they were (this machine alone)."""
-    workers, skipped = probe_workers(endpoints, measure_link=False, skip_unreachable=True)
+def worker_split(header: gguf.GGUFHeader, endpoints: tuple[str, ...], *,
+                 hardware: HardwareProfile, config: Config, n_ctx: int, n_slots: int,
+                 name: str = "model") -> WorkerSplit | None:
+    """The planner's split of the model across this machine (``hardware``) and the RPC
+    workers that answer now (probed here, before llama.cpp is given them: it aborts on one it
+    cannot reach), or the one ``config.layer_split`` gives; None when no worker answers. A
+    worker that does not answer is left out with a warning; one of another protocol version
+    is refused (WorkerError)."""
+    workers, skipped = probe_workers(endpoints, skip_unreachable=True)
     for reason in skipped:
         log.warning("leaving a worker out: %s", reason)
     if not workers:
         log.warning("no RPC worker answers (%s): loading on this machine alone",
                     ", ".join(endpoints))
+        return None
+    pooled = replace(hardware, workers=tuple(workers))
+    prefs = replace(plan_prefs(config, n_slots=n_slots), n_ctx=n_ctx)
+    layers = parse_layer_split(config.layer_split) if config.layer_split else None
+    n_devices = 1 + sum(len(w.devices) for w in workers)
+    if layers is not None and len(layers) != n_devices:
+        # A worker has gone since the split was written: still use the ones left.
+        log.warning("layer_split %s names %d devices, and this machine and the workers that"
+                    " answer have %d: planning a split over them instead", config.layer_split,
+                    len(layers), n_devices)
+        layers = None
+    return plan_split(Candidate.from_header(header, name=name), pooled, prefs, n_ctx=n_ctx,
+                      layers=layers, require_workers=config.layer_split is not None)
+
+
+def with_workers(options: LoadOptions, header: gguf.GGUFHeader, endpoints: tuple[str, ...],
+                 *, hardware: HardwareProfile, config: Config, name: str = "model"
+                 ) -> LoadOptions:
+    """``options`` with the layers ``worker_split`` puts on the workers (``split_options``);
+    unchanged when no worker answers."""
+    split = worker_split(header, endpoints, hardware=hardware, config=config,
+                         n_ctx=options.n_ctx, n_slots=options.n_slots, name=name)
+    return options if split is None else split_options(options, split, name)
+
+
+def split_options(options: LoadOptions, split: WorkerSplit, name: str = "model") -> LoadOptions:
+    """``options`` that load the model as ``split`` places it. A split that does not fit is
+    ModelTooLarge; one that leaves the workers out (their link costs more than their layers
+    save): the options as they were."""
+    endpoints = tuple(dict.fromkeys(d.endpoint for d in split.remote_devices))
+    if not split.fits:
+        raise ModelTooLarge(f"{name} does not fit this machine and the workers"
+                            f" ({', '.join(endpoints)}): {split.reason}")
+    if not split.uses_workers:
+        log.warning("%s stays on this machine: with the workers it would decode at %.1f tok/s"
+                    " (%s)", name, split.decode_tps, "; ".join(split.notes) or "their link"
+                    " costs more than their layers save")
         return options
-    n_remote, split = _split_for_workers(header, local_free_bytes, workers)
-    return replace(options, rpc_servers=tuple(w.endpoint for w in workers),
-                   tensor_split=split, n_gpu_layers=n_remote)
+    if split.local_gpu_layers:
+        raise InvalidRequest(f"the plan for {name} puts layers on this machine's GPU and on"
+                             " RPC workers; loading both is not supported yet: give"
+                             " `layer_split` with 0 for the GPU.")
+    log.info("%s split across machines: %s; predicted %.1f tok/s", name,
+             split.placement_text(), split.decode_tps)
+    return replace(options, rpc_servers=endpoints, tensor_split=split.tensor_split(),
+                   n_gpu_layers=split.n_gpu_layers)
+
+
+def parse_layer_split(text: str) -> list[int]:
+    """``layer_split`` ("6,6,7": repeating layers on this machine's CPU, then on each worker
+    device in order) as numbers; InvalidRequest naming the setting when it is not that."""
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        layers = []
+    if not layers or any(n < 0 for n in layers):
+        raise InvalidRequest(f"layer_split {text!r} is not a list of layer counts such as"
+                             " '6,6,6' (this machine's CPU first, then each worker device).")
+    return layers
 
 
 DEFAULT_CTX = 4096
@@ -180,16 +211,17 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     )
 
 
-def on_workers(options: LoadOptions, header: gguf.GGUFHeader, endpoints: tuple[str, ...]
-               ) -> LoadOptions:
-    """``with_workers`` against this machine's free memory now; the options unchanged
-    without workers (the config's ``workers``, ``serve --workers``)."""
+def on_workers(options: LoadOptions, header: gguf.GGUFHeader, config: Config,
+               name: str = "model") -> LoadOptions:
+    """``with_workers`` for the config's ``workers`` (``serve --workers``), planned against
+    this machine as it is now; the options unchanged without workers."""
+    endpoints = parse_endpoints(config.workers)
     if not endpoints:
         return options
-    from ..hardware.probe import probe_memory
+    from ..hardware import probe
 
-    return with_workers(options, header, endpoints,
-                        local_free_bytes=probe_memory().available_bytes)
+    return with_workers(options, header, endpoints, hardware=probe(measure_bandwidth=False),
+                        config=config, name=name)
 
 
 def open_engine(
@@ -206,7 +238,7 @@ def open_engine(
     model = store.resolve(ref, progress=on_copy)
     header = gguf.read_header(model.path)
     options = options_for(header, config, n_slots=n_slots, name=model.name)
-    options = on_workers(options, header, parse_endpoints(config.workers))
+    options = on_workers(options, header, config, model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header)
 
@@ -214,8 +246,6 @@ def open_engine(
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
     """The daemon's way to load a model: (resolved model, requested context) -> engine."""
     from ..store import ResolvedModel
-
-    workers = parse_endpoints(config.workers)
 
     def load(model: ResolvedModel, num_ctx: int | None, progress: ProgressCallback | None = None
              ) -> Engine:
@@ -225,7 +255,7 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
         options = options_for(header, config.replace(ctx=num_ctx),
                               n_slots=n_slots or config.slots, name=model.name)
-        options = on_workers(options, header, workers)
+        options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue, progress=progress)
 
