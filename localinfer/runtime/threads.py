@@ -1,0 +1,235 @@
+"""Thread counts that follow the machine's load: the engine's worker times every step, and
+when other processes take cores it tries fewer threads, keeping them only while they are
+measured faster; it tries more again when the load leaves.
+
+llama.cpp's threads meet at a barrier after every operation of a step, so a step is as slow as
+its slowest thread: with one core busy in another process, the thread that shares that core is
+descheduled half the time and the others wait for it. On a 2-core x86 the starter model then
+decodes faster with 1 thread than with 2 (17.5 against 11.1 tok/s; 14.2 against 0.42 at a load
+of 5-9). Which count is best depends on the CPU, the model and the load, so it is measured, not
+assumed: ``ThreadPolicy`` is the pure explore/exploit rule for one kind of step (fed with
+thread counts and step times), ``ThreadTuner`` applies one policy per kind of step to a backend
+and samples the other processes' CPU use, the cheap signal that says when to try.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+WINDOW_STEPS = 6
+"""Steps measured at one thread count before it is judged (their median): a decode step of a
+small model takes 20-60 ms, so a window is a fraction of a second."""
+SWITCH_MARGIN = 0.08
+"""Another count is kept only when its median step is this much faster: two counts within
+noise of each other must not take turns."""
+JUMP = 0.3
+"""A window this much slower (or faster) than the last settled one means the load changed:
+try the neighbouring counts at once."""
+FIRST_INTERVAL_STEPS = 32
+"""Steps between two periodic tries after a change; the interval doubles after each try that
+changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
+(a try of a worse count costs ``WINDOW_STEPS`` slower steps)."""
+LAST_INTERVAL_STEPS = 1024
+BUSY_CORES = 0.5
+"""Other processes using at least this many cores' worth of CPU may make fewer threads pay:
+only then are fewer threads tried periodically (a step-time jump tries them in any case)."""
+LOAD_CHANGE_CORES = 0.5
+"""Other processes' CPU use moving this much since the last try starts a new try."""
+LOAD_SAMPLE_S = 0.25
+"""The shortest span over which the other processes' CPU use is measured."""
+
+
+def step_group(rows: int) -> str:
+    """The kind of step a batch of ``rows`` tokens is, for the thread count: llama.cpp runs a
+    one-row step with ``n_threads`` and any other with ``n_threads_batch``, and the costs
+    differ in kind (one row reads every weight for one token: memory-bound; a prompt chunk
+    is compute-bound), so each kind learns its own count."""
+    if rows <= 1:
+        return "1 row"
+    if rows <= 8:
+        return "2-8 rows"
+    if rows <= 64:
+        return "9-64 rows"
+    return "65+ rows"
+
+
+def step_cost(rows: int, seconds: float) -> float:
+    """A step's time made comparable across the row counts of one group. Up to 8 rows a step
+    costs about the square root of its rows (an 8-row step ~2-3x a 1-row one on x86, as the
+    weights are read once for all rows); a larger one about its rows (compute-bound)."""
+    if rows <= 8:
+        return seconds / max(1, rows) ** 0.5
+    return seconds / rows
+
+
+@dataclass
+class ThreadPolicy:
+    """Which thread count one kind of step runs with. It runs with ``n_threads``; now and
+    then (see ``FIRST_INTERVAL_STEPS``), or at once when the step time jumps or other
+    processes' CPU use changes, it tries the neighbouring counts for a window each and moves
+    to one only if it was measured ``SWITCH_MARGIN`` faster."""
+
+    max_threads: int
+    n_threads: int = 0
+    """The count the next step runs with (0: start at ``max_threads``)."""
+    switches: int = 0
+    """How many times the count changed: a stable machine should see few."""
+    _recent: list[float] = field(default_factory=list)
+    _settled_cost: float | None = None
+    _trying: list[int] = field(default_factory=list)
+    """The counts still to try, the current one first."""
+    _tried: dict[int, list[float]] = field(default_factory=dict)
+    _skip_next: bool = False
+    _since_try: int = 0
+    _interval: int = FIRST_INTERVAL_STEPS
+    _others_at_try: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.max_threads = max(1, self.max_threads)
+        self.n_threads = min(self.n_threads or self.max_threads, self.max_threads)
+
+    @property
+    def next_threads(self) -> int:
+        """The count for the next step of this kind."""
+        return self._trying[0] if self._trying else self.n_threads
+
+    def record(self, threads: int, cost: float, others_cores: float) -> None:
+        """One step of this kind ran with ``threads`` threads at ``cost`` (``step_cost``),
+        while other processes used ``others_cores`` cores' worth of CPU."""
+        if self._skip_next:
+            # The first step after a change pays for it (threads woken, caches cold).
+            self._skip_next = False
+            return
+        if self._trying:
+            if threads != self._trying[0]:
+                return  # not the count being tried (a step that began before the change)
+            samples = self._tried.setdefault(threads, [])
+            samples.append(cost)
+            if len(samples) >= WINDOW_STEPS:
+                self._trying.pop(0)
+                if self._trying:
+                    self._skip_next = True
+                else:
+                    self._decide(others_cores)
+            return
+        if threads != self.n_threads:
+            return
+        self._recent.append(cost)
+        self._since_try += 1
+        if len(self._recent) < WINDOW_STEPS:
+            return
+        now = statistics.median(self._recent)
+        self._recent.clear()
+        settled = self._settled_cost
+        if settled is None:
+            self._settled_cost = now
+            self._others_at_try = others_cores
+            if others_cores >= BUSY_CORES:
+                self._try(now, others_cores)
+        elif now > settled * (1 + JUMP) or now * (1 + JUMP) < settled or \
+                abs(others_cores - self._others_at_try) >= LOAD_CHANGE_CORES:
+            self._interval = FIRST_INTERVAL_STEPS
+            self._try(now, others_cores)
+        elif self._since_try >= self._interval:
+            self._try(now, others_cores, fewer=others_cores >= BUSY_CORES)
+
+    def _try(self, cost_now: float, others_cores: float, *, fewer: bool = True) -> None:
+        """Try the neighbouring counts, after a window at the current one (``cost_now``)."""
+        self._others_at_try = others_cores
+        candidates = [n for n in (self.n_threads - 1 if fewer else 0, self.n_threads + 1)
+                      if 1 <= n <= self.max_threads]
+        if not candidates:
+            self._since_try = 0
+            return
+        self._tried = {self.n_threads: [cost_now]}
+        self._trying = candidates
+        self._skip_next = True
+
+    def _decide(self, others_cores: float) -> None:
+        current = self._tried.pop(self.n_threads)[0]
+        medians = {n: statistics.median(costs) for n, costs in self._tried.items()}
+        best = min(medians, key=lambda n: medians[n])
+        if medians[best] < current * (1 - SWITCH_MARGIN):
+            self.n_threads = best
+            self.switches += 1
+            self._settled_cost = medians[best]
+            self._interval = FIRST_INTERVAL_STEPS  # go on in that direction soon
+        else:
+            self._settled_cost = current
+            self._interval = min(2 * self._interval, LAST_INTERVAL_STEPS)
+        self._skip_next = True
+        self._tried = {}
+        self._since_try = 0
+        self._others_at_try = others_cores
+
+
+def others_cpu_seconds() -> tuple[float, float]:
+    """(seconds of CPU every process has used, seconds this process has used) so far; their
+    difference over a span is the other processes' use (the host's steal counts as theirs)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    waiting = times.idle + getattr(times, "iowait", 0.0)
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    own = os.times()
+    return total - waiting, own.user + own.system
+
+
+class ThreadTuner:
+    """Sets each step's thread count from a ``ThreadPolicy`` per kind of step (``step_group``)
+    and feeds the policy the step's time. Off (never sets anything) when ``max_threads`` is 0:
+    the user fixed the count."""
+
+    def __init__(self, max_threads: int, apply: Callable[[int, int], None], *,
+                 cpu_seconds: Callable[[], tuple[float, float]] = others_cpu_seconds) -> None:
+        self.max_threads = max_threads
+        self._apply = apply
+        self.cpu_seconds = cpu_seconds
+        """(all processes' CPU seconds, this process's) so far; tests give a simulated one."""
+        self.policies: dict[str, ThreadPolicy] = {}
+        self._applied = (max_threads, max_threads)
+        self.others_cores = 0.0
+        """Cores' worth of CPU the other processes used over the last sample."""
+        self._sample: tuple[float, float, float] | None = None
+
+    @property
+    def threads(self) -> dict[str, int]:
+        """The count each kind of step runs with now."""
+        return {group: p.n_threads for group, p in self.policies.items()}
+
+    @contextmanager
+    def step(self, rows: int) -> Iterator[None]:
+        """Around one decode of ``rows`` tokens: set its thread count, time it."""
+        if not self.max_threads:
+            yield
+            return
+        policy = self.policies.get(group := step_group(rows))
+        if policy is None:
+            policy = self.policies[group] = ThreadPolicy(self.max_threads)
+        threads = policy.next_threads
+        wanted = (threads, self._applied[1]) if rows <= 1 else (self._applied[0], threads)
+        if wanted != self._applied:
+            self._apply(*wanted)
+            self._applied = wanted
+        started = time.perf_counter()
+        yield
+        now = time.perf_counter()
+        self._sample_load(now)
+        policy.record(threads, step_cost(rows, now - started), self.others_cores)
+
+    def _sample_load(self, now: float) -> None:
+        if self._sample is not None and now - self._sample[0] < LOAD_SAMPLE_S:
+            return
+        try:
+            every, own = self.cpu_seconds()
+        except (OSError, RuntimeError, ImportError):  # no figures here: the step times decide
+            return
+        if self._sample is not None:
+            t0, every0, own0 = self._sample
+            self.others_cores = max(0.0, ((every - every0) - (own - own0)) / (now - t0))
+        self._sample = (now, every, own)

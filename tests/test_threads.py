@@ -1,0 +1,149 @@
+"""The thread policy (runtime/threads.py): fed simulated step times, and driven by the engine
+on the fake backend with a CPU cost model shared with a simulated busy process."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend, FakeCPU
+from localinfer.runtime.threads import (
+    LAST_INTERVAL_STEPS,
+    WINDOW_STEPS,
+    ThreadPolicy,
+    ThreadTuner,
+    step_group,
+)
+from localinfer.runtime.types import SamplingParams
+
+
+def run(policy: ThreadPolicy, cpu: FakeCPU, steps: int, *, rows: int = 1,
+        noise: float = 0.0, rng: random.Random | None = None) -> list[int]:
+    """Feed ``policy`` ``steps`` steps costed by ``cpu``; the thread count of each step."""
+    rng = rng or random.Random(0)
+    used = []
+    for _ in range(steps):
+        threads = policy.next_threads
+        seconds = cpu.step_seconds(rows, threads) * (1 + rng.uniform(-noise, noise))
+        policy.record(threads, seconds, float(cpu.busy_cores))
+        used.append(threads)
+    return used
+
+
+def test_a_busy_core_lowers_the_count_and_its_leaving_raises_it_again():
+    cpu = FakeCPU(cores=2)
+    policy = ThreadPolicy(max_threads=2)
+    assert run(policy, cpu, 100)[-1] == 2
+    cpu.busy_cores = 1
+    assert run(policy, cpu, 100)[-20:] == [1] * 20
+    cpu.busy_cores = 0
+    assert run(policy, cpu, 100)[-20:] == [2] * 20
+
+
+def test_the_step_time_alone_lowers_the_count_without_a_load_figure():
+    """A machine that gives no CPU figures: the jump in step time starts the try."""
+    cpu = FakeCPU(cores=2)
+    policy = ThreadPolicy(max_threads=2)
+    for _ in range(50):
+        policy.record(policy.next_threads, cpu.step_seconds(1, policy.next_threads), 0.0)
+    cpu.busy_cores = 1
+    for _ in range(50):
+        policy.record(policy.next_threads, cpu.step_seconds(1, policy.next_threads), 0.0)
+    assert policy.n_threads == 1
+
+
+def test_recovery_without_a_load_figure_comes_from_the_periodic_try():
+    cpu = FakeCPU(cores=2, busy_cores=1)
+    policy = ThreadPolicy(max_threads=2, n_threads=1)
+    cpu_free = FakeCPU(cores=2)
+    for _ in range(10):
+        policy.record(1, cpu.step_seconds(1, 1), 0.0)
+    for _ in range(3 * LAST_INTERVAL_STEPS):
+        if policy.n_threads == 2:
+            break
+        policy.record(policy.next_threads, cpu_free.step_seconds(1, policy.next_threads), 0.0)
+    assert policy.n_threads == 2
+
+
+def test_a_stable_machine_does_not_oscillate():
+    for cores, busy in ((2, 0), (2, 1), (8, 0), (8, 3)):
+        cpu = FakeCPU(cores=cores, busy_cores=busy)
+        policy = ThreadPolicy(max_threads=cores)
+        used = run(policy, cpu, 5000, noise=0.05, rng=random.Random(cores + busy))
+        settled = used[-1]
+        # It settles once (walking down one count at a time) and stays there: later steps
+        # at another count are only the short tries.
+        assert policy.switches <= cores - settled, (cores, busy, policy.switches)
+        assert used[2500:].count(settled) >= 0.97 * 2500, (cores, busy)
+
+
+def test_an_idle_machine_at_all_cores_never_tries_fewer():
+    """No loss when idle: with no other process taking CPU and a steady step time, every
+    step runs with all cores."""
+    cpu = FakeCPU(cores=4)
+    policy = ThreadPolicy(max_threads=4)
+    assert set(run(policy, cpu, 3000, noise=0.05)) == {4}
+
+
+def test_equal_counts_within_the_margin_stay_put():
+    """Two counts that cost the same (within noise) never take turns."""
+    policy = ThreadPolicy(max_threads=2)
+    rng = random.Random(3)
+    for _ in range(4000):
+        policy.record(policy.next_threads, 0.02 * (1 + rng.uniform(-0.04, 0.04)), 1.0)
+    assert policy.switches == 0
+
+
+def test_each_kind_of_step_has_its_own_count():
+    """One-row decode steps and prompt chunks are judged apart; a prompt chunk's count goes
+    to n_threads_batch, a one-row step's to n_threads."""
+    applied = []
+    tuner = ThreadTuner(2, lambda n, nb: applied.append((n, nb)), cpu_seconds=lambda: (0.0, 0.0))
+    policy = ThreadPolicy(max_threads=2, n_threads=1)
+    tuner.policies[step_group(1)] = policy
+    with tuner.step(1):
+        pass
+    with tuner.step(512):
+        pass
+    assert applied == [(1, 2)]
+    assert tuner.threads == {"1 row": 1, "65+ rows": 2}
+    assert step_group(8) != step_group(9) != step_group(65)
+
+
+def test_a_fixed_count_is_never_changed():
+    applied = []
+    tuner = ThreadTuner(0, lambda n, nb: applied.append((n, nb)))
+    for _ in range(3 * WINDOW_STEPS):
+        with tuner.step(1):
+            pass
+    assert applied == [] and tuner.threads == {}
+
+
+@pytest.fixture
+def busy_engine():
+    cpu = FakeCPU(cores=2, step_s=0.01)
+    backend = FakeBackend(" ".join(f"w{i}" for i in range(60)), cpu=cpu)
+    engine = Engine(backend)
+    engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
+    yield engine, backend, cpu
+    engine.close()
+
+
+def test_the_engine_follows_a_busy_core_and_back(busy_engine):
+    engine, backend, cpu = busy_engine
+    params = SamplingParams(temperature=0, speculative=False)
+    cpu.busy_cores = 1
+    engine.complete("Busy", params).result()
+    assert backend.threads[0] == 1
+    cpu.busy_cores = 0
+    engine.complete("Idle again", params).result()
+    assert backend.threads[0] == 2
+    assert (1, 2) in backend.thread_changes and backend.thread_changes[-1] == (2, 2)
+
+
+def test_without_a_cost_model_the_engine_sets_no_threads(fake_engine):
+    engine = fake_engine(reply="a b c d e f g h i j k l m n o p")
+    engine.complete("x", SamplingParams(temperature=0)).result()
+    assert engine.backend.thread_changes == []
