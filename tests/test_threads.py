@@ -79,6 +79,17 @@ def test_a_stable_machine_does_not_oscillate():
         assert used[2500:].count(settled) >= 0.97 * 2500, (cores, busy)
 
 
+def test_a_much_slower_count_is_given_up_after_two_steps():
+    """Under heavy load 2 threads can be several times slower than 1: each periodic try of
+    them costs two steps (and the one after the change), not a window."""
+    cpu = FakeCPU(cores=2, busy_cores=1, barrier_wait=10.0)
+    policy = ThreadPolicy(max_threads=2)
+    used = run(policy, cpu, 2100, noise=0.05)
+    tries = 1 + sum(1 for a, b in zip(used[100:], used[101:], strict=False) if (a, b) == (1, 2))
+    assert used[-1] == 1 and 3 <= tries <= 8, tries  # intervals 32, 64, ... 1024 steps
+    assert used[100:].count(2) <= 3 * tries
+
+
 def test_an_idle_machine_at_all_cores_never_tries_fewer():
     """No loss when idle: with no other process taking CPU and a steady step time, every
     step runs with all cores."""
@@ -147,3 +158,27 @@ def test_without_a_cost_model_the_engine_sets_no_threads(fake_engine):
     engine = fake_engine(reply="a b c d e f g h i j k l m n o p")
     engine.complete("x", SamplingParams(temperature=0)).result()
     assert engine.backend.thread_changes == []
+
+
+def test_the_bench_busy_row_runs_each_count_and_stops_its_busy_process():
+    import psutil
+
+    from localinfer.benchmark import busy_machine
+
+    loaded = []
+
+    def load(n_threads, adapt):
+        cpu = FakeCPU(cores=2, step_s=0.002)
+        engine = Engine(FakeBackend(" ".join(f"w{i}" for i in range(40)), cpu=cpu))
+        if not adapt:  # as --threads N: the fake then keeps that count
+            engine.backend.threads = (n_threads, n_threads)
+            engine.thread_tuner.max_threads = 0
+        loaded.append((n_threads, adapt, len(psutil.Process().children())))
+        return engine
+
+    result = busy_machine(load, all_threads=2, n_tokens=16, rounds=1)
+    assert loaded == [(1, False, 0), (2, False, 0), (2, True, 0),
+                      (1, False, 1), (2, False, 1), (2, True, 1)]
+    assert psutil.Process().children() == []
+    assert [row["load"] for row in result["rows"]] == ["idle", "one_core_busy"]
+    assert all(row["adaptive_threads"] == [2] for row in result["rows"])  # the fake's own load

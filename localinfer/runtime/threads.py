@@ -30,6 +30,10 @@ noise of each other must not take turns."""
 JUMP = 0.3
 """A window this much slower (or faster) than the last settled one means the load changed:
 try the neighbouring counts at once."""
+GIVE_UP = 1.3
+"""A tried count whose first two steps are both this much slower than the current count's
+median is given up at once: under load a worse count can be several times slower (0.3 s a
+step against 0.045 s), so a whole window of it would cost more than the try can win."""
 FIRST_INTERVAL_STEPS = 32
 """Steps between two periodic tries after a change; the interval doubles after each try that
 changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
@@ -110,7 +114,9 @@ class ThreadPolicy:
                 return  # not the count being tried (a step that began before the change)
             samples = self._tried.setdefault(threads, [])
             samples.append(cost)
-            if len(samples) >= WINDOW_STEPS:
+            current = self._tried[self.n_threads][0]
+            if len(samples) >= WINDOW_STEPS or (len(samples) >= 2
+                                                and min(samples) > current * GIVE_UP):
                 self._trying.pop(0)
                 if self._trying:
                     self._skip_next = True
