@@ -28,8 +28,8 @@ SWITCH_MARGIN = 0.08
 """Another count is kept only when its median step is this much faster: two counts within
 noise of each other must not take turns."""
 JUMP = 0.3
-"""A window this much slower (or faster) than the last settled one means the load changed:
-try the neighbouring counts at once."""
+"""A window this much slower than the last settled one tries one thread fewer at once; this
+much faster, one more."""
 GIVE_UP = 1.3
 """A tried count whose first two steps are both this much slower than the current count's
 median is given up at once: under load a worse count can be several times slower (0.3 s a
@@ -37,14 +37,13 @@ step against 0.045 s), so a whole window of it would cost more than the try can 
 FIRST_INTERVAL_STEPS = 32
 """Steps between two periodic tries after a change; the interval doubles after each try that
 changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
-(a try of a worse count costs ``WINDOW_STEPS`` slower steps)."""
+(a try of a worse count costs about three slower steps)."""
 LAST_INTERVAL_STEPS = 1024
-BUSY_CORES = 0.5
-"""Other processes using at least this many cores' worth of CPU may make fewer threads pay:
-only then are fewer threads tried periodically (a step-time jump tries them in any case)."""
-LOAD_CHANGE_CORES = 0.5
-"""Other processes' CPU use moving this much since the last try starts a new try."""
-LOAD_SAMPLE_S = 0.25
+SLACK_CORES = 0.5
+"""How far the other processes' CPU use may exceed the cores this count leaves them before
+the machine counts as crowded (try fewer threads), and how far below what one more thread
+needs it must stay for there to be room (try more)."""
+LOAD_SAMPLE_S = 0.5
 """The shortest span over which the other processes' CPU use is measured."""
 
 
@@ -73,10 +72,11 @@ def step_cost(rows: int, seconds: float) -> float:
 
 @dataclass
 class ThreadPolicy:
-    """Which thread count one kind of step runs with. It runs with ``n_threads``; now and
-    then (see ``FIRST_INTERVAL_STEPS``), or at once when the step time jumps or other
-    processes' CPU use changes, it tries the neighbouring counts for a window each and moves
-    to one only if it was measured ``SWITCH_MARGIN`` faster."""
+    """Which thread count one kind of step runs with. It runs with ``n_threads`` and tries a
+    neighbouring count for a window: one fewer when other processes start to crowd the cores
+    or the step time jumps up, one more when a core comes free or the step time drops, and
+    both now and then (see ``FIRST_INTERVAL_STEPS``); it moves only to a count measured
+    ``SWITCH_MARGIN`` faster."""
 
     max_threads: int
     n_threads: int = 0
@@ -91,7 +91,8 @@ class ThreadPolicy:
     _skip_next: bool = False
     _since_try: int = 0
     _interval: int = FIRST_INTERVAL_STEPS
-    _others_at_try: float = 0.0
+    _room: bool = False
+    _crowded: bool = False
 
     def __post_init__(self) -> None:
         self.max_threads = max(1, self.max_threads)
@@ -110,18 +111,7 @@ class ThreadPolicy:
             self._skip_next = False
             return
         if self._trying:
-            if threads != self._trying[0]:
-                return  # not the count being tried (a step that began before the change)
-            samples = self._tried.setdefault(threads, [])
-            samples.append(cost)
-            current = self._tried[self.n_threads][0]
-            if len(samples) >= WINDOW_STEPS or (len(samples) >= 2
-                                                and min(samples) > current * GIVE_UP):
-                self._trying.pop(0)
-                if self._trying:
-                    self._skip_next = True
-                else:
-                    self._decide(others_cores)
+            self._record_try(threads, cost)
             return
         if threads != self.n_threads:
             return
@@ -131,24 +121,46 @@ class ThreadPolicy:
             return
         now = statistics.median(self._recent)
         self._recent.clear()
+        n, most = self.n_threads, self.max_threads
+        # Whether the other processes leave a core for one more thread, and whether they
+        # want more than the cores this count leaves them. Tries start when either turns
+        # true (an edge, not a level: a count that stays worse is not tried every window).
+        room = n < most and others_cores <= most - n - 1 + SLACK_CORES
+        crowded = n > 1 and others_cores >= most - n + SLACK_CORES
+        more = room and not self._room
+        fewer = crowded and not self._crowded
+        self._room, self._crowded = room, crowded
         settled = self._settled_cost
         if settled is None:
             self._settled_cost = now
-            self._others_at_try = others_cores
-            if others_cores >= BUSY_CORES:
-                self._try(now, others_cores)
-        elif now > settled * (1 + JUMP) or now * (1 + JUMP) < settled or \
-                abs(others_cores - self._others_at_try) >= LOAD_CHANGE_CORES:
-            self._interval = FIRST_INTERVAL_STEPS
-            self._try(now, others_cores)
-        elif self._since_try >= self._interval:
-            self._try(now, others_cores, fewer=others_cores >= BUSY_CORES)
+        elif now > settled * (1 + JUMP):
+            fewer = True
+        elif now * (1 + JUMP) < settled:
+            more = True
+        if self._since_try >= self._interval:
+            more, fewer = True, fewer or crowded
+        if more or fewer:
+            self._try(now, more=more, fewer=fewer)
 
-    def _try(self, cost_now: float, others_cores: float, *, fewer: bool = True) -> None:
+    def _record_try(self, threads: int, cost: float) -> None:
+        if threads != self._trying[0]:
+            return  # not the count being tried (a step that began before the change)
+        samples = self._tried.setdefault(threads, [])
+        samples.append(cost)
+        current = self._tried[self.n_threads][0]
+        if len(samples) >= WINDOW_STEPS or (len(samples) >= 2
+                                            and min(samples) > current * GIVE_UP):
+            self._trying.pop(0)
+            if self._trying:
+                self._skip_next = True
+            else:
+                self._decide()
+
+    def _try(self, cost_now: float, *, more: bool, fewer: bool) -> None:
         """Try the neighbouring counts, after a window at the current one (``cost_now``)."""
-        self._others_at_try = others_cores
-        candidates = [n for n in (self.n_threads - 1 if fewer else 0, self.n_threads + 1)
-                      if 1 <= n <= self.max_threads]
+        candidates = [n for n, wanted in ((self.n_threads - 1, fewer),
+                                          (self.n_threads + 1, more))
+                      if wanted and 1 <= n <= self.max_threads]
         if not candidates:
             self._since_try = 0
             return
@@ -156,7 +168,7 @@ class ThreadPolicy:
         self._trying = candidates
         self._skip_next = True
 
-    def _decide(self, others_cores: float) -> None:
+    def _decide(self) -> None:
         current = self._tried.pop(self.n_threads)[0]
         medians = {n: statistics.median(costs) for n, costs in self._tried.items()}
         best = min(medians, key=lambda n: medians[n])
@@ -165,13 +177,13 @@ class ThreadPolicy:
             self.switches += 1
             self._settled_cost = medians[best]
             self._interval = FIRST_INTERVAL_STEPS  # go on in that direction soon
+            self._room = self._crowded = False  # judged afresh at the new count
         else:
             self._settled_cost = current
             self._interval = min(2 * self._interval, LAST_INTERVAL_STEPS)
         self._skip_next = True
         self._tried = {}
         self._since_try = 0
-        self._others_at_try = others_cores
 
 
 def others_cpu_seconds() -> tuple[float, float]:
