@@ -35,11 +35,14 @@ def run(policy: ThreadPolicy, cpu: FakeCPU, steps: int, *, rows: int = 1,
 def test_a_busy_core_lowers_the_count_and_its_leaving_raises_it_again():
     cpu = FakeCPU(cores=2)
     policy = ThreadPolicy(max_threads=2)
-    assert run(policy, cpu, 100)[-1] == 2
+    assert set(run(policy, cpu, 100)) == {2}
     cpu.busy_cores = 1
-    assert run(policy, cpu, 100)[-20:] == [1] * 20
+    used = run(policy, cpu, 100)
+    # Settled within two windows; the later steps at 2 threads are the short periodic tries.
+    assert used[-1] == 1 and used[20:].count(1) >= 76, used
     cpu.busy_cores = 0
-    assert run(policy, cpu, 100)[-20:] == [2] * 20
+    used = run(policy, cpu, 100)
+    assert used[-1] == 2 and used[20:] == [2] * 80, used
 
 
 def test_the_step_time_alone_lowers_the_count_without_a_load_figure():

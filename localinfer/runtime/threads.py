@@ -28,16 +28,17 @@ SWITCH_MARGIN = 0.08
 """Another count is kept only when its median step is this much faster: two counts within
 noise of each other must not take turns."""
 JUMP = 0.3
-"""A window this much slower than the last settled one tries one thread fewer at once; this
-much faster, one more."""
+"""A window this much slower than the last settled one tries one thread fewer at once. (A
+faster one tries nothing by itself: under a fluctuating load steps speed up and slow down
+all the time, while a core that comes free shows in the other processes' CPU use.)"""
 GIVE_UP = 1.3
 """A tried count whose first two steps are both this much slower than the current count's
 median is given up at once: under load a worse count can be several times slower (0.3 s a
 step against 0.045 s), so a whole window of it would cost more than the try can win."""
 FIRST_INTERVAL_STEPS = 32
-"""Steps between two periodic tries after a change; the interval doubles after each try that
+"""Steps between the first two periodic tries; the interval doubles after each try that
 changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
-(a try of a worse count costs about three slower steps)."""
+(a try of a worse count costs two slower steps)."""
 LAST_INTERVAL_STEPS = 1024
 SLACK_CORES = 0.5
 """How far the other processes' CPU use may exceed the cores this count leaves them before
@@ -74,9 +75,8 @@ def step_cost(rows: int, seconds: float) -> float:
 class ThreadPolicy:
     """Which thread count one kind of step runs with. It runs with ``n_threads`` and tries a
     neighbouring count for a window: one fewer when other processes start to crowd the cores
-    or the step time jumps up, one more when a core comes free or the step time drops, and
-    both now and then (see ``FIRST_INTERVAL_STEPS``); it moves only to a count measured
-    ``SWITCH_MARGIN`` faster."""
+    or the step time jumps up, one more when a core comes free, and both now and then (see
+    ``FIRST_INTERVAL_STEPS``); it moves only to a count measured ``SWITCH_MARGIN`` faster."""
 
     max_threads: int
     n_threads: int = 0
@@ -88,7 +88,6 @@ class ThreadPolicy:
     _trying: list[int] = field(default_factory=list)
     """The counts still to try, the current one first."""
     _tried: dict[int, list[float]] = field(default_factory=dict)
-    _skip_next: bool = False
     _since_try: int = 0
     _interval: int = FIRST_INTERVAL_STEPS
     _room: bool = False
@@ -106,10 +105,6 @@ class ThreadPolicy:
     def record(self, threads: int, cost: float, others_cores: float) -> None:
         """One step of this kind ran with ``threads`` threads at ``cost`` (``step_cost``),
         while other processes used ``others_cores`` cores' worth of CPU."""
-        if self._skip_next:
-            # The first step after a change pays for it (threads woken, caches cold).
-            self._skip_next = False
-            return
         if self._trying:
             self._record_try(threads, cost)
             return
@@ -135,8 +130,6 @@ class ThreadPolicy:
             self._settled_cost = now
         elif now > settled * (1 + JUMP):
             fewer = True
-        elif now * (1 + JUMP) < settled:
-            more = True
         if self._since_try >= self._interval:
             more, fewer = True, fewer or crowded
         if more or fewer:
@@ -151,9 +144,7 @@ class ThreadPolicy:
         if len(samples) >= WINDOW_STEPS or (len(samples) >= 2
                                             and min(samples) > current * GIVE_UP):
             self._trying.pop(0)
-            if self._trying:
-                self._skip_next = True
-            else:
+            if not self._trying:
                 self._decide()
 
     def _try(self, cost_now: float, *, more: bool, fewer: bool) -> None:
@@ -166,7 +157,6 @@ class ThreadPolicy:
             return
         self._tried = {self.n_threads: [cost_now]}
         self._trying = candidates
-        self._skip_next = True
 
     def _decide(self) -> None:
         current = self._tried.pop(self.n_threads)[0]
@@ -176,12 +166,11 @@ class ThreadPolicy:
             self.n_threads = best
             self.switches += 1
             self._settled_cost = medians[best]
-            self._interval = FIRST_INTERVAL_STEPS  # go on in that direction soon
-            self._room = self._crowded = False  # judged afresh at the new count
+            # Judged afresh at the new count: still crowded, it tries one fewer again.
+            self._room = self._crowded = False
         else:
             self._settled_cost = current
             self._interval = min(2 * self._interval, LAST_INTERVAL_STEPS)
-        self._skip_next = True
         self._tried = {}
         self._since_try = 0
 
