@@ -235,7 +235,6 @@ def busy_machine(load: Callable[[int, bool], Engine], *, all_threads: int, n_tok
         busy = (subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
                 if label == "one_core_busy" else None)
         try:
-            load_before = os.getloadavg()[0]
             rates: dict[str, list[float]] = {name: [] for name in configs}
             chosen: list[int] = []
             for k in range(rounds):
@@ -249,12 +248,13 @@ def busy_machine(load: Callable[[int, bool], Engine], *, all_threads: int, n_tok
                             chosen.append(engine.thread_tuner.threads.get("1 row", n_threads))
                     finally:
                         engine.close()
+            load_average = os.getloadavg()[0]  # what the runs saw, the busy process included
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait()
         row: dict[str, Any] = {name: statistics.median(r) for name, r in rates.items()}
-        row.update(load=label, adaptive_threads=chosen, loadavg_1min=load_before,
+        row.update(load=label, adaptive_threads=chosen, loadavg_1min=load_average,
                    runs=rates)
         rows.append(row)
     return {"threads": all_threads, "tokens": n_tokens, "rounds": rounds, "rows": rows}
