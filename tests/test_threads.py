@@ -84,13 +84,16 @@ def test_a_stable_machine_does_not_oscillate():
 
 def test_a_much_slower_count_is_given_up_after_two_steps():
     """Under heavy load 2 threads can be several times slower than 1: each periodic try of
-    them costs two steps (and the one after the change), not a window."""
-    cpu = FakeCPU(cores=2, busy_cores=1, barrier_wait=10.0)
+    them costs one step, not a window, and the tries back off until they cost at most
+    TRY_BUDGET of the time."""
+    cpu = FakeCPU(cores=2, busy_cores=1, barrier_wait=10.0)  # 2 threads 7.5x slower
     policy = ThreadPolicy(max_threads=2)
-    used = run(policy, cpu, 2100, noise=0.05)
-    tries = 1 + sum(1 for a, b in zip(used[100:], used[101:], strict=False) if (a, b) == (1, 2))
-    assert used[-1] == 1 and 3 <= tries <= 8, tries  # intervals 32, 64, ... 1024 steps
-    assert used[100:].count(2) <= 3 * tries
+    used = run(policy, cpu, 3000, noise=0.05)
+    tries = sum(1 for a, b in zip(used[100:], used[101:], strict=False) if (a, b) == (1, 2))
+    assert used[-1] == 1 and used[100:].count(2) == tries
+    lost = 6.5 * tries  # each try's step at 2 threads cost 6.5 steps more than at 1
+    assert lost <= 0.05 * 2900, tries
+    assert 2 <= tries
 
 
 def test_an_idle_machine_at_all_cores_never_tries_fewer():
@@ -137,7 +140,9 @@ def test_a_fixed_count_is_never_changed():
 
 @pytest.fixture
 def busy_engine():
-    cpu = FakeCPU(cores=2, step_s=0.01)
+    # Wide margins (idle: 10 against 20 ms a step; busy: 20 against 60), as the steps are
+    # real sleeps on a machine that other tests may load.
+    cpu = FakeCPU(cores=2, step_s=0.02, barrier_wait=4.0)
     backend = FakeBackend(" ".join(f"w{i}" for i in range(60)), cpu=cpu)
     engine = Engine(backend)
     engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
@@ -184,4 +189,4 @@ def test_the_bench_busy_row_runs_each_count_and_stops_its_busy_process():
                       (1, False, 1), (2, False, 1), (2, True, 1)]
     assert psutil.Process().children() == []
     assert [row["load"] for row in result["rows"]] == ["idle", "one_core_busy"]
-    assert all(row["adaptive_threads"] == [2] for row in result["rows"])  # the fake's own load
+    assert all(len(row["adaptive_threads"]) == 1 for row in result["rows"])

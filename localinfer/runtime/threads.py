@@ -33,8 +33,12 @@ faster one tries nothing by itself: under a fluctuating load steps speed up and 
 all the time, while a core that comes free shows in the other processes' CPU use.)"""
 GIVE_UP = 1.3
 """A tried count whose first two steps are both this much slower than the current count's
-median is given up at once: under load a worse count can be several times slower (0.3 s a
-step against 0.045 s), so a whole window of it would cost more than the try can win."""
+median is given up at once, and one whose first step is ``2 * GIVE_UP`` slower after that
+step: under load a worse count can be several times slower (0.5 s a step against 0.045 s),
+so a whole window of it would cost more than the try can win."""
+TRY_BUDGET = 0.02
+"""After a try that changed nothing, the next periodic one waits until the time the try lost
+(its steps' excess over the current count's) is at most this share of the time between."""
 FIRST_INTERVAL_STEPS = 32
 """Steps between the first two periodic tries; the interval doubles after each try that
 changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
@@ -141,8 +145,8 @@ class ThreadPolicy:
         samples = self._tried.setdefault(threads, [])
         samples.append(cost)
         current = self._tried[self.n_threads][0]
-        if len(samples) >= WINDOW_STEPS or (len(samples) >= 2
-                                            and min(samples) > current * GIVE_UP):
+        if len(samples) >= WINDOW_STEPS or min(samples) > current * GIVE_UP * (
+                1 if len(samples) >= 2 else 2):
             self._trying.pop(0)
             if not self._trying:
                 self._decide()
@@ -170,7 +174,10 @@ class ThreadPolicy:
             self._room = self._crowded = False
         else:
             self._settled_cost = current
-            self._interval = min(2 * self._interval, LAST_INTERVAL_STEPS)
+            lost_steps = sum(max(0.0, cost / current - 1) for costs in self._tried.values()
+                             for cost in costs)
+            self._interval = min(max(2 * self._interval, round(lost_steps / TRY_BUDGET)),
+                                 LAST_INTERVAL_STEPS)
         self._tried = {}
         self._since_try = 0
 
