@@ -38,7 +38,8 @@ step: under load a worse count can be several times slower (0.5 s a step against
 so a whole window of it would cost more than the try can win."""
 TRY_BUDGET = 0.02
 """After a try that changed nothing, the next periodic one waits until the time the try lost
-(its steps' excess over the current count's) is at most this share of the time between."""
+(its steps' excess over the current count's) is at most this share of the time between;
+after a switch, until one step of the old count would be."""
 FIRST_INTERVAL_STEPS = 32
 """Steps between the first two periodic tries; the interval doubles after each try that
 changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
@@ -170,16 +171,23 @@ class ThreadPolicy:
             self.n_threads = best
             self.switches += 1
             self._settled_cost = medians[best]
+            # Trying the old count again costs what it was measured to lose: under a heavy
+            # load one step of 2 threads took as long as 40 of 1.
+            self._interval = _interval_for(current / medians[best] - 1, self._interval)
             # Judged afresh at the new count: still crowded, it tries one fewer again.
             self._room = self._crowded = False
         else:
             self._settled_cost = current
             lost_steps = sum(max(0.0, cost / current - 1) for costs in self._tried.values()
                              for cost in costs)
-            self._interval = min(max(2 * self._interval, round(lost_steps / TRY_BUDGET)),
-                                 LAST_INTERVAL_STEPS)
+            self._interval = _interval_for(lost_steps, 2 * self._interval)
         self._tried = {}
         self._since_try = 0
+
+
+def _interval_for(lost_steps: float, at_least: int) -> int:
+    """Steps until the next periodic try, for a try that loses ``lost_steps`` steps' time."""
+    return min(max(at_least, round(lost_steps / TRY_BUDGET)), LAST_INTERVAL_STEPS)
 
 
 def others_cpu_seconds() -> tuple[float, float]:
