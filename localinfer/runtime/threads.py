@@ -202,6 +202,10 @@ def others_cpu_seconds() -> tuple[float, float]:
     return total - waiting, own.user + own.system
 
 
+# Only the count adapts. llama.cpp's threadpool settings (polling level, priority) do not
+# apply to llama-cpp-python's build: it runs ggml's threads as an OpenMP team, whose barrier
+# waits by libgomp's rules (spin briefly, then sleep), and 0.3.36 binds no
+# llama_attach_threadpool; a higher priority needs privileges, a lower one loses to the load.
 class ThreadTuner:
     """Sets each step's thread count from a ``ThreadPolicy`` per kind of step (``step_group``)
     and feeds the policy the step's time. Off (never sets anything) when ``max_threads`` is 0:
