@@ -190,3 +190,14 @@ def test_the_bench_busy_row_runs_each_count_and_stops_its_busy_process():
     assert psutil.Process().children() == []
     assert [row["load"] for row in result["rows"]] == ["idle", "one_core_busy"]
     assert all(len(row["adaptive_threads"]) == 1 for row in result["rows"])
+
+
+def test_a_kind_of_step_starts_with_the_cores_the_load_leaves():
+    tuner = ThreadTuner(4, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0))
+    tuner.others_cores = 2.8  # as sampled since the engine started
+    with tuner.step(1):
+        pass
+    tuner.others_cores = 0.0
+    with tuner.step(512):
+        pass
+    assert tuner.threads == {"1 row": 1, "65+ rows": 4}

@@ -222,6 +222,8 @@ class ThreadTuner:
         self.others_cores = 0.0
         """Cores' worth of CPU the other processes used over the last sample."""
         self._sample: tuple[float, float, float] | None = None
+        if max_threads:
+            self._sample_load(time.perf_counter())  # known by the first step, to start from
 
     @property
     def threads(self) -> dict[str, int]:
@@ -236,7 +238,10 @@ class ThreadTuner:
             return
         policy = self.policies.get(group := step_group(rows))
         if policy is None:
-            policy = self.policies[group] = ThreadPolicy(self.max_threads)
+            # Start with the cores the other processes leave (all when the load is not known
+            # yet); the measured step times decide from there.
+            free = self.max_threads - round(self.others_cores)
+            policy = self.policies[group] = ThreadPolicy(self.max_threads, max(1, free))
         threads = policy.next_threads
         wanted = (threads, self._applied[1]) if rows <= 1 else (self._applied[0], threads)
         if wanted != self._applied:
