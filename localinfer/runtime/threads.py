@@ -101,6 +101,11 @@ class ThreadPolicy:
     def __post_init__(self) -> None:
         self.max_threads = max(1, self.max_threads)
         self.n_threads = min(self.n_threads or self.max_threads, self.max_threads)
+        if self.n_threads < self.max_threads:
+            # Started below all cores by the measured load: a core coming free starts a try
+            # at once, so the periodic one only guards against a misleading figure, and
+            # under a heavy load one step of more threads costs as much as 40 (see _decide).
+            self._interval = 8 * FIRST_INTERVAL_STEPS
 
     @property
     def next_threads(self) -> int:
