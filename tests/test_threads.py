@@ -201,3 +201,33 @@ def test_a_kind_of_step_starts_with_the_cores_the_load_leaves():
     with tuner.step(512):
         pass
     assert tuner.threads == {"1 row": 1, "65+ rows": 4}
+
+
+@pytest.mark.model
+def test_llama_cpp_runs_with_the_counts_set_and_writes_the_same_text(starter_path):
+    """On the real model: the adaptive backend offers the cores, set_threads changes what
+    llama.cpp runs with, and the greedy text does not depend on the count (each thread
+    computes whole rows)."""
+    import llama_cpp as L
+
+    from localinfer.runtime.backend import LoadOptions
+    from localinfer.runtime.loader import load_engine
+
+    engine = load_engine(starter_path, LoadOptions(n_ctx=512, n_threads=2, adapt_threads=True),
+                         name="gemma3:270m", family="gemma3")
+    try:
+        backend = engine.backend
+        assert backend.adaptive_threads == 2
+        params = SamplingParams(temperature=0, max_tokens=24, speculative=False)
+        texts = []
+        for counts in ((1, 1), (2, 2)):
+            def pin(counts=counts):
+                engine.thread_tuner.max_threads = 0  # the tuner leaves the count alone
+                backend.set_threads(*counts)
+                return L.llama_n_threads(backend._ctx), L.llama_n_threads_batch(backend._ctx)
+
+            assert engine.run_on_worker(pin) == counts
+            texts.append(engine.complete("The capital of France is", params).result().text)
+        assert texts[0] == texts[1] and texts[0]
+    finally:
+        engine.close()
