@@ -10,6 +10,8 @@ Every figure is measured here, through the same engine that serves chats and edi
 - the 5th turn of a chat with ~1,500 tokens of history, with and without KV prefix reuse;
 - decode on a code-edit request with and without prompt-lookup speculation;
 - decode with a JSON schema's grammar against without, and a forced tool call's latency;
+- decode on an idle machine and with one core kept busy by a process the bench starts, at
+  1 thread, at all physical cores (llama.cpp's default) and with the adaptive count;
 - (full mode) llama-cpp-python's own ``create_completion`` and ``Llama.eval`` on the same model.
 
 The single-stream measurement is stored as a measured/predicted ratio so the planner's
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .config import Config
@@ -70,6 +73,7 @@ class BenchResult:
     speculation: dict[str, Any] = field(default_factory=dict)
     structured: dict[str, Any] = field(default_factory=dict)
     raw_llama_cpp_python: dict[str, Any] = field(default_factory=dict)
+    busy_machine: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -88,7 +92,8 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     from .store import ModelStore
 
     stages = ["load", "prefill", "decode and the bare step", "concurrent streams",
-              "chat prefix reuse", "speculation", "structured output", "calibration"]
+              "chat prefix reuse", "speculation", "structured output", "calibration",
+              "busy machine"]
     if not quick:
         stages.append("llama-cpp-python")
     step = iter(range(1, len(stages) + 1))
@@ -193,6 +198,14 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     finally:
         engine.close()
 
+    stage("busy machine")
+    result.busy_machine = busy_machine(
+        lambda n_threads, adapt: load_engine(
+            model.path, replace(options, n_slots=1, n_threads=n_threads, n_threads_batch=0,
+                                adapt_threads=adapt), name=model.name, family=model.family,
+            header=header).wait_ready(),
+        all_threads=result.threads, n_tokens=64 if quick else 128)
+
     if not quick:
         stage("llama-cpp-python")
         result.raw_llama_cpp_python = _raw(model.path, options, prompt=f"Run 0. {STORY_PROMPTS[0]}",
@@ -205,6 +218,54 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
                               0.0)
             raw["engine_vs_eval_prefill_512"] = engine_512 / raw["prefill_tps"]
     return result
+
+
+BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+"""One core kept busy, as a browser tab or a build keeps one on a laptop; the loop ends by
+itself should the bench die without killing it."""
+
+
+def busy_machine(load: Callable[[int, bool], Engine], *, all_threads: int, n_tokens: int,
+                 rounds: int = 2) -> dict[str, Any]:
+    """Single-stream decode at 1 thread, at ``all_threads`` (llama.cpp's default: the
+    physical cores) and adaptive (up to ``all_threads``), on the machine as it is and with
+    one more core kept busy by a process started here (killed afterwards, also on Ctrl-C).
+    ``load(n_threads, adapt)`` loads an engine. Each engine first decodes ``n_tokens`` unmeasured
+    (the adaptive one learns there, as a running daemon has), then ``n_tokens`` measured; the
+    three take turns, ``rounds`` times, and each figure is the median of its rounds."""
+    if all_threads < 2:
+        return {}
+    configs = {"1_thread": (1, False), "all_threads": (all_threads, False),
+               "adaptive": (all_threads, True)}
+    params = SamplingParams(temperature=0, max_tokens=n_tokens, speculative=False)
+    rows = []
+    for label in ("idle", "one_core_busy"):
+        busy = (subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+                if label == "one_core_busy" else None)
+        try:
+            rates: dict[str, list[float]] = {name: [] for name in configs}
+            chosen: list[int] = []
+            for k in range(rounds):
+                for name, (n_threads, adapt) in configs.items():
+                    engine = load(n_threads, adapt)
+                    try:
+                        engine.complete(f"Warm {k}. {STORY_PROMPTS[1]}", params).result()
+                        done = engine.complete(f"Run {k}. {STORY_PROMPTS[0]}", params).result()
+                        rates[name].append(done.timings.decode_tps)
+                        if adapt:
+                            chosen.append(engine.thread_tuner.threads.get("1 row", n_threads))
+                    finally:
+                        engine.close()
+            load_average = os.getloadavg()[0]  # what the runs saw, the busy process included
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+        row: dict[str, Any] = {name: statistics.median(r) for name, r in rates.items()}
+        row.update(load=label, adaptive_threads=chosen, loadavg_1min=load_average,
+                   runs=rates)
+        rows.append(row)
+    return {"threads": all_threads, "tokens": n_tokens, "rounds": rounds, "rows": rows}
 
 
 def _prefill(engine: Engine, filler: list[int], n: int, k: int) -> Done:

@@ -43,4 +43,7 @@ def test_bench_quick_json(starter_path):
     assert st["schema_tps"] > 0 and st["plain_tps"] > 0 and st["tool_call_parsed"], st
     assert st["sampled_schema_tps"] > 0 and st["sampled_plain_tps"] > 0, st
     assert r["calibration"]["ratio"] > 0
-    assert "bench [8/8] calibration" in out.stderr  # progress was shown
+    b = r["busy_machine"]
+    assert [row["load"] for row in b["rows"]] == ["idle", "one_core_busy"], b
+    assert all(row[k] > 0 for row in b["rows"] for k in ("1_thread", "all_threads", "adaptive"))
+    assert "bench [9/9] busy machine" in out.stderr  # progress was shown

@@ -21,8 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     " prefill and time to first token, single-stream decode against the bare"
                     " llama_decode step and the memory-bandwidth roofline, aggregate decode"
                     " with concurrent streams, the 5th turn of a chat with and without KV"
-                    " prefix reuse, and a code edit with and without speculation. The decode"
-                    " figure calibrates the planner for this machine.")
+                    " prefix reuse, a code edit with and without speculation, and decode with"
+                    " one core kept busy by another process at 1 thread, all cores and the"
+                    " adaptive count. The decode figure calibrates the planner for this"
+                    " machine.")
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="model name or .gguf path (default: the configured default model,"
                         " else the starter gemma3:270m)")
@@ -151,6 +153,15 @@ def report(r) -> str:
             f" {st['tool_call_ms']:.0f} ms ({st['tool_call_tokens']} tokens, TTFT"
             f" {st['tool_call_ttft_ms']:.0f} ms" + ("" if st["tool_call_parsed"]
                                                     else ", did not parse") + ")")
+    b = r.busy_machine
+    if b:
+        lines.append(f"  busy machine: decode tok/s, median of {b['rounds']}   1 thread"
+                     f"  {b['threads']} threads   adaptive (its threads)")
+        for row in b["rows"]:
+            what = {"idle": "as it is", "one_core_busy": "+1 core busy"}[row["load"]]
+            lines.append(f"    {what:<14} (load {row['loadavg_1min']:4.1f})  {row['1_thread']:8.1f}"
+                         f"  {row['all_threads']:9.1f}   {row['adaptive']:8.1f}"
+                         f" ({'/'.join(map(str, row['adaptive_threads']))})")
     raw = r.raw_llama_cpp_python
     if raw.get("decode_tps"):
         lines.append(

@@ -36,6 +36,9 @@ class LoadOptions:
     """CPU threads for decode (0 = physical cores)."""
     n_threads_batch: int = 0
     """CPU threads for prompt processing (0 = same as n_threads)."""
+    adapt_threads: bool = False
+    """Use fewer threads than n_threads while that is measured faster (other processes
+    taking cores; see runtime/threads.py), else exactly n_threads."""
     n_batch: int = 512
     """Most tokens submitted to one decode call (prefill is chunked to this)."""
     flash_attn: bool | None = None
@@ -73,6 +76,9 @@ class Backend(Protocol):
     n_ctx_embed: int
     """The most tokens one input to ``embed`` may have."""
     needs_checkpoints: bool
+    adaptive_threads: int
+    """The most CPU threads a step may use when the engine adapts the count to the load
+    (``set_threads``); 0 when the count is fixed."""
     """Some of the cache cannot be cut back far (sliding-window layers keep only their
     window): an edit in the middle of a prompt keeps its cache only through a checkpoint
     (``seq_checkpoint``/``seq_restore``)."""
@@ -87,6 +93,10 @@ class Backend(Protocol):
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, end-of-turn)."""
+        ...
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """The threads the next one-row steps and the next steps of several rows use."""
         ...
 
     def decode(

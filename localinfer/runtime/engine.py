@@ -39,6 +39,7 @@ from .fim import FimFile, fim_prompt
 from .logprobs import Distribution
 from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
 from .text import TextAssembler
+from .threads import ThreadTuner
 from .tools import ToolFormat, detect_format
 from .types import (
     DEFAULT_SAMPLING,
@@ -259,6 +260,8 @@ class Engine:
         self._accepted_total = 0
         self._preemptions_total = 0
         self._last_decode_tps = 0.0
+        self.thread_tuner = ThreadTuner(backend.adaptive_threads, backend.set_threads)
+        """Each step's thread count, following the machine's load (see threads.py)."""
         self._jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         self._step_jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         """Work for the worker between two steps, even while requests run (embeddings)."""
@@ -808,7 +811,8 @@ class Engine:
         # llama_decode computes (it releases the GIL), not while this thread needs it.
         self._flush()
         try:
-            self.backend.decode(tokens, positions, seq_ids, outputs)
+            with self.thread_tuner.step(len(tokens)):
+                self.backend.decode(tokens, positions, seq_ids, outputs)
         except LocalInferError as exc:
             log.error("decode failed: %s", exc)
             for slot in decoding + [s for s, _ in chunks]:

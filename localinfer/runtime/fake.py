@@ -4,7 +4,9 @@ It implements the same low-level contract as the llama.cpp backend (batches of t
 sequence entries, per-sequence samplers, KV trimming) and checks it the way llama.cpp does:
 a sequence's positions must be contiguous, and the context must not overflow. Its "model"
 replies to each prompt with a scripted text (a string, or a function of the prompt text),
-one word-piece per token, with optional delays per decode step and per prompt token.
+one word-piece per token, with optional delays per decode step and per prompt token, and
+optionally a CPU shared with other processes (``FakeCPU``) that makes a step's time depend on
+its thread count.
 """
 
 from __future__ import annotations
@@ -29,6 +31,42 @@ EOS = "<eos>"
 END_OF_TURN = "<end_of_turn>"
 
 Reply = str | Callable[[str], str]
+
+
+@dataclass
+class FakeCPU:
+    """A cost model of a CPU shared with other processes, for tests of the thread policy.
+
+    A step's work divides among its threads. Once they and the other processes' busy threads
+    outnumber the cores, each thread gets cores / (threads + busy) of a core and every
+    barrier waits for one that was descheduled (``barrier_wait`` times longer): on 2 cores
+    with one busy, 1 thread takes 1.0x and 2 threads 1.5x the time of 1 thread alone, as
+    llama.cpp measured on such a machine (17.5 against 11.1 tok/s)."""
+
+    cores: int = 2
+    busy_cores: int = 0
+    """Cores other processes keep busy; tests change it while the engine runs."""
+    step_s: float = 0.01
+    """One thread's time for a one-row step on an idle machine."""
+    barrier_wait: float = 2.0
+    _others_cpu_s: float = 0.0
+    _clock: float | None = None
+
+    def step_seconds(self, rows: int, threads: int) -> float:
+        work = self.step_s * max(1, rows) ** 0.5
+        if threads + self.busy_cores <= self.cores:
+            return work / threads
+        share = self.cores / (threads + self.busy_cores)
+        return work / threads / share * self.barrier_wait
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """As runtime.threads.others_cpu_seconds: the other processes' CPU seconds so far
+        (busy_cores for every second of wall time), and none for this process."""
+        now = time.perf_counter()
+        if self._clock is not None:
+            self._others_cpu_s += self.busy_cores * (now - self._clock)
+        self._clock = now
+        return self._others_cpu_s, 0.0
 
 
 @dataclass
@@ -66,8 +104,14 @@ class FakeBackend:
         n_embd: int = 16,
         embed_delay_s: float = 0.0,
         window: int | None = None,
+        cpu: FakeCPU | None = None,
     ) -> None:
         self.reply = reply
+        self.cpu = cpu
+        self.adaptive_threads = cpu.cores if cpu is not None else 0
+        self.threads = (self.adaptive_threads, self.adaptive_threads)
+        """(n_threads, n_threads_batch) as last set."""
+        self.thread_changes: list[tuple[int, int]] = []
         self.step_delay_s = step_delay_s
         self.prompt_delay_s = prompt_delay_s
         self.n_batch = n_batch
@@ -142,6 +186,10 @@ class FakeBackend:
         return "".join(self._pieces[t] for t in tokens)
 
     # --- decoding ---------------------------------------------------------------------------
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        self.threads = (n_threads, n_threads_batch)
+        self.thread_changes.append(self.threads)
+
     def decode(
         self,
         tokens: Sequence[int],
@@ -154,6 +202,8 @@ class FakeBackend:
         self.decode_calls.append(len(tokens))
         n_prompt = sum(1 for o in outputs if not o)
         delay = self.step_delay_s + self.prompt_delay_s * n_prompt
+        if self.cpu is not None:
+            delay += self.cpu.step_seconds(len(tokens), self.threads[len(tokens) > 1])
         if delay:
             time.sleep(delay)
         self._outputs.clear()

@@ -312,6 +312,7 @@ class LlamaBackend:
         n_slots = 1 if self.embedding_only else max(1, options.n_slots)
         threads = options.n_threads or _physical_cores()
         self._threads = (threads, options.n_threads_batch or threads)
+        self.adaptive_threads = max(self._threads) if options.adapt_threads else 0
         n_layers = L.llama_model_n_layer(self._model)
         offloaded = _offloaded_layers(options.n_gpu_layers, n_layers, gpu_build=bool(gpu))
         if options.rpc_servers:
@@ -509,6 +510,10 @@ class LlamaBackend:
 
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self._vocab, token))
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        # Two fields of the context, read by the next llama_decode: cheap between steps.
+        L.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int],
                outputs: Sequence[bool]) -> None:

@@ -206,6 +206,7 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
         n_gpu_layers=(config.gpu_layers if config.gpu_layers is not None
                       else chosen.n_gpu_layers if chosen else 0),
         n_threads=config.threads or (chosen.n_threads if chosen else 0),
+        adapt_threads=not config.threads,
         kv_type=config.kv_type,
         flash_attn=FLASH_ATTN[config.flash_attn],
     )

@@ -1,0 +1,271 @@
+"""Thread counts that follow the machine's load: the engine's worker times every step, and
+when other processes take cores it tries fewer threads, keeping them only while they are
+measured faster; it tries more again when the load leaves.
+
+llama.cpp's threads meet at a barrier after every operation of a step, so a step is as slow as
+its slowest thread: with one core busy in another process, the thread that shares that core is
+descheduled half the time and the others wait for it. On a 2-core x86 the starter model then
+decodes faster with 1 thread than with 2 (17.5 against 11.1 tok/s; 14.2 against 0.42 at a load
+of 5-9). Which count is best depends on the CPU, the model and the load, so it is measured, not
+assumed: ``ThreadPolicy`` is the pure explore/exploit rule for one kind of step (fed with
+thread counts and step times), ``ThreadTuner`` applies one policy per kind of step to a backend
+and samples the other processes' CPU use, the cheap signal that says when to try.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+WINDOW_STEPS = 6
+"""Steps measured at one thread count before it is judged (their median): a decode step of a
+small model takes 20-60 ms, so a window is a fraction of a second."""
+SWITCH_MARGIN = 0.08
+"""Another count is kept only when its median step is this much faster: two counts within
+noise of each other must not take turns."""
+JUMP = 0.3
+"""A window this much slower than the last settled one tries one thread fewer at once. (A
+faster one tries nothing by itself: under a fluctuating load steps speed up and slow down
+all the time, while a core that comes free shows in the other processes' CPU use.)"""
+GIVE_UP = 1.3
+"""A tried count whose first two steps are both this much slower than the current count's
+median is given up at once, and one whose first step is ``2 * GIVE_UP`` slower after that
+step: under load a worse count can be several times slower (0.5 s a step against 0.045 s),
+so a whole window of it would cost more than the try can win."""
+TRY_BUDGET = 0.02
+"""After a try that changed nothing, the next periodic one waits until the time the try lost
+(its steps' excess over the current count's) is at most this share of the time between;
+after a switch, until one step of the old count would be."""
+FIRST_INTERVAL_STEPS = 32
+"""Steps between the first two periodic tries; the interval doubles after each try that
+changes nothing, up to ``LAST_INTERVAL_STEPS``, so that a stable machine pays almost nothing
+(a try of a worse count costs two slower steps)."""
+LAST_INTERVAL_STEPS = 1024
+SLACK_CORES = 0.5
+"""How far the other processes' CPU use may exceed the cores this count leaves them before
+the machine counts as crowded (try fewer threads), and how far below what one more thread
+needs it must stay for there to be room (try more)."""
+LOAD_SAMPLE_S = 0.5
+"""The shortest span over which the other processes' CPU use is measured."""
+
+
+def step_group(rows: int) -> str:
+    """The kind of step a batch of ``rows`` tokens is, for the thread count: llama.cpp runs a
+    one-row step with ``n_threads`` and any other with ``n_threads_batch``, and the costs
+    differ in kind (one row reads every weight for one token: memory-bound; a prompt chunk
+    is compute-bound), so each kind learns its own count."""
+    if rows <= 1:
+        return "1 row"
+    if rows <= 8:
+        return "2-8 rows"
+    if rows <= 64:
+        return "9-64 rows"
+    return "65+ rows"
+
+
+def step_cost(rows: int, seconds: float) -> float:
+    """A step's time made comparable across the row counts of one group. Up to 8 rows a step
+    costs about the square root of its rows (an 8-row step ~2-3x a 1-row one on x86, as the
+    weights are read once for all rows); a larger one about its rows (compute-bound)."""
+    if rows <= 8:
+        return seconds / max(1, rows) ** 0.5
+    return seconds / rows
+
+
+@dataclass
+class ThreadPolicy:
+    """Which thread count one kind of step runs with. It runs with ``n_threads`` and tries a
+    neighbouring count for a window: one fewer when other processes start to crowd the cores
+    or the step time jumps up, one more when a core comes free, and both now and then (see
+    ``FIRST_INTERVAL_STEPS``); it moves only to a count measured ``SWITCH_MARGIN`` faster."""
+
+    max_threads: int
+    n_threads: int = 0
+    """The count the next step runs with (0: start at ``max_threads``)."""
+    switches: int = 0
+    """How many times the count changed: a stable machine should see few."""
+    _recent: list[float] = field(default_factory=list)
+    _settled_cost: float | None = None
+    _trying: list[int] = field(default_factory=list)
+    """The counts still to try, the current one first."""
+    _tried: dict[int, list[float]] = field(default_factory=dict)
+    _since_try: int = 0
+    _interval: int = FIRST_INTERVAL_STEPS
+    _room: bool = False
+    _crowded: bool = False
+
+    def __post_init__(self) -> None:
+        self.max_threads = max(1, self.max_threads)
+        self.n_threads = min(self.n_threads or self.max_threads, self.max_threads)
+        if self.n_threads < self.max_threads:
+            # Started below all cores by the measured load: a core coming free starts a try
+            # at once, so the periodic one only guards against a misleading figure, and
+            # under a heavy load one step of more threads costs as much as 40 (see _decide).
+            self._interval = 8 * FIRST_INTERVAL_STEPS
+
+    @property
+    def next_threads(self) -> int:
+        """The count for the next step of this kind."""
+        return self._trying[0] if self._trying else self.n_threads
+
+    def record(self, threads: int, cost: float, others_cores: float) -> None:
+        """One step of this kind ran with ``threads`` threads at ``cost`` (``step_cost``),
+        while other processes used ``others_cores`` cores' worth of CPU."""
+        if self._trying:
+            self._record_try(threads, cost)
+            return
+        if threads != self.n_threads:
+            return
+        self._recent.append(cost)
+        self._since_try += 1
+        if len(self._recent) < WINDOW_STEPS:
+            return
+        now = statistics.median(self._recent)
+        self._recent.clear()
+        n, most = self.n_threads, self.max_threads
+        # Whether the other processes leave a core for one more thread, and whether they
+        # want more than the cores this count leaves them. Tries start when either turns
+        # true (an edge, not a level: a count that stays worse is not tried every window).
+        room = n < most and others_cores <= most - n - 1 + SLACK_CORES
+        crowded = n > 1 and others_cores >= most - n + SLACK_CORES
+        more = room and not self._room
+        fewer = crowded and not self._crowded
+        self._room, self._crowded = room, crowded
+        settled = self._settled_cost
+        if settled is None:
+            self._settled_cost = now
+        elif now > settled * (1 + JUMP):
+            fewer = True
+        if self._since_try >= self._interval:
+            more, fewer = True, fewer or crowded
+        if more or fewer:
+            self._try(now, more=more, fewer=fewer)
+
+    def _record_try(self, threads: int, cost: float) -> None:
+        if threads != self._trying[0]:
+            return  # not the count being tried (a step that began before the change)
+        samples = self._tried.setdefault(threads, [])
+        samples.append(cost)
+        current = self._tried[self.n_threads][0]
+        if len(samples) >= WINDOW_STEPS or min(samples) > current * GIVE_UP * (
+                1 if len(samples) >= 2 else 2):
+            self._trying.pop(0)
+            if not self._trying:
+                self._decide()
+
+    def _try(self, cost_now: float, *, more: bool, fewer: bool) -> None:
+        """Try the neighbouring counts, after a window at the current one (``cost_now``)."""
+        candidates = [n for n, wanted in ((self.n_threads - 1, fewer),
+                                          (self.n_threads + 1, more))
+                      if wanted and 1 <= n <= self.max_threads]
+        if not candidates:
+            self._since_try = 0
+            return
+        self._tried = {self.n_threads: [cost_now]}
+        self._trying = candidates
+
+    def _decide(self) -> None:
+        current = self._tried.pop(self.n_threads)[0]
+        medians = {n: statistics.median(costs) for n, costs in self._tried.items()}
+        best = min(medians, key=lambda n: medians[n])
+        if medians[best] < current * (1 - SWITCH_MARGIN):
+            self.n_threads = best
+            self.switches += 1
+            self._settled_cost = medians[best]
+            # Trying the old count again costs what it was measured to lose: under a heavy
+            # load one step of 2 threads took as long as 40 of 1.
+            self._interval = _interval_for(current / medians[best] - 1, self._interval)
+            # Judged afresh at the new count: still crowded, it tries one fewer again.
+            self._room = self._crowded = False
+        else:
+            self._settled_cost = current
+            lost_steps = sum(max(0.0, cost / current - 1) for costs in self._tried.values()
+                             for cost in costs)
+            self._interval = _interval_for(lost_steps, 2 * self._interval)
+        self._tried = {}
+        self._since_try = 0
+
+
+def _interval_for(lost_steps: float, at_least: int) -> int:
+    """Steps until the next periodic try, for a try that loses ``lost_steps`` steps' time."""
+    return min(max(at_least, round(lost_steps / TRY_BUDGET)), LAST_INTERVAL_STEPS)
+
+
+def others_cpu_seconds() -> tuple[float, float]:
+    """(seconds of CPU every process has used, seconds this process has used) so far; their
+    difference over a span is the other processes' use (the host's steal counts as theirs)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    waiting = times.idle + getattr(times, "iowait", 0.0)
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    own = os.times()
+    return total - waiting, own.user + own.system
+
+
+# Only the count adapts. llama.cpp's threadpool settings (polling level, priority) do not
+# apply to llama-cpp-python's build: it runs ggml's threads as an OpenMP team, whose barrier
+# waits by libgomp's rules (spin briefly, then sleep), and 0.3.36 binds no
+# llama_attach_threadpool; a higher priority needs privileges, a lower one loses to the load.
+class ThreadTuner:
+    """Sets each step's thread count from a ``ThreadPolicy`` per kind of step (``step_group``)
+    and feeds the policy the step's time. Off (never sets anything) when ``max_threads`` is 0:
+    the user fixed the count."""
+
+    def __init__(self, max_threads: int, apply: Callable[[int, int], None], *,
+                 cpu_seconds: Callable[[], tuple[float, float]] = others_cpu_seconds) -> None:
+        self.max_threads = max_threads
+        self._apply = apply
+        self.cpu_seconds = cpu_seconds
+        """(all processes' CPU seconds, this process's) so far; tests give a simulated one."""
+        self.policies: dict[str, ThreadPolicy] = {}
+        self._applied = (max_threads, max_threads)
+        self.others_cores = 0.0
+        """Cores' worth of CPU the other processes used over the last sample."""
+        self._sample: tuple[float, float, float] | None = None
+        if max_threads:
+            self._sample_load(time.perf_counter())  # known by the first step, to start from
+
+    @property
+    def threads(self) -> dict[str, int]:
+        """The count each kind of step runs with now."""
+        return {group: p.n_threads for group, p in self.policies.items()}
+
+    @contextmanager
+    def step(self, rows: int) -> Iterator[None]:
+        """Around one decode of ``rows`` tokens: set its thread count, time it."""
+        if not self.max_threads:
+            yield
+            return
+        policy = self.policies.get(group := step_group(rows))
+        if policy is None:
+            # Start with the cores the other processes leave (all when the load is not known
+            # yet); the measured step times decide from there.
+            free = self.max_threads - round(self.others_cores)
+            policy = self.policies[group] = ThreadPolicy(self.max_threads, max(1, free))
+        threads = policy.next_threads
+        wanted = (threads, self._applied[1]) if rows <= 1 else (self._applied[0], threads)
+        if wanted != self._applied:
+            self._apply(*wanted)
+            self._applied = wanted
+        started = time.perf_counter()
+        yield
+        now = time.perf_counter()
+        self._sample_load(now)
+        policy.record(threads, step_cost(rows, now - started), self.others_cores)
+
+    def _sample_load(self, now: float) -> None:
+        if self._sample is not None and now - self._sample[0] < LOAD_SAMPLE_S:
+            return
+        try:
+            every, own = self.cpu_seconds()
+        except (OSError, RuntimeError, ImportError):  # no figures here: the step times decide
+            return
+        if self._sample is not None:
+            t0, every0, own0 = self._sample
+            self.others_cores = max(0.0, ((every - every0) - (own - own0)) / (now - t0))
+        self._sample = (now, every, own)

@@ -1,0 +1,233 @@
+"""The thread policy (runtime/threads.py): fed simulated step times, and driven by the engine
+on the fake backend with a CPU cost model shared with a simulated busy process."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend, FakeCPU
+from localinfer.runtime.threads import (
+    LAST_INTERVAL_STEPS,
+    WINDOW_STEPS,
+    ThreadPolicy,
+    ThreadTuner,
+    step_group,
+)
+from localinfer.runtime.types import SamplingParams
+
+
+def run(policy: ThreadPolicy, cpu: FakeCPU, steps: int, *, rows: int = 1,
+        noise: float = 0.0, rng: random.Random | None = None) -> list[int]:
+    """Feed ``policy`` ``steps`` steps costed by ``cpu``; the thread count of each step."""
+    rng = rng or random.Random(0)
+    used = []
+    for _ in range(steps):
+        threads = policy.next_threads
+        seconds = cpu.step_seconds(rows, threads) * (1 + rng.uniform(-noise, noise))
+        policy.record(threads, seconds, float(cpu.busy_cores))
+        used.append(threads)
+    return used
+
+
+def test_a_busy_core_lowers_the_count_and_its_leaving_raises_it_again():
+    cpu = FakeCPU(cores=2)
+    policy = ThreadPolicy(max_threads=2)
+    assert set(run(policy, cpu, 100)) == {2}
+    cpu.busy_cores = 1
+    used = run(policy, cpu, 100)
+    # Settled within two windows; the later steps at 2 threads are the short periodic tries.
+    assert used[-1] == 1 and used[20:].count(1) >= 76, used
+    cpu.busy_cores = 0
+    used = run(policy, cpu, 100)
+    assert used[-1] == 2 and used[20:] == [2] * 80, used
+
+
+def test_the_step_time_alone_lowers_the_count_without_a_load_figure():
+    """A machine that gives no CPU figures: the jump in step time starts the try."""
+    cpu = FakeCPU(cores=2)
+    policy = ThreadPolicy(max_threads=2)
+    for _ in range(50):
+        policy.record(policy.next_threads, cpu.step_seconds(1, policy.next_threads), 0.0)
+    cpu.busy_cores = 1
+    for _ in range(50):
+        policy.record(policy.next_threads, cpu.step_seconds(1, policy.next_threads), 0.0)
+    assert policy.n_threads == 1
+
+
+def test_recovery_without_a_load_figure_comes_from_the_periodic_try():
+    cpu = FakeCPU(cores=2, busy_cores=1)
+    policy = ThreadPolicy(max_threads=2, n_threads=1)
+    cpu_free = FakeCPU(cores=2)
+    for _ in range(10):
+        policy.record(1, cpu.step_seconds(1, 1), 0.0)
+    for _ in range(3 * LAST_INTERVAL_STEPS):
+        if policy.n_threads == 2:
+            break
+        policy.record(policy.next_threads, cpu_free.step_seconds(1, policy.next_threads), 0.0)
+    assert policy.n_threads == 2
+
+
+def test_a_stable_machine_does_not_oscillate():
+    for cores, busy in ((2, 0), (2, 1), (8, 0), (8, 3)):
+        cpu = FakeCPU(cores=cores, busy_cores=busy)
+        policy = ThreadPolicy(max_threads=cores)
+        used = run(policy, cpu, 5000, noise=0.05, rng=random.Random(cores + busy))
+        settled = used[-1]
+        # It settles once (walking down one count at a time) and stays there: later steps
+        # at another count are only the short tries.
+        assert policy.switches <= cores - settled, (cores, busy, policy.switches)
+        assert used[2500:].count(settled) >= 0.97 * 2500, (cores, busy)
+
+
+def test_a_much_slower_count_is_given_up_after_two_steps():
+    """Under heavy load 2 threads can be several times slower than 1: each periodic try of
+    them costs one step, not a window, and the tries back off until they cost at most
+    TRY_BUDGET of the time."""
+    cpu = FakeCPU(cores=2, busy_cores=1, barrier_wait=10.0)  # 2 threads 7.5x slower
+    policy = ThreadPolicy(max_threads=2)
+    used = run(policy, cpu, 3000, noise=0.05)
+    tries = sum(1 for a, b in zip(used[100:], used[101:], strict=False) if (a, b) == (1, 2))
+    assert used[-1] == 1 and used[100:].count(2) == tries
+    lost = 6.5 * tries  # each try's step at 2 threads cost 6.5 steps more than at 1
+    assert lost <= 0.05 * 2900, tries
+    assert 2 <= tries
+
+
+def test_an_idle_machine_at_all_cores_never_tries_fewer():
+    """No loss when idle: with no other process taking CPU and a steady step time, every
+    step runs with all cores."""
+    cpu = FakeCPU(cores=4)
+    policy = ThreadPolicy(max_threads=4)
+    assert set(run(policy, cpu, 3000, noise=0.05)) == {4}
+
+
+def test_equal_counts_within_the_margin_stay_put():
+    """Two counts that cost the same (within noise) never take turns."""
+    policy = ThreadPolicy(max_threads=2)
+    rng = random.Random(3)
+    for _ in range(4000):
+        policy.record(policy.next_threads, 0.02 * (1 + rng.uniform(-0.04, 0.04)), 1.0)
+    assert policy.switches == 0
+
+
+def test_each_kind_of_step_has_its_own_count():
+    """One-row decode steps and prompt chunks are judged apart; a prompt chunk's count goes
+    to n_threads_batch, a one-row step's to n_threads."""
+    applied = []
+    tuner = ThreadTuner(2, lambda n, nb: applied.append((n, nb)), cpu_seconds=lambda: (0.0, 0.0))
+    policy = ThreadPolicy(max_threads=2, n_threads=1)
+    tuner.policies[step_group(1)] = policy
+    with tuner.step(1):
+        pass
+    with tuner.step(512):
+        pass
+    assert applied == [(1, 2)]
+    assert tuner.threads == {"1 row": 1, "65+ rows": 2}
+    assert step_group(8) != step_group(9) != step_group(65)
+
+
+def test_a_fixed_count_is_never_changed():
+    applied = []
+    tuner = ThreadTuner(0, lambda n, nb: applied.append((n, nb)))
+    for _ in range(3 * WINDOW_STEPS):
+        with tuner.step(1):
+            pass
+    assert applied == [] and tuner.threads == {}
+
+
+@pytest.fixture
+def busy_engine():
+    # Wide margins (idle: 10 against 20 ms a step; busy: 20 against 60), as the steps are
+    # real sleeps on a machine that other tests may load.
+    cpu = FakeCPU(cores=2, step_s=0.02, barrier_wait=4.0)
+    backend = FakeBackend(" ".join(f"w{i}" for i in range(60)), cpu=cpu)
+    engine = Engine(backend)
+    engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
+    yield engine, backend, cpu
+    engine.close()
+
+
+def test_the_engine_follows_a_busy_core_and_back(busy_engine):
+    engine, backend, cpu = busy_engine
+    params = SamplingParams(temperature=0, speculative=False)
+    cpu.busy_cores = 1
+    engine.complete("Busy", params).result()
+    assert backend.threads[0] == 1
+    cpu.busy_cores = 0
+    engine.complete("Idle again", params).result()
+    assert backend.threads[0] == 2
+    assert (1, 2) in backend.thread_changes and backend.thread_changes[-1] == (2, 2)
+
+
+def test_without_a_cost_model_the_engine_sets_no_threads(fake_engine):
+    engine = fake_engine(reply="a b c d e f g h i j k l m n o p")
+    engine.complete("x", SamplingParams(temperature=0)).result()
+    assert engine.backend.thread_changes == []
+
+
+def test_the_bench_busy_row_runs_each_count_and_stops_its_busy_process():
+    import psutil
+
+    from localinfer.benchmark import busy_machine
+
+    loaded = []
+
+    def load(n_threads, adapt):
+        cpu = FakeCPU(cores=2, step_s=0.002)
+        engine = Engine(FakeBackend(" ".join(f"w{i}" for i in range(40)), cpu=cpu))
+        if not adapt:  # as --threads N: the fake then keeps that count
+            engine.backend.threads = (n_threads, n_threads)
+            engine.thread_tuner.max_threads = 0
+        loaded.append((n_threads, adapt, len(psutil.Process().children())))
+        return engine
+
+    result = busy_machine(load, all_threads=2, n_tokens=16, rounds=1)
+    assert loaded == [(1, False, 0), (2, False, 0), (2, True, 0),
+                      (1, False, 1), (2, False, 1), (2, True, 1)]
+    assert psutil.Process().children() == []
+    assert [row["load"] for row in result["rows"]] == ["idle", "one_core_busy"]
+    assert all(len(row["adaptive_threads"]) == 1 for row in result["rows"])
+
+
+def test_a_kind_of_step_starts_with_the_cores_the_load_leaves():
+    tuner = ThreadTuner(4, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0))
+    tuner.others_cores = 2.8  # as sampled since the engine started
+    with tuner.step(1):
+        pass
+    tuner.others_cores = 0.0
+    with tuner.step(512):
+        pass
+    assert tuner.threads == {"1 row": 1, "65+ rows": 4}
+
+
+@pytest.mark.model
+def test_llama_cpp_runs_with_the_counts_set_and_writes_the_same_text(starter_path):
+    """On the real model: the adaptive backend offers the cores, set_threads changes what
+    llama.cpp runs with, and the greedy text does not depend on the count (each thread
+    computes whole rows)."""
+    import llama_cpp as L
+
+    from localinfer.runtime.backend import LoadOptions
+    from localinfer.runtime.loader import load_engine
+
+    engine = load_engine(starter_path, LoadOptions(n_ctx=512, n_threads=2, adapt_threads=True),
+                         name="gemma3:270m", family="gemma3")
+    try:
+        backend = engine.backend
+        assert backend.adaptive_threads == 2
+        params = SamplingParams(temperature=0, max_tokens=24, speculative=False)
+        texts = []
+        for counts in ((1, 1), (2, 2)):
+            def pin(counts=counts):
+                engine.thread_tuner.max_threads = 0  # the tuner leaves the count alone
+                backend.set_threads(*counts)
+                return L.llama_n_threads(backend._ctx), L.llama_n_threads_batch(backend._ctx)
+
+            assert engine.run_on_worker(pin) == counts
+            texts.append(engine.complete("The capital of France is", params).result().text)
+        assert texts[0] == texts[1] and texts[0]
+    finally:
+        engine.close()
