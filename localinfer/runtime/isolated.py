@@ -80,6 +80,7 @@ class IsolatedBackend:
         self.n_ctx_embed: int = reply["n_ctx_embed"]
         self.needs_checkpoints: bool = reply["needs_checkpoints"]
         self.load_ms: float = reply["load_ms"]
+        self.adaptive_threads: int = reply["adaptive_threads"]
 
     @property
     def lost(self) -> WorkerLost | None:
@@ -169,6 +170,9 @@ class IsolatedBackend:
         if eog is None:
             eog = self._eog[token] = self._call("is_eog", token)
         return eog
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        self._call("set_threads", n_threads, n_threads_batch)
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int],
                outputs: Sequence[bool]) -> None:
@@ -271,7 +275,8 @@ class _Child:
         b = self.backend
         return {"info": b.info, "n_batch": b.n_batch, "fim_repo": b.fim_repo,
                 "fim_spm": b.fim_spm, "n_ctx_embed": b.n_ctx_embed,
-                "needs_checkpoints": b.needs_checkpoints, "load_ms": b.load_ms}
+                "needs_checkpoints": b.needs_checkpoints, "load_ms": b.load_ms,
+                "adaptive_threads": b.adaptive_threads}
 
     def new_sampler(self, params: SamplingParams, seed: int) -> int:
         sampler_id = self.next_id
