@@ -220,6 +220,27 @@ def test_the_load_takes_the_planners_split_or_the_one_given(tmp_path):
         worker.close()
 
 
+def test_only_this_machines_part_counts_against_its_memory(tmp_path):
+    from localinfer.daemon.memory import MemoryPlan
+    from localinfer.store import ResolvedModel
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())
+    model = ResolvedModel("tiny:1m-f32", path)
+    worker = FakeWorker(devices=1, free=3 * GIB, total=4 * GIB)
+    try:
+        alone = MemoryPlan.for_machine(Config(ctx=256), HOST).estimate(model, None)
+        pooled = MemoryPlan.for_machine(
+            Config(ctx=256, workers=worker.endpoint, layer_split="0,2"), HOST
+        ).estimate(model, None)
+    finally:
+        worker.close()
+    # Both layers and the output head on the worker: this machine keeps the token embedding,
+    # its compute buffer and the runtime, not the layers' weights and KV cache.
+    assert pooled.n_gpu_layers == 3 and pooled.n_layers_total == 3
+    assert 0 < pooled.ram_bytes < alone.ram_bytes
+
+
 def test_a_load_that_fails_in_the_child_process_says_why(tmp_path):
     from localinfer.errors import ModelLoadError
     from localinfer.runtime.isolated import IsolatedBackend
