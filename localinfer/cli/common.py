@@ -111,6 +111,11 @@ def gpu_layers_text(n_gpu_layers: int, n_layers: int) -> str:
     return f"{n_gpu_layers}/{n_layers + 1}"
 
 
+def split_text(split: Sequence[Sequence[object]]) -> str:
+    """A model's layers across machines (``ModelInfo.split``): "CPU 6, 10.0.0.2:50052 #0 13"."""
+    return ", ".join(f"{device} {layers}" for device, layers in split)
+
+
 def print_table(rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> None:
     """Left-aligned columns two spaces apart; the first row is the header."""
     stream = stream or sys.stdout

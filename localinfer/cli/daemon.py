@@ -19,6 +19,7 @@ from .common import (
     duration,
     load_settings,
     print_table,
+    split_text,
 )
 
 
@@ -243,8 +244,7 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
     print_table(rows)
     for entry in status["loaded"]:
         if entry["info"].get("split"):
-            print(f"{entry['info']['name']} layers: " + ", ".join(
-                f"{device} {layers}" for device, layers in entry["info"]["split"]))
+            print(f"{entry['info']['name']} layers: {split_text(entry['info']['split'])}")
     return 0
 
 

@@ -23,6 +23,7 @@ from .common import (
     load_flags_given,
     load_settings,
     sampling_params,
+    split_text,
 )
 
 if TYPE_CHECKING:
@@ -147,8 +148,9 @@ class _LoadDisplay:
             return
         info = session.info
         where = "" if session.in_process else f" ({session.where})"
-        layers = gpu_layers_text(info.n_gpu_layers, info.n_layers)
-        line = (f"Loaded {info.name} ({info.quant}, {layers} layers on GPU) in"
+        layers = (f"layers {split_text(info.split)}" if info.split else
+                  f"{gpu_layers_text(info.n_gpu_layers, info.n_layers)} layers on GPU")
+        line = (f"Loaded {info.name} ({info.quant}, {layers}) in"
                 f" {time.monotonic() - self.started:.1f}s{where}")
         if self.load is not None:
             self.load.finish(line)
