@@ -4,7 +4,8 @@ It implements the same low-level contract as the llama.cpp backend (batches of t
 sequence entries, per-sequence samplers, KV trimming) and checks it the way llama.cpp does:
 a sequence's positions must be contiguous, and the context must not overflow. Its "model"
 replies to each prompt with a scripted text (a string, or a function of the prompt text),
-one word-piece per token, with optional delays per decode step and per prompt token.
+one word-piece per token, with optional delays per decode step and per prompt token, or a
+step cost by the number of rows (as a CPU whose extra rows are cheap or dear).
 """
 
 from __future__ import annotations
@@ -66,9 +67,13 @@ class FakeBackend:
         n_embd: int = 16,
         embed_delay_s: float = 0.0,
         window: int | None = None,
+        step_cost_s: Callable[[int], float] | None = None,
     ) -> None:
         self.reply = reply
         self.step_delay_s = step_delay_s
+        self.step_cost_s = step_cost_s
+        """Seconds a step with n output rows (the decode rows: a token of each sequence and
+        the drafts being verified) takes, on top of the delays above."""
         self.prompt_delay_s = prompt_delay_s
         self.n_batch = n_batch
         self.fim_repo = ("<repo_name>", "<file_sep>") if fim_repo else None
@@ -154,6 +159,8 @@ class FakeBackend:
         self.decode_calls.append(len(tokens))
         n_prompt = sum(1 for o in outputs if not o)
         delay = self.step_delay_s + self.prompt_delay_s * n_prompt
+        if self.step_cost_s is not None:
+            delay += self.step_cost_s(len(tokens) - n_prompt)
         if delay:
             time.sleep(delay)
         self._outputs.clear()
