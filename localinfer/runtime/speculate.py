@@ -56,10 +56,10 @@ measured yet (measured on the starter, 2-core x86: 4 rows 1.46x a 1-row step wit
 COST_SAMPLES = 9
 """A row count's cost is the median of its latest steps: one step slowed by another process
 does not swing the decision."""
-EXPLORE_EVERY = 100
-"""One in this many steps that could verify drafts decides the other way, so that the cost of
-the step not taken is measured again (the machine's load, the thread count and the context
-length change it). It costs at most about 1% of the steps."""
+COST_HORIZON = 200
+"""Steps after which a row count's cost measured before is forgotten (the machine's load, the
+thread count and the context length change it): a step not taken meanwhile, with drafts or
+without, is then taken once to measure it again, at most one step in this many."""
 
 
 class PromptLookup:
@@ -175,19 +175,28 @@ class Acceptance:
 
 class StepCosts:
     """What a decode step takes on this machine by its number of rows, learnt from the steps
-    the engine runs (the median of each row count's latest ``COST_SAMPLES``)."""
+    the engine runs: the median of each row count's latest ``COST_SAMPLES``, of those taken in
+    the last ``horizon`` steps."""
 
-    def __init__(self) -> None:
-        self._samples: dict[int, deque[float]] = {}
+    def __init__(self, horizon: int = COST_HORIZON) -> None:
+        self.horizon = horizon
+        self._steps = 0
+        self._samples: dict[int, deque[tuple[int, float]]] = {}
         self._median: dict[int, float] = {}
 
     def record(self, rows: int, seconds: float) -> None:
+        self._steps += 1
         samples = self._samples.setdefault(rows, deque(maxlen=COST_SAMPLES))
-        samples.append(seconds)
-        self._median[rows] = statistics.median(samples)
+        samples.append((self._steps, seconds))
+        oldest = self._steps - self.horizon
+        self._median = {}
+        for n, taken in self._samples.items():
+            recent = [t for step, t in taken if step > oldest]
+            if recent:
+                self._median[n] = statistics.median(recent)
 
     def measured(self) -> dict[int, float]:
-        """Seconds per step by row count, for the row counts measured so far."""
+        """Seconds per step by row count, for the row counts measured lately."""
         return dict(sorted(self._median.items()))
 
     def has(self, rows: int) -> bool:
@@ -235,13 +244,9 @@ class DraftPolicy:
     expected acceptance. The rows of every sequence decoding count: with four sequences, a
     draft makes a step of 5-7 rows, not 1-4."""
 
-    def __init__(self, costs: StepCosts | None = None, *,
-                 explore_every: int = EXPLORE_EVERY) -> None:
+    def __init__(self, costs: StepCosts | None = None) -> None:
         self.costs = costs or StepCosts()
         self.acceptance = Acceptance()
-        self.explore_every = explore_every
-        self._steps = 0
-        """Steps that could have verified drafts (besides forced ones)."""
 
     def choose(self, n_rows: int, drafts: Sequence[Draft], budget: int) -> list[int]:
         """How many tokens of each draft to verify in a step that decodes ``n_rows`` rows
@@ -264,13 +269,8 @@ class DraftPolicy:
             if drafts[i].forced or rate > best_rate:
                 best_rate, best = rate, len(taken)
         n_forced = sum(1 for i, _ in taken if drafts[i].forced)
-        if len(taken) > n_forced:
-            self._steps += 1
-            if not self.costs.has(n_rows):
-                best = n_forced  # the step without drafts first: what they are weighed against
-            elif self._steps % self.explore_every == 0:
-                # Measure the road not taken again (see EXPLORE_EVERY).
-                best = n_forced if best > n_forced else len(taken)
+        if not self.costs.has(n_rows):
+            best = n_forced  # the step without drafts first: what they are weighed against
         lengths = [0] * len(drafts)
         for i, k in taken[:best]:
             lengths[i] = k
