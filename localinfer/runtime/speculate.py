@@ -56,6 +56,9 @@ measured yet (measured on the starter, 2-core x86: 4 rows 1.46x a 1-row step wit
 COST_SAMPLES = 9
 """A row count's cost is the median of its latest steps: one step slowed by another process
 does not swing the decision."""
+MIN_SAMPLES = 3
+"""A row count measured fewer times than this is not trusted to be dearer than the others
+suggest: one step that another process slowed cannot turn drafting off."""
 COST_HORIZON = 200
 """Steps after which a row count's cost measured before is forgotten (the machine's load, the
 thread count and the context length change it): a step not taken meanwhile, with drafts or
@@ -183,17 +186,21 @@ class StepCosts:
         self._steps = 0
         self._samples: dict[int, deque[tuple[int, float]]] = {}
         self._median: dict[int, float] = {}
+        self._trusted: dict[int, float] = {}
+        """The medians of the row counts measured at least ``MIN_SAMPLES`` times."""
 
     def record(self, rows: int, seconds: float) -> None:
         self._steps += 1
         samples = self._samples.setdefault(rows, deque(maxlen=COST_SAMPLES))
         samples.append((self._steps, seconds))
         oldest = self._steps - self.horizon
-        self._median = {}
+        self._median, self._trusted = {}, {}
         for n, taken in self._samples.items():
             recent = [t for step, t in taken if step > oldest]
             if recent:
                 self._median[n] = statistics.median(recent)
+                if len(recent) >= MIN_SAMPLES:
+                    self._trusted[n] = self._median[n]
 
     def measured(self) -> dict[int, float]:
         """Seconds per step by row count, for the row counts measured lately."""
@@ -206,8 +213,15 @@ class StepCosts:
         """The expected time of a step of ``rows`` rows: interpolated between the measured row
         counts, beyond them extended by ``PRIOR_EXTRA_ROW`` of a 1-row step per row (in units
         of one 1-row step while nothing is measured). Never less than a measured smaller
-        step's time."""
-        known = self._median
+        step's time. A row count measured fewer than ``MIN_SAMPLES`` times counts at most
+        what the others suggest."""
+        known = self._trusted or self._median
+        if rows in self._median and rows not in known:
+            return min(self._median[rows], self._estimate(known, rows))
+        return self._estimate(known, rows)
+
+    @staticmethod
+    def _estimate(known: dict[int, float], rows: int) -> float:
         if not known:
             return 1.0 + PRIOR_EXTRA_ROW * (rows - 1)
         below = [r for r in known if r < rows]
