@@ -6,7 +6,8 @@ Every figure is measured here, through the same engine that serves chats and edi
 - single-stream decode, as a share of the bare ``llama_decode`` step (the engine's overhead)
   and of the memory-bandwidth roofline (bytes read per token / measured bandwidth);
 - aggregate decode with 1, 2, 4 and 8 concurrent streams (continuous batching), each stream's
-  tokens compared with the same request run alone (``first_divergence``);
+  tokens compared with the same request run alone (``first_divergence``), with speculation
+  off, on (every draft verified) and adaptive (the default: drafts verified where they pay);
 - the 5th turn of a chat with ~1,500 tokens of history, with and without KV prefix reuse;
 - decode on a code-edit request with and without prompt-lookup speculation;
 - decode with a JSON schema's grammar against without, and a forced tool call's latency;
@@ -69,6 +70,7 @@ class BenchResult:
     prefill: list[dict[str, float]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)
     concurrency: list[dict[str, Any]] = field(default_factory=list)
+    speculation_streams: list[dict[str, Any]] = field(default_factory=list)
     chat_reuse: dict[str, Any] = field(default_factory=dict)
     speculation: dict[str, Any] = field(default_factory=dict)
     structured: dict[str, Any] = field(default_factory=dict)
@@ -92,8 +94,8 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     from .store import ModelStore
 
     stages = ["load", "prefill", "decode and the bare step", "concurrent streams",
-              "chat prefix reuse", "speculation", "structured output", "calibration",
-              "busy machine"]
+              "speculation by streams", "chat prefix reuse", "speculation", "structured output",
+              "calibration", "busy machine"]
     if not quick:
         stages.append("llama-cpp-python")
     step = iter(range(1, len(stages) + 1))
@@ -167,8 +169,13 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         }
 
         stage("concurrent streams")
+        n_stream_tokens = 48 if quick else 64
         result.concurrency = _concurrency(engine, (1, 4) if quick else (1, 2, 4, 8),
-                                          n_tokens=48 if quick else 64)
+                                          n_tokens=n_stream_tokens)
+
+        stage("speculation by streams")
+        result.speculation_streams = _speculation_streams(engine, result.concurrency,
+                                                          n_tokens=n_stream_tokens)
 
         stage("chat prefix reuse")
         result.chat_reuse = _chat_reuse(engine)
@@ -355,13 +362,9 @@ def _concurrency(engine: Engine, widths: tuple[int, ...], n_tokens: int) -> list
     rows = []
     single = 0.0
     for width in widths:
-        engine.clear_cache()  # every width reads its prompts cold, as the first one did
         prompts = STORY_PROMPTS[:width]
-        started = time.perf_counter()
-        generations = [engine.complete(p, params) for p in prompts]
+        aggregate, generations = _streams(engine, prompts, params)
         done = [g.result() for g in generations]
-        wall = time.perf_counter() - started
-        aggregate = sum(d.usage.completion_tokens for d in done) / wall
         single = single or aggregate
         partings = (first_divergence(engine, solo[p], g)
                     for p, g in zip(prompts, generations, strict=True))
@@ -375,6 +378,33 @@ def _concurrency(engine: Engine, widths: tuple[int, ...], n_tokens: int) -> list
             "divergence_margins": [d.margin for d in diverged],
             "diverged_at_near_tie": sum(d.near_tie for d in diverged),
         })
+    return rows
+
+
+def _streams(engine: Engine, prompts: list[str],
+             params: SamplingParams) -> tuple[float, list[Generation]]:
+    """Aggregate tokens per second of ``prompts`` run together, each read cold (as the first
+    request after a load), and their generations."""
+    engine.clear_cache()
+    started = time.perf_counter()
+    generations = [engine.complete(p, params) for p in prompts]
+    tokens = sum(g.result().usage.completion_tokens for g in generations)
+    return tokens / (time.perf_counter() - started), generations
+
+
+def _speculation_streams(engine: Engine, concurrency: list[dict],
+                         n_tokens: int) -> list[dict[str, Any]]:
+    """The concurrency rows' aggregate (speculation off) beside the same streams with every
+    draft verified ("on") and with the engine's default, drafts verified where the measured
+    step costs say they pay ("adaptive")."""
+    rows = []
+    for row in concurrency:
+        prompts = STORY_PROMPTS[:row["streams"]]
+        figures = {"streams": row["streams"], "off_tps": row["aggregate_tps"]}
+        for label, speculative in (("on", True), ("adaptive", None)):
+            params = SamplingParams(temperature=0, max_tokens=n_tokens, speculative=speculative)
+            figures[f"{label}_tps"], _ = _streams(engine, prompts, params)
+        rows.append(figures)
     return rows
 
 
@@ -491,13 +521,13 @@ CODE_EDIT_PROMPT = (
 
 def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
     runs, rows = {}, {}
-    for label, speculative in (("plain", False), ("prompt_lookup", True)):
+    for label, speculative in (("plain", False), ("prompt_lookup", True), ("adaptive", None)):
         params = SamplingParams(temperature=0, max_tokens=300 if quick else 600,
                                 speculative=speculative, stop=("```",))
         engine.clear_cache()
         runs[label] = engine.complete(CODE_EDIT_PROMPT, params)
         rows[label] = runs[label].result()
-    plain, spec = rows["plain"], rows["prompt_lookup"]
+    plain, spec, adaptive = rows["plain"], rows["prompt_lookup"], rows["adaptive"]
     divergence = first_divergence(engine, runs["plain"], runs["prompt_lookup"])
     return {
         "prompt_tokens": plain.usage.prompt_tokens,
@@ -506,6 +536,7 @@ def _speculation(engine: Engine, *, quick: bool) -> dict[str, Any]:
         "speculative_tps": spec.timings.decode_tps,
         "speedup": spec.timings.decode_tps / plain.timings.decode_tps
         if plain.timings.decode_tps else 0.0,
+        "adaptive_tps": adaptive.timings.decode_tps,
         "identical": divergence is None,
         "first_divergent_token": None if divergence is None else divergence.index,
         "divergence_margin": None if divergence is None else divergence.margin,

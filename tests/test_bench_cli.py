@@ -33,12 +33,15 @@ def test_bench_quick_json(starter_path):
     # A stream in a batch of 4 may part from its solo run only where the solo run's best two
     # tokens nearly tied (llama.cpp rounds a batch differently from one row on some CPUs).
     assert four["equal_to_solo"] + four["diverged_at_near_tie"] == 4, four
+    assert [row["streams"] for row in r["speculation_streams"]] == [1, 4]
+    assert all(row[f"{mode}_tps"] > 0 for row in r["speculation_streams"]
+               for mode in ("off", "on", "adaptive"))
     cr = r["chat_reuse"]
     assert cr["cached_tokens"] > 1000 and cr["history_tokens"] > 1400
     assert cr["ttft_without_reuse_ms"] > cr["ttft_with_reuse_ms"]
     s = r["speculation"]
     assert s["identical"] or s["diverged_at_near_tie"], s  # the same rule as for batches
-    assert s["accepted"] > 0
+    assert s["accepted"] > 0 and s["adaptive_tps"] > 0
     st = r["structured"]
     assert st["schema_tps"] > 0 and st["plain_tps"] > 0 and st["tool_call_parsed"], st
     assert st["sampled_schema_tps"] > 0 and st["sampled_plain_tps"] > 0, st
@@ -46,4 +49,4 @@ def test_bench_quick_json(starter_path):
     b = r["busy_machine"]
     assert [row["load"] for row in b["rows"]] == ["idle", "one_core_busy"], b
     assert all(row[k] > 0 for row in b["rows"] for k in ("1_thread", "all_threads", "adaptive"))
-    assert "bench [9/9] busy machine" in out.stderr  # progress was shown
+    assert "bench [10/10] busy machine" in out.stderr  # progress was shown

@@ -125,6 +125,12 @@ def report(r) -> str:
             lines.append(f"    {c['streams']} stream{'s' if c['streams'] > 1 else ' '}"
                          f"             {c['aggregate_tps']:7.1f} ({c['speedup']:.2f}x)"
                          f"   {c['equal_to_solo']}/{c['streams']}{where}")
+    if r.speculation_streams:
+        lines.append("  speculation by streams  aggregate tok/s: off / on / adaptive (default)")
+        for row in r.speculation_streams:
+            lines.append(f"    {row['streams']} stream{'s' if row['streams'] > 1 else ' '}"
+                         f"             {row['off_tps']:7.1f} / {row['on_tps']:.1f} /"
+                         f" {row['adaptive_tps']:.1f}")
     cr = r.chat_reuse
     if cr:
         lines.append(
@@ -138,7 +144,8 @@ def report(r) -> str:
         lines.append(
             f"  code edit ({s['tokens']} tokens): {s['plain_tps']:.1f} tok/s plain,"
             f" {s['speculative_tps']:.1f} tok/s with prompt lookup ({s['speedup']:.2f}x,"
-            f" {s['accepted']}/{s['drafted']} drafted tokens accepted), "
+            f" {s['accepted']}/{s['drafted']} drafted tokens accepted),"
+            f" {s['adaptive_tps']:.1f} tok/s adaptive (the default), "
             + ("identical text" if s["identical"] else
                f"text parts from plain decoding at token {s['first_divergent_token']}"
                + (" (flash attention on an F16 cache: see --flash-attn)"

@@ -37,7 +37,7 @@ from .backend import Backend
 from .chat_template import ChatTemplate
 from .fim import FimFile, fim_prompt
 from .logprobs import Distribution
-from .speculate import EXACT_ROWS, MAX_DRAFT, PromptLookup
+from .speculate import EXACT_ROWS, MAX_DRAFT, Draft, DraftPolicy, PromptLookup
 from .text import TextAssembler
 from .threads import ThreadTuner
 from .tools import ToolFormat, detect_format
@@ -262,6 +262,8 @@ class Engine:
         self._last_decode_tps = 0.0
         self.thread_tuner = ThreadTuner(backend.adaptive_threads, backend.set_threads)
         """Each step's thread count, following the machine's load (see threads.py)."""
+        self.drafts = DraftPolicy()
+        """Which drafts each step verifies, from the step costs it measures here."""
         self._jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         self._step_jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         """Work for the worker between two steps, even while requests run (embeddings)."""
@@ -716,7 +718,7 @@ class Engine:
                     self.backend.accept(request.sampler,
                                         request.prompt[-params.repeat_last_n:])
                 if params.speculative is not False:
-                    request.lookup = PromptLookup(request.prompt)
+                    request.lookup = PromptLookup(request.prompt, self.drafts.acceptance)
                 self._prompt_tokens_total += len(request.prompt)
                 self._cached_tokens_total += n_keep
 
@@ -762,20 +764,10 @@ class Engine:
         outputs: list[bool] = []
         budget = self.backend.n_batch
         decoding = [s for s in self._active() if not s.prefilling]
-        # Drafts only while the batch stays small enough for the single-row kernels (see
-        # speculate.py): no prompt being read, few sequences decoding.
-        prefill_pending = any(s.prefilling for s in self._active())
-        draft_budget = 0 if prefill_pending else EXACT_ROWS - len(decoding)
+        self._choose_drafts(decoding)
         for slot in decoding:
             pos = len(slot.cached)
             slot.batch_index = len(tokens)
-            slot.draft = []
-            lookup = slot.running.lookup
-            if lookup is not None and draft_budget > 0:
-                room = min(draft_budget, MAX_DRAFT, self.info.n_ctx - 1 - pos,
-                           budget - len(decoding))
-                slot.draft = lookup.draft(room)
-                draft_budget -= len(slot.draft)
             n = 1 + len(slot.draft)
             next_token = slot.next_token
             assert next_token is not None  # a decoding slot has sampled the token it feeds next
@@ -810,6 +802,7 @@ class Engine:
         # Hand over the previous step's events now: the consumers' threads then run while
         # llama_decode computes (it releases the GIL), not while this thread needs it.
         self._flush()
+        started = time.perf_counter()
         try:
             with self.thread_tuner.step(len(tokens)):
                 self.backend.decode(tokens, positions, seq_ids, outputs)
@@ -822,6 +815,8 @@ class Engine:
             return
 
         now = time.perf_counter()
+        if not chunks:  # a step of decode rows alone: what drafting is weighed against
+            self.drafts.costs.record(len(tokens), now - started)
         for slot in decoding:
             self._verify(slot, now)
         for slot, n in chunks:
@@ -832,6 +827,36 @@ class Engine:
                 token = self._sample_or_abort(slot, slot.batch_index)
                 if token is not None:
                     self._on_token(slot, token, now)
+
+    def _choose_drafts(self, decoding: list[_Slot]) -> None:
+        """Set each decoding slot's draft for this step: what its prompt lookup proposes, where
+        the step's expected tokens per second gain by it (see speculate.DraftPolicy); a draft
+        not verified is checked as a shadow draft. Drafts only while the batch stays small
+        enough for the single-row kernels (see speculate.py): no prompt being read."""
+        for slot in decoding:
+            slot.draft = []
+        if any(s.prefilling for s in self._active()):
+            return
+        budget = min(EXACT_ROWS, self.backend.n_batch) - len(decoding)
+        if budget <= 0:
+            return
+        proposing: list[tuple[_Slot, PromptLookup, list[int]]] = []
+        for slot in decoding:
+            lookup = slot.running.lookup
+            room = min(budget, MAX_DRAFT, self.info.n_ctx - 1 - len(slot.cached))
+            draft = lookup.draft(room) if lookup is not None else []
+            if lookup is not None and draft:
+                proposing.append((slot, lookup, draft))
+        if not proposing:
+            return
+        lengths = self.drafts.choose(len(decoding), [
+            Draft(draft, lookup.acceptance, forced=slot.running.params.speculative is True)
+            for slot, lookup, draft in proposing], budget)
+        for (slot, lookup, draft), k in zip(proposing, lengths, strict=True):
+            if k:
+                slot.draft = draft[:k]
+            else:
+                lookup.shadow(draft)
 
     def _verify(self, slot: _Slot, now: float) -> None:
         """Sample a decoding slot's outputs: its next token, then each draft token for as

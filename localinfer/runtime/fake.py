@@ -4,9 +4,9 @@ It implements the same low-level contract as the llama.cpp backend (batches of t
 sequence entries, per-sequence samplers, KV trimming) and checks it the way llama.cpp does:
 a sequence's positions must be contiguous, and the context must not overflow. Its "model"
 replies to each prompt with a scripted text (a string, or a function of the prompt text),
-one word-piece per token, with optional delays per decode step and per prompt token, and
-optionally a CPU shared with other processes (``FakeCPU``) that makes a step's time depend on
-its thread count.
+one word-piece per token, with optional delays per decode step and per prompt token, a step
+cost by the number of rows (as a CPU whose extra rows are cheap or dear), and optionally a CPU
+shared with other processes (``FakeCPU``) that makes a step's time depend on its thread count.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ class FakeBackend:
         embed_delay_s: float = 0.0,
         window: int | None = None,
         cpu: FakeCPU | None = None,
+        step_cost_s: Callable[[int], float] | None = None,
     ) -> None:
         self.reply = reply
         self.cpu = cpu
@@ -113,6 +114,9 @@ class FakeBackend:
         """(n_threads, n_threads_batch) as last set."""
         self.thread_changes: list[tuple[int, int]] = []
         self.step_delay_s = step_delay_s
+        self.step_cost_s = step_cost_s
+        """Seconds a step with n output rows (the decode rows: a token of each sequence and
+        the drafts being verified) takes, on top of the delays above."""
         self.prompt_delay_s = prompt_delay_s
         self.n_batch = n_batch
         self.fim_repo = ("<repo_name>", "<file_sep>") if fim_repo else None
@@ -204,6 +208,8 @@ class FakeBackend:
         delay = self.step_delay_s + self.prompt_delay_s * n_prompt
         if self.cpu is not None:
             delay += self.cpu.step_seconds(len(tokens), self.threads[len(tokens) > 1])
+        if self.step_cost_s is not None:
+            delay += self.step_cost_s(len(tokens) - n_prompt)
         if delay:
             time.sleep(delay)
         self._outputs.clear()

@@ -20,9 +20,22 @@ multi-row kernel that verifies a draft, so on the CPU it is off by default
 decoding without flash attention on AVX-512 and AVX2-only builds; with a q8_0 KV cache (which
 needs flash attention) the text parts at token 259, at a near tie. Where greedy text parts,
 it parts only where two tokens nearly tie (tests/test_engine_real.py).
+
+Whether a step verifies drafts at all is decided by cost (``DraftPolicy``): the sequences being
+decoded together already fill rows, and where an extra row is dear (an 8-row step costs about
+twice a 1-row step on AVX2 CPUs) drafting for several busy sequences loses more than it wins.
+The engine learns what a step of each number of rows takes on this machine (``StepCosts``) and
+how often each sequence's drafts are accepted, and verifies the drafts that raise the expected
+tokens per second of the step. A draft it does not verify is checked against the tokens that
+follow anyway (a shadow draft), so the acceptance rate stays current at no cost.
 """
 
 from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 NGRAM_SIZES = (4, 3, 2)
 """Try the longest n-gram first: a longer match predicts the continuation better."""
@@ -31,12 +44,31 @@ MAX_DRAFT = 3
 EXACT_ROWS = 7
 """Largest batch that llama.cpp's CPU matrix kernels compute with the single-row kernels (on
 some CPUs exactly like single rows; on others they round apart at near ties)."""
+PRIOR_ACCEPTANCE = 0.5
+"""The share of drafted tokens expected to be accepted before any draft has been checked."""
+ACCEPTANCE_WEIGHT = 0.3
+"""Weight of the latest draft in a sequence's acceptance rate (an exponential average: the
+rate follows the text within a few drafts, as it moves from quoting to writing anew)."""
+PRIOR_EXTRA_ROW = 0.15
+"""Cost of a step's extra row, as a share of the cheapest measured step, for row counts not
+measured yet (measured on the starter, 2-core x86: 4 rows 1.46x a 1-row step with AVX-512,
+8 rows about 2x with AVX2). Steps of that size then get measured when they run."""
+COST_SAMPLES = 9
+"""A row count's cost is the median of its latest steps: one step slowed by another process
+does not swing the decision."""
+MIN_SAMPLES = 3
+"""A row count measured fewer times than this is not trusted to be dearer than the others
+suggest: one step that another process slowed cannot turn drafting off."""
+COST_HORIZON = 200
+"""Steps after which a row count's cost measured before is forgotten (the machine's load, the
+thread count and the context length change it): a step not taken meanwhile, with drafts or
+without, is then taken once to measure it again, at most one step in this many."""
 
 
 class PromptLookup:
     """Drafts for one sequence from an index of its own tokens (prompt and output)."""
 
-    def __init__(self, tokens: list[int]) -> None:
+    def __init__(self, tokens: list[int], shared: Acceptance | None = None) -> None:
         self.history: list[int] = list(tokens)
         # n-gram -> the position right after its latest occurrence. An n-gram is indexed only
         # once a token follows it, so the current tail never matches itself. Built on the
@@ -50,9 +82,31 @@ class PromptLookup:
         self.draft_len = MIN_DRAFT
         self._pause = 0
         self._misses = 0
+        self._shared = shared
+        self.acceptance = shared.rate if shared is not None else PRIOR_ACCEPTANCE
+        """The recent share of this sequence's drafted tokens that were accepted."""
+        self._shadow: list[int] = []
+        self._shadow_len = 0
+        self._shadow_hits = 0
 
     def extend(self, tokens: list[int]) -> None:
         self.history.extend(tokens)
+        for token in tokens:
+            if not self._shadow:
+                break
+            if token == self._shadow[0]:
+                self._shadow.pop(0)
+                self._shadow_hits += 1
+                if not self._shadow:
+                    self.feedback(self._shadow_len, self._shadow_hits)
+            else:
+                self._shadow = []
+                self.feedback(self._shadow_len, self._shadow_hits)
+
+    def shadow(self, draft: list[int]) -> None:
+        """Check ``draft`` (not verified) against the tokens that follow, as a verification
+        would have: it counts towards the acceptance rate and the draft length alike."""
+        self._shadow, self._shadow_len, self._shadow_hits = list(draft), len(draft), 0
 
     def _update_index(self) -> None:
         history = self.history
@@ -64,7 +118,10 @@ class PromptLookup:
         self._indexed = len(history)
 
     def draft(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens predicted to follow the history ([] when none)."""
+        """Up to ``limit`` tokens predicted to follow the history ([] when none, and while a
+        shadow draft is being checked)."""
+        if self._shadow:
+            return []
         if self._pause > 0:
             self._pause -= 1
             return []
@@ -93,6 +150,9 @@ class PromptLookup:
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """Adapt the draft length to how much of the last draft the model accepted."""
+        self.acceptance += ACCEPTANCE_WEIGHT * (accepted / drafted - self.acceptance)
+        if self._shared is not None:
+            self._shared.update(drafted, accepted)
         if accepted == drafted:
             self.draft_len = min(self.draft_len * 2, MAX_DRAFT)
             self._misses = 0
@@ -103,3 +163,129 @@ class PromptLookup:
         else:
             self.draft_len = max(MIN_DRAFT, accepted + 1)
             self._misses = 0
+
+
+class Acceptance:
+    """The share of drafted tokens accepted, across every sequence: the rate a new sequence's
+    drafts are expected to have before any of its own has been checked."""
+
+    def __init__(self) -> None:
+        self.rate = PRIOR_ACCEPTANCE
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.rate += ACCEPTANCE_WEIGHT * (accepted / drafted - self.rate)
+
+
+class StepCosts:
+    """What a decode step takes on this machine by its number of rows, learnt from the steps
+    the engine runs: the median of each row count's latest ``COST_SAMPLES``, of those taken in
+    the last ``horizon`` steps."""
+
+    def __init__(self, horizon: int = COST_HORIZON) -> None:
+        self.horizon = horizon
+        self._steps = 0
+        self._samples: dict[int, deque[tuple[int, float]]] = {}
+        self._median: dict[int, float] = {}
+        self._trusted: dict[int, float] = {}
+        """The medians of the row counts measured at least ``MIN_SAMPLES`` times."""
+
+    def record(self, rows: int, seconds: float) -> None:
+        self._steps += 1
+        samples = self._samples.setdefault(rows, deque(maxlen=COST_SAMPLES))
+        samples.append((self._steps, seconds))
+        oldest = self._steps - self.horizon
+        self._median, self._trusted = {}, {}
+        for n, taken in self._samples.items():
+            recent = [t for step, t in taken if step > oldest]
+            if recent:
+                self._median[n] = statistics.median(recent)
+                if len(recent) >= MIN_SAMPLES:
+                    self._trusted[n] = self._median[n]
+
+    def measured(self) -> dict[int, float]:
+        """Seconds per step by row count, for the row counts measured lately."""
+        return dict(sorted(self._median.items()))
+
+    def has(self, rows: int) -> bool:
+        return rows in self._median
+
+    def seconds(self, rows: int) -> float:
+        """The expected time of a step of ``rows`` rows: interpolated between the measured row
+        counts, beyond them extended by ``PRIOR_EXTRA_ROW`` of a 1-row step per row (in units
+        of one 1-row step while nothing is measured). Never less than a measured smaller
+        step's time. A row count measured fewer than ``MIN_SAMPLES`` times counts at most
+        what the others suggest."""
+        known = self._trusted or self._median
+        if rows in self._median and rows not in known:
+            return min(self._median[rows], self._estimate(known, rows))
+        return self._estimate(known, rows)
+
+    @staticmethod
+    def _estimate(known: dict[int, float], rows: int) -> float:
+        if not known:
+            return 1.0 + PRIOR_EXTRA_ROW * (rows - 1)
+        below = [r for r in known if r < rows]
+        above = [r for r in known if r > rows]
+        smallest = min(known)
+        one_row = known[smallest] / (1.0 + PRIOR_EXTRA_ROW * (smallest - 1))
+        if rows in known:
+            estimate = known[rows]
+        elif below and above:
+            lo, hi = max(below), min(above)
+            estimate = known[lo] + (known[hi] - known[lo]) * (rows - lo) / (hi - lo)
+        elif below:
+            lo = max(below)
+            estimate = known[lo] + PRIOR_EXTRA_ROW * one_row * (rows - lo)
+        else:
+            estimate = one_row * (1.0 + PRIOR_EXTRA_ROW * (rows - 1))
+        return max([estimate] + [known[r] for r in below])
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One sequence's proposed draft for this step."""
+
+    tokens: Sequence[int]
+    acceptance: float
+    """The expected share of its tokens the model accepts (the sequence's recent rate)."""
+    forced: bool = False
+    """The request asked for speculation: verify it whatever the cost."""
+
+
+class DraftPolicy:
+    """Decides each step which drafts to verify: those that raise the step's expected tokens
+    per second, from the measured cost of a step by its rows (``StepCosts``) and each draft's
+    expected acceptance. The rows of every sequence decoding count: with four sequences, a
+    draft makes a step of 5-7 rows, not 1-4."""
+
+    def __init__(self, costs: StepCosts | None = None) -> None:
+        self.costs = costs or StepCosts()
+        self.acceptance = Acceptance()
+
+    def choose(self, n_rows: int, drafts: Sequence[Draft], budget: int) -> list[int]:
+        """How many tokens of each draft to verify in a step that decodes ``n_rows`` rows
+        without them (0: none), at most ``budget`` in all."""
+        # The likeliest drafts first; a prefix of them is the best choice for any step cost
+        # that rises with the rows (each extra draft adds rows for fewer expected tokens).
+        order = sorted(range(len(drafts)),
+                       key=lambda i: (not drafts[i].forced, -drafts[i].acceptance))
+        rows, tokens = n_rows, float(n_rows)
+        best_rate, best = tokens / self.costs.seconds(rows), 0
+        taken: list[tuple[int, int]] = []
+        for i in order:
+            k = min(len(drafts[i].tokens), budget - (rows - n_rows))
+            if k <= 0:
+                break
+            rows += k
+            tokens += drafts[i].acceptance * k
+            taken.append((i, k))
+            rate = tokens / self.costs.seconds(rows)
+            if drafts[i].forced or rate > best_rate:
+                best_rate, best = rate, len(taken)
+        n_forced = sum(1 for i, _ in taken if drafts[i].forced)
+        if not self.costs.has(n_rows):
+            best = n_forced  # the step without drafts first: what they are weighed against
+        lengths = [0] * len(drafts)
+        for i, k in taken[:best]:
+            lengths[i] = k
+        return lengths

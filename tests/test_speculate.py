@@ -1,0 +1,206 @@
+"""Speculation by cost: the draft policy, the step costs it learns, shadow drafts, and the engine
+turning drafting on and off with the fake backend's step-cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.runtime.speculate import (
+    MAX_DRAFT,
+    MIN_SAMPLES,
+    PRIOR_ACCEPTANCE,
+    PRIOR_EXTRA_ROW,
+    Acceptance,
+    Draft,
+    DraftPolicy,
+    PromptLookup,
+    StepCosts,
+)
+from localinfer.runtime.types import SamplingParams
+
+AVX2 = {1: 1.0, 2: 1.05, 3: 1.2, 4: 1.35, 5: 1.6, 6: 1.75, 7: 1.9, 8: 2.0}
+"""Step seconds by rows where an 8-row step costs about twice a 1-row step (2-core AVX2)."""
+CHEAP_ROWS = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06, 5: 1.3, 6: 1.4, 7: 1.5}
+
+
+def policy_with(costs: dict[int, float]) -> DraftPolicy:
+    step_costs = StepCosts()
+    for rows, seconds in costs.items():
+        step_costs.record(rows, seconds)
+    return DraftPolicy(step_costs)
+
+
+# --- the step costs -------------------------------------------------------------------------
+def test_step_costs_interpolate_and_extend_the_measured_rows():
+    costs = StepCosts()
+    assert costs.seconds(5) == pytest.approx(1.0 + 4 * PRIOR_EXTRA_ROW)  # nothing measured
+    costs.record(1, 0.020)
+    costs.record(4, 0.032)
+    assert costs.seconds(4) == pytest.approx(0.032)
+    assert costs.seconds(2) == pytest.approx(0.024)
+    assert costs.seconds(6) == pytest.approx(0.032 + 2 * PRIOR_EXTRA_ROW * 0.020)
+    costs.record(8, 0.030)  # measured cheaper than 4 rows (noise): never below a smaller step
+    assert costs.seconds(8) == pytest.approx(0.032)
+
+
+def test_a_row_count_measured_once_is_not_trusted_to_be_dear():
+    costs = StepCosts()
+    for _ in range(3):
+        costs.record(1, 0.020)
+        costs.record(4, 0.032)
+    costs.record(7, 0.500)  # one step slowed by another process
+    assert costs.seconds(7) == pytest.approx(0.032 + 3 * PRIOR_EXTRA_ROW * 0.020)
+    costs.record(7, 0.040)
+    costs.record(7, 0.041)
+    assert costs.seconds(7) == pytest.approx(0.041)
+
+
+def test_a_step_slowed_by_another_process_does_not_move_the_cost():
+    costs = StepCosts()
+    for seconds in (0.020, 0.021, 0.019, 0.200, 0.020):
+        costs.record(1, seconds)
+    assert costs.seconds(1) == pytest.approx(0.020)
+
+
+# --- the policy ---------------------------------------------------------------------------
+def test_drafting_for_four_busy_sequences_where_rows_are_dear_is_off():
+    policy = policy_with(AVX2)
+    drafts = [Draft([1, 2, 3], 0.4) for _ in range(4)]
+    assert policy.choose(4, drafts, budget=3) == [0, 0, 0, 0]
+
+
+def test_one_sequence_with_cheap_rows_and_accepted_drafts_drafts():
+    policy = policy_with(CHEAP_ROWS)
+    assert policy.choose(1, [Draft([1, 2, 3], 0.8)], budget=6) == [3]
+
+
+def test_drafting_depends_on_the_rows_the_batch_already_fills():
+    # The same draft pays beside one sequence (rows 1 -> 4 cost 6% more) and not beside
+    # four (rows 4 -> 7 cost 42% more).
+    policy = policy_with(CHEAP_ROWS)
+    assert policy.choose(1, [Draft([1, 2, 3], 0.3)], budget=6) == [3]
+    assert policy.choose(4, [Draft([1, 2, 3], 0.3)] + [Draft([4], 0.3)] * 3,
+                         budget=3) == [0, 0, 0, 0]
+
+
+def test_only_the_drafts_that_pay_are_verified_likeliest_first():
+    policy = policy_with(CHEAP_ROWS)
+    # Two sequences: rows 2 -> 4 are nearly free, 4 -> 7 are not.
+    lengths = policy.choose(2, [Draft([1, 2], 0.1), Draft([3, 4], 0.9)], budget=5)
+    assert lengths == [0, 2]
+
+
+def test_falling_acceptance_turns_drafting_off():
+    shared = Acceptance()
+    lookup = PromptLookup([1, 2, 3], shared)
+    policy = policy_with(AVX2)
+    for _ in range(3):
+        lookup.feedback(3, 3)
+    assert policy.choose(1, [Draft([7, 8, 9], lookup.acceptance)], budget=6) == [3]
+    for _ in range(6):
+        lookup.feedback(3, 0)
+    assert lookup.acceptance < 0.15
+    assert policy.choose(1, [Draft([7, 8, 9], lookup.acceptance)], budget=6) == [0]
+    assert shared.rate < PRIOR_ACCEPTANCE  # new sequences start from what was seen
+
+
+def test_forced_drafts_are_verified_even_where_they_lose():
+    policy = policy_with(AVX2)
+    lengths = policy.choose(4, [Draft([1, 2, 3], 0.1, forced=True), Draft([4], 0.1)],
+                            budget=3)
+    assert lengths == [3, 0]
+
+
+def test_the_step_without_drafts_is_measured_before_drafts_are_weighed():
+    policy = policy_with({4: 1.0})  # nothing known of the 1-row step
+    assert policy.choose(1, [Draft([1, 2, 3], 1.0)], budget=6) == [0]
+    policy.costs.record(1, 0.9)
+    assert policy.choose(1, [Draft([1, 2, 3], 1.0)], budget=6) == [3]
+
+
+def test_a_cost_not_measured_lately_is_measured_again():
+    # Drafting lost when it was last measured; after the horizon that figure is forgotten,
+    # the drafted step is tried again, and its new cost decides.
+    policy = DraftPolicy(StepCosts(horizon=20))
+    for _ in range(3):
+        for rows, seconds in AVX2.items():
+            policy.costs.record(rows, seconds * 3 if rows == 7 else seconds)
+    drafts = [Draft([1, 2, 3], 0.9)] + [Draft([4], 0.9)] * 3
+    chosen = []
+    for _ in range(20):
+        lengths = policy.choose(4, drafts, budget=3)
+        chosen.append(sum(lengths))
+        policy.costs.record(4 + sum(lengths), AVX2[4 + sum(lengths)])
+    assert chosen[:2] == [0, 0] and chosen[-1] == 3
+    # The step without drafts is forgotten alike, and measured before drafts are weighed.
+    policy = DraftPolicy(StepCosts(horizon=3))
+    for rows in (1, 4, 4, 4):
+        policy.costs.record(rows, CHEAP_ROWS[rows])
+    assert policy.choose(1, [Draft([1, 2, 3], 0.9)], budget=6) == [0]
+
+
+# --- shadow drafts --------------------------------------------------------------------------
+def test_a_shadow_draft_is_scored_against_the_tokens_that_follow():
+    lookup = PromptLookup([5, 6, 7, 8, 5, 6, 7])
+    lookup.draft_len = 3
+    draft = lookup.draft(3)
+    assert draft == [8, 5, 6]
+    lookup.shadow(draft)
+    assert lookup.draft(3) == []  # one draft at a time, verified or not
+    before = lookup.acceptance
+    lookup.extend([8])
+    lookup.extend([5])
+    assert lookup.acceptance == before  # not scored until it ends
+    lookup.extend([9])  # the third token differs: 2 of 3 accepted
+    assert lookup.acceptance == pytest.approx(before + 0.3 * (2 / 3 - before))
+    assert lookup.draft_len == 3  # grown as after a verified draft with 2 accepted
+
+
+# --- the engine, with the fake backend's step-cost model -----------------------------------
+COPY = "COPY:" + " ".join(f"line{i} = value{i % 7} + offset" for i in range(20))
+
+
+def copying(prompt: str) -> str:
+    return prompt.split("COPY:")[-1]
+
+
+def run_copies(engine, n: int, speculative: bool | None):
+    params = SamplingParams(temperature=0, max_tokens=None, speculative=speculative)
+    generations = [engine.complete(f"{i} {COPY}", params) for i in range(n)]
+    return [g.result() for g in generations]
+
+
+def drafted(done) -> int:
+    return sum(d.timings.drafted_tokens for d in done)
+
+
+def test_drafting_stays_on_where_extra_rows_are_cheap(fake_engine):
+    engine = fake_engine(reply=copying, n_slots=1, step_cost_s=lambda rows: 0.01)
+    forced = run_copies(engine, 1, True)
+    adaptive = run_copies(engine, 1, None)
+    assert adaptive[0].text == forced[0].text
+    assert drafted(adaptive) > 0.5 * drafted(forced) > 50
+    assert adaptive[0].timings.accepted_tokens > 0.8 * drafted(adaptive)
+
+
+def test_drafting_turns_off_where_extra_rows_are_dear(fake_engine):
+    # A 4-row step costs 46 times a 1-row step: drafts of fully accepted tokens still lose.
+    engine = fake_engine(reply=copying, n_slots=1,
+                         step_cost_s=lambda rows: 0.002 + 0.03 * (rows - 1))
+    adaptive = run_copies(engine, 1, None)
+    assert adaptive[0].usage.completion_tokens > 150
+    # A few steps to measure it (each draft length's step MIN_SAMPLES times), of ~60.
+    assert drafted(adaptive) <= 2 * MIN_SAMPLES * MAX_DRAFT
+    # The drafts were there, and would have been accepted (checked as shadow drafts).
+    assert engine.drafts.acceptance.rate > 0.5
+
+
+def test_drafting_turns_off_only_when_several_sequences_fill_the_rows(fake_engine):
+    # Steps of up to 4 rows cost alike, larger ones dear: one sequence drafts, four do not.
+    engine = fake_engine(reply=copying, n_slots=4,
+                         step_cost_s=lambda rows: 0.01 if rows <= 4 else 0.01 * (rows - 3) ** 2)
+    alone = run_copies(engine, 1, None)
+    together = run_copies(engine, 4, None)
+    assert drafted(alone) > 50
+    assert drafted(together) < 0.1 * drafted(alone)
+    assert all(d.text == alone[0].text for d in together)
