@@ -59,6 +59,13 @@ QUESTIONS = ["Now summarise everything we discussed in three sentences.",
              "List the four topics we covered, one per line, with a short title each."]
 
 
+def client(url: str) -> httpx.Client:
+    """A client that opens a connection per request: llama-server closes a streamed reply's
+    connection, and a pooled one would then fail on the next request."""
+    return httpx.Client(base_url=url, timeout=600,
+                        limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def chat(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
@@ -66,15 +73,15 @@ def chat(prompt: str) -> list[dict[str, str]]:
 def measure(target: Target, quick: bool) -> dict[str, Any]:
     """Every row against one running server."""
     n_tokens = 32 if quick else 64
-    http = httpx.Client(base_url=target.url, timeout=600)
+    http = client(target.url)
     greedy = {"model": target.chat_model, "max_tokens": n_tokens, "temperature": 0}
     sampled = {**greedy, "temperature": 0.7, "seed": 1}
     prompts = STORY_PROMPTS[:2 if quick else 3]
     out: dict[str, Any] = {"load_before": os.getloadavg()[0]}
 
     def chat_stream(body: dict, messages: list[dict[str, str]],
-                    client: httpx.Client = http) -> dict:
-        return stream(client, "/v1/chat/completions", {**body, "messages": messages})
+                    via: httpx.Client = http) -> dict:
+        return stream(via, "/v1/chat/completions", {**body, "messages": messages})
 
     chat_stream({**greedy, "max_tokens": 4}, chat("Warm up"))
     out["greedy_tps"] = statistics.median(chat_stream(greedy, chat(p))["decode_tps"]
@@ -82,7 +89,7 @@ def measure(target: Target, quick: bool) -> dict[str, Any]:
     out["sampled_tps"] = statistics.median(chat_stream(sampled, chat(p))["decode_tps"]
                                            for p in prompts)
     for width in (4, 8):
-        clients = [httpx.Client(base_url=target.url, timeout=600) for _ in range(width)]
+        clients = [client(target.url) for _ in range(width)]
         started = time.perf_counter()
         with ThreadPoolExecutor(width) as pool:  # each stream its own client and thread
             results = list(pool.map(lambda c, p: chat_stream(greedy, chat(p), c), clients,
