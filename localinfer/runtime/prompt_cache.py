@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CAPACITY = 16
-"""Prompts kept: a few per slot (each chat resends its conversation; editors their files)."""
+CAPACITY = 8
+"""Prompts kept, the most recently used (each chat resends its conversation, each editor its
+file): a few MB each for a long context."""
 
 
 @dataclass
