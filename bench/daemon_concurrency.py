@@ -11,7 +11,6 @@ with one httpx client per stream, each in its own thread, on the OpenAI streamin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -23,35 +22,12 @@ from pathlib import Path
 import httpx
 
 from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
-from streaming import figures
+from streaming import stream
 
 
 def client(sock: Path) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
                         base_url="http://localhost", timeout=600)
-
-
-def stream(c: httpx.Client, path: str, body: dict) -> dict:
-    """One streamed request: its text, TTFT and decode rate as the client saw them."""
-    t0 = time.perf_counter()
-    times, text, timings = [], [], {}
-    with c.stream("POST", path, json={**body, "stream": True}) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices"):
-                choice = chunk["choices"][0]
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content")
-                if piece:
-                    times.append(time.perf_counter())
-                    text.append(piece)
-                if choice.get("finish_reason"):
-                    timings = chunk.get("timings", {})
-    ttft_ms, decode_tps, _ = figures(t0, times)
-    return {"text": "".join(text), "ttft_ms": ttft_ms, "decode_tps": decode_tps,
-            "server": timings}
 
 
 def main() -> int:

@@ -367,17 +367,18 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> Non
                           title="editor workload")
 
 
-def start_localinfer(fim_file: Path, embed_file: Path, home: Path, log: Path
-                     ) -> tuple[list[subprocess.Popen], Target]:
-    """``localinfer serve`` with its default settings on a fresh ``home`` with the two files
-    added (linked, as ``bench-fim`` and ``bench-embed``), on a free port."""
+def start_localinfer(fim_file: Path, embed_file: Path, home: Path, log: Path,
+                     serve_args: Sequence[str] = ()) -> tuple[list[subprocess.Popen], Target]:
+    """``localinfer serve`` with its default settings (but ``serve_args``) on a fresh ``home``
+    with the two files added (linked, as ``bench-fim`` and ``bench-embed``), on a free port."""
     env = {**os.environ, "LOCALINFER_HOME": str(home)}
     for path, name in ((fim_file, "bench-fim"), (embed_file, "bench-embed")):
         subprocess.run([sys.executable, "-m", "localinfer", "add", str(path), "--name", name,
                         "--link"], env=env, check=True, capture_output=True)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "--port", str(port),
-                             "--socket", str(home / "d.sock"), "--keep-alive", "-1"],
+                             "--socket", str(home / "d.sock"), "--keep-alive", "-1",
+                             *serve_args],
                             env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", proc)
@@ -399,14 +400,28 @@ def start_llama_server(binary: Path, fim_file: Path, embed_file: Path, log: Path
     procs: list[subprocess.Popen] = []
     urls = []
     for path, args in ((fim_file, LLAMA_SERVER_FIM_ARGS), (embed_file, LLAMA_SERVER_EMBED_ARGS)):
-        port = free_port()
-        procs.append(subprocess.Popen([str(binary), "-m", str(path), "--host", "127.0.0.1",
-                                       "--port", str(port), *args],
-                                      stdout=log.open("a"), stderr=subprocess.STDOUT))
-        urls.append(f"http://127.0.0.1:{port}")
-        wait_http(f"{urls[-1]}/health", procs[-1])
+        proc, url = start_llama_server_process(binary, path, args, log)
+        procs.append(proc)
+        urls.append(url)
     return procs, Target("llama-server", urls[0], "bench-fim", "bench-fim", "bench-embed",
                          embed_url=urls[1])
+
+
+def start_llama_server_process(binary: Path, model: Path, args: Sequence[str], log: Path
+                               ) -> tuple[subprocess.Popen, str]:
+    """One llama-server on ``model`` with ``args``, on a free port, once it answers: the
+    process and its URL (its output appended to ``log``)."""
+    port = free_port()
+    proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1",
+                             "--port", str(port), *args],
+                            stdout=log.open("a"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health", proc)
+    except BaseException:
+        stop([proc])
+        raise
+    return proc, url
 
 
 def stop(procs: Sequence[subprocess.Popen]) -> None:

@@ -91,6 +91,14 @@ class Backend(Protocol):
         """The bytes one token stands for (may be part of a UTF-8 character)."""
         ...
 
+    max_special_bytes: int
+    """The longest special token's text, in bytes."""
+
+    def special_piece(self, token: int) -> bytes | None:
+        """A special token's text as a prompt writes it (``<start_of_turn>``): the tokenizer
+        reads such text whole, before the rest. None for an ordinary token."""
+        ...
+
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, end-of-turn)."""
         ...

@@ -37,6 +37,7 @@ from .backend import Backend
 from .chat_template import ChatTemplate
 from .fim import FimFile, fim_prompt
 from .logprobs import Distribution
+from .prompt_cache import PromptTokenizer, common_prefix
 from .speculate import EXACT_ROWS, MAX_DRAFT, Draft, DraftPolicy, PromptLookup
 from .text import TextAssembler
 from .threads import ThreadTuner
@@ -246,6 +247,9 @@ class Engine:
         self.load_ms = load_ms
         self._unreported_load_ms = load_ms
         self._template = chat_template or _template_for(self.info)
+        self._prompts = PromptTokenizer(
+            lambda text, add_special: backend.tokenize(text, add_special=add_special),
+            backend.special_piece, backend.token_bytes, backend.max_special_bytes)
         self._slots = [_Slot(i) for i in range(self.info.n_slots)]
         self._pending: list[_Request] = []
         self._outbox: list[tuple[Generation, Event | BaseException]] = []
@@ -358,7 +362,7 @@ class Engine:
         bos = self.info.bos_text
         # Templates usually write the BOS token themselves; add it only when they do not.
         add_special = not (bos and text.startswith(bos))
-        return self.backend.tokenize(text, add_special=add_special)
+        return self._prompts.tokenize(text, add_special=add_special)
 
     def tokenize(self, text: str) -> list[int]:
         return self.backend.tokenize(text, add_special=False)
@@ -694,7 +698,7 @@ class Engine:
             # be, for its logits): then the last token's logits come from a batch of as many
             # rows as when the prompt is read cold, and a cached prompt gives the same greedy
             # text as a cold one (see REREAD_TAIL).
-            common = _common_prefix(slot.cached, target)
+            common = common_prefix(slot.cached, target)
             n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
             del slot.cached[n_keep:]
             if slot.checkpoint is not None and \
@@ -1034,24 +1038,10 @@ def _slot_score(slot: _Slot, request: _Request) -> tuple[bool, bool, int, float]
     the least recently used, so that a small shared prefix (a common system prompt) does not
     evict a long cached conversation."""
     key = request.params.supersede
-    common = _common_prefix(slot.cached, request.target)
+    common = common_prefix(slot.cached, request.target)
     keeps_most = 2 * common >= len(slot.cached)
     return (key is not None and slot.supersede == key, keeps_most,
             common if keeps_most else 0, -slot.last_used)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # binary search on slice equality: C-speed comparisons, log(n) of them
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _live(request: _Request, now: float) -> LiveStats:

@@ -27,6 +27,7 @@ from .grammar import Grammar
 from .types import SamplingParams
 
 _PIECE = re.compile(r"<[a-z_]+>|\s+|[^\s<]+|<")
+_SPECIAL = re.compile(r"<[a-z_]+>")
 EOS = "<eos>"
 END_OF_TURN = "<end_of_turn>"
 
@@ -182,6 +183,13 @@ class FakeBackend:
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces[token]
         return b"" if piece in self._control else piece.encode()
+
+    max_special_bytes = 32
+
+    def special_piece(self, token: int) -> bytes | None:
+        # The pattern reads <word> whole, as llama.cpp reads special tokens.
+        piece = self._pieces[token]
+        return piece.encode() if _SPECIAL.fullmatch(piece) else None
 
     def is_eog(self, token: int) -> bool:
         return self._pieces[token] in (EOS, END_OF_TURN)

@@ -81,6 +81,8 @@ class IsolatedBackend:
         self.needs_checkpoints: bool = reply["needs_checkpoints"]
         self.load_ms: float = reply["load_ms"]
         self.adaptive_threads: int = reply["adaptive_threads"]
+        self.max_special_bytes: int = reply["max_special_bytes"]
+        self._special_pieces: dict[int, bytes] = reply["special_pieces"]
 
     @property
     def lost(self) -> WorkerLost | None:
@@ -164,6 +166,9 @@ class IsolatedBackend:
         if piece is None:
             piece = self._token_bytes[token] = self._call("token_bytes", token)
         return piece
+
+    def special_piece(self, token: int) -> bytes | None:
+        return self._special_pieces.get(token)
 
     def is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)
@@ -276,7 +281,12 @@ class _Child:
         return {"info": b.info, "n_batch": b.n_batch, "fim_repo": b.fim_repo,
                 "fim_spm": b.fim_spm, "n_ctx_embed": b.n_ctx_embed,
                 "needs_checkpoints": b.needs_checkpoints, "load_ms": b.load_ms,
-                "adaptive_threads": b.adaptive_threads}
+                "adaptive_threads": b.adaptive_threads,
+                "max_special_bytes": b.max_special_bytes,
+                # Every special token's text at once: the prompt tokenizer asks about each
+                # token of a prompt, too many for a call each.
+                "special_pieces": {token: piece for token in range(b.info.n_vocab)
+                                   if (piece := b.special_piece(token)) is not None}}
 
     def new_sampler(self, params: SamplingParams, seed: int) -> int:
         sampler_id = self.next_id

@@ -402,6 +402,13 @@ class LlamaBackend:
         banned = never_sampled_tokens(attrs, is_eog=is_eog, text=text)
         self._printed_markers = frozenset(harmony_tokens(attrs, is_eog=is_eog, text=text))
         """Control tokens token_bytes prints: a harmony model's markers."""
+        # The tokens llama.cpp's tokenizer reads whole out of a text (its special tokens cache).
+        self._special = (attrs & (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED
+                                  | L.LLAMA_TOKEN_ATTR_UNKNOWN)) != 0
+        self._special_texts: dict[int, bytes] = {}
+        self.max_special_bytes = max(
+            (len(L.llama_vocab_get_text(vocab, token) or b"")
+             for token in np.flatnonzero(self._special).tolist()), default=0)
         log.debug("%d of %d tokens are never sampled (vocabulary scanned in %.0f ms)",
                   len(banned), n, (time.perf_counter() - started) * 1000.0)
         return banned
@@ -498,15 +505,26 @@ class LlamaBackend:
         piece = self._pieces.get(token)
         if piece is None:
             special = token in self._printed_markers
-            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, special)
+            buf = ctypes.create_string_buffer(256)  # its own: prompts are spelled on any thread
+            n = L.llama_token_to_piece(self._vocab, token, buf, 256, 0, special)
             if n < 0:  # longer than the buffer
                 big = ctypes.create_string_buffer(-n)
                 n = L.llama_token_to_piece(self._vocab, token, big, -n, 0, special)
                 piece = big.raw[:n]
             else:
-                piece = self._piece_buf.raw[:n]
+                piece = buf.raw[:n]
             self._pieces[token] = piece
         return piece
+
+    def special_piece(self, token: int) -> bytes | None:
+        if not self._special[token]:
+            return None
+        text = self._special_texts.get(token)
+        if text is None:
+            buf = ctypes.create_string_buffer(256)  # its own: prompts tokenize on any thread
+            n = L.llama_token_to_piece(self._vocab, token, buf, 256, 0, True)
+            text = self._special_texts[token] = buf.raw[:max(n, 0)]
+        return text
 
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self._vocab, token))
