@@ -211,7 +211,9 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
             model.path, replace(options, n_slots=1, n_threads=n_threads, n_threads_batch=0,
                                 adapt_threads=adapt), name=model.name, family=model.family,
             header=header).wait_ready(),
-        all_threads=result.threads, n_tokens=64 if quick else 128)
+        # Quick: one round of short runs (two threads beside a busy core can crawl at ~1
+        # tok/s on a loaded machine, and each run decodes twice n_tokens).
+        all_threads=result.threads, n_tokens=32 if quick else 128, rounds=1 if quick else 2)
 
     if not quick:
         stage("llama-cpp-python")
