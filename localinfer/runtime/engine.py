@@ -114,7 +114,10 @@ class Generation:
                 self.cancel()
 
     def result(self) -> Done:
-        """Wait for the end and return the ``Done`` event (its text is the whole reply)."""
+        """Wait for the end and return the ``Done`` event (its text is the whole reply); again
+        after the events were consumed."""
+        if self.done is not None:
+            return self.done
         for event in self:
             if isinstance(event, Done):
                 return event
