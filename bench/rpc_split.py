@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,36 +32,9 @@ from localinfer.runtime.isolated import IsolatedBackend
 from localinfer.runtime.loader import load_engine, split_options, worker_split
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore
+from localinfer.workload import start_worker
 
 PROMPT = "The history of the printing press begins"
-
-
-def free_port_pair() -> int:
-    while True:
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                    return port
-                except OSError:
-                    continue
-
-
-def start_worker(threads: int) -> tuple[subprocess.Popen, str]:
-    port = free_port_pair()
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "worker", "--port", str(port),
-                             "--cache", "off", "--threads", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            rpc.RPCConnection(endpoint, connect_timeout_s=1).close()
-            return proc, endpoint
-        except Exception:
-            time.sleep(0.2)
-    raise SystemExit(f"worker {endpoint} did not start")
 
 
 def decode_rates(engine: Engine, runs: int, tokens: int) -> list[float]:

@@ -34,7 +34,8 @@ from typing import Any
 
 import httpx
 
-from .errors import LocalInferError
+from .errors import LocalInferError, WorkerError
+from .hardware.rpc import RPCConnection
 
 # llama.vscode's /infill request (src/llama-server.ts) with its default settings (as llama.vim's).
 FIM_DEFAULTS = {"top_k": 40, "top_p": 0.99, "stream": False,
@@ -348,6 +349,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_worker(threads: int, env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    """A ``localinfer worker`` on loopback (its description on the next port, so both ports
+    must be free) with ``threads`` threads, once it answers: (process, "127.0.0.1:PORT")."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        break
+    else:
+        raise LocalInferError("no two adjacent free ports on loopback", title="worker")
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "worker", "--port", str(port),
+                             "--cache", "off", "--threads", str(threads)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    endpoint = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            RPCConnection(endpoint, connect_timeout_s=1).close()
+            return proc, endpoint
+        except WorkerError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise LocalInferError(f"the worker did not start: {stderr}",
+                                      title="worker") from None
+            time.sleep(0.2)
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:

@@ -26,6 +26,7 @@ from localinfer.protocol import model_info_from, model_info_json
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.fake import FakeBackend
 from localinfer.runtime.loader import parse_layer_split, with_workers
+from localinfer.workload import start_worker
 from rpc_fake import FakeWorker
 
 GIB = 1 << 30
@@ -276,45 +277,12 @@ def test_the_split_crosses_the_wire():
 
 
 # --- two workers on loopback, the real model -------------------------------------------------
-def _free_port_pair() -> int:
-    """A port P with P + 1 free too (the worker's description)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no two adjacent free ports")
-
-
-def _start_worker(home: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port_pair()
-    env = {**os.environ, "LOCALINFER_HOME": str(home),
-           "PYTHONPATH": str(Path(__file__).parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "worker", "--port", str(port),
-                             "--cache", "off", "--threads", "1"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    endpoint = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            rpc.RPCConnection(endpoint, connect_timeout_s=1).close()
-            return proc, endpoint
-        except WorkerError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"the worker did not start: {proc.stderr.read()}") from None
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     home = tmp_path_factory.mktemp("worker-home")
-    started = [_start_worker(home) for _ in range(2)]
+    env = {**os.environ, "LOCALINFER_HOME": str(home),
+           "PYTHONPATH": str(Path(__file__).parent.parent)}
+    started = [start_worker(1, env) for _ in range(2)]
     yield started
     for proc, _ in started:
         proc.kill()
