@@ -231,3 +231,22 @@ def test_llama_cpp_runs_with_the_counts_set_and_writes_the_same_text(starter_pat
         assert texts[0] == texts[1] and texts[0]
     finally:
         engine.close()
+
+
+def test_the_first_step_starts_from_the_load_measured_since_the_engine_started():
+    """A process that took a core before the engine's first step (the bench's busy process,
+    a build already running) counts at once: the step starts with the core it leaves, not at
+    all cores until a figure comes half a second later."""
+    import time
+
+    start = time.perf_counter()
+
+    def one_core_busy() -> tuple[float, float]:
+        return time.perf_counter() - start, 0.0  # the others use one core; this process none
+
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=one_core_busy)
+    time.sleep(0.15)  # the engine's warm-up
+    with tuner.step(1):
+        pass
+    assert tuner.threads == {"1 row": 1}
+    assert tuner.others_cores == pytest.approx(1.0, abs=0.2)

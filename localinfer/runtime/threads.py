@@ -51,6 +51,10 @@ the machine counts as crowded (try fewer threads), and how far below what one mo
 needs it must stay for there to be room (try more)."""
 LOAD_SAMPLE_S = 0.5
 """The shortest span over which the other processes' CPU use is measured."""
+FIRST_SAMPLE_S = 0.1
+"""The shortest span for the first figure, taken when the first step of a kind comes (its
+count starts from it): the load since the engine was made, its warm-up included. /proc/stat
+counts in 10 ms ticks, so 0.1 s on 2 cores reads the load to about 0.1 of a core."""
 
 
 def step_group(rows: int) -> str:
@@ -243,6 +247,7 @@ class ThreadTuner:
             return
         policy = self.policies.get(group := step_group(rows))
         if policy is None:
+            self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
             # Start with the cores the other processes leave (all when the load is not known
             # yet); the measured step times decide from there.
             free = self.max_threads - round(self.others_cores)
@@ -258,8 +263,8 @@ class ThreadTuner:
         self._sample_load(now)
         policy.record(threads, step_cost(rows, now - started), self.others_cores)
 
-    def _sample_load(self, now: float) -> None:
-        if self._sample is not None and now - self._sample[0] < LOAD_SAMPLE_S:
+    def _sample_load(self, now: float, span_s: float = LOAD_SAMPLE_S) -> None:
+        if self._sample is not None and now - self._sample[0] < span_s:
             return
         try:
             every, own = self.cpu_seconds()
