@@ -424,3 +424,42 @@ def test_a_crash_while_admitting_a_request_fails_it_instead_of_hanging(fake_engi
     assert "the engine stopped unexpectedly" in str(outcome[0])
     with pytest.raises(Exception, match="stopped working: a bug in the backend"):
         engine.complete("again", SamplingParams(max_tokens=4)).result()
+
+
+def test_running_sequences_are_kept_in_consecutive_slots(fake_engine):
+    # Four conversations cached in slots 0-3; the two in slots 0 and 2 come back together.
+    # llama.cpp would decode slots 0 and 2 as two graphs: one trades caches with slot 1, and
+    # each keeps its cached prefix (the fake checks every position against its cells).
+    engine = fake_engine(reply="a b c d e f", n_slots=4)
+    prompts = [f"conversation {i} " + "word " * 20 for i in range(4)]
+    for prompt in prompts:
+        engine.complete(prompt, GREEDY).result()
+    backend = engine.backend
+    cells = [len(backend._seqs.get(i, [])) for i in range(4)]
+    assert all(cells) and len(set(cells)) == 1
+    n_calls = len(backend.splits)
+    again = [engine.complete(prompts[i] + "more", GREEDY) for i in (0, 2)]
+    done = [g.result() for g in again]
+    assert all(d.text == "a b c d e f" for d in done)
+    assert all(d.usage.cached_tokens >= 20 for d in done)
+    assert len(backend.swaps) == 1
+    decode_steps = [s for s in backend.splits[n_calls:] if sum(s) == 2]
+    assert decode_steps and all(len(s) == 1 for s in decode_steps)
+    # Every slot's cache is still there, one of them in another slot.
+    grown = [len(backend._seqs.get(i, [])) for i in range(4)]
+    assert sorted(grown)[:2] == cells[:2] and min(grown[0], grown[1]) > cells[0]
+
+
+def test_a_sequence_left_alone_between_others_is_moved_next_to_them(fake_engine):
+    engine = fake_engine(reply="a b c d e f g h i j k l m n o p", n_slots=3)
+    # Slots 0, 1 and 2 in the order submitted (the least recently used first): the short
+    # request in slot 1 ends first, and slot 2's sequence moves in.
+    first = engine.complete("long 0", GREEDY)
+    short = engine.complete("one", SamplingParams(temperature=0, max_tokens=2))
+    last = engine.complete("long 1", GREEDY)
+    assert short.result().finish_reason == "length"
+    assert all(g.result().text == "a b c d e f g h i j k l m n o p" for g in (first, last))
+    backend = engine.backend
+    assert backend.swaps == [(2, 1)]
+    two = [s for s in backend.splits if sum(s) == 2]
+    assert two and all(len(s) == 1 for s in two)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from localinfer.benchmark import first_divergence
@@ -233,3 +234,44 @@ def test_a_cached_prompt_gives_the_same_greedy_text_as_a_cold_one(real_engine, p
     assert cold.usage.cached_tokens == 0 and cached.usage.cached_tokens > 0
     divergence = first_divergence(real_engine, cold_run, cached_run)
     assert divergence is None or divergence.near_tie, divergence
+
+
+def test_a_cache_moved_to_another_slot_goes_on_as_it_would_have(real_engine):
+    """``seq_swap`` (the engine keeps running sequences in consecutive slots with it): two
+    prompts read in slots 0 and 1 and traded go on, each in the other's slot, with the same
+    greedy tokens as where they were read."""
+    backend = real_engine.backend
+
+    def read(seq: int, tokens: list[int]) -> None:
+        backend.decode(tokens, list(range(len(tokens))), [seq] * len(tokens),
+                       [False] * len(tokens))
+
+    def go_on(seq: int, tokens: list[int], n: int = 12) -> list[int]:
+        """Decode the last token again (for its logits), then n greedy tokens."""
+        out = [tokens[-1]]
+        assert backend.seq_trim(seq, len(tokens) - 1) == len(tokens) - 1
+        for _ in range(n):
+            backend.decode([out[-1]], [len(tokens) + len(out) - 2], [seq], [True])
+            out.append(int(np.argmax(backend.raw_logits(0))))
+        return out[1:]
+
+    def run() -> tuple[list[list[int]], list[list[int]]]:
+        prompts = [backend.tokenize(text, add_special=True) for text in (
+            "The capital of France is Paris. The capital of Italy is", "One, two, three,")]
+        plain = []
+        for prompt in prompts:
+            backend.seq_trim(0, 0)
+            read(0, prompt)
+            plain.append(go_on(0, prompt))
+        for seq, prompt in enumerate(prompts):
+            backend.seq_trim(seq, 0)
+            read(seq, prompt)
+        assert backend.seq_swap(0, 1)
+        moved = [go_on(1, prompts[0]), go_on(0, prompts[1])]
+        for seq in (0, 1):
+            backend.seq_trim(seq, 0)
+        return plain, moved
+
+    real_engine.clear_cache()
+    plain, moved = real_engine.run_on_worker(run)
+    assert moved == plain

@@ -15,6 +15,7 @@ from localinfer.runtime.speculate import (
     DraftPolicy,
     PromptLookup,
     StepCosts,
+    graph_rows,
 )
 from localinfer.runtime.types import SamplingParams
 
@@ -83,11 +84,28 @@ def test_drafting_depends_on_the_rows_the_batch_already_fills():
                          budget=3) == [0, 0, 0, 0]
 
 
-def test_only_the_drafts_that_pay_are_verified_likeliest_first():
+def test_a_lone_draft_beside_other_sequences_costs_a_graph_of_its_own():
+    # Two sequences: a draft on one is a second graph (2 rows, then 2 more of the first
+    # sequence's), which costs a whole step; equal drafts on both share one graph of 6 rows.
     policy = policy_with(CHEAP_ROWS)
-    # Two sequences: rows 2 -> 4 are nearly free, 4 -> 7 are not.
-    lengths = policy.choose(2, [Draft([1, 2], 0.1), Draft([3, 4], 0.9)], budget=5)
-    assert lengths == [0, 2]
+    assert graph_rows([(0, 1), (1, 3)]) == (2, 2)
+    assert graph_rows([(0, 3), (1, 3)]) == (6,)
+    assert policy.choose(2, [None, Draft([3, 4], 0.9)], budget=5) == [0, 0]
+    assert policy.choose(2, [Draft([1, 2], 0.5), Draft([3, 4], 0.9)], budget=5) == [2, 2]
+
+
+def test_sequences_that_are_not_consecutive_decode_as_graphs_of_their_own():
+    assert graph_rows([(0, 1), (2, 1)]) == (1, 1)
+    assert graph_rows([(0, 1), (1, 1), (2, 1), (4, 1)]) == (3, 1)
+    assert graph_rows([(0, 4), (1, 1), (2, 4), (3, 1)]) == (4, 3, 3)
+    assert graph_rows([(3, 1), (0, 1), (1, 1)]) == (1, 2)  # a run follows the batch order
+    assert graph_rows([(0, 300), (1, 300)]) == (512, 88)  # at most n_ubatch rows a graph
+    policy = policy_with(CHEAP_ROWS)
+    assert policy.choose([0, 2], [Draft([1, 2, 3], 0.9), None], budget=5) == [0, 0]
+    policy.costs.record((1, 1), 2.0)  # measured first: what drafts are weighed against
+    # The step splits the same with the draft or without: what decides is the rows it adds.
+    assert policy.choose([0, 2], [Draft([1, 2, 3], 0.9), None], budget=5) == [3, 0]
+    assert policy.costs.seconds((4, 1)) == pytest.approx(CHEAP_ROWS[4] + CHEAP_ROWS[1])
 
 
 def test_falling_acceptance_turns_drafting_off():
@@ -123,14 +141,14 @@ def test_a_cost_not_measured_lately_is_measured_again():
     # the drafted step is tried again, and its new cost decides.
     policy = DraftPolicy(StepCosts(horizon=20))
     for _ in range(3):
-        for rows, seconds in AVX2.items():
-            policy.costs.record(rows, seconds * 3 if rows == 7 else seconds)
-    drafts = [Draft([1, 2, 3], 0.9)] + [Draft([4], 0.9)] * 3
+        policy.costs.record(1, 1.0)
+        policy.costs.record(4, 4.0)  # dear then (another process took the cores)
+    drafts = [Draft([1, 2, 3], 0.9)]
     chosen = []
     for _ in range(20):
-        lengths = policy.choose(4, drafts, budget=3)
+        lengths = policy.choose(1, drafts, budget=6)
         chosen.append(sum(lengths))
-        policy.costs.record(4 + sum(lengths), AVX2[4 + sum(lengths)])
+        policy.costs.record(1 + lengths[0], 1.0 if not lengths[0] else 1.2)
     assert chosen[:2] == [0, 0] and chosen[-1] == 3
     # The step without drafts is forgotten alike, and measured before drafts are weighed.
     policy = DraftPolicy(StepCosts(horizon=3))

@@ -164,6 +164,12 @@ class Backend(Protocol):
         Returns how many tokens are usable: ``n_keep``, ``n_checkpoint``, or 0."""
         ...
 
+    def seq_swap(self, a: int, b: int) -> bool:
+        """Trade the caches of sequences ``a`` and ``b`` (either may be empty): each then
+        holds what the other held, at the same positions. False when one could not be put
+        back; both are then empty."""
+        ...
+
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """The pooled, unnormalised vector of each input (at most ``n_ctx_embed`` tokens
         each), several inputs per decode."""

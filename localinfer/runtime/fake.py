@@ -11,6 +11,7 @@ shared with other processes (``FakeCPU``) that makes a step's time depend on its
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import threading
@@ -24,6 +25,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
 from .grammar import Grammar
+from .speculate import graph_rows
 from .types import SamplingParams
 
 _PIECE = re.compile(r"<[a-z_]+>|\s+|[^\s<]+|<")
@@ -116,8 +118,10 @@ class FakeBackend:
         self.thread_changes: list[tuple[int, int]] = []
         self.step_delay_s = step_delay_s
         self.step_cost_s = step_cost_s
-        """Seconds a step with n output rows (the decode rows: a token of each sequence and
-        the drafts being verified) takes, on top of the delays above."""
+        """Seconds a graph of n decode rows (a token of each sequence and the drafts being
+        verified) takes, on top of the delays above: a step of decode rows alone is split into
+        graphs as llama.cpp splits it (speculate.graph_rows), one with a prompt being read
+        counts its output rows as one graph."""
         self.prompt_delay_s = prompt_delay_s
         self.n_batch = n_batch
         self.fim_repo = ("<repo_name>", "<file_sep>") if fim_repo else None
@@ -131,6 +135,7 @@ class FakeBackend:
         tokens (it then drops all), except at a checkpoint."""
         self.needs_checkpoints = window is not None
         self.restored: list[int] = []  # the positions checkpoints were restored at
+        self.swaps: list[tuple[int, int]] = []  # the sequences whose caches traded places
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
@@ -142,6 +147,8 @@ class FakeBackend:
         self._seqs: dict[int, list[int]] = {}
         self._outputs: dict[int, tuple[int, int]] = {}  # batch index -> (seq, position)
         self.decode_calls: list[int] = []  # batch sizes, for tests of the scheduler
+        self.splits: list[tuple[int, ...]] = []
+        """The graphs llama.cpp would compute for each decode call (speculate.graph_rows)."""
         self.grammars: list[Grammar] = []
         """The grammar of each constrained request, in order: the fake does not sample, so
         tests check what the engine asked for (the real model's tests check the sampling)."""
@@ -212,12 +219,17 @@ class FakeBackend:
         if not tokens or len(tokens) > self.n_batch:
             raise LocalInferError(f"fake decode: batch of {len(tokens)} tokens")
         self.decode_calls.append(len(tokens))
+        split = graph_rows([(seq, len(list(group))) for seq, group in itertools.groupby(seq_ids)])
+        self.splits.append(split)
         n_prompt = sum(1 for o in outputs if not o)
         delay = self.step_delay_s + self.prompt_delay_s * n_prompt
         if self.cpu is not None:
             delay += self.cpu.step_seconds(len(tokens), self.threads[len(tokens) > 1])
         if self.step_cost_s is not None:
-            delay += self.step_cost_s(len(tokens) - n_prompt)
+            if n_prompt:
+                delay += self.step_cost_s(len(tokens) - n_prompt)
+            else:
+                delay += sum(self.step_cost_s(rows) for rows in split)
         if delay:
             time.sleep(delay)
         self._outputs.clear()
@@ -284,6 +296,11 @@ class FakeBackend:
             start = 0
         del cells[start:]
         return len(cells)
+
+    def seq_swap(self, a: int, b: int) -> bool:
+        self.swaps.append((a, b))
+        self._seqs[a], self._seqs[b] = self._seqs.get(b, []), self._seqs.get(a, [])
+        return True
 
     def seq_checkpoint(self, seq_id: int) -> list[int]:
         return list(self._seqs.get(seq_id, []))

@@ -223,6 +223,10 @@ class IsolatedBackend:
         kept: int = self._call("seq_restore", seq_id, n_keep, n_checkpoint, state)
         return kept
 
+    def seq_swap(self, a: int, b: int) -> bool:
+        swapped: bool = self._call("seq_swap", a, b)
+        return swapped
+
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         vectors: list[list[float]] = self._call("embed", [list(i) for i in inputs])
         return vectors

@@ -768,12 +768,32 @@ class LlamaBackend:
         return False
 
     def seq_checkpoint(self, seq_id: int) -> ctypes.Array[ctypes.c_uint8]:
-        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the sliding-window layers only
+        # The sliding-window layers only.
+        return self._seq_state(seq_id, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+
+    def _seq_state(self, seq_id: int, flags: int) -> ctypes.Array[ctypes.c_uint8]:
         size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
         state = (ctypes.c_uint8 * size)()
         if L.llama_state_seq_get_data_ext(self._ctx, state, size, seq_id, flags) != size:
-            raise LocalInferError(f"llama.cpp could not save a cache checkpoint{_llama_said()}")
+            raise LocalInferError(f"llama.cpp could not save a sequence's cache{_llama_said()}")
         return state
+
+    def seq_swap(self, a: int, b: int) -> bool:
+        # Through host memory: the cells of both, written back each into the other's stream
+        # (llama_memory_seq_cp across streams copies a whole stream, later, at the next
+        # decode, where a checkpoint taken or restored before it would be overwritten).
+        states = [self._seq_state(seq, 0) if L.llama_memory_seq_pos_max(self._mem, seq) >= 0
+                  else None for seq in (a, b)]
+        ok = True
+        for seq, state in zip((b, a), states, strict=True):
+            L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            if state is not None and L.llama_state_seq_set_data_ext(
+                    self._ctx, state, len(state), seq, 0) != len(state):
+                ok = False
+        if not ok:
+            for seq in (a, b):
+                L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        return ok
 
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int,
                     state: ctypes.Array[ctypes.c_uint8]) -> int:

@@ -22,9 +22,13 @@ needs flash attention) the text parts at token 259, at a near tie. Where greedy 
 it parts only where two tokens nearly tie (tests/test_engine_real.py).
 
 Whether a step verifies drafts at all is decided by cost (``DraftPolicy``): the sequences being
-decoded together already fill rows, and where an extra row is dear (an 8-row step costs about
-twice a 1-row step on AVX2 CPUs) drafting for several busy sequences loses more than it wins.
-The engine learns what a step of each number of rows takes on this machine (``StepCosts``) and
+decoded together already fill rows, and where an extra row is dear (a 4-row step costs 2.8
+times a 1-row step on a 2-core AVX2 CPU) drafting for several busy sequences loses more than it
+wins. What a step costs also depends on how llama.cpp splits it (``graph_rows``): with a KV
+cache split by sequence it computes equal rows of consecutive sequences in one graph, so one
+sequence's draft beside three others' single rows is a second graph that reads every weight
+again (4 + 3 rows: 100 ms there, against 49 ms for the 4 rows alone). The engine learns what a
+graph of each number of rows, and each split it met, takes on this machine (``StepCosts``) and
 how often each sequence's drafts are accepted, and verifies the drafts that raise the expected
 tokens per second of the step. A draft it does not verify is checked against the tokens that
 follow anyway (a shadow draft), so the acceptance rate stays current at no cost.
@@ -50,19 +54,47 @@ ACCEPTANCE_WEIGHT = 0.3
 """Weight of the latest draft in a sequence's acceptance rate (an exponential average: the
 rate follows the text within a few drafts, as it moves from quoting to writing anew)."""
 PRIOR_EXTRA_ROW = 0.15
-"""Cost of a step's extra row, as a share of the cheapest measured step, for row counts not
+"""Cost of a graph's extra row, as a share of the cheapest measured graph, for row counts not
 measured yet (measured on the starter, 2-core x86: 4 rows 1.46x a 1-row step with AVX-512,
-8 rows about 2x with AVX2). Steps of that size then get measured when they run."""
+2.8x with AVX2 only). Optimistic on purpose: graphs of that size then get measured when
+they run, where a pessimistic guess would never try them."""
 COST_SAMPLES = 9
-"""A row count's cost is the median of its latest steps: one step slowed by another process
+"""A split's cost is the median of its latest steps: one step slowed by another process
 does not swing the decision."""
 MIN_SAMPLES = 3
-"""A row count measured fewer times than this is not trusted to be dearer than the others
+"""A split measured fewer times than this is not trusted to be dearer than the others
 suggest: one step that another process slowed cannot turn drafting off."""
 COST_HORIZON = 200
-"""Steps after which a row count's cost measured before is forgotten (the machine's load, the
+"""Steps after which a split's cost measured before is forgotten (the machine's load, the
 thread count and the context length change it): a step not taken meanwhile, with drafts or
 without, is then taken once to measure it again, at most one step in this many."""
+N_UBATCH = 512
+"""llama.cpp's largest graph (the engine's n_ubatch)."""
+
+Split = tuple[int, ...]
+"""The rows of each graph llama.cpp computes for one decode step, in order."""
+
+
+def graph_rows(parts: Sequence[tuple[int, int]], n_ubatch: int = N_UBATCH) -> Split:
+    """How llama.cpp splits a batch into graphs when its KV cache is split by sequence (each
+    slot its own cells: llama_batch_allocr::split_equal, sequential): each graph takes the
+    same number of rows from a run of consecutive sequence ids, the run starting at the first
+    sequence in batch order that has rows left. ``parts`` are (sequence id, rows) in batch
+    order, each sequence's rows together. Sequences {0, 2} decode as two graphs of one row;
+    {0, 1, 2, 3} with a 3-token draft on 0 as 4 rows, then 3."""
+    left = [[seq, n] for seq, n in parts if n > 0]
+    graphs: list[int] = []
+    while left:
+        run = [left[0]]
+        for part in left[1:]:
+            if part[0] == run[-1][0] + 1:
+                run.append(part)
+        per = min(min(n for _, n in run), max(1, n_ubatch // len(run)))
+        for part in run:
+            part[1] -= per
+        graphs.append(per * len(run))
+        left = [part for part in left if part[1] > 0]
+    return tuple(graphs)
 
 
 class PromptLookup:
@@ -177,48 +209,58 @@ class Acceptance:
 
 
 class StepCosts:
-    """What a decode step takes on this machine by its number of rows, learnt from the steps
-    the engine runs: the median of each row count's latest ``COST_SAMPLES``, of those taken in
-    the last ``horizon`` steps."""
+    """What a decode step takes on this machine by how llama.cpp splits it (``Split``), learnt
+    from the steps the engine runs: the median of each split's latest ``COST_SAMPLES``, of
+    those taken in the last ``horizon`` steps. A split not measured is estimated as the sum of
+    its graphs, each from the steps of one graph measured (one graph of n rows reads the
+    weights once, whatever the sequences)."""
 
     def __init__(self, horizon: int = COST_HORIZON) -> None:
         self.horizon = horizon
         self._steps = 0
-        self._samples: dict[int, deque[tuple[int, float]]] = {}
-        self._median: dict[int, float] = {}
-        self._trusted: dict[int, float] = {}
-        """The medians of the row counts measured at least ``MIN_SAMPLES`` times."""
+        self._samples: dict[Split, deque[tuple[int, float]]] = {}
+        self._median: dict[Split, float] = {}
+        self._trusted: dict[Split, float] = {}
+        """The medians of the splits measured at least ``MIN_SAMPLES`` times."""
 
-    def record(self, rows: int, seconds: float) -> None:
+    def record(self, split: int | Split, seconds: float) -> None:
+        """One step of this split (a row count: one graph) took ``seconds``."""
+        split = _split(split)
         self._steps += 1
-        samples = self._samples.setdefault(rows, deque(maxlen=COST_SAMPLES))
+        samples = self._samples.setdefault(split, deque(maxlen=COST_SAMPLES))
         samples.append((self._steps, seconds))
         oldest = self._steps - self.horizon
         self._median, self._trusted = {}, {}
-        for n, taken in self._samples.items():
+        for key, taken in self._samples.items():
             recent = [t for step, t in taken if step > oldest]
             if recent:
-                self._median[n] = statistics.median(recent)
+                self._median[key] = statistics.median(recent)
                 if len(recent) >= MIN_SAMPLES:
-                    self._trusted[n] = self._median[n]
+                    self._trusted[key] = self._median[key]
 
-    def measured(self) -> dict[int, float]:
-        """Seconds per step by row count, for the row counts measured lately."""
+    def measured(self) -> dict[Split, float]:
+        """Seconds per step by split, for the splits measured lately."""
         return dict(sorted(self._median.items()))
 
-    def has(self, rows: int) -> bool:
-        return rows in self._median
+    def has(self, split: int | Split) -> bool:
+        return _split(split) in self._median
 
-    def seconds(self, rows: int) -> float:
-        """The expected time of a step of ``rows`` rows: interpolated between the measured row
-        counts, beyond them extended by ``PRIOR_EXTRA_ROW`` of a 1-row step per row (in units
-        of one 1-row step while nothing is measured). Never less than a measured smaller
-        step's time. A row count measured fewer than ``MIN_SAMPLES`` times counts at most
-        what the others suggest."""
-        known = self._trusted or self._median
-        if rows in self._median and rows not in known:
-            return min(self._median[rows], self._estimate(known, rows))
-        return self._estimate(known, rows)
+    def seconds(self, split: int | Split) -> float:
+        """The expected time of a step of this split (a row count: one graph). A split not
+        measured lately is the sum of its graphs, each interpolated between the measured
+        one-graph row counts, beyond them extended by ``PRIOR_EXTRA_ROW`` of a 1-row graph
+        per row (in units of one 1-row graph while nothing is measured), and never less than a
+        measured smaller graph. A split measured fewer than ``MIN_SAMPLES`` times counts at
+        most what the others suggest."""
+        split = _split(split)
+        trusted = self._trusted or self._median
+        known = {key[0]: t for key, t in trusted.items() if len(key) == 1}
+        if split in trusted and len(split) > 1:
+            return trusted[split]
+        estimate = sum(self._estimate(known, rows) for rows in split)
+        if split in self._median and split not in trusted:
+            return min(self._median[split], estimate)
+        return estimate
 
     @staticmethod
     def _estimate(known: dict[int, float], rows: int) -> float:
@@ -241,6 +283,10 @@ class StepCosts:
         return max([estimate] + [known[r] for r in below])
 
 
+def _split(split: int | Split) -> Split:
+    return (split,) if isinstance(split, int) else tuple(split)
+
+
 @dataclass(frozen=True)
 class Draft:
     """One sequence's proposed draft for this step."""
@@ -254,38 +300,58 @@ class Draft:
 
 class DraftPolicy:
     """Decides each step which drafts to verify: those that raise the step's expected tokens
-    per second, from the measured cost of a step by its rows (``StepCosts``) and each draft's
-    expected acceptance. The rows of every sequence decoding count: with four sequences, a
-    draft makes a step of 5-7 rows, not 1-4."""
+    per second, from the measured cost of a step by how it splits into graphs (``StepCosts``,
+    ``graph_rows``) and each draft's expected acceptance. The rows of every sequence decoding
+    count: with four sequences, a draft makes a step of 4 + 3 rows (two graphs), not 1 + 3."""
 
     def __init__(self, costs: StepCosts | None = None) -> None:
         self.costs = costs or StepCosts()
         self.acceptance = Acceptance()
 
-    def choose(self, n_rows: int, drafts: Sequence[Draft], budget: int) -> list[int]:
-        """How many tokens of each draft to verify in a step that decodes ``n_rows`` rows
-        without them (0: none), at most ``budget`` in all."""
-        # The likeliest drafts first; a prefix of them is the best choice for any step cost
-        # that rises with the rows (each extra draft adds rows for fewer expected tokens).
-        order = sorted(range(len(drafts)),
-                       key=lambda i: (not drafts[i].forced, -drafts[i].acceptance))
-        rows, tokens = n_rows, float(n_rows)
-        best_rate, best = tokens / self.costs.seconds(rows), 0
-        taken: list[tuple[int, int]] = []
+    def choose(self, seq_ids: int | Sequence[int], drafts: Sequence[Draft | None],
+               budget: int) -> list[int]:
+        """How many tokens of each draft to verify (0: none), at most ``budget`` in all, in a
+        step that decodes one row for each of ``seq_ids`` (in batch order; a count n: ids 0 to
+        n-1). ``drafts[i]`` is the draft of ``seq_ids[i]`` (None, or a shorter list: none)."""
+        seqs = list(range(seq_ids)) if isinstance(seq_ids, int) else list(seq_ids)
+        proposed = [i for i, d in enumerate(drafts) if d is not None and d.tokens]
+        # The likeliest drafts first: each prefix of them is weighed (the cost of a step is
+        # not monotone in its rows: equal rows of consecutive sequences share a graph).
+        order = sorted(proposed, key=lambda i: (not _draft(drafts, i).forced,
+                                                -_draft(drafts, i).acceptance))
+        lengths = [0] * len(drafts)
+
+        def rate(extra: list[int]) -> float:
+            split = graph_rows([(seq, 1 + (extra[i] if i < len(extra) else 0))
+                                for i, seq in enumerate(seqs)])
+            tokens = len(seqs) + sum(_draft(drafts, i).acceptance * extra[i]
+                                     for i in proposed)
+            return tokens / self.costs.seconds(split)
+
+        base = graph_rows([(seq, 1) for seq in seqs])
+        best_rate, best = rate(lengths), list(lengths)
+        used = 0
+        trial = list(lengths)
+        n_forced = 0
         for i in order:
-            k = min(len(drafts[i].tokens), budget - (rows - n_rows))
+            k = min(len(_draft(drafts, i).tokens), budget - used)
             if k <= 0:
                 break
-            rows += k
-            tokens += drafts[i].acceptance * k
-            taken.append((i, k))
-            rate = tokens / self.costs.seconds(rows)
-            if drafts[i].forced or rate > best_rate:
-                best_rate, best = rate, len(taken)
-        n_forced = sum(1 for i, _ in taken if drafts[i].forced)
-        if not self.costs.has(n_rows):
-            best = n_forced  # the step without drafts first: what they are weighed against
-        lengths = [0] * len(drafts)
-        for i, k in taken[:best]:
-            lengths[i] = k
-        return lengths
+            trial[i] = k
+            used += k
+            forced = _draft(drafts, i).forced
+            n_forced += forced
+            trial_rate = rate(trial)
+            if forced or trial_rate > best_rate:
+                best_rate, best = trial_rate, list(trial)
+        if not self.costs.has(base):
+            # The step without drafts first: what they are weighed against.
+            best = [k if i in proposed and _draft(drafts, i).forced else 0
+                    for i, k in enumerate(trial)]
+        return best
+
+
+def _draft(drafts: Sequence[Draft | None], i: int) -> Draft:
+    draft = drafts[i]
+    assert draft is not None  # only proposed drafts are looked up
+    return draft
