@@ -19,8 +19,9 @@ from localinfer.runtime.speculate import (
 )
 from localinfer.runtime.types import SamplingParams
 
-AVX2 = {1: 1.0, 2: 1.05, 3: 1.2, 4: 1.35, 5: 1.6, 6: 1.75, 7: 1.9, 8: 2.0}
-"""Step seconds by rows where an 8-row step costs about twice a 1-row step (2-core AVX2)."""
+AVX2 = {1: 1.0, 2: 1.80, 3: 2.96, 4: 2.53, 5: 3.56, 6: 3.12, 7: 4.21, 8: 3.78}
+"""Step seconds by rows as measured on a 2-core AVX2 CPU (starter model, one sequence): llama.cpp
+computes its repacked Q4_K weights four rows at a time, so three rows cost more than four."""
 CHEAP_ROWS = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06, 5: 1.3, 6: 1.4, 7: 1.5}
 
 
@@ -120,6 +121,16 @@ def test_falling_acceptance_turns_drafting_off():
     assert lookup.acceptance < 0.15
     assert policy.choose(1, [Draft([7, 8, 9], lookup.acceptance)], budget=6) == [0]
     assert shared.rate < PRIOR_ACCEPTANCE  # new sequences start from what was seen
+
+
+def test_a_draft_is_verified_at_the_length_whose_step_costs_least_per_token():
+    # Three rows cost more than four here: the lookup suggests two tokens, three are verified;
+    # forced, it verifies the two the lookup suggests.
+    policy = policy_with(AVX2)
+    draft = [7, 8, 9]
+    assert policy.choose(1, [Draft(draft, 0.85, preferred=2)], budget=6) == [3]
+    assert policy.choose(1, [Draft(draft, 0.85, preferred=2, forced=True)], budget=6) == [2]
+    assert policy.choose(1, [Draft(draft[:2], 0.85)], budget=6) == [1]  # 2 rows pay, 3 do not
 
 
 def test_forced_drafts_are_verified_even_where_they_lose():

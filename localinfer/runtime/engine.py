@@ -896,7 +896,8 @@ class Engine:
             room = min(budget, MAX_DRAFT, self.info.n_ctx - 1 - len(slot.cached))
             draft = lookup.draft(room) if lookup is not None else []
             proposals.append(Draft(draft, lookup.acceptance,
-                                   forced=slot.running.params.speculative is True)
+                                   forced=slot.running.params.speculative is True,
+                                   preferred=lookup.draft_len)
                              if lookup is not None and draft else None)
         if not any(proposals):
             return
@@ -909,7 +910,7 @@ class Engine:
             else:
                 lookup = slot.running.lookup
                 assert lookup is not None  # it proposed the draft
-                lookup.shadow(list(proposal.tokens))
+                lookup.shadow(list(proposal.tokens[:proposal.suggested]))
 
     def _verify(self, slot: _Slot, now: float) -> None:
         """Sample a decoding slot's outputs: its next token, then each draft token for as

@@ -151,13 +151,15 @@ class PromptLookup:
 
     def draft(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens predicted to follow the history ([] when none, and while a
-        shadow draft is being checked)."""
+        shadow draft is being checked). ``draft_len`` of them is what the acceptance of the
+        last drafts suggests; the policy may verify more where a step of more rows costs
+        less (four rows can cost less than three: see ``StepCosts``)."""
         if self._shadow:
             return []
         if self._pause > 0:
             self._pause -= 1
             return []
-        k = min(self.draft_len, limit)
+        k = limit
         if k <= 0:
             return []
         self._update_index()
@@ -296,6 +298,14 @@ class Draft:
     """The expected share of its tokens the model accepts (the sequence's recent rate)."""
     forced: bool = False
     """The request asked for speculation: verify it whatever the cost."""
+    preferred: int | None = None
+    """How many of its tokens the lookup suggests (``PromptLookup.draft_len``): what a
+    forced draft verifies, and a draft not verified is checked for (None: all)."""
+
+    @property
+    def suggested(self) -> int:
+        return len(self.tokens) if self.preferred is None else min(self.preferred,
+                                                                   len(self.tokens))
 
 
 class DraftPolicy:
@@ -315,39 +325,40 @@ class DraftPolicy:
         n-1). ``drafts[i]`` is the draft of ``seq_ids[i]`` (None, or a shorter list: none)."""
         seqs = list(range(seq_ids)) if isinstance(seq_ids, int) else list(seq_ids)
         proposed = [i for i, d in enumerate(drafts) if d is not None and d.tokens]
-        # The likeliest drafts first: each prefix of them is weighed (the cost of a step is
-        # not monotone in its rows: equal rows of consecutive sequences share a graph).
-        order = sorted(proposed, key=lambda i: (not _draft(drafts, i).forced,
-                                                -_draft(drafts, i).acceptance))
-        lengths = [0] * len(drafts)
+        # The likeliest drafts first. Weighed: each prefix of them, each draft cut to the
+        # same length (1 to MAX_DRAFT tokens). A step's cost is not monotone in its rows:
+        # equal rows of consecutive sequences share a graph, and a graph of four rows can
+        # cost less than one of three.
+        order = sorted(proposed, key=lambda i: -_draft(drafts, i).acceptance)
 
-        def rate(extra: list[int]) -> float:
-            split = graph_rows([(seq, 1 + (extra[i] if i < len(extra) else 0))
+        def rate(lengths: list[int]) -> float:
+            split = graph_rows([(seq, 1 + (lengths[i] if i < len(lengths) else 0))
                                 for i, seq in enumerate(seqs)])
-            tokens = len(seqs) + sum(_draft(drafts, i).acceptance * extra[i]
+            tokens = len(seqs) + sum(_draft(drafts, i).acceptance * lengths[i]
                                      for i in proposed)
             return tokens / self.costs.seconds(split)
 
-        base = graph_rows([(seq, 1) for seq in seqs])
-        best_rate, best = rate(lengths), list(lengths)
-        used = 0
-        trial = list(lengths)
-        n_forced = 0
+        forced = [0] * len(drafts)
+        left = budget
         for i in order:
-            k = min(len(_draft(drafts, i).tokens), budget - used)
-            if k <= 0:
-                break
-            trial[i] = k
-            used += k
-            forced = _draft(drafts, i).forced
-            n_forced += forced
-            trial_rate = rate(trial)
-            if forced or trial_rate > best_rate:
-                best_rate, best = trial_rate, list(trial)
+            if _draft(drafts, i).forced and left > 0:
+                forced[i] = min(_draft(drafts, i).suggested, left)
+                left -= forced[i]
+        base = graph_rows([(seq, 1) for seq in seqs])
         if not self.costs.has(base):
-            # The step without drafts first: what they are weighed against.
-            best = [k if i in proposed and _draft(drafts, i).forced else 0
-                    for i, k in enumerate(trial)]
+            return forced  # the step without drafts first: what drafts are weighed against
+        best, best_rate = forced, rate(forced)
+        free = [i for i in order if not _draft(drafts, i).forced]
+        for cap in range(1, MAX_DRAFT + 1):
+            trial, room = list(forced), left
+            for i in free:
+                k = min(cap, len(_draft(drafts, i).tokens), room)
+                if k <= 0:
+                    break
+                trial[i], room = k, room - k
+                trial_rate = rate(trial)
+                if trial_rate > best_rate:
+                    best, best_rate = list(trial), trial_rate
         return best
 
 
