@@ -7,7 +7,8 @@ Every figure is measured here, through the same engine that serves chats and edi
   and of the memory-bandwidth roofline (bytes read per token / measured bandwidth);
 - aggregate decode with 1, 2, 4 and 8 concurrent streams (continuous batching), each stream's
   tokens compared with the same request run alone (``first_divergence``), with speculation
-  off, on (every draft verified) and adaptive (the default: drafts verified where they pay);
+  off, on (every draft verified) and adaptive (the default: drafts verified where they pay),
+  taking turns (medians of 3 rounds; 1 with ``--quick``);
 - the 5th turn of a chat with ~1,500 tokens of history, with and without KV prefix reuse;
 - decode on a code-edit request with and without prompt-lookup speculation;
 - decode with a JSON schema's grammar against without, and a forced tool call's latency;
@@ -174,8 +175,9 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
                                           n_tokens=n_stream_tokens)
 
         stage("speculation by streams")
-        result.speculation_streams = _speculation_streams(engine, result.concurrency,
-                                                          n_tokens=n_stream_tokens)
+        result.speculation_streams = _speculation_streams(
+            engine, [row["streams"] for row in result.concurrency], n_tokens=n_stream_tokens,
+            rounds=1 if quick else 3)
 
         stage("chat prefix reuse")
         result.chat_reuse = _chat_reuse(engine)
@@ -394,19 +396,26 @@ def _streams(engine: Engine, prompts: list[str],
     return tokens / (time.perf_counter() - started), generations
 
 
-def _speculation_streams(engine: Engine, concurrency: list[dict],
-                         n_tokens: int) -> list[dict[str, Any]]:
-    """The concurrency rows' aggregate (speculation off) beside the same streams with every
-    draft verified ("on") and with the engine's default, drafts verified where the measured
-    step costs say they pay ("adaptive")."""
+SPECULATION_MODES = {"off": False, "on": True, "adaptive": None}
+"""``speculative`` in a request: never draft, verify every draft, or let the engine decide."""
+
+
+def _speculation_streams(engine: Engine, widths: list[int], n_tokens: int,
+                         rounds: int) -> list[dict[str, Any]]:
+    """Aggregate tok/s of each number of streams with speculation off, with every draft
+    verified ("on") and with the engine's default, drafts verified where the measured step
+    costs say they pay ("adaptive"): the three take turns, ``rounds`` times, and each figure
+    is the median of its rounds (a run on a laptop varies by 10-20% from one to the next)."""
     rows = []
-    for row in concurrency:
-        prompts = STORY_PROMPTS[:row["streams"]]
-        figures = {"streams": row["streams"], "off_tps": row["aggregate_tps"]}
-        for label, speculative in (("on", True), ("adaptive", None)):
-            params = SamplingParams(temperature=0, max_tokens=n_tokens, speculative=speculative)
-            figures[f"{label}_tps"], _ = _streams(engine, prompts, params)
-        rows.append(figures)
+    for width in widths:
+        runs: dict[str, list[float]] = {mode: [] for mode in SPECULATION_MODES}
+        for _ in range(rounds):
+            for mode, speculative in SPECULATION_MODES.items():
+                params = SamplingParams(temperature=0, max_tokens=n_tokens,
+                                        speculative=speculative)
+                runs[mode].append(_streams(engine, STORY_PROMPTS[:width], params)[0])
+        rows.append({"streams": width, "rounds": rounds,
+                     **{f"{mode}_tps": statistics.median(r) for mode, r in runs.items()}})
     return rows
 
 

@@ -126,7 +126,8 @@ def report(r) -> str:
                          f"             {c['aggregate_tps']:7.1f} ({c['speedup']:.2f}x)"
                          f"   {c['equal_to_solo']}/{c['streams']}{where}")
     if r.speculation_streams:
-        lines.append("  speculation by streams  aggregate tok/s: off / on / adaptive (default)")
+        lines.append("  speculation by streams  aggregate tok/s: off / on / adaptive (default),"
+                     f" median of {r.speculation_streams[0]['rounds']}")
         for row in r.speculation_streams:
             lines.append(f"    {row['streams']} stream{'s' if row['streams'] > 1 else ' '}"
                          f"             {row['off_tps']:7.1f} / {row['on_tps']:.1f} /"
