@@ -167,7 +167,7 @@ class Backend(Protocol):
     def seq_swap(self, a: int, b: int) -> bool:
         """Trade the caches of sequences ``a`` and ``b`` (either may be empty): each then
         holds what the other held, at the same positions. False when one could not be put
-        back; both are then empty."""
+        back; both are then empty. A ``LocalInferError`` leaves both as they were."""
         ...
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -760,7 +760,13 @@ class Engine:
                    if s.req is not None and not start <= s.seq_id < start + k]
         holes = [s for s in self._slots if s.req is None and start <= s.seq_id < start + k]
         for slot, hole in zip(outside, holes, strict=True):
-            swapped = self.backend.seq_swap(slot.seq_id, hole.seq_id)
+            try:
+                swapped = self.backend.seq_swap(slot.seq_id, hole.seq_id)
+            except WorkerLost:
+                raise  # the model's process is gone: stop (``failed``), the owner reloads it
+            except LocalInferError as exc:  # nothing moved: the sequences decode apart
+                log.warning("could not move a sequence's cache: %s", exc)
+                return
             slot.exchange(hole)
             if not swapped:  # both caches are gone: the request reads its tokens back
                 log.warning("could not move a sequence's cache; reading it again")
