@@ -450,23 +450,30 @@ def test_running_sequences_are_kept_in_consecutive_slots(fake_engine):
     assert sorted(grown)[:2] == cells[:2] and min(grown[0], grown[1]) > cells[0]
 
 
-def test_a_sequence_left_alone_between_others_is_moved_next_to_them(fake_engine):
-    engine = fake_engine(reply="a b c d e f g h i j k l m n o p", n_slots=3)
-    # Slots 0, 1 and 2 in the order submitted (the least recently used first): the short
-    # request in slot 1 ends first, and slot 2's sequence moves in.
+LONG = "a b c d e f g h i j k l m n o p"
+
+
+def middle_one_ends_first(engine) -> None:
+    """Slots 0, 1 and 2 in the order submitted (the least recently used first): the short
+    request in slot 1 ends first, leaving the sequences of slots 0 and 2 apart."""
     first = engine.complete("long 0", GREEDY)
     short = engine.complete("one", SamplingParams(temperature=0, max_tokens=2))
     last = engine.complete("long 1", GREEDY)
     assert short.result().finish_reason == "length"
-    assert all(g.result().text == "a b c d e f g h i j k l m n o p" for g in (first, last))
+    assert all(g.result().text == LONG for g in (first, last))
+
+
+def test_a_sequence_left_alone_between_others_is_moved_next_to_them(fake_engine):
+    engine = fake_engine(reply=LONG, n_slots=3)
+    middle_one_ends_first(engine)
     backend = engine.backend
-    assert backend.swaps == [(2, 1)]
+    assert backend.swaps == [(2, 1)]  # slot 2's sequence moved into slot 1
     two = [s for s in backend.splits if sum(s) == 2]
     assert two and all(len(s) == 1 for s in two)
 
 
 def test_a_cache_that_cannot_be_moved_is_read_again(fake_engine, monkeypatch):
-    engine = fake_engine(reply="a b c d e f g h i j k l m n o p", n_slots=3)
+    engine = fake_engine(reply=LONG, n_slots=3)
     backend = engine.backend
 
     def lost(a, b):  # as llama.cpp's state could not be written back: both sequences empty
@@ -475,27 +482,19 @@ def test_a_cache_that_cannot_be_moved_is_read_again(fake_engine, monkeypatch):
         return False
 
     monkeypatch.setattr(backend, "seq_swap", lost)
-    first = engine.complete("long 0", GREEDY)
-    short = engine.complete("one", SamplingParams(temperature=0, max_tokens=2))
-    last = engine.complete("long 1", GREEDY)
-    assert short.result().finish_reason == "length"
-    assert all(g.result().text == "a b c d e f g h i j k l m n o p" for g in (first, last))
+    middle_one_ends_first(engine)
     assert backend.swaps == [(2, 1)]
 
 
 def test_a_cache_move_that_fails_leaves_the_sequences_where_they_are(fake_engine, monkeypatch):
     from localinfer.errors import LocalInferError
 
-    engine = fake_engine(reply="a b c d e f g h i j k l m n o p", n_slots=3)
+    engine = fake_engine(reply=LONG, n_slots=3)
     backend = engine.backend
 
     def refused(a, b):
         raise LocalInferError("llama.cpp could not save a sequence's cache")
 
     monkeypatch.setattr(backend, "seq_swap", refused)
-    first = engine.complete("long 0", GREEDY)
-    short = engine.complete("one", SamplingParams(temperature=0, max_tokens=2))
-    last = engine.complete("long 1", GREEDY)
-    assert short.result().finish_reason == "length"
-    assert all(g.result().text == "a b c d e f g h i j k l m n o p" for g in (first, last))
+    middle_one_ends_first(engine)
     assert (1, 1) in backend.splits  # slots 0 and 2 decoded apart
