@@ -227,6 +227,8 @@ class StepCosts:
         self._median: dict[Split, float] = {}
         self._trusted: dict[Split, float] = {}
         """The medians of the splits measured at least ``MIN_SAMPLES`` times."""
+        self._graphs: dict[int, float] = {}
+        """One graph's cost by its rows, from the steps of one graph: what estimates use."""
 
     def record(self, split: int | Split, seconds: float) -> None:
         """One step of this split (a row count: one graph) took ``seconds``."""
@@ -242,6 +244,8 @@ class StepCosts:
                 self._median[key] = statistics.median(recent)
                 if len(recent) >= MIN_SAMPLES:
                     self._trusted[key] = self._median[key]
+        self._graphs = {key[0]: t for key, t in (self._trusted or self._median).items()
+                        if len(key) == 1}
 
     def measured(self) -> dict[Split, float]:
         """Seconds per step by split, for the splits measured lately."""
@@ -260,10 +264,9 @@ class StepCosts:
         ``MIN_SAMPLES`` times counts at most what the others suggest."""
         split = _split(split)
         trusted = self._trusted or self._median
-        known = {key[0]: t for key, t in trusted.items() if len(key) == 1}
         if split in trusted:
             return trusted[split]
-        estimate = sum(self._estimate(known, rows) for rows in split)
+        estimate = sum(self._estimate(self._graphs, rows) for rows in split)
         if split in self._median:  # measured, too few times to be trusted
             return min(self._median[split], estimate)
         return estimate
