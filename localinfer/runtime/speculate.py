@@ -247,10 +247,6 @@ class StepCosts:
         self._graphs = {key[0]: t for key, t in (self._trusted or self._median).items()
                         if len(key) == 1}
 
-    def measured(self) -> dict[Split, float]:
-        """Seconds per step by split, for the splits measured lately."""
-        return dict(sorted(self._median.items()))
-
     def has(self, split: int | Split) -> bool:
         return _split(split) in self._median
 
