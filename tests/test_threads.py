@@ -203,6 +203,22 @@ def test_a_kind_of_step_starts_with_the_cores_the_load_leaves():
     assert tuner.threads == {"1 row": 1, "65+ rows": 4}
 
 
+@pytest.mark.parametrize("measured", [1, 2])
+def test_a_new_kind_of_step_starts_from_the_count_another_kind_measured(measured):
+    """A prompt's first long chunk can come long after the engine started: it takes the count
+    the decode steps have measured, not the load of the moment (a client's burst of CPU as it
+    opens its streams left a daemon's prompt chunks at 1 of 2 threads for good)."""
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0))
+    tuner.policies[step_group(1)] = ThreadPolicy(max_threads=2, n_threads=measured)
+    for _ in range(WINDOW_STEPS):
+        with tuner.step(1):
+            pass
+    tuner.others_cores = 0.9 if measured == 2 else 0.0  # the moment says the other count
+    with tuner.step(512):
+        pass
+    assert tuner.threads == {"1 row": measured, "65+ rows": measured}
+
+
 @pytest.mark.model
 def test_llama_cpp_runs_with_the_counts_set_and_writes_the_same_text(starter_path):
     """On the real model: the adaptive backend offers the cores, set_threads changes what

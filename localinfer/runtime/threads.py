@@ -92,6 +92,8 @@ class ThreadPolicy:
     """The count the next step runs with (0: start at ``max_threads``)."""
     switches: int = 0
     """How many times the count changed: a stable machine should see few."""
+    steps: int = 0
+    """Steps recorded, at any count."""
     _recent: list[float] = field(default_factory=list)
     _settled_cost: float | None = None
     _trying: list[int] = field(default_factory=list)
@@ -119,6 +121,7 @@ class ThreadPolicy:
     def record(self, threads: int, cost: float, others_cores: float) -> None:
         """One step of this kind ran with ``threads`` threads at ``cost`` (``step_cost``),
         while other processes used ``others_cores`` cores' worth of CPU."""
+        self.steps += 1
         if self._trying:
             self._record_try(threads, cost)
             return
@@ -247,11 +250,7 @@ class ThreadTuner:
             return
         policy = self.policies.get(group := step_group(rows))
         if policy is None:
-            self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
-            # Start with the cores the other processes leave (all when the load is not known
-            # yet); the measured step times decide from there.
-            free = self.max_threads - round(self.others_cores)
-            policy = self.policies[group] = ThreadPolicy(self.max_threads, max(1, free))
+            policy = self.policies[group] = ThreadPolicy(self.max_threads, self._start_count())
         threads = policy.next_threads
         wanted = (threads, self._applied[1]) if rows <= 1 else (self._applied[0], threads)
         if wanted != self._applied:
@@ -262,6 +261,19 @@ class ThreadTuner:
         now = time.perf_counter()
         self._sample_load(now)
         policy.record(threads, step_cost(rows, now - started), self.others_cores)
+
+    def _start_count(self) -> int:
+        """The count a new kind of step starts with: the one the most measured kind runs
+        with once it has judged a window, else the cores the other processes leave now (all
+        when the load is not known yet); the step times decide from there. A kind's first
+        step can come long after the engine started (the first long prompt), and a tenth of a
+        second of load then is no guide: a client's burst of CPU as it started 8 streams left
+        the daemon's prompt chunks at 1 of 2 threads, 1.7x slower, for the rest of the run."""
+        known = max(self.policies.values(), key=lambda p: p.steps, default=None)
+        if known is not None and known.steps >= WINDOW_STEPS:
+            return known.n_threads
+        self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
+        return max(1, self.max_threads - round(self.others_cores))
 
     def _sample_load(self, now: float, span_s: float = LOAD_SAMPLE_S) -> None:
         if self._sample is not None and now - self._sample[0] < span_s:
