@@ -175,6 +175,75 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(fake_engine):
     assert second.text == first.text == "Sure thing."
 
 
+def read_ahead(engine, before=0):
+    """Wait until the idle engine has read a next turn's opening ahead; how many tokens."""
+    deadline = time.monotonic() + 5
+    while engine.stats().read_ahead_tokens_total == before and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return engine.stats().read_ahead_tokens_total - before
+
+
+OPENING = 5
+"""The fake's Gemma template opens a user turn after a reply with 5 tokens:
+<end_of_turn>, newline, <start_of_turn>, user, newline."""
+
+
+@pytest.mark.parametrize("params, n_ahead", [
+    (GREEDY, OPENING),  # the reply ends with its end of turn (not read: the opening has it)
+    (SamplingParams(temperature=0, max_tokens=3), 1 + OPENING),  # and its last token
+    (SamplingParams(temperature=0, speculative=True), OPENING),  # ended inside a draft
+])
+def test_an_idle_engine_reads_the_next_turn_opening_after_a_chat_reply(
+        fake_engine, monkeypatch, params, n_ahead):
+    """The next turn then reads only its own message: its prompt's cached part is longer by
+    the opening than where it comes at once (a script's next request, no time to read)."""
+    import localinfer.runtime.engine as engine_module
+
+    cached = {}
+    for pause in (False, True):
+        monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.0 if pause else 60.0)
+        engine = fake_engine(reply="a b a b a b a b a b.")
+        history = [Message("user", "a b a b a b a b a b a b")]
+        first = engine.chat(history, params).result()
+        assert (read_ahead(engine) if pause else engine.stats().read_ahead_tokens_total) \
+            == (n_ahead if pause else 0)
+        history += [Message("assistant", first.text), Message("user", "and another")]
+        second = engine.chat(history, GREEDY).result()
+        assert second.text == "a b a b a b a b a b."
+        cached[pause] = second.usage.cached_tokens
+    assert cached[True] == cached[False] + n_ahead
+
+
+def test_no_read_ahead_where_the_next_prompt_will_not_repeat_the_cache(fake_engine,
+                                                                         monkeypatch):
+    """Not after a stop string (the client gets the reply without it), a completion (no chat
+    template), a cancelled reply or one ending in white space (templates trim it)."""
+    import localinfer.runtime.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.0)
+    engine = fake_engine(reply="Sure thing.<More to say. " * 20, step_delay_s=0.002)
+    chat = [Message("user", "Hello")]
+
+    def none_read() -> bool:
+        time.sleep(0.1)  # the idle engine would have read it by now
+        return engine.stats().read_ahead_tokens_total == 0
+
+    cut = engine.chat(chat, SamplingParams(stop=["<More"])).result()
+    assert cut.finish_reason == "stop" and cut.text == "Sure thing." and none_read()
+    engine.complete("Hello", SamplingParams(max_tokens=4)).result()
+    assert none_read()
+    generation = engine.chat(chat, SamplingParams(speculative=False))
+    started(generation)
+    generation.cancel()
+    assert generation.result().finish_reason == "cancelled" and none_read()
+    engine.backend.reply = "ends in a newline\n"
+    engine.chat(chat, GREEDY).result()
+    assert none_read()
+    engine.backend.reply = "and this one does not"
+    engine.chat(chat, GREEDY).result()
+    assert read_ahead(engine) == OPENING
+
+
 def test_prefix_reuse_picks_the_slot_holding_the_prefix(fake_engine):
     engine = fake_engine(reply="ok", n_slots=3)
     for topic in ("apples", "pears", "plums"):

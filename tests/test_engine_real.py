@@ -97,6 +97,31 @@ def test_chat_turns_reuse_the_cache(real_engine):
     assert second.usage.completion_tokens > 0
 
 
+def test_an_idle_engine_reads_the_next_turn_opening_ahead(real_engine, monkeypatch):
+    """llama.cpp reads the opening of the next user turn without logits while the engine is
+    idle, and the next turn finds it cached: the reply's last token (max_tokens cut it, so
+    it was not decoded yet) and Gemma's <end_of_turn>, newline, <start_of_turn>, user,
+    newline."""
+    import time
+
+    import localinfer.runtime.engine as engine_module
+
+    real_engine.clear_cache()  # and any read-ahead still due after the tests before
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.0)
+    before = real_engine.stats().read_ahead_tokens_total
+    history = [Message("user", "Name a fruit that is green.")]
+    first = real_engine.chat(history, SamplingParams(temperature=0, max_tokens=1)).result()
+    deadline = time.monotonic() + 10
+    while real_engine.stats().read_ahead_tokens_total == before and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert real_engine.stats().read_ahead_tokens_total - before == 1 + 5
+    history += [Message("assistant", first.text), Message("user", "And one that is purple?")]
+    second = real_engine.chat(history, GREEDY).result()
+    assert second.usage.cached_tokens == first.usage.prompt_tokens + 1 + 5
+    assert second.usage.completion_tokens > 0
+
+
 def test_concurrent_requests_both_complete(real_engine):
     gens = [real_engine.complete(p, GREEDY) for p in (PROMPT, "The largest planet is")]
     done = [g.result() for g in gens]

@@ -75,6 +75,14 @@ prompt, nothing on a new chat turn. Not exact either way: once a slot has passed
 window cache's size (Gemma 3: 1,024 cells), its cells hold positions out of order, attention
 sums them in another order, and a cached prompt can part from a cold read at a near-tie."""
 
+READ_AHEAD_IDLE_S = 0.3
+"""After a chat reply, once the engine has been idle this long, the chat template's opening of
+the next user turn (Gemma: ``<end_of_turn>\n<start_of_turn>user\n``, 5 tokens) is read into
+that slot's cache, so the next turn reads only its own message: 5 of the ~20 tokens a short
+question takes (starter, ~4 ms each on a 2-core CPU). A person reads the reply and types
+for longer than this; a script that sends its next request at once finds the engine as it
+was, and reads those tokens with its prompt."""
+
 Sink = Callable[["Event | BaseException"], None]
 T = TypeVar("T")
 
@@ -203,6 +211,9 @@ class _Slot:
         self.supersede: str | None = None
         """The supersede key of the last request in this slot: the next keystroke's request
         from the same editor comes back to this slot's cache."""
+        self.ahead: list[int] = []
+        """Tokens to read into this free slot's cache when the engine is idle: the opening
+        of the next turn after a chat reply (see READ_AHEAD_IDLE_S)."""
 
     @property
     def running(self) -> _Request:
@@ -239,6 +250,8 @@ class EngineStats:
     drafted_tokens_total: int = 0
     accepted_tokens_total: int = 0
     preemptions_total: int = 0
+    read_ahead_tokens_total: int = 0
+    """Tokens of next turns' openings read while idle (READ_AHEAD_IDLE_S)."""
 
 
 class Engine:
@@ -262,6 +275,10 @@ class Engine:
             lambda text, add_special: backend.tokenize(text, add_special=add_special),
             backend.special_piece, backend.token_bytes, backend.max_special_bytes)
         self._slots = [_Slot(i) for i in range(self.info.n_slots)]
+        self._turn_marks: tuple[list[int], list[int]] | None = None
+        """(a chat prompt's last tokens, the next user turn's opening): ``_chat_turn_marks``."""
+        self._turn_marks_known = False
+        self._read_ahead_total = 0
         self._pending: list[_Request] = []
         self._outbox: list[tuple[Generation, Event | BaseException]] = []
         self._cv = threading.Condition()
@@ -508,6 +525,7 @@ class Engine:
                 drafted_tokens_total=self._drafted_total,
                 accepted_tokens_total=self._accepted_total,
                 preemptions_total=self._preemptions_total,
+                read_ahead_tokens_total=self._read_ahead_total,
             )
 
     def run_on_worker(self, fn: Callable[[], T], timeout: float | None = None) -> T:
@@ -529,6 +547,7 @@ class Engine:
                     self.backend.seq_trim(slot.seq_id, 0)
                     slot.cached.clear()
                     slot.checkpoint = None
+                    slot.ahead = []
 
         self.run_on_worker(clear)
 
@@ -541,6 +560,7 @@ class Engine:
             slot = self._slots[0]
             self.backend.seq_trim(slot.seq_id, 0)
             slot.cached.clear()
+            slot.ahead = []
             token = self.backend.tokenize("Hello", add_special=True)[-1]
             times = []
             try:
@@ -630,11 +650,22 @@ class Engine:
                     self._run_jobs()
                 self._run_step_jobs()
                 with self._cv:
+                    idle_since = time.perf_counter()
                     while not (self._closing or self._pending or self._active() or
                                self._jobs or self._step_jobs):
-                        self._cv.wait()
+                        wait = None
+                        if any(s.ahead for s in self._slots):
+                            wait = idle_since + READ_AHEAD_IDLE_S - time.perf_counter()
+                            if wait <= 0:
+                                break
+                        self._cv.wait(wait)
                     if self._closing:
                         break
+                    idle = not (self._pending or self._active() or self._jobs or
+                                self._step_jobs)
+                if idle:
+                    self._read_ahead()
+                    continue
                 # Cancelled requests leave first: a superseding keystroke's request then finds
                 # the slot (and cache) of the one it cancelled free.
                 for slot in self._active():
@@ -704,6 +735,7 @@ class Engine:
             slot = max(free, key=lambda s: _slot_score(s, request))
             free.remove(slot)
             slot.supersede = request.params.supersede
+            slot.ahead = []  # the request's own prompt decides what this cache holds
             # In its slot first: should anything below fail, _fail_all finds it there.
             slot.req, slot.next_token = request, None
             # The last REREAD_TAIL tokens are always read again (at least the last one must
@@ -773,6 +805,7 @@ class Engine:
                 for lost in (slot, hole):
                     lost.cached.clear()
                     lost.checkpoint = None
+                    lost.ahead = []
                 request = hole.running
                 request.target = request.prompt + request.generated
                 hole.next_token = None
@@ -1021,7 +1054,115 @@ class Engine:
         if done.timings.decode_tokens:
             self._last_decode_tps = done.timings.decode_tps
         self._release(slot, now)
+        slot.ahead = self._next_turn_opening(slot, request, reason)
         self._post(request, done)
+
+    def _next_turn_opening(self, slot: _Slot, request: _Request, reason: FinishReason
+                           ) -> list[int]:
+        """What to read into a finished chat request's slot ahead of the next turn: the
+        template's opening of the next user turn (and the reply's last token where
+        max_tokens cut it: sampled, not yet decoded). Nothing where the client's next prompt
+        will not repeat this cache: a reply cut by a stop string (the client gets it without
+        the stop text), or by a grammar (tool calls are rendered back in another form), or
+        one ending in white space (templates trim it)."""
+        generated = request.generated
+        if not generated or request.params.grammar is not None:
+            return []
+        if reason == "stop" and self.backend.is_eog(generated[-1]):
+            reply, unread = generated[:-1], []
+        elif reason == "length" and request.params.max_tokens == len(generated):
+            reply, unread = generated, generated[-1:]
+        else:
+            return []
+        if not reply or len(slot.cached) != len(request.prompt) + len(reply) - len(unread):
+            return []
+        last = self.backend.token_bytes(reply[-1])
+        marks = self._chat_turn_marks()
+        if marks is None or not last or last != last.rstrip():
+            return []
+        generation, opening = marks
+        if request.prompt[-len(generation):] != generation:
+            return []  # not a chat prompt (a completion, an infill)
+        ahead = unread + opening
+        return ahead if len(slot.cached) + len(ahead) < self.info.n_ctx else []
+
+    def _chat_turn_marks(self) -> tuple[list[int], list[int]] | None:
+        """(the tokens the template ends a chat prompt with, the tokens it opens the next
+        user turn with after a reply), worked out once by rendering a made-up chat; None
+        where the template cannot render it or where those texts do not tokenize the same
+        alone as in a prompt (the opening must start with a special token: then the reply
+        before it cannot merge into it)."""
+        if self._turn_marks_known:
+            return self._turn_marks
+        self._turn_marks_known = True
+        first, reply, question = "LocalinferFirst", "LocalinferReply", "LocalinferQuestion"
+        try:
+            user = [Message("user", first)]
+            asked = self.render_chat(user)
+            told = self.render_chat(user, add_generation_prompt=False)
+            chat = self.render_chat(user + [Message("assistant", reply),
+                                            Message("user", question)])
+        except Exception as exc:  # noqa: BLE001 - a template's own error: no read-ahead
+            log.debug("no next-turn read-ahead: the template cannot render a chat (%s)", exc)
+            return None
+        end, start = chat.find(reply) + len(reply), chat.find(question)
+        if not asked.startswith(told) or asked == told or chat.find(reply) < 0 or start <= end:
+            return None
+        tokens = self._uncached_prompt_tokens
+        generation = self.backend.tokenize(asked[len(told):], add_special=False)
+        opening = self.backend.tokenize(chat[end:start], add_special=False)
+        head = tokens(chat[:end])
+        if (not generation or not opening or tokens(asked)[-len(generation):] != generation
+                or self.backend.special_piece(opening[0]) is None
+                or tokens(chat)[:len(head) + len(opening)] != head + opening):
+            return None
+        self._turn_marks = (generation, opening)
+        return self._turn_marks
+
+    def _uncached_prompt_tokens(self, text: str) -> list[int]:
+        """``prompt_tokens`` without keeping the prompt for reuse (a made-up one)."""
+        bos = self.info.bos_text
+        return self.backend.tokenize(text, add_special=not (bos and text.startswith(bos)))
+
+    def _read_ahead(self) -> None:
+        """Read every idle slot's ``ahead`` tokens into its cache, in one step (no logits,
+        no thread-count measurement: not a step like the others)."""
+        slots = []
+        for slot in self._slots:
+            if slot.req is None and slot.ahead:
+                # A request that ended inside a draft leaves its rejected tokens' cells.
+                kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
+                if kept == len(slot.cached):
+                    slots.append(slot)
+                else:  # a sliding window cut back further: the next request reads it
+                    del slot.cached[kept:]
+                    slot.ahead = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        for slot in slots:
+            start = len(slot.cached)
+            tokens.extend(slot.ahead)
+            positions.extend(range(start, start + len(slot.ahead)))
+            seq_ids.extend([slot.seq_id] * len(slot.ahead))
+        if not tokens:
+            return
+        try:
+            self.backend.decode(tokens, positions, seq_ids, [False] * len(tokens))
+        except WorkerLost:
+            raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except LocalInferError as exc:  # what these caches hold is unknown now: drop them
+            log.warning("could not read the next turn's opening ahead: %s", exc)
+            for slot in slots:
+                self.backend.seq_trim(slot.seq_id, 0)
+                slot.cached.clear()
+                slot.ahead = []
+            return
+        for slot in slots:
+            slot.cached.extend(slot.ahead)
+            slot.ahead = []
+        with self._cv:
+            self._read_ahead_total += len(tokens)
 
     def _abort(self, slot: _Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
