@@ -214,6 +214,21 @@ def test_an_idle_engine_reads_the_next_turn_opening_after_a_chat_reply(
     assert cached[True] == cached[False] + n_ahead
 
 
+def test_openings_read_ahead_for_several_slots_fill_a_batch_at_most(fake_engine,
+                                                                   monkeypatch):
+    import localinfer.runtime.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.0)
+    engine = fake_engine(reply="Fine.", n_slots=3, n_batch=8)
+    gens = [engine.chat([Message("user", f"chat {i}")], GREEDY) for i in range(3)]
+    assert all(g.result().text == "Fine." for g in gens)
+    deadline = time.monotonic() + 5
+    while engine.stats().read_ahead_tokens_total < 3 * OPENING and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert engine.stats().read_ahead_tokens_total == 3 * OPENING
+    assert engine.backend.decode_calls[-3:] == [OPENING] * 3  # one a step: 8 rows hold one
+
+
 def test_no_read_ahead_where_the_next_prompt_will_not_repeat_the_cache(fake_engine,
                                                                          monkeypatch):
     """Not after a stop string (the client gets the reply without it), a completion (no chat

@@ -1063,8 +1063,8 @@ class Engine:
         template's opening of the next user turn (and the reply's last token where
         max_tokens cut it: sampled, not yet decoded). Nothing where the client's next prompt
         will not repeat this cache: a reply cut by a stop string (the client gets it without
-        the stop text), or by a grammar (tool calls are rendered back in another form), or
-        one ending in white space (templates trim it)."""
+        the stop text), one made under a grammar (tool calls come back rendered in another
+        form), one ending in white space (templates trim it), a cancelled one."""
         generated = request.generated
         if not generated or request.params.grammar is not None:
             return []
@@ -1084,7 +1084,9 @@ class Engine:
         if request.prompt[-len(generation):] != generation:
             return []  # not a chat prompt (a completion, an infill)
         ahead = unread + opening
-        return ahead if len(slot.cached) + len(ahead) < self.info.n_ctx else []
+        fits = len(slot.cached) + len(ahead) < self.info.n_ctx and \
+            len(ahead) <= self.backend.n_batch
+        return ahead if fits else []
 
     def _chat_turn_marks(self) -> tuple[list[int], list[int]] | None:
         """(the tokens the template ends a chat prompt with, the tokens it opens the next
@@ -1125,15 +1127,18 @@ class Engine:
         return self.backend.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
     def _read_ahead(self) -> None:
-        """Read every idle slot's ``ahead`` tokens into its cache, in one step (no logits,
-        no thread-count measurement: not a step like the others)."""
+        """Read idle slots' ``ahead`` tokens into their caches, in one step of at most a
+        batch (no logits, no thread-count measurement: not a step like the others); any
+        left over wait for the next idle moment."""
         slots = []
+        room = self.backend.n_batch
         for slot in self._slots:
-            if slot.req is None and slot.ahead:
+            if slot.req is None and slot.ahead and len(slot.ahead) <= room:
                 # A request that ended inside a draft leaves its rejected tokens' cells.
                 kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
                 if kept == len(slot.cached):
                     slots.append(slot)
+                    room -= len(slot.ahead)
                 else:  # a sliding window cut back further: the next request reads it
                     del slot.cached[kept:]
                     slot.ahead = []
