@@ -387,10 +387,13 @@ class Engine:
 
     def prompt_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's tokens."""
+        return self._prompts.tokenize(text, add_special=self._adds_bos(text))
+
+    def _adds_bos(self, text: str) -> bool:
+        """Whether a rendered prompt needs the tokenizer's BOS: templates usually write it
+        themselves; it is added only when they do not."""
         bos = self.info.bos_text
-        # Templates usually write the BOS token themselves; add it only when they do not.
-        add_special = not (bos and text.startswith(bos))
-        return self._prompts.tokenize(text, add_special=add_special)
+        return not (bos and text.startswith(bos))
 
     def tokenize(self, text: str) -> list[int]:
         return self.backend.tokenize(text, add_special=False)
@@ -651,8 +654,7 @@ class Engine:
                 self._run_step_jobs()
                 with self._cv:
                     idle_since = time.perf_counter()
-                    while not (self._closing or self._pending or self._active() or
-                               self._jobs or self._step_jobs):
+                    while not (self._closing or self._has_work()):
                         wait = None
                         if any(s.ahead for s in self._slots):
                             wait = idle_since + READ_AHEAD_IDLE_S - time.perf_counter()
@@ -661,8 +663,7 @@ class Engine:
                         self._cv.wait(wait)
                     if self._closing:
                         break
-                    idle = not (self._pending or self._active() or self._jobs or
-                                self._step_jobs)
+                    idle = not self._has_work()
                 if idle:
                     self._read_ahead()
                     continue
@@ -685,6 +686,10 @@ class Engine:
             self.ready.set()  # never leave a waiter hanging, even if the warm-up failed
             self._shutdown()
             self._flush()
+
+    def _has_work(self) -> bool:
+        """Requests waiting or running, or jobs for the worker (under ``_cv``)."""
+        return bool(self._pending or self._active() or self._jobs or self._step_jobs)
 
     def _run_step_jobs(self) -> None:
         with self._cv:
@@ -1123,8 +1128,7 @@ class Engine:
 
     def _uncached_prompt_tokens(self, text: str) -> list[int]:
         """``prompt_tokens`` without keeping the prompt for reuse (a made-up one)."""
-        bos = self.info.bos_text
-        return self.backend.tokenize(text, add_special=not (bos and text.startswith(bos)))
+        return self.backend.tokenize(text, add_special=self._adds_bos(text))
 
     def _read_ahead(self) -> None:
         """Read idle slots' ``ahead`` tokens into their caches, in one step of at most a
@@ -1166,8 +1170,7 @@ class Engine:
         for slot in slots:
             slot.cached.extend(slot.ahead)
             slot.ahead = []
-        with self._cv:
-            self._read_ahead_total += len(tokens)
+        self._read_ahead_total += len(tokens)
 
     def _abort(self, slot: _Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
