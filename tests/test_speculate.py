@@ -4,10 +4,14 @@ turning drafting on and off with the fake backend's step-cost model."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from localinfer.runtime import speculate
 from localinfer.runtime.speculate import (
     MAX_DRAFT,
     MIN_SAMPLES,
+    NGRAM_SIZES,
     PRIOR_ACCEPTANCE,
     PRIOR_EXTRA_ROW,
     Acceptance,
@@ -188,6 +192,52 @@ def test_a_shadow_draft_is_scored_against_the_tokens_that_follow():
     lookup.extend([9])  # the third token differs: 2 of 3 accepted
     assert lookup.acceptance == pytest.approx(before + 0.3 * (2 / 3 - before))
     assert lookup.draft_len == 3  # grown as after a verified draft with 2 accepted
+
+
+# --- the prompt's index ---------------------------------------------------------------------
+def latest_occurrences(history: list[int]) -> dict[int, dict[tuple[int, ...], int]]:
+    """Each n-gram that a token follows, with the position right after its latest occurrence:
+    what the index holds once the whole history is indexed."""
+    index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in NGRAM_SIZES}
+    for end in range(1, len(history)):
+        for n in NGRAM_SIZES:
+            if end >= n:
+                index[n][tuple(history[end - n:end])] = end
+    return index
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(prompt=st.lists(st.integers(0, 4), max_size=60),
+       added=st.lists(st.lists(st.integers(0, 4), max_size=3), max_size=12))
+def test_the_index_holds_each_ngrams_latest_occurrence_while_it_fills(prompt, added):
+    speculate_chunk = speculate.INDEX_CHUNK
+    speculate.INDEX_CHUNK = 7  # a long prompt, in small lists
+    try:
+        lookup = PromptLookup(prompt)
+        for tokens in added:
+            lookup.extend(tokens)
+            lookup.draft(MAX_DRAFT)
+            # What is indexed is right: the latest occurrence (older ones come later).
+            full = latest_occurrences(lookup.history)
+            for n, index in lookup._index.items():
+                assert index == {k: v for k, v in full[n].items() if v >= lookup._lo}
+        for _ in range(len(prompt) // 7 + 1):
+            lookup.draft(MAX_DRAFT)
+        assert lookup._index == latest_occurrences(lookup.history)
+    finally:
+        speculate.INDEX_CHUNK = speculate_chunk
+
+
+def test_a_long_prompt_is_indexed_a_chunk_per_draft_the_latest_first():
+    old = [100 + i for i in range(3 * speculate.INDEX_CHUNK)]
+    recent = [7, 8, 9, 10, 11]
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6] + old + recent + old[-2:] + [1, 2, 3])
+    assert lookup.draft(3) == []  # its copy of [1, 2, 3] is older than the first chunk
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6] + old + recent + old[-2:] + [7, 8])
+    assert lookup.draft(3) == [9, 10, 11]  # the recent text drafts at once
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6] + old + recent + old[-2:] + [1, 2, 3])
+    drafts = [lookup.draft(3) for _ in range(4)]
+    assert drafts[-1] == [4, 5, 6]  # all indexed after four drafts
 
 
 # --- the engine, with the fake backend's step-cost model -----------------------------------

@@ -38,11 +38,17 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 NGRAM_SIZES = (4, 3, 2)
 """Try the longest n-gram first: a longer match predicts the continuation better."""
+INDEX_CHUNK = 256
+"""Positions of the prompt indexed per draft, the latest first. The first draft comes in the
+step right after the prompt was read, before that step hands over the first token: indexing
+a 1,300-token chat there at once took 1-2.4 ms of the 5th turn's time to first token (2-core
+AVX2), and it grows with the prompt. The latest text is where a copy most often comes from
+(the code the last message quoted); a copy of older text drafts a few steps later."""
 MIN_DRAFT = 2
 MAX_DRAFT = 3
 EXACT_ROWS = 7
@@ -107,10 +113,11 @@ class PromptLookup:
     def __init__(self, tokens: list[int], shared: Acceptance | None = None) -> None:
         self.history: list[int] = list(tokens)
         # n-gram -> the position right after its latest occurrence. An n-gram is indexed only
-        # once a token follows it, so the current tail never matches itself. Built on the
-        # first draft, so that indexing a long prompt never delays the first token.
+        # once a token follows it, so the current tail never matches itself. The positions
+        # indexed are ``range(self._lo, self._hi)``: each draft indexes the new tokens, and
+        # INDEX_CHUNK more of the prompt, the latest first (see INDEX_CHUNK).
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in NGRAM_SIZES}
-        self._indexed = 0
+        self._lo = self._hi = max(len(self.history), 1)
         # Where the last draft was copied from, and how long the history was then: a copy
         # keeps following its source rather than the latest look-alike n-gram.
         self._source: int | None = None
@@ -145,13 +152,19 @@ class PromptLookup:
         self._shadow, self._shadow_len, self._shadow_hits = list(draft), len(draft), 0
 
     def _update_index(self) -> None:
+        """Index the positions added since the last draft, and the next INDEX_CHUNK of the
+        older ones. A position is the end of the n-grams just before it."""
         history = self.history
-        for end in range(max(self._indexed, 1), len(history)):
-            # ``end`` is the position of a token: index the n-grams that end just before it.
+        for n, index in self._index.items():
+            index.update(_ngrams(history, n, self._hi, len(history)))
+        self._hi = len(history)
+        if self._lo > 1:
+            lo = max(self._lo - INDEX_CHUNK, 1)
             for n, index in self._index.items():
-                if end >= n:
-                    index[tuple(history[end - n:end])] = end
-        self._indexed = len(history)
+                older = dict(_ngrams(history, n, lo, self._lo))  # the latest of them wins
+                for ngram, end in older.items():
+                    index.setdefault(ngram, end)  # where indexed already, it came later
+            self._lo = lo
 
     def draft(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens predicted to follow the history ([] when none, and while a
@@ -200,6 +213,17 @@ class PromptLookup:
         else:
             self.draft_len = max(MIN_DRAFT, accepted + 1)
             self._misses = 0
+
+
+def _ngrams(history: list[int], n: int, lo: int, hi: int) -> Iterator[tuple[tuple[int, ...], int]]:
+    """(the n-gram that ends just before ``end``, ``end``) for each ``end`` in [lo, hi) that
+    has n tokens before it, in order: built by ``zip`` of shifted slices, several times
+    faster than a slice per position."""
+    lo = max(lo, n)
+    if hi <= lo:
+        return iter(())
+    columns = [history[lo - n + i:hi - n + i] for i in range(n)]  # each hi - lo long
+    return zip(zip(*columns, strict=True), range(lo, hi), strict=True)
 
 
 class Acceptance:
