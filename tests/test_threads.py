@@ -82,6 +82,38 @@ def test_a_stable_machine_does_not_oscillate():
         assert used[2500:].count(settled) >= 0.97 * 2500, (cores, busy)
 
 
+@pytest.mark.parametrize("windows", [1, 2, 3])
+def test_a_load_that_comes_and_goes_at_the_threshold_is_not_tried_at_every_edge(windows):
+    """Background work on a laptop: the other processes' CPU use goes above and below what
+    counts as crowded every few windows, and one thread fewer is twice as slow each time."""
+    cpu = FakeCPU(cores=2)
+    policy = ThreadPolicy(max_threads=2)
+    used = []
+    for step in range(3000):
+        others = 0.7 if (step // (WINDOW_STEPS * windows)) % 2 else 0.3
+        threads = policy.next_threads
+        policy.record(threads, cpu.step_seconds(1, threads), others)
+        used.append(threads)
+    # The first edge tries one fewer; later ones at the same load do not (each edge used to
+    # try it: 374, 250 and 166 steps at 1 thread).
+    assert used.count(1) <= 12, used.count(1)
+    assert policy.switches == 0
+
+
+def test_a_core_taken_after_a_try_that_lost_still_lowers_the_count():
+    cpu = FakeCPU(cores=2)
+    policy = ThreadPolicy(max_threads=2)
+    run(policy, cpu, 60)
+    tried = []
+    for _ in range(60):  # a burst of CPU elsewhere that does not slow the steps
+        tried.append(threads := policy.next_threads)
+        policy.record(threads, cpu.step_seconds(1, threads), 0.7)
+    assert 1 in tried and policy.n_threads == 2  # one fewer was tried, and lost
+    cpu.busy_cores = 1  # now a core is taken: the steps slow down
+    used = run(policy, cpu, 100)
+    assert used[-1] == 1 and used[20:].count(1) >= 76, used
+
+
 def test_a_much_slower_count_is_given_up_after_two_steps():
     """Under heavy load 2 threads can be several times slower than 1: each periodic try of
     them costs one step, not a window, and the tries back off until they cost at most

@@ -103,6 +103,10 @@ class ThreadPolicy:
     _interval: int = FIRST_INTERVAL_STEPS
     _room: bool = False
     _crowded: bool = False
+    _fewer_lost_at: float | None = None
+    """The other processes' load at the last try of one thread fewer that lost (None after
+    a switch): see ``record``."""
+    _try_load: float = 0.0
 
     def __post_init__(self) -> None:
         self.max_threads = max(1, self.max_threads)
@@ -142,6 +146,12 @@ class ThreadPolicy:
         more = room and not self._room
         fewer = crowded and not self._crowded
         self._room, self._crowded = room, crowded
+        if fewer and self._fewer_lost_at is not None and \
+                others_cores < self._fewer_lost_at + SLACK_CORES:
+            # One fewer lost at this load already: a load that comes and goes around the
+            # threshold (a laptop's background work) would otherwise try it at every edge,
+            # a window in two (each try's steps at 1 of 2 threads took twice as long).
+            fewer = False
         settled = self._settled_cost
         if settled is None:
             self._settled_cost = now
@@ -150,6 +160,7 @@ class ThreadPolicy:
         if self._since_try >= self._interval:
             more, fewer = True, fewer or crowded
         if more or fewer:
+            self._try_load = others_cores
             self._try(now, more=more, fewer=fewer)
 
     def _record_try(self, threads: int, cost: float) -> None:
@@ -188,7 +199,10 @@ class ThreadPolicy:
             self._interval = _interval_for(current / medians[best] - 1, self._interval)
             # Judged afresh at the new count: still crowded, it tries one fewer again.
             self._room = self._crowded = False
+            self._fewer_lost_at = None
         else:
+            if self.n_threads - 1 in self._tried:
+                self._fewer_lost_at = self._try_load
             self._settled_cost = current
             lost_steps = sum(max(0.0, cost / current - 1) for costs in self._tried.values()
                              for cost in costs)
