@@ -82,22 +82,52 @@ def test_a_stable_machine_does_not_oscillate():
         assert used[2500:].count(settled) >= 0.97 * 2500, (cores, busy)
 
 
-@pytest.mark.parametrize("windows", [1, 2, 3])
-def test_a_load_that_comes_and_goes_at_the_threshold_is_not_tried_at_every_edge(windows):
-    """Background work on a laptop: the other processes' CPU use goes above and below what
-    counts as crowded every few windows, and one thread fewer is twice as slow each time."""
-    cpu = FakeCPU(cores=2)
-    policy = ThreadPolicy(max_threads=2)
+def flapping(policy: ThreadPolicy, cpu: FakeCPU, windows: int, steps: int = 3000) -> list[int]:
+    """Steps whose other processes' load reads 0.7 and 0.3 cores by turns, ``windows``
+    windows each: around both thresholds of a 2-core machine."""
     used = []
-    for step in range(3000):
+    for step in range(steps):
         others = 0.7 if (step // (WINDOW_STEPS * windows)) % 2 else 0.3
         threads = policy.next_threads
         policy.record(threads, cpu.step_seconds(1, threads), others)
         used.append(threads)
+    return used
+
+
+@pytest.mark.parametrize("windows", [1, 2, 3])
+def test_a_load_that_comes_and_goes_at_the_threshold_is_not_tried_at_every_edge(windows):
+    """Background work on a laptop: the other processes' CPU use goes above and below what
+    counts as crowded every few windows, and one thread fewer is twice as slow each time."""
+    policy = ThreadPolicy(max_threads=2)
+    used = flapping(policy, FakeCPU(cores=2), windows)
     # The first edge tries one fewer; later ones at the same load do not (each edge used to
     # try it: 374, 250 and 166 steps at 1 thread).
     assert used.count(1) <= 12, used.count(1)
     assert policy.switches == 0
+
+
+@pytest.mark.parametrize("windows", [1, 2, 3])
+def test_a_core_that_comes_and_goes_is_tried_within_the_budget(windows):
+    """At 1 thread beside a busy core whose process pauses now and then: each pause looks
+    like a free core, and 2 threads are 1.5x slower each time they are tried."""
+    policy = ThreadPolicy(max_threads=2, n_threads=1)
+    used = flapping(policy, FakeCPU(cores=2, busy_cores=1), windows)
+    # A try loses one step's time; they come at most once per 1 / TRY_BUDGET steps of it
+    # (every free-core edge used to try: 374, 250 and 168 steps at 2 threads).
+    assert used.count(2) <= 0.04 * len(used), used.count(2)
+    assert policy.switches == 0
+
+
+def test_a_core_that_stays_free_after_a_try_that_lost_is_taken():
+    cpu = FakeCPU(cores=2, busy_cores=1)
+    policy = ThreadPolicy(max_threads=2, n_threads=1)
+    used = flapping(policy, cpu, 1, steps=20)
+    while used[-2:] != [2, 1]:  # until a try of one more has just lost
+        used += flapping(policy, cpu, 1, steps=1)
+    assert policy.n_threads == 1
+    cpu.busy_cores = 0  # the other process ends, while later tries wait
+    used = run(policy, cpu, 200)
+    assert used[-1] == 2 and used[100:] == [2] * 100, used
 
 
 def test_a_core_taken_after_a_try_that_lost_still_lowers_the_count():

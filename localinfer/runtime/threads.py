@@ -107,6 +107,9 @@ class ThreadPolicy:
     """The other processes' load at the last try of one thread fewer that lost (None after
     a switch): see ``record``."""
     _try_load: float = 0.0
+    _more_wait: int = 0
+    """Steps at this count before a core coming free tries one more again, after a try of it
+    that lost: see ``record``."""
 
     def __post_init__(self) -> None:
         self.max_threads = max(1, self.max_threads)
@@ -152,6 +155,13 @@ class ThreadPolicy:
             # threshold (a laptop's background work) would otherwise try it at every edge,
             # a window in two (each try's steps at 1 of 2 threads took twice as long).
             fewer = False
+        if more and self._since_try < self._more_wait:
+            # One more lost lately: at a load that comes and goes, a core comes free at every
+            # other window. It waits, as a periodic try does, until the time that try lost is
+            # at most TRY_BUDGET of the time since; a core still free then is tried (the edge
+            # is kept for it). After a try that lost 1-2 steps, that is 50-100 steps.
+            more = False
+            self._room = False
         settled = self._settled_cost
         if settled is None:
             self._settled_cost = now
@@ -200,12 +210,18 @@ class ThreadPolicy:
             # Judged afresh at the new count: still crowded, it tries one fewer again.
             self._room = self._crowded = False
             self._fewer_lost_at = None
+            self._more_wait = 0
         else:
-            if self.n_threads - 1 in self._tried:
-                self._fewer_lost_at = self._try_load
             self._settled_cost = current
             lost_steps = sum(max(0.0, cost / current - 1) for costs in self._tried.values()
                              for cost in costs)
+            if self.n_threads - 1 in self._tried:
+                self._fewer_lost_at = self._try_load
+            if self.n_threads + 1 in self._tried:
+                # Tried again once the wait is over if the core is still free (its edge
+                # then comes again): a load that left just after the try is not missed.
+                self._more_wait = _interval_for(lost_steps, 0)
+                self._room = False
             self._interval = _interval_for(lost_steps, 2 * self._interval)
         self._tried = {}
         self._since_try = 0
