@@ -121,9 +121,10 @@ def test_a_core_that_comes_and_goes_is_tried_within_the_budget(windows):
 def test_a_core_that_stays_free_after_a_try_that_lost_is_taken():
     cpu = FakeCPU(cores=2, busy_cores=1)
     policy = ThreadPolicy(max_threads=2, n_threads=1)
-    used = flapping(policy, cpu, 1, steps=20)
-    while used[-2:] != [2, 1]:  # until a try of one more has just lost
-        used += flapping(policy, cpu, 1, steps=1)
+    used: list[int] = []
+    while used[-2:] != [2, 1]:  # the busy process pauses: a free core is tried, and loses
+        used.append(threads := policy.next_threads)
+        policy.record(threads, cpu.step_seconds(1, threads), 0.3)
     assert policy.n_threads == 1
     cpu.busy_cores = 0  # the other process ends, while later tries wait
     used = run(policy, cpu, 200)
