@@ -756,16 +756,17 @@ class LlamaBackend:
 
     def _can_cut(self, seq_id: int, n_keep: int) -> bool:
         """Drop the cells at positions >= n_keep; True when the rest is usable."""
-        if n_keep > 0 and L.llama_memory_seq_pos_max(self._mem, seq_id) < n_keep:
+        if n_keep <= 0:
+            return False
+        if L.llama_memory_seq_pos_max(self._mem, seq_id) < n_keep:
             return True  # nothing to cut (a prompt read in part goes on where it stopped)
-        if n_keep > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
-            # A sliding-window cache keeps only the last window: continuing at n_keep needs
-            # the window before it to still be there.
-            if not self._n_swa or n_keep <= 1:
-                return True
-            pos_min = L.llama_memory_seq_pos_min(self._mem, seq_id)
-            return bool(pos_min <= max(0, n_keep - self._n_swa))
-        return False
+        # A sliding-window cache keeps only the last window: continuing at n_keep needs the
+        # window before it to still be there. Asked before the cut: a window wholly past
+        # n_keep is emptied by it, and an empty one reads as position -1, as if it held all.
+        if self._n_swa and n_keep > 1 and \
+                L.llama_memory_seq_pos_min(self._mem, seq_id) > max(0, n_keep - self._n_swa):
+            return False
+        return bool(L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1))
 
     def seq_checkpoint(self, seq_id: int) -> ctypes.Array[ctypes.c_uint8]:
         # The sliding-window layers only.
