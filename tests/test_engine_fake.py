@@ -269,6 +269,37 @@ def test_prefix_reuse_picks_the_slot_holding_the_prefix(fake_engine):
         "context about pears " * 10, add_special=True))
 
 
+def test_a_prompt_asked_again_takes_the_slot_holding_it(fake_engine):
+    """Its reply there is longer than the prompt, and an empty slot is free: the slot holding
+    the prompt is still the one to take (a regenerated reply, several clients asking alike)."""
+    from localinfer.runtime.engine import REREAD_TAIL
+
+    engine = fake_engine(reply="word " * 40, n_slots=3)
+    prompts = [f"tell me about {topic} please" for topic in ("apples", "pears")]
+    for prompt in prompts:
+        engine.complete(prompt, GREEDY).result()
+    for prompt in prompts[::-1]:
+        again = engine.complete(prompt, GREEDY).result()
+        assert again.usage.cached_tokens == again.usage.prompt_tokens - REREAD_TAIL > 0
+    assert not engine.backend._seqs.get(2)  # the empty slot stayed empty
+
+
+def test_a_prompt_sharing_only_a_prefix_leaves_a_long_conversation_cached(fake_engine):
+    """A new chat that shares a system prompt with a long conversation takes the least
+    recently used slot; the conversation's next turn still finds all of it cached."""
+    engine = fake_engine(reply="Fine, and here is a long answer to that. " * 4, n_slots=2)
+    system = Message("system", "You are terse.")
+    engine.complete("something else entirely", GREEDY).result()  # the other slot
+    chat = [system, Message("user", "first question")]
+    first = engine.chat(chat, GREEDY).result()
+    engine.chat([system, Message("user", "a new chat")], GREEDY).result()
+    chat += [Message("assistant", first.text), Message("user", "and then?")]
+    second = engine.chat(chat, GREEDY).result()
+    # The first turn and its reply (but the few tokens the template renders anew after it).
+    n_conversation = first.usage.prompt_tokens + first.usage.completion_tokens
+    assert second.usage.cached_tokens >= n_conversation - 3
+
+
 def test_long_prompt_is_chunked_while_others_decode(fake_engine):
     engine = fake_engine(reply="tok " * 100, n_slots=2, n_batch=256, step_delay_s=0.001)
     streaming = engine.complete("a", SamplingParams(max_tokens=None))

@@ -1239,12 +1239,17 @@ def _template_for(info: ModelInfo) -> ChatTemplate:
 def _slot_score(slot: _Slot, request: _Request) -> tuple[bool, bool, int, float]:
     """Which free slot a request should take: the one its editor's previous keystroke used
     (an autocomplete prompt shares its prefix, often less than half of it, and the checkpoint
-    there), else one whose cached tokens it mostly shares (the longest such prefix wins), else
-    the least recently used, so that a small shared prefix (a common system prompt) does not
-    evict a long cached conversation."""
+    there), else one whose cached tokens it mostly shares or that holds its whole prompt (the
+    longest such prefix wins), else the least recently used, so that a small shared prefix (a
+    common system prompt) does not evict a long cached conversation. A prompt cached whole is
+    one asked again (a regenerated reply, a client retrying, several clients asking alike):
+    what it drops there is the reply that followed it, which the asker is replacing.
+    (llama-server takes the slot holding the largest share of a new prompt, and keeps what it
+    drops in host memory.)"""
     key = request.params.supersede
-    common = common_prefix(slot.cached, request.target)
-    keeps_most = 2 * common >= len(slot.cached)
+    target = request.target
+    common = common_prefix(slot.cached, target)
+    keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target))
     return (key is not None and slot.supersede == key, keeps_most,
             common if keeps_most else 0, -slot.last_used)
 
