@@ -66,11 +66,19 @@ def test_logprobs_are_the_models_distribution(clients):
         assert value == pytest.approx(lp.top_logprobs[0][token], abs=1e-3)
 
 
-def test_chat_logprobs_agree_across_the_apis(clients):
+def cold(daemon) -> None:
+    """The next request reads its prompt cold: one asked again would find it cached, and a
+    prompt read in part rounds apart from a cold read (see engine.REREAD_TAIL)."""
+    daemon.manager.loaded["gemma3:270m-q4_k_m"].engine.clear_cache()
+
+
+def test_chat_logprobs_agree_across_the_apis(daemon, clients):
     oai, olla = clients
     messages = [{"role": "user", "content": "Name a colour."}]
+    cold(daemon)
     v1 = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=6,
                                      temperature=0, logprobs=True, top_logprobs=2)
+    cold(daemon)
     api = olla.chat(model=MODEL, messages=messages, logprobs=True, top_logprobs=2,
                     options={"num_predict": 6, "temperature": 0})
     v1_entries = v1.choices[0].logprobs.content
@@ -106,6 +114,7 @@ def test_llama_cpp_samplers_run_and_follow_the_seed(clients, options):
 def test_thinking_splits_the_real_reply(daemon, clients):
     oai, olla = clients
     messages = [{"role": "user", "content": "Why is the sky blue?"}]
+    cold(daemon)
     streamed = list(olla.chat(model=MODEL, messages=messages, stream=True,
                               options={"num_predict": 24, "temperature": 0}))
     thinking = "".join(p.message.thinking or "" for p in streamed)
@@ -114,10 +123,12 @@ def test_thinking_splits_the_real_reply(daemon, clients):
     prompt = engine.render_chat([Message("user", "Why is the sky blue?")])
     assert prompt.endswith("<think>\n")
     # A raw prompt gets its BOS from the tokenizer; the template wrote it into this one.
+    cold(daemon)
     raw = olla.generate(model=MODEL, prompt=prompt.removeprefix(engine.info.bos_text), raw=True,
                         options={"num_predict": 24, "temperature": 0}).response
     assert (thinking, content) == split_reply(thinking_format(R1_STYLE), raw, thinking=True)
     assert thinking  # the reply starts inside the block the prompt opened
+    cold(daemon)
     v1 = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
                                      temperature=0).choices[0].message
     assert (v1.model_extra.get("reasoning_content", ""), v1.content) == (thinking, content)
