@@ -180,7 +180,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
             rounds=1 if quick else 3)
 
         stage("chat prefix reuse")
-        result.chat_reuse = _chat_reuse(engine)
+        result.chat_reuse = _chat_reuse(engine, rounds=1 if quick else 3)
 
         stage("speculation")
         result.speculation = _speculation(engine, quick=quick)
@@ -419,9 +419,10 @@ def _speculation_streams(engine: Engine, widths: list[int], n_tokens: int,
     return rows
 
 
-def _chat_reuse(engine: Engine) -> dict[str, Any]:
+def _chat_reuse(engine: Engine, *, rounds: int) -> dict[str, Any]:
     """TTFT of a chat's 5th turn (~1,500 tokens of history) with the history cached, with
-    nothing cached, and of the new message alone; medians over three new messages, 3 times."""
+    nothing cached, and of the new message alone; medians over three new messages, ``rounds``
+    times (each round reads the history cold once)."""
     topics = ["the history of the printing press", "how tides work", "baking sourdough bread",
               "the rules of chess"]
     history: list[Message] = []
@@ -434,7 +435,7 @@ def _chat_reuse(engine: Engine) -> dict[str, Any]:
         "List the four topics we covered, one per line, with a short title each.")]
     one = SamplingParams(temperature=0, max_tokens=1, speculative=False)
     warm, alone = [], []
-    for _ in range(3):  # a few milliseconds apart: medians of 9 runs each
+    for _ in range(rounds):  # a few milliseconds apart: medians of 3 runs a round each
         engine.clear_cache()
         # What the cache holds after the 4th reply: the conversation so far. Each 5th turn
         # then reads only its new message (the one before it is dropped from the cache).
@@ -571,13 +572,13 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 def _structured(engine: Engine, *, quick: bool) -> dict[str, Any]:
     """Decode with a JSON schema's grammar against plain decode of the same prompt, greedy
-    and sampled with the default sampler settings (alternated, median of three each), and the
-    time to a forced tool call: submitted to done, its arguments constrained by the tool's
-    schema."""
+    and sampled with the default sampler settings (alternated, median of three each; one with
+    ``quick``), and the time to a forced tool call: submitted to done, its arguments
+    constrained by the tool's schema."""
     n_tokens = 64 if quick else 128
     prompt = "A list of large cities and their populations, as JSON:\n"
     rates: dict[str, list[float]] = {}
-    for seed in range(3):
+    for seed in range(1 if quick else 3):
         for mode, temperature in (("", 0.0), ("sampled_", SamplingParams.temperature)):
             for label, grammar in (("plain", None), ("schema", json_grammar(CITIES_SCHEMA))):
                 done = engine.complete(prompt, SamplingParams(
