@@ -302,24 +302,28 @@ def test_a_cache_moved_to_another_slot_goes_on_as_it_would_have(real_engine):
     assert moved == plain
 
 
-def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_path):
+@pytest.mark.parametrize("shared", ["a system prompt", "the BOS alone"])
+def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_path, shared):
     """A slot whose sliding-window layers have moved on past where a new prompt parts from
-    its cache cannot keep that prefix: those layers would attend over nothing before it.
-    The prompt is read cold instead, with the cold reply (llama.cpp reports the emptied
-    window as position -1, which once passed for a window that holds everything)."""
+    its cache cannot keep that prefix, not even its BOS: those layers would attend over
+    nothing before it. The prompt is read cold instead, with the cold reply (llama.cpp
+    reports the emptied window as position -1, which once passed for a window that holds
+    everything, and a kept BOS was never checked)."""
     from localinfer.benchmark import _PARAGRAPH
 
-    # One slot and 64-token batches: a sliding-window cache of 768 cells, which the
-    # ~900-token prompt below moves wholly past the ~80 tokens it shares with the short one.
+    # One slot and 64-token batches: a sliding-window cache of 768 cells, which the long
+    # prompt below moves wholly past what it shares with the short one (~80 tokens, or 1).
     engine = load_engine(starter_path, LoadOptions(n_ctx=1024, n_slots=1, n_batch=64),
                          name="gemma3:270m", family="gemma3")
     try:
-        shared = "You are a careful assistant. " + _PARAGRAPH
-        short = shared + "Question: what did the committee agree to do?"
+        shared = "You are a careful assistant. " + _PARAGRAPH if shared == "a system prompt" \
+            else ""
+        short = shared + "Question: what did the committee agree to do? " + _PARAGRAPH
         params = SamplingParams(temperature=0, max_tokens=24, speculative=False)
         cold = engine.complete(short, params).result()
-        long = engine.complete(shared + _PARAGRAPH * 11, SamplingParams(max_tokens=1)).result()
-        assert long.usage.prompt_tokens > 768 + cold.usage.prompt_tokens
+        long = engine.complete(shared + "Notes. " + _PARAGRAPH * 11,
+                               SamplingParams(max_tokens=1)).result()
+        assert long.usage.prompt_tokens > 768 + 1 + len(engine.tokenize(shared))
         again = engine.complete(short, params).result()
         assert again.usage.cached_tokens == 0
         assert again.text == cold.text

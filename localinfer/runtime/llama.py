@@ -761,9 +761,10 @@ class LlamaBackend:
         if L.llama_memory_seq_pos_max(self._mem, seq_id) < n_keep:
             return True  # nothing to cut (a prompt read in part goes on where it stopped)
         # A sliding-window cache keeps only the last window: continuing at n_keep needs the
-        # window before it to still be there. Asked before the cut: a window wholly past
-        # n_keep is emptied by it, and an empty one reads as position -1, as if it held all.
-        if self._n_swa and n_keep > 1 and \
+        # window before it to still be there, even for n_keep = 1 (the BOS alone). Asked
+        # before the cut: a window wholly past n_keep is emptied by it, and an empty one reads
+        # as position -1, as if it held all.
+        if self._n_swa and \
                 L.llama_memory_seq_pos_min(self._mem, seq_id) > max(0, n_keep - self._n_swa):
             return False
         return bool(L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1))
