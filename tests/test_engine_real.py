@@ -302,8 +302,8 @@ def test_a_cache_moved_to_another_slot_goes_on_as_it_would_have(real_engine):
     assert moved == plain
 
 
-@pytest.mark.parametrize("shared", ["a system prompt", "the BOS alone"])
-def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_path, shared):
+@pytest.mark.parametrize("sharing", ["a system prompt", "the BOS alone"])
+def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_path, sharing):
     """A slot whose sliding-window layers have moved on past where a new prompt parts from
     its cache cannot keep that prefix, not even its BOS: those layers would attend over
     nothing before it. The prompt is read cold instead, with the cold reply (llama.cpp
@@ -316,7 +316,7 @@ def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_pat
     engine = load_engine(starter_path, LoadOptions(n_ctx=1024, n_slots=1, n_batch=64),
                          name="gemma3:270m", family="gemma3")
     try:
-        shared = "You are a careful assistant. " + _PARAGRAPH if shared == "a system prompt" \
+        shared = "You are a careful assistant. " + _PARAGRAPH if sharing == "a system prompt" \
             else ""
         short = shared + "Question: what did the committee agree to do? " + _PARAGRAPH
         params = SamplingParams(temperature=0, max_tokens=24, speculative=False)
