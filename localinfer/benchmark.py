@@ -169,6 +169,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
             "ttft_ms": statistics.median(d.timings.ttft_ms for d in runs),
         }
 
+        rounds = 1 if quick else 3  # of the parts whose figures are medians of rounds
         stage("concurrent streams")
         n_stream_tokens = 48 if quick else 64
         result.concurrency = _concurrency(engine, (1, 4) if quick else (1, 2, 4, 8),
@@ -177,16 +178,16 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         stage("speculation by streams")
         result.speculation_streams = _speculation_streams(
             engine, [row["streams"] for row in result.concurrency], n_tokens=n_stream_tokens,
-            rounds=1 if quick else 3)
+            rounds=rounds)
 
         stage("chat prefix reuse")
-        result.chat_reuse = _chat_reuse(engine, rounds=1 if quick else 3)
+        result.chat_reuse = _chat_reuse(engine, rounds=rounds)
 
         stage("speculation")
         result.speculation = _speculation(engine, quick=quick)
 
         stage("structured output")
-        result.structured = _structured(engine, quick=quick)
+        result.structured = _structured(engine, quick=quick, rounds=rounds)
 
         stage("calibration")
         from .hardware.calibration import drift_note, record_run
@@ -570,15 +571,15 @@ WEATHER_TOOL = {"type": "function", "function": {
                        "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
 
 
-def _structured(engine: Engine, *, quick: bool) -> dict[str, Any]:
+def _structured(engine: Engine, *, quick: bool, rounds: int) -> dict[str, Any]:
     """Decode with a JSON schema's grammar against plain decode of the same prompt, greedy
-    and sampled with the default sampler settings (alternated, median of three each; one with
-    ``quick``), and the time to a forced tool call: submitted to done, its arguments
-    constrained by the tool's schema."""
+    and sampled with the default sampler settings (alternated, median of ``rounds`` each),
+    and the time to a forced tool call: submitted to done, its arguments constrained by the
+    tool's schema."""
     n_tokens = 64 if quick else 128
     prompt = "A list of large cities and their populations, as JSON:\n"
     rates: dict[str, list[float]] = {}
-    for seed in range(1 if quick else 3):
+    for seed in range(rounds):
         for mode, temperature in (("", 0.0), ("sampled_", SamplingParams.temperature)):
             for label, grammar in (("plain", None), ("schema", json_grammar(CITIES_SCHEMA))):
                 done = engine.complete(prompt, SamplingParams(
