@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from localinfer.runtime import speculate
 from localinfer.runtime.speculate import (
+    EXPLORE_STEPS,
     MAX_DRAFT,
     MIN_SAMPLES,
     NGRAM_SIZES,
@@ -177,6 +178,61 @@ def test_a_cost_not_measured_lately_is_measured_again():
     assert policy.choose(1, [Draft([1, 2, 3], 0.9)], budget=6) == [0]
 
 
+# --- which sequences step ----------------------------------------------------------------------
+DEAR_LOGITS = {1: 0.013, 2: 0.030, 3: 0.044, 4: 0.040}
+"""Step seconds by rows, one row for each sequence, measured through the daemon on a 2-core
+x86 CPU (starter): llama.cpp computes one row's logits with a matrix-vector kernel, two or three
+rows' with matrix kernels that do far less per row there."""
+
+
+def test_two_sequences_take_turns_where_two_rows_cost_more_than_two_steps_of_one():
+    policy = policy_with(DEAR_LOGITS)
+    assert policy.stepping([0, 1], waited=[1, 0]) == [0]  # the one that waited longer
+    assert policy.stepping([0, 1], waited=[0, 1]) == [1]
+    # Three sequences: two steps of one row (1 / 13 ms) beat one of three (3 / 44 ms).
+    assert len(policy.stepping([0, 1, 2], waited=[2, 1, 0])) == 1
+    # Four step together: 4 / 40 ms.
+    assert policy.stepping([0, 1, 2, 3], waited=[3, 2, 1, 0]) == [0, 1, 2, 3]
+
+
+def test_sequences_step_together_where_rows_are_cheap():
+    policy = policy_with({rows: 0.013 * CHEAP_ROWS[rows] for rows in (1, 2, 3, 4)})
+    for n in (2, 3, 4):
+        assert policy.stepping(list(range(n)), waited=list(range(n))) == list(range(n))
+
+
+def test_sequences_take_turns_fairly():
+    policy = policy_with(DEAR_LOGITS)
+    seqs, waited, counts = [0, 1, 2], [0, 0, 0], [0, 0, 0]
+    for _ in range(30):
+        chosen = policy.stepping(seqs, waited)
+        for i in range(3):
+            waited[i] = 0 if i in chosen else waited[i] + 1
+            counts[i] += i in chosen
+        assert max(waited) < len(seqs)
+    assert max(counts) - min(counts) <= 1
+
+
+def test_a_smaller_step_not_measured_is_taken_once_in_a_while_to_measure_it():
+    policy = policy_with({2: 0.030})  # only the two sequences together measured
+    chosen = [policy.stepping([0, 1], waited=[1, 0]) for _ in range(EXPLORE_STEPS)]
+    assert chosen[:-1] == [[0, 1]] * (EXPLORE_STEPS - 1)  # estimated at 26 ms: no gain
+    assert chosen[-1] == [0]  # tried once
+    policy.costs.record(1, 0.013)
+    assert policy.stepping([0, 1], waited=[0, 1]) == [1]  # measured: taking turns wins
+    # Where it measured dear, the sequences go on together.
+    policy = policy_with({2: 0.030})
+    for _ in range(EXPLORE_STEPS):
+        policy.stepping([0, 1], waited=[1, 0])
+    policy.costs.record(1, 0.028)
+    assert policy.stepping([0, 1], waited=[1, 0]) == [0, 1]
+
+
+def test_the_step_of_every_sequence_is_measured_before_fewer_are_weighed():
+    policy = policy_with({1: 0.013})
+    assert policy.stepping([0, 1], waited=[1, 0]) == [0, 1]
+
+
 # --- shadow drafts --------------------------------------------------------------------------
 def test_a_shadow_draft_is_scored_against_the_tokens_that_follow():
     lookup = PromptLookup([5, 6, 7, 8, 5, 6, 7])
@@ -288,3 +344,31 @@ def test_drafting_turns_off_only_when_several_sequences_fill_the_rows(fake_engin
     assert drafted(alone) > 50
     assert drafted(together) < 0.1 * drafted(alone)
     assert all(d.text == alone[0].text for d in together)
+
+
+def test_two_streams_take_turns_where_two_rows_are_dear(fake_engine):
+    # Two rows cost 2.6 times one: the streams alternate steps of one row, fairly, and
+    # each gets the text it gets alone.
+    engine = fake_engine(reply=copying, n_slots=2,
+                         step_cost_s=lambda rows: 0.002 * (1.0 if rows == 1 else 2.6 * rows / 2))
+    alone = run_copies(engine, 1, False)
+    backend = engine.backend
+    backend.splits.clear()
+    together = run_copies(engine, 2, False)
+    assert [d.text for d in together] == [alone[0].text] * 2
+    decoded = [split for split in backend.splits if sum(split) <= 2]
+    assert sum(split == (1,) for split in decoded) > 0.8 * len(decoded)
+    first, second = (d.timings for d in together)
+    assert first.decode_tokens == second.decode_tokens > 100
+    assert abs(first.decode_ms - second.decode_ms) < 0.2 * first.decode_ms
+
+
+def test_two_streams_step_together_where_two_rows_are_cheap(fake_engine):
+    engine = fake_engine(reply=copying, n_slots=2, step_cost_s=lambda rows: 0.002 * (
+        1.0 + 0.1 * (rows - 1)))
+    run_copies(engine, 1, False)
+    backend = engine.backend
+    backend.splits.clear()
+    run_copies(engine, 2, False)
+    decoded = [split for split in backend.splits if sum(split) <= 2]
+    assert sum(split == (2,) for split in decoded) > 0.9 * len(decoded)

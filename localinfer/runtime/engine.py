@@ -208,6 +208,8 @@ class _Slot:
         self.next_token: int | None = None  # sampled, not yet decoded
         self.draft: list[int] = []  # drafted tokens in the current batch, after next_token
         self.batch_index = -1
+        self.stepped_at = 0
+        """The engine's step count when this slot's request was last in a step."""
         self.checkpoint: _Checkpoint | None = None
         self.checkpoint_at: int | None = None
         """Where to take the next checkpoint, once the cache holds this many tokens."""
@@ -278,6 +280,7 @@ class Engine:
             lambda text, add_special: backend.tokenize(text, add_special=add_special),
             backend.special_piece, backend.token_bytes, backend.max_special_bytes)
         self._slots = [_Slot(i) for i in range(self.info.n_slots)]
+        self._steps = 0
         self._turn_marks: tuple[list[int], list[int]] | None = None
         """(a chat prompt's last tokens, the next user turn's opening): ``_chat_turn_marks``."""
         self._turn_marks_known = False
@@ -859,7 +862,7 @@ class Engine:
         seq_ids: list[int] = []
         outputs: list[bool] = []
         budget = self.backend.n_batch
-        decoding = [s for s in self._active() if not s.prefilling]
+        decoding = self._stepping([s for s in self._active() if not s.prefilling])
         self._choose_drafts(decoding)
         for slot in decoding:
             pos = len(slot.cached)
@@ -911,6 +914,9 @@ class Engine:
             return
 
         now = time.perf_counter()
+        self._steps += 1
+        for slot in decoding + [s for s, _ in chunks]:
+            slot.stepped_at = self._steps
         if not chunks:  # a step of decode rows alone: what drafting is weighed against
             self.drafts.costs.record(
                 graph_rows([(s.seq_id, 1 + len(s.draft)) for s in decoding]), now - started)
@@ -924,6 +930,16 @@ class Engine:
                 token = self._sample_or_abort(slot, slot.batch_index)
                 if token is not None:
                     self._on_token(slot, token, now)
+
+    def _stepping(self, decoding: list[_Slot]) -> list[_Slot]:
+        """The decoding slots that take this step: all, or those that waited longest where
+        fewer rows give more tokens per second (see speculate.DraftPolicy.stepping). All of
+        them while a prompt is being read: that step's cost is the prompt's."""
+        if len(decoding) < 2 or any(s.prefilling for s in self._active()):
+            return decoding
+        chosen = self.drafts.stepping([s.seq_id for s in decoding],
+                                      [self._steps - s.stepped_at for s in decoding])
+        return [decoding[i] for i in chosen]
 
     def _choose_drafts(self, decoding: list[_Slot]) -> None:
         """Set each decoding slot's draft for this step: what its prompt lookup proposes, where

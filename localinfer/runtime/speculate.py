@@ -32,6 +32,16 @@ graph of each number of rows, and each split it met, takes on this machine (``St
 how often each sequence's drafts are accepted, and verifies the drafts that raise the expected
 tokens per second of the step. A draft it does not verify is checked against the tokens that
 follow anyway (a shadow draft), so the acceptance rate stays current at no cost.
+
+The same costs decide which sequences take a step at all. llama.cpp computes one row's logits
+with a matrix-vector kernel and two or more rows' with matrix kernels that do far less per
+row at two or three (starter, 2-core x86, AVX2 or AVX-512: its 262,144-token output layer
+takes 7 ms for one row, 19 ms for two, 27 for four; a step of one sequence 13 ms, of two 30 ms,
+of four 40 ms). Two sequences then decode faster taking turns, a step of one row each, than
+together, and each gets its tokens sooner as well. ``DraftPolicy.stepping`` lets the sequences
+that waited longest take the step where fewer of them give more tokens per second than all
+(by ``DRAFT_MARGIN``); a step of fewer sequences not measured lately is taken once in
+``EXPLORE_STEPS`` to measure it.
 """
 
 from __future__ import annotations
@@ -80,6 +90,9 @@ share: the acceptance rate and the step costs are estimates (a run's steps vary 
 a laptop), and a gain of 2% on paper was as often a loss (two sequences, 2-core AVX2)."""
 N_UBATCH = 512
 """llama.cpp's largest graph (the engine's n_ubatch)."""
+EXPLORE_STEPS = 64
+"""A decode step of fewer sequences than are running, whose cost is not measured lately, is
+taken once in this many steps to measure it (``DraftPolicy.stepping``)."""
 
 Split = tuple[int, ...]
 """The rows of each graph llama.cpp computes for one decode step, in order."""
@@ -342,6 +355,37 @@ class DraftPolicy:
     def __init__(self, costs: StepCosts | None = None) -> None:
         self.costs = costs or StepCosts()
         self.acceptance = Acceptance()
+        self._since_explore = 0
+
+    def stepping(self, seq_ids: Sequence[int], waited: Sequence[int]) -> list[int]:
+        """Which of the sequences being decoded take this step (indices into ``seq_ids``, in
+        batch order): all of them, or the ones that have waited longest where a step of fewer
+        of them gives more tokens per second. ``waited[i]``: steps since ``seq_ids[i]`` last
+        decoded. Taking turns longest-waiting first, each sequence steps at least once in
+        every ``len(seq_ids)`` steps, and whenever taking turns gives more tokens per second
+        in all, each sequence gets its tokens sooner too (see the module's docstring)."""
+        n = len(seq_ids)
+        everyone = list(range(n))
+        if n < 2:
+            return everyone
+        full = graph_rows([(seq, 1) for seq in seq_ids])
+        if not self.costs.has(full):
+            return everyone  # what fewer sequences are weighed against
+        self._since_explore += 1
+        longest = sorted(everyone, key=lambda i: (-waited[i], i))
+        best, best_rate = everyone, n / self.costs.seconds(full) * (1 + DRAFT_MARGIN)
+        for k in range(n - 1, 0, -1):
+            chosen = sorted(longest[:k])
+            split = graph_rows([(seq_ids[i], 1) for i in chosen])
+            if not self.costs.has(split):
+                if self._since_explore >= EXPLORE_STEPS:
+                    self._since_explore = 0
+                    return chosen  # once, to measure it
+                continue
+            rate = k / self.costs.seconds(split)
+            if rate > best_rate:
+                best, best_rate = chosen, rate
+        return best
 
     def choose(self, seq_ids: int | Sequence[int], drafts: Sequence[Draft | None],
                budget: int) -> list[int]:
