@@ -180,9 +180,9 @@ def test_a_cost_not_measured_lately_is_measured_again():
 
 # --- which sequences step ----------------------------------------------------------------------
 DEAR_LOGITS = {1: 0.013, 2: 0.030, 3: 0.044, 4: 0.040}
-"""Step seconds by rows, one row for each sequence, measured through the daemon on a 2-core
-x86 CPU (starter): llama.cpp computes one row's logits with a matrix-vector kernel, two or three
-rows' with matrix kernels that do far less per row there."""
+"""Step seconds by rows, one row for each sequence, as measured on a 2-core x86 CPU (starter, in
+process and through the daemon): llama.cpp computes one row's logits with a matrix-vector
+kernel, two or three rows' with matrix kernels that do far less per row there."""
 
 
 def test_two_sequences_take_turns_where_two_rows_cost_more_than_two_steps_of_one():
