@@ -856,14 +856,21 @@ class Engine:
         heapq.heappush(self._pending, request)
 
     def _step(self) -> None:
-        """Build one batch from every active slot, decode it, and sample."""
+        """Build one batch from the active slots (the decoding ones that ``_stepping`` picks),
+        decode it, and sample."""
         tokens: list[int] = []
         positions: list[int] = []
         seq_ids: list[int] = []
         outputs: list[bool] = []
         budget = self.backend.n_batch
-        decoding = self._stepping([s for s in self._active() if not s.prefilling])
-        self._choose_drafts(decoding)
+        active = self._active()
+        decoding = [s for s in active if not s.prefilling]
+        # While a prompt is being read, every decoding slot steps and none drafts: the step
+        # costs what the prompt's rows cost.
+        reading = len(decoding) < len(active)
+        if not reading:
+            decoding = self._stepping(decoding)
+        self._choose_drafts(decoding, reading)
         for slot in decoding:
             pos = len(slot.cached)
             slot.batch_index = len(tokens)
@@ -878,7 +885,7 @@ class Engine:
             budget -= n
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
-        prefilling = sorted((s for s in self._active() if s.prefilling), key=lambda s: s.running)
+        prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.running)
         chunks: list[tuple[_Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)
@@ -933,22 +940,22 @@ class Engine:
 
     def _stepping(self, decoding: list[_Slot]) -> list[_Slot]:
         """The decoding slots that take this step: all, or those that waited longest where
-        fewer rows give more tokens per second (see speculate.DraftPolicy.stepping). All of
-        them while a prompt is being read: that step's cost is the prompt's."""
-        if len(decoding) < 2 or any(s.prefilling for s in self._active()):
+        fewer rows give more tokens per second (see speculate.DraftPolicy.stepping)."""
+        if len(decoding) < 2:
             return decoding
         chosen = self.drafts.stepping([s.seq_id for s in decoding],
                                       [self._steps - s.stepped_at for s in decoding])
         return [decoding[i] for i in chosen]
 
-    def _choose_drafts(self, decoding: list[_Slot]) -> None:
+    def _choose_drafts(self, decoding: list[_Slot], reading: bool) -> None:
         """Set each decoding slot's draft for this step: what its prompt lookup proposes, where
         the step's expected tokens per second gain by it (see speculate.DraftPolicy); a draft
         not verified is checked as a shadow draft. Drafts only while the batch stays small
-        enough for the single-row kernels (see speculate.py): no prompt being read."""
+        enough for the single-row kernels (see speculate.py): not while a prompt is being read
+        (``reading``)."""
         for slot in decoding:
             slot.draft = []
-        if any(s.prefilling for s in self._active()):
+        if reading:
             return
         budget = min(EXACT_ROWS, self.backend.n_batch) - len(decoding)
         if budget <= 0:

@@ -39,10 +39,9 @@ row at two or three (starter, 2-core x86, AVX2 or AVX-512: its 262,144-token out
 takes 7 ms for one row, 19 ms for two, 27 for four; a step of one sequence 13 ms, of two 30 ms,
 of four 40 ms; with a core busy, two 50 ms against one 15 ms). Two or three sequences can
 then decode faster taking turns, a step of one row each, than together, and each gets its
-tokens sooner as well. ``DraftPolicy.stepping`` lets the sequences
-that waited longest take the step where fewer of them give more tokens per second than all
-(by ``DRAFT_MARGIN``); a step of fewer sequences not measured lately is taken once in
-``EXPLORE_STEPS`` to measure it.
+tokens sooner as well. ``DraftPolicy.stepping`` lets the sequences that waited longest take
+the step where fewer of them give more tokens per second than all (by ``DRAFT_MARGIN``); a
+step of fewer sequences not measured lately is taken once in ``EXPLORE_STEPS`` to measure it.
 """
 
 from __future__ import annotations
