@@ -84,10 +84,11 @@ CPU_WINDOW_UBATCH = 256
 """The physical batch of a CPU-only build for a model with sliding-window layers. llama.cpp
 gives such a layer window + n_ubatch cells (padded to 256), and attention without flash
 attention computes every cell in use, in the window or not: with 256 rows instead of 512 the
-starter's window cache is 768 cells instead of 1,024, a chat turn's 16 new tokens after 1,330
-cached read in 0.94-0.97x the time (5th turn / fresh message 1.13-1.18x instead of 1.20-1.24x)
-and a 2,048-token prompt at 1.06-1.10x the rate, decode the same (2-core Xeon, llama.cpp built
-for AMX and for AVX2 only; interleaved runs). A GPU keeps 512: it gains from larger batches."""
+starter's window cache is 768 cells instead of 1,024, a chat turn's 16-18 new tokens after
+1,330 cached read in 0.91-0.97x the time (against as many fresh ones: 1.13-1.18x instead of
+1.19-1.24x) and a 2,048-token prompt at 1.06-1.10x the rate, decode the same (2-core Xeon,
+llama.cpp built for AMX and for AVX2 only; interleaved runs). A GPU keeps 512: it gains from
+larger batches."""
 KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
 """Bytes per KV cache element, by cache type (Config.kv_type), as ggml stores it: Q8_0 keeps
 blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements."""
