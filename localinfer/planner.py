@@ -80,15 +80,6 @@ MIN_AUTO_CTX = 2048
 """The default context is halved down to this to make a model fit, never further."""
 N_UBATCH = 512
 """llama.cpp's physical batch (the runtime's n_ubatch): sizes the compute buffer."""
-CPU_WINDOW_UBATCH = 256
-"""The physical batch of a CPU-only build for a model with sliding-window layers. llama.cpp
-gives such a layer window + n_ubatch cells (padded to 256), and attention without flash
-attention computes every cell in use, in the window or not: with 256 rows instead of 512 the
-starter's window cache is 768 cells instead of 1,024, a chat turn's 16-18 new tokens after
-1,330 cached read in 0.91-0.97x the time (against as many fresh ones: 1.13-1.18x instead of
-1.19-1.24x) and a 2,048-token prompt at 1.06-1.10x the rate, decode the same (2-core Xeon,
-llama.cpp built for AMX and for AVX2 only; interleaved runs). A GPU keeps 512: it gains from
-larger batches."""
 KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
 """Bytes per KV cache element, by cache type (Config.kv_type), as ggml stores it: Q8_0 keeps
 blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements."""
@@ -659,13 +650,6 @@ def _estimated_host_bandwidth(hw: HardwareProfile) -> float:
 
 
 # --- memory --------------------------------------------------------------------------------------
-def physical_batch(n_batch: int, *, sliding_window: bool, cpu_only: bool) -> int:
-    """llama.cpp's n_ubatch for a context of ``n_batch``: N_UBATCH, or CPU_WINDOW_UBATCH for a
-    model with sliding-window layers (``sliding_window``) on a CPU-only build with flash
-    attention off (``cpu_only``)."""
-    return min(n_batch, CPU_WINDOW_UBATCH if sliding_window and cpu_only else N_UBATCH)
-
-
 def kv_cells(layer: LayerShape, n_ctx: int, n_slots: int, n_ubatch: int = N_UBATCH) -> int:
     """KV cells llama.cpp allocates for one layer: n_ctx per slot, or for a sliding-window
     layer min(n_ctx, window + n_ubatch) rounded up to 256."""
@@ -675,9 +659,8 @@ def kv_cells(layer: LayerShape, n_ctx: int, n_slots: int, n_ubatch: int = N_UBAT
     return min(n_ctx, swa) * n_slots
 
 
-def layer_kv_bytes(layer: LayerShape, n_ctx: int, n_slots: int, kv_type: str,
-                   n_ubatch: int = N_UBATCH) -> int:
-    return int(kv_cells(layer, n_ctx, n_slots, n_ubatch) * layer.kv_elements_per_token
+def layer_kv_bytes(layer: LayerShape, n_ctx: int, n_slots: int, kv_type: str) -> int:
+    return int(kv_cells(layer, n_ctx, n_slots) * layer.kv_elements_per_token
                * kv_bytes_per_element(kv_type))
 
 
@@ -688,17 +671,15 @@ def memory(c: Candidate, machine: _Machine, n_gpu_layers: int, n_ctx: int, n_slo
     k = max(0, min(n_gpu_layers, n + 1))
     first_gpu = n - min(k, n)
     output_on_gpu = k > n
-    ubatch = physical_batch(N_UBATCH, cpu_only=machine.gpu is None,
-                            sliding_window=any(layer.sliding_window for layer in c.layers))
     gpu_weights = sum(layer.weight_bytes for layer in c.layers[first_gpu:])
     gpu_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type)
                  for layer in c.layers[first_gpu:])
     host_weights = (sum(layer.weight_bytes for layer in c.layers[:first_gpu])
                     + c.embedding_bytes + c.other_bytes)
-    host_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type, ubatch)
+    host_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type)
                   for layer in c.layers[:first_gpu])
-    logits = 4 * ubatch * c.n_vocab
-    activations = 4 * ubatch * 3 * c.n_embd
+    logits = 4 * N_UBATCH * c.n_vocab
+    activations = 4 * N_UBATCH * 3 * c.n_embd
     if output_on_gpu:
         gpu_weights += c.output_bytes
     else:
@@ -707,7 +688,7 @@ def memory(c: Candidate, machine: _Machine, n_gpu_layers: int, n_ctx: int, n_slo
     # CPU-only, attention runs without flash attention (runtime.llama.flash_attn_type): the
     # scores of one ubatch against the whole context are a buffer of their own, which llama.cpp
     # reuses for the logits later in the graph, so the larger of the two counts.
-    scores = 4 * ubatch * n_ctx * c.n_head if k == 0 else 0
+    scores = 4 * N_UBATCH * n_ctx * c.n_head if k == 0 else 0
     host_logits = max(0 if output_on_gpu else logits, scores)
     host_compute = activations + host_logits + 4 * c.n_vocab * n_slots
     host = DeviceUse("RAM", "CPU", host_weights, host_kv, host_compute, HOST_OVERHEAD,

@@ -163,16 +163,6 @@ def test_flash_attention_is_off_on_the_cpu_unless_asked_or_needed():
         flash_attn_type(LoadOptions(kv_type="q8_0", flash_attn=False), on_gpu=False)
 
 
-def test_a_cpu_only_build_reads_the_starter_in_256_row_batches(real_engine):
-    """planner.physical_batch: a sliding-window model on the CPU gets 256-row batches, so its
-    window layers hold 512 + 256 cells, not 512 + 512 (attention computes every one)."""
-    from localinfer.runtime.llama import devices
-
-    if any(d.kind in ("gpu", "igpu") for d in devices()):
-        pytest.skip("a GPU build keeps 512-row batches")
-    assert real_engine.backend.n_ubatch == 256
-
-
 @pytest.fixture(scope="module", params=["f16", "q8_0"])
 def kv_engine(request, real_engine, starter_path):
     """The two CPU set-ups in which attention computes speculative and batched steps like

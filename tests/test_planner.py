@@ -26,7 +26,6 @@ from localinfer.planner import (
     PlanPrefs,
     candidates_for_specs,
     kv_cells,
-    physical_batch,
     plan,
 )
 
@@ -216,20 +215,6 @@ def test_sliding_window_layers_keep_only_their_window():
     assert kv_cells(sliding[0], 1000, 2) == 2000
 
 
-def test_a_cpu_only_build_reads_a_sliding_window_model_in_256_row_batches():
-    assert physical_batch(512, sliding_window=True, cpu_only=True) == 256
-    assert physical_batch(512, sliding_window=True, cpu_only=False) == 512
-    assert physical_batch(512, sliding_window=False, cpu_only=True) == 512
-    assert physical_batch(64, sliding_window=True, cpu_only=True) == 64
-    # Gemma 3 1B: 22 of 26 layers slide over 512 tokens, 2 x 256 KV elements a token each.
-    # CPU-only, a sliding layer holds 512 + 256 cells (768) instead of 512 + 512 (1,024):
-    # (22 x 768 + 4 x 8192) cells x 512 elements x 2 B.
-    cpu = one(profile("laptop-8gb-cpu"), "gemma3:1b-q4_k_m", n_ctx=8192, n_slots=1)
-    assert cpu.host.kv_bytes == (22 * 768 + 4 * 8192) * 512 * 2
-    gpu = one(profile("desktop-rtx3060-32gb"), "gemma3:1b-q4_k_m", n_ctx=8192, n_slots=1)
-    assert gpu.gpu.kv_bytes == (22 * 1024 + 4 * 8192) * 512 * 2
-
-
 def test_cpu_only_the_attention_scores_buffer_counts_when_larger_than_the_logits():
     # CPU-only, attention runs without flash attention: one ubatch's scores against the
     # whole context (4 B x 512 x n_ctx x 32 heads) share a buffer with the logits (4 B x 512
@@ -361,13 +346,12 @@ def test_header_candidate_matches_the_file(starter_path):
     assert c.n_layers == 18 and c.tied_embeddings and not c.estimated
     assert sum(layer.weight_bytes for layer in c.layers) + c.output_bytes == \
         header.tensor_bytes - header.other_bytes
-    # llama.cpp reports for this file at n_ctx 8192, CPU-only: 3 global layers x 8192 cells =
-    # 24 MiB and 15 sliding layers x 768 cells (512 + a 256-row ubatch) = 11.25 MiB of F16 KV.
+    # llama.cpp reports for this file at n_ctx 8192: 3 global layers x 8192 cells = 24 MiB and
+    # 15 sliding layers x 1024 cells = 15 MiB of F16 KV.
     from localinfer.hardware import probe
 
-    cpu_only = replace(probe(measure_bandwidth=False), backends=("CPU",))
-    e = plan(cpu_only, [c], PlanPrefs(n_ctx=8192)).evaluations[0]
-    assert e.host.kv_bytes == (24 + 11.25) * 2**20
+    e = plan(probe(measure_bandwidth=False), [c], PlanPrefs(n_ctx=8192)).evaluations[0]
+    assert e.host.kv_bytes == (24 + 15) * 2**20
 
 
 # --- embedding models -------------------------------------------------------------------------

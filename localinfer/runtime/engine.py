@@ -72,11 +72,11 @@ REREAD_TAIL = EXACT_ROWS + 1
 token gave a different greedy reply than a cold read to the same prompt in 5 of 24 tries
 (starter model), re-reading 8 in none. 8 rows cost ~15 ms more than one on a fully cached
 prompt, nothing on a new chat turn. Not exact either way: once a slot has passed the sliding
-window cache's size (the starter on a CPU: 768 cells), its cells hold positions out of order,
-attention sums them in another order, and a cached prompt can part from a cold read at a
-near-tie. Nor for every prompt: the last token's logits after 8 rows re-read differed from a
-cold read's for 10 of the 40 lengths from 9 to 48 tokens of one text, none of 61, 97, 130, 200
-and 333 (2-core AVX2, at 1 and 2 threads alike)."""
+window cache's size (Gemma 3: 1,024 cells), its cells hold positions out of order, attention
+sums them in another order, and a cached prompt can part from a cold read at a near-tie. Nor
+for every prompt: the last token's logits after 8 rows re-read differed from a cold read's for
+10 of the 40 lengths from 9 to 48 tokens of one text, none of 61, 97, 130, 200 and 333 (2-core
+AVX2, at 1 and 2 threads alike)."""
 
 READ_AHEAD_IDLE_S = 0.3
 """After a chat reply, once the engine has been idle this long, the chat template's opening of

@@ -27,7 +27,6 @@ from llama_cpp.llama_grammar import SchemaConverter
 from ..catalog import is_embedding_header
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
-from ..planner import physical_batch
 from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
 from .grammar import Grammar, integer_range, to_gbnf
@@ -319,15 +318,12 @@ class LlamaBackend:
         if options.rpc_servers:
             self._split = _worker_split(n_layers, options, self._rpc_arrays[2])
             offloaded = 0  # no local GPU takes layers (info.split says where they are)
-        self._n_swa = L.llama_model_n_swa(self._model)
-        cpu_only = not gpu and not options.rpc_servers and flash_attn == 0
         cparams = L.llama_context_default_params()
         _set(
             cparams,
             n_ctx=options.n_ctx * n_slots,
             n_batch=options.n_batch,
-            n_ubatch=physical_batch(options.n_batch, sliding_window=bool(self._n_swa),
-                                    cpu_only=cpu_only),
+            n_ubatch=min(options.n_batch, 512),
             n_seq_max=n_slots,
             n_threads=threads,
             n_threads_batch=options.n_threads_batch or threads,
@@ -359,8 +355,6 @@ class LlamaBackend:
             )
         self._mem = L.llama_get_memory(self._ctx)
         self.n_batch = options.n_batch
-        self.n_ubatch = L.llama_n_ubatch(self._ctx)
-        """llama.cpp's physical batch: its largest graph (planner.physical_batch)."""
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.fim_spm = options.fim_spm
         self._embed_ctx = self._ctx if self.embedding_only else None
@@ -372,6 +366,7 @@ class LlamaBackend:
         self._pieces: dict[int, bytes] = {}
         self._token_buf_len = 0
         self._token_buf = None
+        self._n_swa = L.llama_model_n_swa(self._model)
         self.needs_checkpoints = bool(self._n_swa) and not self.embedding_only
         self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
         self._grammars: dict[int, _Constrained] = {}  # id() of a chain -> its grammar
