@@ -10,7 +10,7 @@ import pytest
 from localinfer.benchmark import first_divergence
 from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
 from localinfer.runtime.backend import LoadOptions
-from localinfer.runtime.engine import REREAD_TAIL
+from localinfer.runtime.engine import CHECKPOINT_MIN_TOKENS, REREAD_TAIL
 from localinfer.runtime.loader import load_engine
 from localinfer.runtime.types import Message, SamplingParams, Token
 
@@ -163,6 +163,37 @@ def test_flash_attention_is_off_on_the_cpu_unless_asked_or_needed():
         flash_attn_type(LoadOptions(kv_type="q8_0", flash_attn=False), on_gpu=False)
 
 
+def test_a_cpu_only_build_reads_the_starter_in_256_row_batches(real_engine):
+    """planner.shrinks_window_cache: the starter's window layers weigh (7.9% of a token's
+    arithmetic for 256 cells), so on the CPU it gets 256-row batches, its window layers hold
+    512 + 256 cells instead of 512 + 512, and chats keep checkpoints for the shorter reach."""
+    from localinfer.runtime.llama import devices
+
+    if any(d.kind in ("gpu", "igpu") for d in devices()):
+        pytest.skip("a GPU build keeps 512-row batches")
+    assert real_engine.backend.cut_reach == 256
+
+
+def test_a_prompt_asked_again_after_a_long_reply_keeps_its_cache(real_engine):
+    """A reply longer than the window cache's reach (256 tokens) moves the window past where
+    it began; the checkpoint taken there, in the prompt's reading, brings it back (without it:
+    927-981 ms to read a 616-token chat again, against 40-41)."""
+    prompt = ", ".join(str(i) for i in range(1, 151)) + ","  # longer than the reach
+    params = SamplingParams(temperature=0, max_tokens=320)
+    real_engine.clear_cache()
+    tokens = real_engine.backend.tokenize(prompt, add_special=True)
+    assert len(tokens) > 256 + REREAD_TAIL
+    first = real_engine.submit(tokens, params)
+    first.result()
+    assert first.done is not None and first.done.usage.completion_tokens == 320
+    again = real_engine.submit(first.request.prompt, params)
+    again.result()
+    assert again.done is not None
+    assert again.done.usage.cached_tokens == len(first.request.prompt) - REREAD_TAIL
+    divergence = first_divergence(real_engine, first, again)
+    assert divergence is None or divergence.near_tie, divergence
+
+
 @pytest.fixture(scope="module", params=["f16", "q8_0"])
 def kv_engine(request, real_engine, starter_path):
     """The two CPU set-ups in which attention computes speculative and batched steps like
@@ -308,7 +339,9 @@ def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_pat
     its cache cannot keep that prefix, not even its BOS: those layers would attend over
     nothing before it. The prompt is read cold instead, with the cold reply (llama.cpp
     reports the emptied window as position -1, which once passed for a window that holds
-    everything, and a kept BOS was never checked)."""
+    everything, and a kept BOS was never checked) - unless the prefix is long enough for a
+    checkpoint (CHECKPOINT_MIN_TOKENS), taken before the long prompt moved the window on,
+    which then brings the window back."""
     from localinfer.benchmark import _PARAGRAPH
 
     # One slot and 64-token batches: a sliding-window cache of 768 cells, which the long
@@ -318,14 +351,25 @@ def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_pat
     try:
         shared = "You are a careful assistant. " + _PARAGRAPH if sharing == "a system prompt" \
             else ""
-        short = shared + "Question: what did the committee agree to do? " + _PARAGRAPH
+        short = engine.backend.tokenize(
+            shared + "Question: what did the committee agree to do? " + _PARAGRAPH,
+            add_special=True)
         params = SamplingParams(temperature=0, max_tokens=24, speculative=False)
-        cold = engine.complete(short, params).result()
+        cold = engine.submit(short, params)
+        cold.result()
         long = engine.complete(shared + "Notes. " + _PARAGRAPH * 11,
                                SamplingParams(max_tokens=1)).result()
-        assert long.usage.prompt_tokens > 768 + 1 + len(engine.tokenize(shared))
-        again = engine.complete(short, params).result()
-        assert again.usage.cached_tokens == 0
-        assert again.text == cold.text
+        n_shared = len(engine.tokenize(shared)) + 1  # and the BOS
+        assert long.usage.prompt_tokens > 768 + n_shared
+        again = engine.submit(short, params)
+        again.result()
+        assert again.done is not None
+        if n_shared >= CHECKPOINT_MIN_TOKENS:
+            assert again.done.usage.cached_tokens >= n_shared - 2  # where the prompts part
+            divergence = first_divergence(engine, cold, again)
+            assert divergence is None or divergence.near_tie, divergence
+        else:
+            assert again.done.usage.cached_tokens == 0
+            assert cold.done is not None and again.done.text == cold.done.text
     finally:
         engine.close()

@@ -22,11 +22,15 @@ from localinfer.catalog import load_catalog
 from localinfer.errors import ConfigError, InvalidRequest
 from localinfer.hardware import load_profile
 from localinfer.planner import (
+    CHAT_CHECKPOINTS,
+    WINDOW_SHARE_MIN,
     Candidate,
     PlanPrefs,
     candidates_for_specs,
     kv_cells,
+    physical_batch,
     plan,
+    shrinks_window_cache,
 )
 
 PROFILES = Path(__file__).parent / "profiles"
@@ -215,6 +219,26 @@ def test_sliding_window_layers_keep_only_their_window():
     assert kv_cells(sliding[0], 1000, 2) == 2000
 
 
+def test_a_model_whose_window_attention_weighs_gets_256_row_batches_on_a_cpu():
+    """Only where attention over 256 more window cells is a fair share of a token's work (the
+    starter, 7.9%; not Gemma 3 1B, 1.7%) and attention runs without flash attention."""
+    small, large = candidate("gemma3:270m-q4_k_m"), candidate("gemma3:1b-q4_k_m")
+    assert small.window_attention_share() >= WINDOW_SHARE_MIN > large.window_attention_share()
+    assert shrinks_window_cache(small, cpu_only=True)
+    assert not shrinks_window_cache(small, cpu_only=False)
+    assert not shrinks_window_cache(large, cpu_only=True)
+    assert physical_batch(512, small, cpu_only=True) == 256
+    assert physical_batch(64, small, cpu_only=True) == 64
+    assert physical_batch(512, large, cpu_only=True) == 512
+    # The starter on a CPU: 15 of 18 layers slide over 512 tokens, 512 KV elements a token
+    # each (one 256-wide head's K and V, x 2 B); they hold 768 cells, and two checkpoints of
+    # their 512-cell window are counted with the cache. On a GPU, 1,024 cells and none.
+    cpu = one(profile("laptop-8gb-cpu"), "gemma3:270m-q4_k_m", n_ctx=8192, n_slots=1)
+    assert cpu.host.kv_bytes == (3 * 8192 + 15 * 768 + CHAT_CHECKPOINTS * 15 * 512) * 512 * 2
+    gpu = one(profile("desktop-rtx3060-32gb"), "gemma3:270m-q4_k_m", n_ctx=8192, n_slots=1)
+    assert gpu.gpu.kv_bytes == (15 * 1024 + 3 * 8192) * 512 * 2
+
+
 def test_cpu_only_the_attention_scores_buffer_counts_when_larger_than_the_logits():
     # CPU-only, attention runs without flash attention: one ubatch's scores against the
     # whole context (4 B x 512 x n_ctx x 32 heads) share a buffer with the logits (4 B x 512
@@ -346,12 +370,15 @@ def test_header_candidate_matches_the_file(starter_path):
     assert c.n_layers == 18 and c.tied_embeddings and not c.estimated
     assert sum(layer.weight_bytes for layer in c.layers) + c.output_bytes == \
         header.tensor_bytes - header.other_bytes
-    # llama.cpp reports for this file at n_ctx 8192: 3 global layers x 8192 cells = 24 MiB and
-    # 15 sliding layers x 1024 cells = 15 MiB of F16 KV.
+    # llama.cpp reports for this file at n_ctx 8192, CPU-only: 3 global layers x 8192 cells =
+    # 24 MiB and 15 sliding layers x 768 cells (512 + a 256-row ubatch) = 11.25 MiB of F16 KV;
+    # the chat checkpoints, two of the sliding layers' 512-cell window (7.5 MiB), on top.
     from localinfer.hardware import probe
 
-    e = plan(probe(measure_bandwidth=False), [c], PlanPrefs(n_ctx=8192)).evaluations[0]
-    assert e.host.kv_bytes == (24 + 15) * 2**20
+    cpu_only = replace(probe(measure_bandwidth=False), backends=("CPU",))
+    e = plan(cpu_only, [c], PlanPrefs(n_ctx=8192)).evaluations[0]
+    assert e.host.kv_bytes == (24 + 11.25 + 7.5 * CHAT_CHECKPOINTS) * 2**20
+    assert c.window_attention_share() == pytest.approx(0.079, abs=0.001)
 
 
 # --- embedding models -------------------------------------------------------------------------

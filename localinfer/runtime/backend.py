@@ -76,12 +76,16 @@ class Backend(Protocol):
     n_ctx_embed: int
     """The most tokens one input to ``embed`` may have."""
     needs_checkpoints: bool
-    adaptive_threads: int
-    """The most CPU threads a step may use when the engine adapts the count to the load
-    (``set_threads``); 0 when the count is fixed."""
     """Some of the cache cannot be cut back far (sliding-window layers keep only their
     window): an edit in the middle of a prompt keeps its cache only through a checkpoint
     (``seq_checkpoint``/``seq_restore``)."""
+    cut_reach: int
+    """Where the engine keeps checkpoints of chats too: how many tokens back from its newest
+    a sequence can always be cut (the window cache's cells past the window); 0 where it keeps
+    none for chats (see planner.shrinks_window_cache)."""
+    adaptive_threads: int
+    """The most CPU threads a step may use when the engine adapts the count to the load
+    (``set_threads``); 0 when the count is fixed."""
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         """Text to tokens; special-token text (``<start_of_turn>``) becomes special tokens."""

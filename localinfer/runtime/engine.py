@@ -32,6 +32,7 @@ from ..errors import (
     ModelLoadError,
     WorkerLost,
 )
+from ..planner import CHAT_CHECKPOINTS
 from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
@@ -210,7 +211,7 @@ class _Slot:
         self.batch_index = -1
         self.stepped_at = 0
         """The engine's step count when this slot's request was last in a step."""
-        self.checkpoint: _Checkpoint | None = None
+        self.checkpoints: list[_Checkpoint] = []  # the newest last
         self.checkpoint_at: int | None = None
         """Where to take the next checkpoint, once the cache holds this many tokens."""
         self.supersede: str | None = None
@@ -555,7 +556,7 @@ class Engine:
                 if slot.req is None:
                     self.backend.seq_trim(slot.seq_id, 0)
                     slot.cached.clear()
-                    slot.checkpoint = None
+                    slot.checkpoints = []
                     slot.ahead = []
 
         self.run_on_worker(clear)
@@ -756,10 +757,11 @@ class Engine:
             common = common_prefix(slot.cached, target)
             n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
             del slot.cached[n_keep:]
-            if slot.checkpoint is not None and \
-                    slot.checkpoint.tokens != target[:len(slot.checkpoint.tokens)]:
-                slot.checkpoint = None  # of another prompt: free its memory
+            slot.checkpoints = [c for c in slot.checkpoints  # of another prompt: they go
+                                if c.tokens == target[:len(c.tokens)]]
             slot.checkpoint_at = None
+            if request.params.supersede is None and self.backend.cut_reach:
+                self._chat_checkpoints(slot, n_keep, len(request.prompt) - REREAD_TAIL)
             if request.params.supersede is not None and self.backend.needs_checkpoints and \
                     common >= CHECKPOINT_MIN_TOKENS:
                 # An autocomplete request: the next keystroke's prompt differs from this one
@@ -815,27 +817,63 @@ class Engine:
                 log.warning("could not move a sequence's cache; reading it again")
                 for lost in (slot, hole):
                     lost.cached.clear()
-                    lost.checkpoint = None
+                    lost.checkpoints = []
                     lost.ahead = []
                 request = hole.running
                 request.target = request.prompt + request.generated
                 hole.next_token = None
 
     def _cut(self, slot: _Slot, n_keep: int, target: list[int]) -> int:
-        """Cut the slot's cache to ``n_keep`` tokens, or to its checkpoint where a sliding
-        window cannot be cut there: how many tokens it keeps."""
-        checkpoint = slot.checkpoint
-        n = len(checkpoint.tokens) if checkpoint is not None else 0
-        if checkpoint is not None and 0 < n <= n_keep and checkpoint.tokens == target[:n]:
-            return self.backend.seq_restore(slot.seq_id, n_keep, n, checkpoint.state)
+        """Cut the slot's cache to ``n_keep`` tokens, or to its longest checkpoint within
+        them where a sliding window cannot be cut there: how many tokens it keeps."""
+        fits = [c for c in slot.checkpoints
+                if 0 < len(c.tokens) <= n_keep and c.tokens == target[:len(c.tokens)]]
+        if fits:
+            best = max(fits, key=lambda c: len(c.tokens))
+            return self.backend.seq_restore(slot.seq_id, n_keep, len(best.tokens), best.state)
         return self.backend.seq_trim(slot.seq_id, n_keep)
 
     def _take_checkpoint(self, slot: _Slot) -> None:
         if slot.checkpoint_at == len(slot.cached):
             slot.checkpoint_at = None
-            if slot.checkpoint is None or slot.checkpoint.tokens != slot.cached:
-                slot.checkpoint = _Checkpoint(list(slot.cached),
-                                              self.backend.seq_checkpoint(slot.seq_id))
+            if not slot.checkpoints or slot.checkpoints[-1].tokens != slot.cached:
+                self._checkpoint(slot)
+
+    def _checkpoint(self, slot: _Slot) -> None:
+        """Save the slot's window layers as they are now."""
+        try:
+            state = self.backend.seq_checkpoint(slot.seq_id)
+        except WorkerLost:
+            raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except LocalInferError as exc:  # out of memory: the cache goes on without one
+            log.warning("could not save a checkpoint of a sequence's cache: %s", exc)
+            return
+        checkpoint = _Checkpoint(list(slot.cached), state)
+        # One a slot where only autocomplete keeps them (a large model's: ~120 MB each).
+        keep = CHAT_CHECKPOINTS if self.backend.cut_reach else 1
+        slot.checkpoints = [*slot.checkpoints, checkpoint][-keep:]
+
+    def _chat_checkpoints(self, slot: _Slot, n_keep: int, reply_start: int) -> None:
+        """Checkpoints of a request that is not an autocomplete, on a window cache that can
+        be cut back only ``Backend.cut_reach`` tokens: one where its reading begins
+        (``n_keep``, now, before its first chunk) and, for a prompt longer than the reach,
+        one where its reply will (``reply_start``: its last chunk then starts there).
+
+        After a reply longer than the reach, the window has moved past both: a regenerated
+        reply, an edited last message or a template that drops the last reasoning would
+        read the whole conversation again (927-981 ms against 40-41 for the starter's
+        616-token chat asked again after a 300-token reply). llama.cpp saves only the cells
+        in the window, so a checkpoint returns to its own length only, as llama-server's
+        context checkpoints do: the turn's beginning, from which a short message is read
+        again, and the reply's beginning, which costs the prompt's reading one more step.
+        A slot keeps planner.CHAT_CHECKPOINTS, which the plan counts."""
+        def held(n: int) -> bool:
+            return any(len(c.tokens) == n for c in slot.checkpoints)
+
+        if n_keep >= CHECKPOINT_MIN_TOKENS and not held(n_keep):
+            self._checkpoint(slot)
+        if reply_start - n_keep > self.backend.cut_reach and not held(reply_start):
+            slot.checkpoint_at = reply_start
 
     def _preempt_for(self, waiting: _Request) -> None:
         if waiting.priority != Priority.INTERACTIVE:

@@ -107,6 +107,7 @@ class FakeBackend:
         n_embd: int = 16,
         embed_delay_s: float = 0.0,
         window: int | None = None,
+        chat_checkpoints: bool = False,
         cpu: FakeCPU | None = None,
         step_cost_s: Callable[[int], float] | None = None,
     ) -> None:
@@ -134,6 +135,7 @@ class FakeBackend:
         """As a sliding-window cache: a sequence cannot be cut back by more than this many
         tokens (it then drops all), except at a checkpoint."""
         self.needs_checkpoints = window is not None
+        self.cut_reach = window if window is not None and chat_checkpoints else 0
         self.restored: list[int] = []  # the positions checkpoints were restored at
         self.swaps: list[tuple[int, int]] = []  # the sequences whose caches traded places
         self._lock = threading.Lock()

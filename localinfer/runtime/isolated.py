@@ -79,6 +79,7 @@ class IsolatedBackend:
         self.fim_spm: bool = reply["fim_spm"]
         self.n_ctx_embed: int = reply["n_ctx_embed"]
         self.needs_checkpoints: bool = reply["needs_checkpoints"]
+        self.cut_reach: int = reply["cut_reach"]
         self.load_ms: float = reply["load_ms"]
         self.adaptive_threads: int = reply["adaptive_threads"]
         self.max_special_bytes: int = reply["max_special_bytes"]
@@ -284,7 +285,8 @@ class _Child:
         b = self.backend
         return {"info": b.info, "n_batch": b.n_batch, "fim_repo": b.fim_repo,
                 "fim_spm": b.fim_spm, "n_ctx_embed": b.n_ctx_embed,
-                "needs_checkpoints": b.needs_checkpoints, "load_ms": b.load_ms,
+                "needs_checkpoints": b.needs_checkpoints, "cut_reach": b.cut_reach,
+                "load_ms": b.load_ms,
                 "adaptive_threads": b.adaptive_threads,
                 "max_special_bytes": b.max_special_bytes,
                 # Every special token's text at once: the prompt tokenizer asks about each

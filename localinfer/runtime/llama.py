@@ -27,6 +27,7 @@ from llama_cpp.llama_grammar import SchemaConverter
 from ..catalog import is_embedding_header
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
+from ..planner import Candidate, physical_batch, shrinks_window_cache
 from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
 from .grammar import Grammar, integer_range, to_gbnf
@@ -318,12 +319,16 @@ class LlamaBackend:
         if options.rpc_servers:
             self._split = _worker_split(n_layers, options, self._rpc_arrays[2])
             offloaded = 0  # no local GPU takes layers (info.split says where they are)
+        cpu_only = not offloaded and not options.rpc_servers and flash_attn == 0
+        shape = Candidate.from_header(header, name=name)
+        n_ubatch = physical_batch(options.n_batch, shape, cpu_only=cpu_only)
+        chat_checkpoints = shrinks_window_cache(shape, cpu_only=cpu_only)
         cparams = L.llama_context_default_params()
         _set(
             cparams,
             n_ctx=options.n_ctx * n_slots,
             n_batch=options.n_batch,
-            n_ubatch=min(options.n_batch, 512),
+            n_ubatch=n_ubatch,
             n_seq_max=n_slots,
             n_threads=threads,
             n_threads_batch=options.n_threads_batch or threads,
@@ -368,6 +373,13 @@ class LlamaBackend:
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
         self.needs_checkpoints = bool(self._n_swa) and not self.embedding_only
+        # The window layers keep window + n_ubatch cells: the n_ubatch positions before the
+        # newest still have their window. With 256-row batches (a model whose window
+        # attention weighs, planner.shrinks_window_cache) that is too short for a regenerated
+        # reply, and the engine keeps checkpoints of chats; a checkpoint holds one window,
+        # small for such a model (the starter: 7.5 MiB) and not for the others (Gemma 3 4B:
+        # ~120 MB), which keep 512 rows and no chat checkpoints.
+        self.cut_reach = n_ubatch if self.needs_checkpoints and chat_checkpoints else 0
         self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
         self._grammars: dict[int, _Constrained] = {}  # id() of a chain -> its grammar
         self._gbnf: dict[Grammar, str] = {}
@@ -803,7 +815,8 @@ class LlamaBackend:
             return n_keep
         if n_checkpoint > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_checkpoint, -1):
             # The full-attention layers are cut at n_checkpoint; the sliding-window ones get
-            # back the window they held then.
+            # back the window they held then (llama.cpp saves only the cells in the window:
+            # a checkpoint returns to its own length, no other).
             flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
             if L.llama_state_seq_set_data_ext(self._ctx, state, len(state), seq_id,
                                               flags) == len(state) and \

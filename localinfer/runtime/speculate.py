@@ -92,7 +92,9 @@ DRAFT_MARGIN = 0.05
 share: the acceptance rate and the step costs are estimates (a run's steps vary by 10-20% on
 a laptop), and a gain of 2% on paper was as often a loss (two sequences, 2-core AVX2)."""
 N_UBATCH = 512
-"""llama.cpp's largest graph (the engine's n_ubatch)."""
+"""llama.cpp's largest graph (the engine's n_ubatch: 512, or 256 for a model whose window
+attention weighs, on a CPU: planner.shrinks_window_cache). The decode steps split here have a
+few rows a sequence, which either size splits alike."""
 EXPLORE_STEPS = 64
 """A decode step of fewer sequences than are running, whose cost is not measured lately, is
 taken once in this many steps to measure it (``DraftPolicy.stepping``)."""

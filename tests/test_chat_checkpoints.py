@@ -1,0 +1,96 @@
+"""A chat on a window cache that can be cut back only a little (the starter's with 256-row
+batches) keeps checkpoints where its turn and its reply began, so that a regenerated reply or
+an edited last message reuses the conversation after a reply longer than the reach."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.protocol import Message
+from localinfer.runtime.engine import CHECKPOINT_MIN_TOKENS, REREAD_TAIL
+from localinfer.runtime.types import SamplingParams
+
+WINDOW = 48
+"""The fake's cut reach: a sequence cannot be cut back further without a checkpoint."""
+LONG_REPLY = " ".join(f"w{i}" for i in range(3 * WINDOW))
+QUESTION = " ".join(f"q{i}" for i in range(80))  # longer than the reach
+GREEDY = SamplingParams(temperature=0, max_tokens=400)
+
+
+@pytest.fixture
+def chat_engine(fake_engine):
+    def make(reply: str = LONG_REPLY, *, checkpoints: bool = True):
+        engine = fake_engine(reply=reply, n_slots=1, n_ctx=4096, window=WINDOW,
+                             chat_checkpoints=checkpoints)
+        taken: list[int] = []
+        save = engine.backend.seq_checkpoint
+
+        def counted(seq_id: int) -> list[int]:
+            state = save(seq_id)
+            taken.append(len(state))
+            return state
+
+        engine.backend.seq_checkpoint = counted  # type: ignore[method-assign]
+        return engine, taken
+    return make
+
+
+def ask(engine, messages):
+    return engine.chat(messages, GREEDY).result()
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_a_regenerated_reply_reuses_the_conversation_past_the_reach(chat_engine, checkpoints):
+    engine, taken = chat_engine(checkpoints=checkpoints)
+    messages = [Message("user", QUESTION)]
+    first = ask(engine, messages)
+    assert first.usage.completion_tokens > WINDOW  # the reply moved the window past its start
+    again = ask(engine, messages)
+    reply_start = len(engine.chat_tokens(messages)) - REREAD_TAIL
+    if checkpoints:
+        # A prompt longer than the reach: its reading stopped where the reply would begin,
+        # for a checkpoint there, which the regenerated reply restores.
+        assert taken == [reply_start]
+        assert again.usage.cached_tokens == reply_start
+        assert engine.backend.restored == [reply_start]
+    else:  # the control: without it the prompt is read again whole
+        assert taken == [] and again.usage.cached_tokens == 0
+    assert again.text == first.text
+
+
+@pytest.mark.parametrize("long_question", [False, True])
+def test_an_edited_last_message_reuses_the_turns_before_it(chat_engine, long_question):
+    engine, taken = chat_engine()
+    question = " ".join(f"x{i}" for i in range(2 * WINDOW)) if long_question else "next one"
+    history = [Message("user", QUESTION)]
+    history.append(Message("assistant", ask(engine, history).text))
+    before = len(taken)
+    second = ask(engine, [*history, Message("user", question)])
+    kept = second.usage.cached_tokens  # where the second turn's reading began
+    assert kept >= CHECKPOINT_MIN_TOKENS
+    # One checkpoint where the turn began, taken before reading it; a message longer than the
+    # reach also one where its reply began.
+    assert taken[before] == kept and len(taken) - before == (2 if long_question else 1)
+    edited = [*history, Message("user", "edited " + question)]
+    assert ask(engine, edited).usage.cached_tokens == kept
+    # The edited turn regenerated: from where its reply began if its message is longer than
+    # the reach, else from where the turn began (its short message read again).
+    reply_start = len(engine.chat_tokens(edited)) - REREAD_TAIL
+    assert ask(engine, edited).usage.cached_tokens == (reply_start if long_question else kept)
+
+
+def test_a_short_first_turn_takes_no_checkpoint(chat_engine):
+    engine, taken = chat_engine(reply="short answer")
+    messages = [Message("user", "a short question")]
+    ask(engine, messages)
+    again = ask(engine, messages)
+    assert taken == [] and engine.backend.restored == []
+    assert again.usage.cached_tokens == len(engine.chat_tokens(messages)) - REREAD_TAIL
+
+
+def test_a_checkpoint_held_already_is_not_taken_again(chat_engine):
+    engine, taken = chat_engine()
+    messages = [Message("user", QUESTION)]
+    for _ in range(3):
+        ask(engine, messages)
+    assert len(taken) == 1 and len(engine.backend.restored) == 2
