@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import pytest
 
+import localinfer.runtime.engine as engine_module
 from localinfer.protocol import Message
 from localinfer.runtime.engine import CHECKPOINT_MIN_TOKENS, REREAD_TAIL
 from localinfer.runtime.types import SamplingParams
+from test_engine_fake import OPENING, read_ahead
 
 WINDOW = 48
 """The fake's cut reach: a sequence cannot be cut back further without a checkpoint."""
 LONG_REPLY = " ".join(f"w{i}" for i in range(3 * WINDOW))
 QUESTION = " ".join(f"q{i}" for i in range(80))  # longer than the reach
 GREEDY = SamplingParams(temperature=0, max_tokens=400)
+
+
+@pytest.fixture(autouse=True)
+def no_read_ahead(monkeypatch):
+    """The engine reads the next turn's opening ahead only where a test asks (and takes a
+    checkpoint there): not when a slow machine happens to pause between two requests."""
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 60.0)
 
 
 @pytest.fixture
@@ -25,8 +34,8 @@ def chat_engine(fake_engine):
         taken: list[int] = []
         save = engine.backend.seq_checkpoint
 
-        def counted(seq_id: int) -> list[int]:
-            state = save(seq_id)
+        def counted(seq_id: int, reuse: list[int] | None = None) -> list[int]:
+            state = save(seq_id, reuse)
             taken.append(len(state))
             return state
 
@@ -94,3 +103,44 @@ def test_a_checkpoint_held_already_is_not_taken_again(chat_engine):
     for _ in range(3):
         ask(engine, messages)
     assert len(taken) == 1 and len(engine.backend.restored) == 2
+
+
+def test_the_next_turns_checkpoint_is_taken_while_idle_not_on_its_way(chat_engine,
+                                                                        monkeypatch):
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.0)
+    engine, taken = chat_engine()
+    history = [Message("user", QUESTION)]
+    history.append(Message("assistant", ask(engine, history).text))
+    assert read_ahead(engine) == OPENING
+    begins = taken[-1]  # after the opening read ahead: where the next turn's message begins
+    before = len(taken)
+    second = ask(engine, [*history, Message("user", "next one")])
+    assert second.usage.cached_tokens == begins
+    assert begins not in taken[before:]  # not again before its first token: it was held
+    edited = ask(engine, [*history, Message("user", "edited one")])
+    assert edited.usage.cached_tokens == begins and engine.backend.restored[-1] == begins
+    assert edited.text == second.text
+
+
+def test_checkpoints_are_saved_into_the_memory_of_those_they_replace(chat_engine):
+    """A long chat takes two checkpoints a turn (the first turn one, where its reply began);
+    from the third on, each overwrites the oldest (the
+    fake, like llama.cpp, writes into the state passed), and the conversation of another
+    chat in the same slot overwrites the dropped ones. The fake fails a restore of a state
+    that was written over while still held."""
+    engine, taken = chat_engine()
+    history: list[Message] = []
+    for turn in range(4):
+        history.append(Message("user", f"turn {turn} " + QUESTION))
+        history.append(Message("assistant", ask(engine, history).text))
+    assert len(taken) == 7 and engine.backend.checkpoints_reused == 5
+    fourth_begins = taken[-2]
+    again = ask(engine, history[:-1])  # the last reply regenerated
+    reply_start = len(engine.chat_tokens(history[:-1])) - REREAD_TAIL
+    assert again.usage.cached_tokens == reply_start and again.text == history[-1].content
+    edited = [*history[:-2], Message("user", "edited " + QUESTION)]
+    assert ask(engine, edited).usage.cached_tokens == fourth_begins
+    reused = engine.backend.checkpoints_reused
+    other = ask(engine, [Message("user", "another chat " + QUESTION)])  # the same, one slot
+    assert other.usage.cached_tokens < CHECKPOINT_MIN_TOKENS
+    assert engine.backend.checkpoints_reused == reused + 1  # a dropped one's memory

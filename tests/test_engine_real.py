@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+import localinfer.runtime.engine as engine_module
 from localinfer.benchmark import first_divergence
 from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
 from localinfer.runtime.backend import LoadOptions
@@ -192,6 +193,41 @@ def test_a_prompt_asked_again_after_a_long_reply_keeps_its_cache(real_engine):
     assert again.done.usage.cached_tokens == len(first.request.prompt) - REREAD_TAIL
     divergence = first_divergence(real_engine, first, again)
     assert divergence is None or divergence.near_tie, divergence
+
+
+def test_checkpoints_saved_into_reused_memory_bring_a_chat_back(real_engine, monkeypatch):
+    """A chat of long messages takes two checkpoints a turn, each into the memory of the one
+    it replaces (a buffer larger than the state, at times): a regenerated reply and an edited
+    last message still come back from them."""
+    if not real_engine.backend.cut_reach:
+        pytest.skip("no chat checkpoints here (a GPU build keeps 512-row batches)")
+    backend = real_engine.backend
+    reused: list[bool] = []
+    save = backend.seq_checkpoint
+
+    def watched(seq_id, reuse=None):
+        state = save(seq_id, reuse)
+        reused.append(reuse is not None and state.buffer is reuse.buffer)
+        return state
+
+    monkeypatch.setattr(backend, "seq_checkpoint", watched)
+    # Read-ahead (which takes the next turn's checkpoint while idle) only if asked.
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 60.0)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    real_engine.clear_cache()
+    history: list[Message] = []
+    for turn in range(3):
+        numbers = ", ".join(str(i) for i in range(100 * turn + 100, 100 * turn + 170))
+        history.append(Message("user", f"Continue: {numbers},"))
+        history.append(Message("assistant", real_engine.chat(history, params).result().text))
+    begins = len(real_engine.chat_tokens(history[:-2], add_generation_prompt=False))
+    assert reused.count(True) >= 3, reused
+    last = history[:-1]
+    again = real_engine.chat(last, params).result()
+    assert again.usage.cached_tokens == len(real_engine.chat_tokens(last)) - REREAD_TAIL
+    assert again.text == history[-1].content
+    edited = real_engine.chat([*history[:-2], Message("user", "Continue: 7, 8,")], params)
+    assert begins - 8 <= edited.result().usage.cached_tokens <= begins
 
 
 @pytest.fixture(scope="module", params=["f16", "q8_0"])

@@ -156,9 +156,12 @@ class Backend(Protocol):
         sliding-window cache that no longer holds the window before ``n_keep``)."""
         ...
 
-    def seq_checkpoint(self, seq_id: int) -> Any:
+    def seq_checkpoint(self, seq_id: int, reuse: Any = None) -> Any:
         """The state of the parts of ``seq_id``'s cache that cannot be cut back (its
-        sliding-window layers), for ``seq_restore`` to return to this many tokens later."""
+        sliding-window layers), for ``seq_restore`` to return to this many tokens later.
+        ``reuse``: a state an earlier call returned that the caller has dropped; its memory
+        may hold this one (memory never touched before faults in page by page: 15-22 ms for
+        the starter's 7.5 MiB in a VM, against 1.2-1.6 ms for the copy itself)."""
         ...
 
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int, state: Any) -> int:

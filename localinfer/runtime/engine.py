@@ -212,6 +212,9 @@ class _Slot:
         self.stepped_at = 0
         """The engine's step count when this slot's request was last in a step."""
         self.checkpoints: list[_Checkpoint] = []  # the newest last
+        self.spare: Any = None
+        """The state of a checkpoint dropped since the last one was taken: the next one
+        is saved into its memory (``Backend.seq_checkpoint``)."""
         self.checkpoint_at: int | None = None
         """Where to take the next checkpoint, once the cache holds this many tokens."""
         self.supersede: str | None = None
@@ -556,7 +559,7 @@ class Engine:
                 if slot.req is None:
                     self.backend.seq_trim(slot.seq_id, 0)
                     slot.cached.clear()
-                    slot.checkpoints = []
+                    slot.checkpoints, slot.spare = [], None
                     slot.ahead = []
 
         self.run_on_worker(clear)
@@ -757,8 +760,12 @@ class Engine:
             common = common_prefix(slot.cached, target)
             n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
             del slot.cached[n_keep:]
-            slot.checkpoints = [c for c in slot.checkpoints  # of another prompt: they go
-                                if c.tokens == target[:len(c.tokens)]]
+            kept: list[_Checkpoint] = []
+            dropped: list[_Checkpoint] = []
+            for c in slot.checkpoints:  # those of another prompt go
+                (kept if c.tokens == target[:len(c.tokens)] else dropped).append(c)
+            if dropped:
+                slot.checkpoints, slot.spare = kept, dropped[-1].state  # the newest: largest
             slot.checkpoint_at = None
             if request.params.supersede is None and self.backend.cut_reach:
                 self._chat_checkpoints(slot, n_keep, len(request.prompt) - REREAD_TAIL)
@@ -817,7 +824,7 @@ class Engine:
                 log.warning("could not move a sequence's cache; reading it again")
                 for lost in (slot, hole):
                     lost.cached.clear()
-                    lost.checkpoints = []
+                    lost.checkpoints, lost.spare = [], None
                     lost.ahead = []
                 request = hole.running
                 request.target = request.prompt + request.generated
@@ -840,24 +847,30 @@ class Engine:
                 self._checkpoint(slot)
 
     def _checkpoint(self, slot: _Slot) -> None:
-        """Save the slot's window layers as they are now."""
+        """Save the slot's window layers as they are now, into the memory of the oldest
+        checkpoint, which this one replaces, or of one dropped before."""
+        # One a slot where only autocomplete keeps them (a large model's: ~120 MB each).
+        keep = CHAT_CHECKPOINTS if self.backend.cut_reach else 1
+        reuse, slot.spare = slot.spare, None
+        if len(slot.checkpoints) >= keep:
+            reuse = slot.checkpoints[0].state
+            slot.checkpoints = slot.checkpoints[len(slot.checkpoints) - keep + 1:]
         try:
-            state = self.backend.seq_checkpoint(slot.seq_id)
+            state = self.backend.seq_checkpoint(slot.seq_id, reuse)
         except WorkerLost:
             raise  # the model's process is gone: stop (``failed``), the owner reloads it
         except LocalInferError as exc:  # out of memory: the cache goes on without one
             log.warning("could not save a checkpoint of a sequence's cache: %s", exc)
             return
-        checkpoint = _Checkpoint(list(slot.cached), state)
-        # One a slot where only autocomplete keeps them (a large model's: ~120 MB each).
-        keep = CHAT_CHECKPOINTS if self.backend.cut_reach else 1
-        slot.checkpoints = [*slot.checkpoints, checkpoint][-keep:]
+        slot.checkpoints = [*slot.checkpoints, _Checkpoint(list(slot.cached), state)]
 
     def _chat_checkpoints(self, slot: _Slot, n_keep: int, reply_start: int) -> None:
         """Checkpoints of a request that is not an autocomplete, on a window cache that can
         be cut back only ``Backend.cut_reach`` tokens: one where its reading begins
         (``n_keep``, now, before its first chunk) and, for a prompt longer than the reach,
-        one where its reply will (``reply_start``: its last chunk then starts there).
+        one where its reply will (``reply_start``: its last chunk then starts there). After
+        a chat reply the first is taken while the engine is idle, once the next turn's opening
+        is read (``_read_ahead``): a turn that comes later finds it held.
 
         After a reply longer than the reach, the window has moved past both: a regenerated
         reply, an edited last message or a template that drops the last reasoning would
@@ -1234,6 +1247,10 @@ class Engine:
         for slot in slots:
             slot.cached.extend(slot.ahead)
             slot.ahead = []
+            # Where the next turn's reading begins: taken now, not on its way to its first
+            # token (see _chat_checkpoints).
+            if self.backend.cut_reach and len(slot.cached) >= CHECKPOINT_MIN_TOKENS:
+                self._checkpoint(slot)
         self._read_ahead_total += len(tokens)
 
     def _abort(self, slot: _Slot, exc: BaseException) -> None:

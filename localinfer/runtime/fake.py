@@ -137,6 +137,7 @@ class FakeBackend:
         self.needs_checkpoints = window is not None
         self.cut_reach = window if window is not None and chat_checkpoints else 0
         self.restored: list[int] = []  # the positions checkpoints were restored at
+        self.checkpoints_reused = 0  # checkpoints saved into the memory of a dropped one
         self.swaps: list[tuple[int, int]] = []  # the sequences whose caches traded places
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
@@ -304,8 +305,13 @@ class FakeBackend:
         self._seqs[a], self._seqs[b] = self._seqs.get(b, []), self._seqs.get(a, [])
         return True
 
-    def seq_checkpoint(self, seq_id: int) -> list[int]:
-        return list(self._seqs.get(seq_id, []))
+    def seq_checkpoint(self, seq_id: int, reuse: list[int] | None = None) -> list[int]:
+        # Written over in place, as llama.cpp's buffer is: a checkpoint the engine still
+        # holds and passed as ``reuse`` by mistake then fails its restore.
+        state = reuse if reuse is not None else []
+        state[:] = self._seqs.get(seq_id, [])
+        self.checkpoints_reused += reuse is not None
+        return state
 
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int,
                     state: list[int]) -> int:

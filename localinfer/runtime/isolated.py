@@ -216,7 +216,8 @@ class IsolatedBackend:
         kept: int = self._call("seq_trim", seq_id, n_keep)
         return kept
 
-    def seq_checkpoint(self, seq_id: int) -> bytes:
+    def seq_checkpoint(self, seq_id: int, reuse: Any = None) -> bytes:
+        # The state crosses the pipe as new bytes each time: nothing to reuse here.
         state: bytes = self._call("seq_checkpoint", seq_id)
         return state
 
@@ -313,11 +314,15 @@ class _Child:
         return np.array(self.backend.raw_logits(index))  # a copy: the view dies next step
 
     def seq_checkpoint(self, seq_id: int) -> bytes:
-        return bytes(self.backend.seq_checkpoint(seq_id))
+        state = self.backend.seq_checkpoint(seq_id)
+        return ctypes.string_at(state.buffer, state.size)
 
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int, state: bytes) -> int:
+        from .llama import SeqState
+
         array = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        return self.backend.seq_restore(seq_id, n_keep, n_checkpoint, array)
+        return self.backend.seq_restore(seq_id, n_keep, n_checkpoint,
+                                        SeqState(array, len(state)))
 
     def serve(self) -> None:
         while True:

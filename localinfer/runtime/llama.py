@@ -266,6 +266,15 @@ def _use_extra_buffer_types() -> bool:
     return "AMX_INT8 = 1" not in system_info()
 
 
+@dataclass(frozen=True)
+class SeqState:
+    """A checkpoint of a sequence's sliding-window layers: the first ``size`` bytes of
+    ``buffer``, which may be larger (one an earlier checkpoint used, written over)."""
+
+    buffer: ctypes.Array[ctypes.c_uint8]
+    size: int
+
+
 class LlamaBackend:
     """A model loaded with llama.cpp, driven by the engine's worker thread."""
 
@@ -380,6 +389,7 @@ class LlamaBackend:
         # small for such a model (the starter: 7.5 MiB) and not for the others (Gemma 3 4B:
         # ~120 MB), which keep 512 rows and no chat checkpoints.
         self.cut_reach = n_ubatch if self.needs_checkpoints and chat_checkpoints else 0
+        self._window_cells = self._n_swa + n_ubatch
         self._argmax_chains: set[int] = set()  # id() of the chains the engine holds
         self._grammars: dict[int, _Constrained] = {}  # id() of a chain -> its grammar
         self._gbnf: dict[Grammar, str] = {}
@@ -781,9 +791,21 @@ class LlamaBackend:
             return False
         return bool(L.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1))
 
-    def seq_checkpoint(self, seq_id: int) -> ctypes.Array[ctypes.c_uint8]:
+    def seq_checkpoint(self, seq_id: int, reuse: Any = None) -> SeqState:
         # The sliding-window layers only.
-        return self._seq_state(seq_id, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
+        if isinstance(reuse, SeqState) and len(reuse.buffer) >= size:
+            buffer = reuse.buffer
+        else:  # room for a full window, which the next checkpoints then fit into
+            held = L.llama_memory_seq_pos_max(self._mem, seq_id) - \
+                L.llama_memory_seq_pos_min(self._mem, seq_id) + 1
+            room = max(size, size * self._window_cells // held) if held > 0 else size
+            # Uninitialised: only the pages llama.cpp writes are ever touched.
+            buffer = (ctypes.c_uint8 * room).from_buffer(np.empty(room, np.uint8))
+        if L.llama_state_seq_get_data_ext(self._ctx, buffer, size, seq_id, flags) != size:
+            raise LocalInferError(f"llama.cpp could not save a sequence's cache{_llama_said()}")
+        return SeqState(buffer, size)
 
     def _seq_state(self, seq_id: int, flags: int) -> ctypes.Array[ctypes.c_uint8]:
         size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
@@ -809,8 +831,8 @@ class LlamaBackend:
                 L.llama_memory_seq_rm(self._mem, seq, -1, -1)
         return ok
 
-    def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int,
-                    state: ctypes.Array[ctypes.c_uint8]) -> int:
+    def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int, state: SeqState
+                    ) -> int:
         if self._can_cut(seq_id, n_keep):
             return n_keep
         if n_checkpoint > 0 and L.llama_memory_seq_rm(self._mem, seq_id, n_checkpoint, -1):
@@ -818,8 +840,8 @@ class LlamaBackend:
             # back the window they held then (llama.cpp saves only the cells in the window:
             # a checkpoint returns to its own length, no other).
             flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            if L.llama_state_seq_set_data_ext(self._ctx, state, len(state), seq_id,
-                                              flags) == len(state) and \
+            if L.llama_state_seq_set_data_ext(self._ctx, state.buffer, state.size, seq_id,
+                                              flags) == state.size and \
                     L.llama_memory_seq_pos_max(self._mem, seq_id) == n_checkpoint - 1:
                 return n_checkpoint
         L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
