@@ -144,3 +144,24 @@ def test_checkpoints_are_saved_into_the_memory_of_those_they_replace(chat_engine
     other = ask(engine, [Message("user", "another chat " + QUESTION)])  # the same, one slot
     assert other.usage.cached_tokens < CHECKPOINT_MIN_TOKENS
     assert engine.backend.checkpoints_reused == reused + 1  # a dropped one's memory
+
+
+def test_questions_in_turn_after_one_chat_share_its_checkpoint(chat_engine):
+    """Questions asked one after another at the end of one conversation (each replacing the
+    last) part at the turn's start or a word or two after it: the checkpoint taken there for
+    the first serves them all, and an edit after a long reply still comes back through it."""
+    engine, taken = chat_engine(reply="short answer")
+    history = [Message("user", QUESTION)]
+    history.append(Message("assistant", ask(engine, history).text))
+    before = len(taken)
+    ask(engine, [*history, Message("user", "tell me first")])
+    assert len(taken) == before + 1
+    begins = taken[-1]  # where the first question's turn began
+    for question in ("which two are alike", "which one is oldest", "what else is there"):
+        reply = ask(engine, [*history, Message("user", question)])
+        assert reply.usage.cached_tokens >= begins
+    assert len(taken) == before + 1  # none taken again on the way to their first tokens
+    long_edit = " ".join(f"e{i}" for i in range(3 * WINDOW))
+    ask(engine, [*history, Message("user", long_edit)])  # the window moves past the start
+    back = ask(engine, [*history, Message("user", "which one again")])
+    assert back.usage.cached_tokens == begins and engine.backend.restored[-1] == begins
