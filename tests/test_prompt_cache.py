@@ -7,9 +7,11 @@ import random
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from localinfer.runtime.fake import FakeBackend
-from localinfer.runtime.prompt_cache import PromptTokenizer, _Prompt, _split
+from localinfer.runtime.prompt_cache import PromptTokenizer, _Prompt, _split, common_prefix
 from localinfer.runtime.types import Message
 
 PARAGRAPH = ("The committee met on a grey Tuesday morning to review the budget. Revenue grew"
@@ -162,3 +164,14 @@ def test_real_tokenizer_gives_the_same_tokens_turn_after_turn(real_engine):
     text = real_engine.render_chat(messages + [Message("user", "Now summarise.")])
     assert real_engine.prompt_tokens(text) == whole(real_engine, text)
     assert real_engine._prompts.reused_tokens - before > 1000
+
+
+@given(st.lists(st.integers(0, 2), max_size=300), st.lists(st.integers(0, 2), max_size=300),
+       st.lists(st.integers(0, 2), max_size=300))
+def test_common_prefix_is_where_two_sequences_part(shared, a_rest, b_rest):
+    a, b = shared + a_rest, shared + b_rest
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+             min(len(a), len(b)))
+    assert common_prefix(a, b) == common_prefix(b, a) == n
+    text_a, text_b = "".join(map(str, a)), "".join(map(str, b))
+    assert common_prefix(text_a, text_b) == n
