@@ -122,6 +122,25 @@ def test_the_next_turns_checkpoint_is_taken_while_idle_not_on_its_way(chat_engin
     assert edited.text == second.text
 
 
+def test_the_idle_checkpoint_leaves_a_long_last_turns_own(chat_engine, monkeypatch):
+    """After a message longer than the reach, the slot holds where that turn and its reply
+    began: the next turn's checkpoint is not taken while idle in place of either, so an
+    edited last message still comes back from where its turn began."""
+    engine, taken = chat_engine()
+    history = [Message("user", QUESTION)]
+    history.append(Message("assistant", ask(engine, history).text))
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.0)
+    before = len(taken)
+    history.append(Message("user", "turn two " + QUESTION))
+    history.append(Message("assistant", ask(engine, history).text))
+    assert len(taken) - before == 2  # where turn two began, where its reply began
+    begins = taken[before]
+    assert read_ahead(engine) == OPENING  # the idle engine took no checkpoint there
+    assert len(taken) - before == 2
+    edited = ask(engine, [*history[:-2], Message("user", "edited " + QUESTION)])
+    assert edited.usage.cached_tokens == begins and engine.backend.restored[-1] == begins
+
+
 def test_checkpoints_are_saved_into_the_memory_of_those_they_replace(chat_engine):
     """A long chat takes two checkpoints a turn (the first turn one, where its reply began);
     from the third on, each overwrites the oldest (the

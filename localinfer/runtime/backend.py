@@ -160,8 +160,8 @@ class Backend(Protocol):
         """The state of the parts of ``seq_id``'s cache that cannot be cut back (its
         sliding-window layers), for ``seq_restore`` to return to this many tokens later.
         ``reuse``: a state an earlier call returned that the caller has dropped; its memory
-        may hold this one (memory never touched before faults in page by page: 15-22 ms for
-        the starter's 7.5 MiB in a VM, against 1.2-1.6 ms for the copy itself)."""
+        may hold this one (memory never touched before faults in page by page: 15-28 ms for
+        the starter's 7.5 MiB in a VM, against 0.6-1.6 ms for the copy itself)."""
         ...
 
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int, state: Any) -> int:

@@ -217,6 +217,8 @@ class _Slot:
         is saved into its memory (``Backend.seq_checkpoint``)."""
         self.checkpoint_at: int | None = None
         """Where to take the next checkpoint, once the cache holds this many tokens."""
+        self.turn_start = 0
+        """Where the last request in this slot began reading (its cached tokens)."""
         self.supersede: str | None = None
         """The supersede key of the last request in this slot: the next keystroke's request
         from the same editor comes back to this slot's cache."""
@@ -760,6 +762,7 @@ class Engine:
             common = common_prefix(slot.cached, target)
             n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
             del slot.cached[n_keep:]
+            slot.turn_start = n_keep
             kept: list[_Checkpoint] = []
             dropped: list[_Checkpoint] = []
             for c in slot.checkpoints:  # those of another prompt go
@@ -1255,8 +1258,11 @@ class Engine:
             slot.cached.extend(slot.ahead)
             slot.ahead = []
             # Where the next turn's reading begins: taken now, not on its way to its first
-            # token (see _chat_checkpoints).
-            if self.backend.cut_reach and len(slot.cached) >= CHECKPOINT_MIN_TOKENS:
+            # token (see _chat_checkpoints); not in place of one of the last turn's own (a
+            # long message's start and its reply's), which an edited message needs.
+            if self.backend.cut_reach and len(slot.cached) >= CHECKPOINT_MIN_TOKENS and (
+                    len(slot.checkpoints) < CHAT_CHECKPOINTS
+                    or len(slot.checkpoints[0].tokens) < slot.turn_start):
                 self._checkpoint(slot)
         self._read_ahead_total += len(tokens)
 
