@@ -3,7 +3,7 @@ requests from the same streaming HTTP client (OpenAI's API), alternating which s
 each round, and the ratios between them.
 
     python bench/side_by_side.py --llama-server PATH [--model F.gguf] [--quick]
-        [--rounds N] [--json OUT.json]
+        [--rounds N] [--json OUT.json] [--llama-server-arg ARG ...]
 
 Rows: one stream greedy and sampled (decode tok/s), 4 and 8 streams at once (aggregate tok/s:
 completion tokens over the wall time), TTFT of a short fresh message, TTFT of the 5th turn of a
@@ -193,6 +193,10 @@ def main() -> int:
                         help="run both servers this many times, alternating which goes first")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="also write the figures as JSON")
+    parser.add_argument("--llama-server-arg", action="append", default=[], metavar="ARG",
+                        help="one more llama-server argument (repeat for each), e.g."
+                             " --llama-server-arg=-fa --llama-server-arg=off to compare at"
+                             " localinfer's attention on the CPU")
     args = parser.parse_args()
     if not shutil.which(str(args.llama_server)):
         print(f"no llama-server at {args.llama_server}", file=sys.stderr)
@@ -201,7 +205,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="side-by-side-"))
     # A file without a chat template of its own (the starter): llama-server would fall back to
     # ChatML; give it the template localinfer renders with, so that both read the same prompt.
-    server_args = list(LLAMA_SERVER_ARGS)
+    server_args = [*LLAMA_SERVER_ARGS, *args.llama_server_arg]
     template = fallback_template(gguf.read_header(model), None)
     if template is not None:
         (logs / "chat-template.jinja").write_text(template)
