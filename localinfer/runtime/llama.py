@@ -793,26 +793,26 @@ class LlamaBackend:
 
     def seq_checkpoint(self, seq_id: int, reuse: Any = None) -> SeqState:
         # The sliding-window layers only.
-        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        return self._seq_state(seq_id, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY,
+                               reuse if isinstance(reuse, SeqState) else None)
+
+    def _seq_state(self, seq_id: int, flags: int, reuse: SeqState | None = None) -> SeqState:
+        """The sequence's state, saved into ``reuse``'s memory where it fits."""
         size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
-        if isinstance(reuse, SeqState) and len(reuse.buffer) >= size:
+        if reuse is not None and len(reuse.buffer) >= size:
             buffer = reuse.buffer
-        else:  # room for a full window, which the next checkpoints then fit into
+        else:
+            room = size
             held = L.llama_memory_seq_pos_max(self._mem, seq_id) - \
                 L.llama_memory_seq_pos_min(self._mem, seq_id) + 1
-            room = max(size, size * self._window_cells // held) if held > 0 else size
+            if flags & L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY and held > 0:
+                # Room for a full window, which the next checkpoints then fit into.
+                room = max(size, size * self._window_cells // held)
             # Uninitialised: only the pages llama.cpp writes are ever touched.
             buffer = (ctypes.c_uint8 * room).from_buffer(np.empty(room, np.uint8))
         if L.llama_state_seq_get_data_ext(self._ctx, buffer, size, seq_id, flags) != size:
             raise LocalInferError(f"llama.cpp could not save a sequence's cache{_llama_said()}")
         return SeqState(buffer, size)
-
-    def _seq_state(self, seq_id: int, flags: int) -> ctypes.Array[ctypes.c_uint8]:
-        size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
-        state = (ctypes.c_uint8 * size)()
-        if L.llama_state_seq_get_data_ext(self._ctx, state, size, seq_id, flags) != size:
-            raise LocalInferError(f"llama.cpp could not save a sequence's cache{_llama_said()}")
-        return state
 
     def seq_swap(self, a: int, b: int) -> bool:
         # Through host memory: the cells of both, written back each into the other's stream
@@ -824,7 +824,7 @@ class LlamaBackend:
         for seq, state in zip((b, a), states, strict=True):
             L.llama_memory_seq_rm(self._mem, seq, -1, -1)
             if state is not None and L.llama_state_seq_set_data_ext(
-                    self._ctx, state, len(state), seq, 0) != len(state):
+                    self._ctx, state.buffer, state.size, seq, 0) != state.size:
                 ok = False
         if not ok:
             for seq in (a, b):
