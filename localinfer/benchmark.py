@@ -190,7 +190,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         result.structured = _structured(engine, quick=quick, rounds=rounds)
 
         stage("calibration")
-        from .hardware.calibration import drift_note, record_run
+        from .planner.calibration import drift_note, record_run
 
         measurement = record_run(
             model_path=model.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,

@@ -41,7 +41,7 @@ def plan_prefs(config: Config, calibration: Mapping[str, float] | None = None, *
                n_slots: int | None = 1) -> PlanPrefs:
     """The planner's preferences from the settings: context, decode speed to aim for, GPU
     layers, threads and KV cache type. ``calibration``: this machine's measured/predicted
-    decode ratios (``hardware.calibration.load_ratios``), none for another machine's profile.
+    decode ratios (``planner.calibration.load_ratios``), none for another machine's profile.
     ``n_slots``: sequences decoded at once (None: as many as fit)."""
     return PlanPrefs(n_ctx=config.ctx, min_tps=config.min_tps, n_slots=n_slots,
                      n_gpu_layers=config.gpu_layers, n_threads=config.threads,
@@ -102,7 +102,7 @@ def pick_model(store: ModelStore, config: Config, hardware: HardwareProfile | No
             log.warning("not planning %s: %s", m.name, exc)
     if not candidates:
         return installed[0].name
-    from .hardware.calibration import load_ratios  # the probes (~50 ms): only to plan
+    from .planner.calibration import load_ratios  # the probes (~50 ms): only to plan
 
     try:
         result = plan(hardware, candidates, plan_prefs(config, load_ratios(hardware)))
@@ -124,7 +124,7 @@ def pull_target(store: ModelStore, ref: str, config: Config | None = None, *,
     candidates = [c for spec in specs for c in catalog_candidates(store, spec)]
     # The probes (~50 ms): only when the planner chooses.
     from .hardware import probe
-    from .hardware.calibration import load_ratios
+    from .planner.calibration import load_ratios
 
     hardware = hardware or probe()
     if prefs is None:

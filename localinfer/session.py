@@ -209,7 +209,7 @@ class Launcher:
                                                                   dict[str, float]]:
         """This machine's profile and its measured/predicted decode ratios."""
         from .hardware import probe
-        from .hardware.calibration import load_ratios
+        from .planner.calibration import load_ratios
 
         # Only an in-process engine may load llama.cpp here (to list its GPU backends); with
         # the daemon, the backend it used is taken from the model it loaded.

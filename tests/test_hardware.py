@@ -13,7 +13,7 @@ import pytest
 
 import ggufgen
 from localinfer import gguf
-from localinfer.hardware import HardwareProfile, calibration, probe
+from localinfer.hardware import HardwareProfile, probe
 from localinfer.hardware import bandwidth as bw
 from localinfer.hardware.load import MachineLoad
 from localinfer.hardware.probe import (
@@ -24,7 +24,7 @@ from localinfer.hardware.probe import (
     parse_cpuinfo,
     probe_drm,
 )
-from localinfer.planner import Candidate, decode_bytes_per_token
+from localinfer.planner import Candidate, calibration, decode_bytes_per_token
 
 PROFILES = Path(__file__).parent / "profiles"
 
@@ -458,8 +458,8 @@ def test_plan_bad_input_is_one_line(args, code, words):
 @pytest.mark.model
 def test_a_speculative_run_is_not_a_calibration_sample(home, starter_path):
     from localinfer.config import Config
-    from localinfer.hardware.calibration import record_calibration
     from localinfer.paths import get_paths
+    from localinfer.planner.calibration import record_calibration
     from localinfer.protocol import ModelInfo
     from localinfer.runtime.types import Done, Timings, Usage
 

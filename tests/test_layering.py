@@ -40,7 +40,7 @@ def test_only_runtime_imports_llama_cpp():
 def test_core_source_imports_no_front_end_library():
     core_files = [p for p in PACKAGE.rglob("*.py")
                   if p.relative_to(PACKAGE).parts[0] in
-                  {"hardware", "runtime", "gguf.py", "catalog.py", "planner.py", "store",
+                  {"hardware", "runtime", "gguf.py", "catalog.py", "planner", "store",
                    "selection.py", "config.py", "paths.py", "errors.py"}]
     assert core_files
     for path in core_files:

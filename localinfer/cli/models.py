@@ -202,8 +202,8 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     # GGUF parsing, the probes, the planner and the store: not for building the parser.
     from .. import gguf
     from ..hardware import probe
-    from ..hardware.calibration import load_ratios
     from ..planner import Candidate, plan
+    from ..planner.calibration import load_ratios
     from ..runtime.chat_template import BUILTIN_TEMPLATES
     from ..selection import plan_prefs
     from ..store import looks_like_path

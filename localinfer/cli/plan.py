@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 # --- hw ----------------------------------------------------------------------------------------
 def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     # The probes and the caches of measured figures: not for building the parser.
-    from ..hardware import bandwidth, calibration, probe
+    from ..hardware import bandwidth, probe
+    from ..planner import calibration
 
     cache = get_paths().cache_dir / "hardware"
     if args.reset:
@@ -190,9 +191,9 @@ def hardware_lines(hw) -> list[tuple[str, str]]:
 def cmd_plan(args: argparse.Namespace, config: Config) -> int:
     # The hardware probes, the planner and the store: not for building the parser.
     from ..hardware import load_profile, probe
-    from ..hardware.calibration import load_ratios
     from ..hardware.rpc import parse_endpoints, probe_workers
     from ..planner import plan
+    from ..planner.calibration import load_ratios
     from ..selection import best_or_smallest, plan_prefs
     from ..store import HeaderFetch
 

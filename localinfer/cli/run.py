@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             print(stats_line(done), file=sys.stderr)
         if session.in_process:  # after the output: measured vs predicted decode, for the planner
             # The hardware probes and the planner: not for building the parser.
-            from ..hardware.calibration import record_calibration
+            from ..planner.calibration import record_calibration
 
             note = record_calibration(session.info, done, config, load)
             if note:

@@ -295,7 +295,7 @@ class ChatApp(App[None]):
         mark it and measure it again in the background, once per session. Each step reads
         the weights once; with speculation a step makes its accepted drafts too, so the
         steps' rate is the tokens' rate without them."""
-        from ..hardware.calibration import ABOVE_ROOFLINE  # the hardware layer: only here
+        from ..planner.calibration import ABOVE_ROOFLINE  # the hardware layer: only here
 
         t = done.timings
         if (roofline_pct is None or t.decode_tokens <= 0 or self.hardware is None
@@ -313,7 +313,7 @@ class ChatApp(App[None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="bandwidth")
     def _remeasure(self, reason: str) -> None:
-        from ..hardware.calibration import flag_bandwidth  # the hardware layer: only here
+        from ..planner.calibration import flag_bandwidth  # the hardware layer: only here
 
         try:
             if self.hardware is not None and flag_bandwidth(self.hardware, reason):

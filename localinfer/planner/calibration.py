@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import gguf
+from ..hardware import bandwidth as bw
+from ..hardware.load import MachineLoad
+from ..hardware.probe import probe
+from ..hardware.profile import HardwareProfile
 from ..paths import atomic_write_text, get_paths, read_json_object
-from ..planner import Candidate, Roofline, decode_reads, predict
-from . import bandwidth as bw
-from .load import MachineLoad
-from .probe import probe
-from .profile import HardwareProfile
+from . import Candidate, Roofline, decode_reads, predict
 
 if TYPE_CHECKING:  # annotations only: runtime/__init__ would load the engine
     from ..config import Config

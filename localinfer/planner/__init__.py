@@ -62,14 +62,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from .catalog import QUANT_QUALITY, is_embedding_header
-from .errors import InvalidRequest
+from ..catalog import QUANT_QUALITY, is_embedding_header
+from ..errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from .catalog import ModelSpec, Variant
-    from .gguf import GGUFHeader
-    from .hardware.profile import GPUInfo, HardwareProfile
-    from .protocol import ModelInfo
+    from ..catalog import ModelSpec, Variant
+    from ..gguf import GGUFHeader
+    from ..hardware.profile import GPUInfo, HardwareProfile
+    from ..protocol import ModelInfo
 
 GIB = 2**30
 MIB = 2**20
