@@ -2,7 +2,7 @@
 justified by a hand calculation; property tests; bad input; and the starter model on this
 machine's own profile.
 
-Numbers used by the hand calculations (see planner.py): GiB = 2^30 bytes; RAM budget =
+Numbers used by the hand calculations (see planner/memory.py): GiB = 2^30 bytes; RAM budget =
 available - max(1 GiB, 10% of total); VRAM budget = free - max(512 MiB, 10% of total);
 catalog sizes = params x bits per weight / 8 (Q4_K_M 4.89, Q8_0 8.5); F16 KV cache;
 compute = 4 x 512 x vocab (logits) + 4 x 512 x 3 x embedding; overhead 256 MiB host,

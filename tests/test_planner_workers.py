@@ -3,7 +3,7 @@ expected split and rate worked out by hand below; the split is the one llama.cpp
 n_gpu_layers and tensor_split (its assignment re-done here in float32); a worker with too
 little memory, unknown figures, pooling slower than a smaller model alone, bad profiles.
 
-Numbers used (see planner.py): GiB = 2^30 bytes; RAM budget = available - max(1 GiB, 10% of
+Numbers used (see planner/): GiB = 2^30 bytes; RAM budget = available - max(1 GiB, 10% of
 total); a worker's GPU: free - max(512 MiB, 10% of total); F16 KV; compute = 4 x 512 x 3 x
 n_embd (activations) + 4 x 512 x n_vocab (logits, on the output's device); the host keeps
 4 x n_vocab logits per slot; overhead 256 MiB host, 400 MiB CUDA, 128 MiB Metal. Decode at

@@ -1,4 +1,4 @@
-"""Bytes read per decoded token and the roofline (planner.py): one formula for the plan, the
+"""Bytes read per decoded token and the roofline (planner/speed.py): one formula for the plan, the
 prediction and the chat UI's ceiling, with the KV cache type honoured (q8_0 stores 34 bytes per
 32 elements, F16 2 bytes per element)."""
 

@@ -1,0 +1,285 @@
+"""The machine as the planner sees it: the constants fitted to published and measured runs
+(``GPUClass`` per backend and device class, the CPU's rates, the quants' factors), what the
+user asks of a plan (``PlanPrefs``), and one profile read once into budgets and rates
+(``Machine``, ``memory_budget``).
+
+The constants are fitted to published llama-bench results (tests/data/published_llama_bench.csv
+lists them with their sources; bench/planner_published.py reports the fit) and to this
+project's own measurements."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..hardware.profile import GPUInfo, HardwareProfile
+
+GIB = 2**30
+MIB = 2**20
+
+
+# --- fitted constants (see the module docstring) ---------------------------------------------
+# Fitted on the rows marked "fit" of tests/data/published_llama_bench.csv (llama-bench tg128 and
+# pp512 on data-sheet bandwidths and matrix rates; bench/planner_published.py reports the fit and
+# the held-out rows). Where a comment says "unchecked", the rows it was fitted on were later
+# removed (no retrieved source for them) and no retrieved row tests it.
+@dataclass(frozen=True)
+class GPUClass:
+    """How one class of GPU (backend x discrete/integrated x vendor/generation) runs llama.cpp."""
+
+    eta: float
+    """Decode: the share of the data-sheet memory bandwidth the weights stream at."""
+    layer_ms: float
+    """Decode: fixed dispatch/synchronisation cost per layer, milliseconds."""
+    matrix_eta: float
+    """Prefill: the share of the data-sheet dense FP16 matrix rate (fp16_tflops) reached."""
+    immature: str = ""
+    """Why the backend is immature on this class (said in the plan); "" = mature."""
+
+
+GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
+    # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
+    # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
+    ("CUDA", "discrete"): GPUClass(eta=0.86, layer_ms=0.014, matrix_eta=0.55),
+    # DGX Spark (0.8, ggml-org/llama.cpp#15013): LPDDR5X shared with the CPU. (The Jetson AGX
+    # Orin row it was also fitted on had no retrieved source and was removed.)
+    ("CUDA", "integrated"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.30),
+    # ggml-org/llama.cpp#4167 (every M1-M4 chip): 0.85-0.9 of bandwidth; the Ultras lose to a
+    # fixed ~4 ms per token; pp512 at ~0.6 of the FP32 rate (= the FP16 rate on Apple GPUs).
+    ("Metal", "integrated"): GPUClass(eta=0.88, layer_ms=0.14, matrix_eta=0.62),
+    # Fitted on ggml-org/llama.cpp#15021 rows (RX 7900 XT/XTX, W7900) since removed (no retrieved
+    # source); the retrieved RDNA1-3 rows (PRs #5835, #26284) decode within +10-32%.
+    ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.40),
+    # Radeon 780M, Strix Halo: decode reaches 0.8-0.9 of the LPDDR5(X) bandwidth (unchecked).
+    ("ROCm", "integrated"): GPUClass(eta=0.85, layer_ms=0.05, matrix_eta=0.40),
+    # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
+    ("Vulkan", "discrete"): GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.35),
+    ("Vulkan", "integrated"): GPUClass(eta=0.80, layer_ms=0.05, matrix_eta=0.35),
+    ("SYCL", "discrete"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
+    # Arc 140V: SYCL decode reaches ~0.6 of LPDDR5X (issue 16: predicted +27-37% at 0.85).
+    ("SYCL", "integrated"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
+}
+DEFAULT_GPU_CLASS = GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.25)
+"""Backends with no published rows here (OpenCL, MUSA, CANN)."""
+GPU_GENERATIONS: tuple[tuple[str, str, str, GPUClass], ...] = (
+    # (GPU name pattern, vendor, backend, class): the first match replaces GPU_CLASSES' entry.
+    # Data-centre NVIDIA (HBM, server hosts): ~2.5 ms per token of launches (A100 191 tok/s,
+    # H100 268 on a 3.8 GB file, ggml-org/llama.cpp#15013); pp512 at ~0.2 of the tensor rate.
+    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "CUDA",
+     GPUClass(eta=0.90, layer_ms=0.075, matrix_eta=0.20)),
+    # Data-centre NVIDIA on Vulkan: an A100 decodes at half its CUDA rate, prefills at 0.65 of
+    # it (unchecked: the ggml-org/llama.cpp#17273 rows had no retrieved source).
+    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "Vulkan",
+     GPUClass(eta=0.80, layer_ms=0.17, matrix_eta=0.13,
+              immature="llama.cpp's Vulkan backend runs data-centre NVIDIA GPUs at about half"
+                       " their CUDA speed")),
+    # CDNA and GCN on ROCm: 13-21% of HBM bandwidth (MI300X 233 tok/s at 5.3 TB/s, MI210 125 at
+    # 1.6 TB/s, ggml-org/llama.cpp#15021; Radeon VII 54 at 1 TB/s, llm-tracker.info; unchecked:
+    # none of these rows was retrieved, only copies without an address).
+    (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm",
+     GPUClass(eta=0.25, layer_ms=0.03, matrix_eta=0.15,
+              immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
+                       " bandwidth (CDNA/GCN)")),
+    # Intel GPUs on Vulkan, fitted on an A770 and a Tiger Lake Xe remembered rather than
+    # retrieved; the retrieved ggml-org/llama.cpp#10879 rows: an A770 decodes at 0.4 of its
+    # bandwidth and prefills at ~0.1 of its XMX rate (as here), a B580 at 0.6 and 0.07.
+    (r"", "intel", "Vulkan",
+     GPUClass(eta=0.40, layer_ms=0.05, matrix_eta=0.12,
+              immature="llama.cpp's Vulkan backend is immature on Intel GPUs (SYCL is faster)")),
+)
+CPU_LAYER_MS = 0.30
+"""Thread barriers between a layer's ~30 graph nodes (~10 us each)."""
+CPU_ETA_MEASURED = 0.80
+"""Decode reaches ~80% of the read bandwidth numpy measures with all cores."""
+ACHIEVABLE_FRACTION_OF_SPEC = 0.80
+"""A data-sheet bandwidth: reads reach ~80% of it (STREAM-style), so eta x 0.8."""
+# Per-thread throughput of llama.cpp's quantized dot-product kernels, GB/s of weights per GHz.
+CPU_DOT_GBPS_PER_GHZ = {"avx512": 3.6, "avx2": 3.0, "avx": 1.5, "neon-i8mm": 2.0,
+                        "neon-dotprod": 1.6, "neon": 1.0, "scalar": 0.5}
+# Effective prefill FLOPs per cycle per core (int8 dot-product kernels on quantized weights).
+CPU_FLOPS_PER_CYCLE = {"avx512": 28.0, "avx2": 16.0, "avx": 8.0, "neon-i8mm": 16.0,
+                       "neon-dotprod": 8.0, "neon": 4.0, "scalar": 2.0}
+# Dense FP16 matrix rate (TFLOPS, FP16 accumulate, no sparsity) of common GPUs, from the
+# vendors' data sheets (Intel Arc: the XMX rate), for profiles that do not give fp16_tflops.
+# Apple GPUs are not
+# double-rate: FP16 runs at the FP32 rate (philipturner/metal-benchmarks), the figures below.
+GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("RTX PRO 6000", 503.8), ("RTX 5090", 419.0), ("RTX 5080", 225.1), ("RTX 5070 Ti", 175.8),
+    ("RTX 5070", 123.5), ("RTX 5060 Ti", 94.8), ("RTX 4090", 330.3), ("RTX 4080", 194.9),
+    ("RTX 4070 Ti", 160.4), ("RTX 4070", 116.8), ("RTX 4060 Ti", 88.4), ("RTX 4060", 60.5),
+    ("RTX 3090", 142.0), ("RTX 3080", 119.0), ("RTX 3070", 81.3), ("RTX 3060 Ti", 64.8),
+    ("RTX 3060", 51.2), ("RTX 2080 Ti", 107.6), ("RTX 2070", 59.7), ("RTX 2060", 51.6),
+    ("H100", 989.4), ("A100", 312.0), ("L40S", 362.1), ("A10", 125.0), ("T4", 65.0),
+    ("RX 9070 XT", 195.0), ("RX 7900 XTX", 122.8), ("RX 7900 XT", 103.0), ("W7900", 122.6),
+    ("RX 7800 XT", 74.6), ("RX 7600", 43.5), ("RX 6800 XT", 41.5), ("MI300X", 1307.4),
+    ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 8.9),
+    ("Arc B580", 116.0), ("Arc A770", 137.6), ("Arc 140V", 32.0),
+    ("M1 Ultra", 21.2), ("M1 Max", 10.4), ("M1 Pro", 5.2), ("M1", 2.6),
+    ("M2 Ultra", 27.2), ("M2 Max", 13.6), ("M2 Pro", 6.8), ("M2", 3.6),
+    ("M3 Ultra", 28.4), ("M3 Max", 16.4), ("M3 Pro", 7.4), ("M3", 4.1),
+    ("M4 Max", 18.4), ("M4 Pro", 9.2), ("M4", 4.3), ("M5", 5.7),
+)
+MATRIX_TFLOPS_PER_GBPS = 0.1
+"""A GPU in no table: its matrix rate guessed from its bandwidth (a mid-range ratio)."""
+TOKEN_MS = 0.3
+"""Per-token cost outside the layers (graph launch, sampling setup)."""
+SAMPLING_NS_PER_VOCAB = {"cpu": 5.0, "gpu": 2.0}
+"""Logits handling and sampling scale with the vocabulary (Gemma 3's 262k entries: ~1.3 ms)."""
+DEFAULT_GHZ = 2.5
+
+
+def gpu_class(gpu: GPUInfo, backend: str) -> GPUClass:
+    """The class ``gpu`` falls in under ``backend``: a vendor/generation rule of GPU_GENERATIONS
+    first, else by backend and kind (an Apple GPU is integrated)."""
+    return gpu_class_for(gpu.name, gpu.vendor, gpu.kind, backend)
+
+
+def gpu_class_for(name: str, vendor: str, kind: str, backend: str) -> GPUClass:
+    for pattern, rule_vendor, on, found in GPU_GENERATIONS:
+        if vendor == rule_vendor and backend == on and re.search(pattern, name):
+            return found
+    kind = "integrated" if kind == "integrated" or vendor == "apple" else "discrete"
+    return GPU_CLASSES.get((backend, kind), DEFAULT_GPU_CLASS)
+
+
+def matrix_tflops(gpu: GPUInfo) -> float:
+    """The GPU's dense FP16 matrix rate: the profile's figure, else GPU_MATRIX_TFLOPS by name
+    (the longest matching name), else a guess from its bandwidth."""
+    return matrix_tflops_for(gpu.name, gpu.fp16_tflops, gpu.bandwidth_gbps)
+
+
+def matrix_tflops_for(name: str, fp16_tflops: float, bandwidth_gbps: float) -> float:
+    if fp16_tflops > 0:
+        return fp16_tflops
+    known = [(len(gpu), rate) for gpu, rate in GPU_MATRIX_TFLOPS
+             if re.search(rf"(?<![\w-]){re.escape(gpu)}(?![\w-])", name)]
+    if known:
+        return max(known)[1]
+    return bandwidth_gbps * MATRIX_TFLOPS_PER_GBPS
+
+
+def quant_factor(quant: str) -> float:
+    """Low-bit quants decode below the roofline: their kernels do more work per byte."""
+    q = quant.upper()
+    if q.startswith("Q2") or q.startswith("IQ1") or q.startswith("IQ2") or q.startswith("TQ"):
+        return 0.80
+    if q.startswith("Q3") or q.startswith("IQ3"):
+        return 0.88
+    if q.startswith("IQ4"):
+        return 0.92
+    return 1.0
+
+
+@dataclass(frozen=True)
+class PlanPrefs:
+    """What the user asks of a plan. Every field has a sensible default."""
+
+    n_ctx: int | None = None
+    """Context per sequence in tokens; None = memory.MAX_AUTO_CTX (or less, to fit)."""
+    min_tps: float = 10.0
+    """Decode speed (tokens/s) a variant should reach to be preferred."""
+    n_slots: int | None = 1
+    """Sequences decoded in parallel (the daemon's slots); None = as many (up to
+    memory.MAX_AUTO_SLOTS) as fit without moving layers off the GPU."""
+    n_gpu_layers: int | None = None
+    """Force this many GPU layers (llama.cpp semantics, -1 = all); None = as many as fit."""
+    n_threads: int | None = None
+    """CPU threads; None = the profile's (physical cores)."""
+    kv_type: str = "f16"
+    """KV cache type (Config.kv_type): sizes the cache and the KV bytes read per token."""
+    vram_reserve_fraction: float = 0.10
+    vram_reserve_min_bytes: int = 512 * MIB
+    ram_reserve_fraction: float = 0.10
+    ram_reserve_min_bytes: int = 1 * GIB
+    decode_position: int = 64
+    """Position in the context at which decode speed is predicted (llama-bench's tg128
+    averages ~64)."""
+    calibration: Mapping[str, float] = field(default_factory=dict)
+    """measured/predicted decode ratios for this machine, by backend ("CPU", "CUDA"...)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A profile as one plan reads it, with the prefs applied: the budgets after their
+    reserves, the one GPU used and its class, the host's bandwidth and compute rates."""
+
+    ram_budget: int
+    gpu: GPUInfo | None
+    gpu_backend: str | None
+    gpu_budget: int
+    unified: bool
+    host_bw_gbps: float
+    host_bw_1core_gbps: float
+    cpu_eta: float
+    threads: int
+    simd: str
+    ghz: float
+    cores: int
+    kv_type: str
+    gpu_class: GPUClass | None = None
+    sockets: int = 1
+
+
+def machine_view(hw: HardwareProfile, prefs: PlanPrefs) -> Machine:
+    """Read ``hw`` once for a plan with ``prefs``."""
+    ram_total = int(hw.ram_total_gib * GIB)
+    ram_reserve = max(prefs.ram_reserve_min_bytes, int(prefs.ram_reserve_fraction * ram_total))
+    ram_budget = max(0, int(hw.ram_available_gib * GIB) - ram_reserve)
+    usable = hw.usable_gpus()
+    gpu = backend = None
+    gpu_budget = 0
+    unified = False
+    if usable and prefs.n_gpu_layers != 0:
+        # One GPU: the one with the most free memory (multi-GPU splits are not planned).
+        gpu, backend = max(usable, key=lambda gb: (gb[0].vram_free_gib, gb[0].bandwidth_gbps))
+        free = int(gpu.vram_free_gib * GIB)
+        if gpu.unified_memory:
+            unified = True
+            gpu_budget = min(free, ram_budget)  # the working-set cap already leaves room
+        else:
+            reserve = max(prefs.vram_reserve_min_bytes,
+                          int(prefs.vram_reserve_fraction * gpu.vram_total_gib * GIB))
+            gpu_budget = max(0, free - reserve)
+    threads = prefs.n_threads or hw.cpu.runtime_threads
+    host_bw = hw.host_bandwidth_gbps or _estimated_host_bandwidth(hw)
+    sockets = max(1, hw.cpu.sockets)
+    if hw.bandwidth_source != "measured":
+        # NUMA: a data-sheet figure sums every socket's channels, but one process's pages and
+        # threads mostly meet on one socket (a dual EPYC 9175F decodes at 0.83 x one socket's
+        # bandwidth, ggml-org/llama.cpp#11744). A measurement is what this process got.
+        host_bw /= sockets
+    host_bw1 = hw.host_bandwidth_1core_gbps or host_bw / max(1, min(hw.cpu.physical_cores, 4))
+    eta = CPU_ETA_MEASURED
+    if hw.bandwidth_source != "measured":
+        eta *= ACHIEVABLE_FRACTION_OF_SPEC
+    return Machine(ram_budget=ram_budget, gpu=gpu, gpu_backend=backend, gpu_budget=gpu_budget,
+                   unified=unified, host_bw_gbps=host_bw, host_bw_1core_gbps=host_bw1,
+                   cpu_eta=eta, threads=threads, simd=hw.cpu.simd,
+                   ghz=hw.cpu.ghz or DEFAULT_GHZ, cores=hw.cpu.physical_cores,
+                   kv_type=prefs.kv_type,
+                   gpu_class=gpu_class(gpu, backend) if gpu and backend else None,
+                   sockets=sockets)
+
+
+def memory_budget(hw: HardwareProfile, prefs: PlanPrefs | None = None) -> tuple[int, int, bool]:
+    """What loaded models may take together, in bytes: RAM and VRAM after their reserves (as
+    one plan budgets them), and whether the two are one pool (unified memory)."""
+    m = machine_view(hw, prefs or PlanPrefs())
+    return m.ram_budget, m.gpu_budget, m.unified
+
+
+def _estimated_host_bandwidth(hw: HardwareProfile) -> float:
+    """No measurement: dual-channel DDR4-3200 (51 GB/s) for a desktop, less for few cores."""
+    return min(51.2, 8.0 * max(1, hw.cpu.physical_cores))
+
+
+def calibration_ratio(prefs: PlanPrefs, key: str) -> float:
+    """This machine's measured/predicted decode ratio for a backend (1.0 when none)."""
+    ratio = float(prefs.calibration.get(key, 1.0)) if prefs.calibration else 1.0
+    if not (0.05 <= ratio <= 20.0) or not math.isfinite(ratio):
+        ratio = 1.0  # a corrupt calibration must not produce absurd numbers
+    return ratio
