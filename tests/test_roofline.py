@@ -21,7 +21,9 @@ from localinfer.planner import (
     predict,
     roofline_for,
 )
+from localinfer.planner.calibration import ReplyCheck, after_reply
 from localinfer.protocol import ModelInfo
+from localinfer.runtime.types import Done, Timings, Usage
 
 PROFILES = Path(__file__).parent / "profiles"
 CATALOG = load_catalog()
@@ -131,3 +133,21 @@ def test_the_plan_sizes_and_predicts_a_q8_0_cache():
 def test_an_unknown_kv_cache_type_is_refused_with_its_name():
     with pytest.raises(InvalidRequest, match="q4_0"):
         plan(laptop(), [candidate("llama3.2:1b-q8_0")], PlanPrefs(kv_type="q4_0"))
+
+
+def test_decode_steps_above_the_roofline_ask_for_the_bandwidth_measured_again():
+    # The chat's check (after_reply with the roofline it showed): no recording, a decision.
+    hw = laptop()
+
+    def reply(accepted: int) -> Done:
+        return Done("x", "length", Usage(10, 101), Timings(
+            prompt_tokens=10, completion_tokens=101, decode_tokens=100, decode_ms=1000.0,
+            drafted_tokens=2 * accepted, accepted_tokens=accepted))
+
+    check = after_reply(reply(0), hardware=hw, roofline_pct=150.0)
+    assert check.remeasure is not None and "150% of the roofline" in check.remeasure
+    assert check.note is not None and check.note.endswith("measuring it again.")
+    # With speculation a step makes its accepted drafts too: 150% x 50/100 steps is below it.
+    assert after_reply(reply(50), hardware=hw, roofline_pct=150.0) == ReplyCheck()
+    assert after_reply(reply(0), hardware=hw, roofline_pct=105.0) == ReplyCheck()
+    assert after_reply(reply(0), hardware=hw, roofline_pct=None) == ReplyCheck()

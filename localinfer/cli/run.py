@@ -89,11 +89,11 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             print(stats_line(done), file=sys.stderr)
         if session.in_process:  # after the output: measured vs predicted decode, for the planner
             # The hardware probes and the planner: not for building the parser.
-            from ..planner.calibration import record_calibration
+            from ..planner.calibration import after_reply
 
-            note = record_calibration(session.info, done, config, load)
-            if note:
-                print(note, file=sys.stderr)
+            check = after_reply(done, info=session.info, n_threads=config.threads, load=load)
+            if check.note:
+                print(check.note, file=sys.stderr)
     finally:
         if session is not None:
             session.close()

@@ -1,14 +1,18 @@
 """Calibration: measured/predicted decode speed per machine, learnt from real runs.
 
-``localinfer run`` (and later ``localinfer bench``) records each real decode rate against
-what the planner predicted for the same placement; the planner then multiplies its
-predictions on this machine by the geometric mean of the last few ratios, per backend (the
-CPU, CUDA, Metal...). Each record notes the machine's load over the run and the host bandwidth
-the prediction used: only quiet runs predicted with today's bandwidth figure calibrate (a run
-on a busy machine is kept apart, shown by ``hw``, never used). A run faster than the
-bandwidth allows marks that figure to be measured again. The file is a cache
-(``<cache>/hardware/calibration.json``; ``localinfer hw --reset`` forgets this machine's
-records): deleting it only returns the planner to its uncalibrated formula.
+``localinfer run`` and ``localinfer bench`` record each real decode rate against what the
+planner predicted for the same placement; the planner then multiplies its predictions on this
+machine by the geometric mean of the last few ratios, per backend (the CPU, CUDA, Metal...).
+Each record notes the machine's load over the run and the host bandwidth the prediction used:
+only quiet runs predicted with today's bandwidth figure calibrate (a run on a busy machine is
+kept apart, shown by ``hw``, never used). A run faster than the bandwidth allows marks that
+figure to be measured again. The file is a cache (``<cache>/hardware/calibration.json``;
+``localinfer hw --reset`` forgets this machine's records): deleting it only returns the planner
+to its uncalibrated formula.
+
+``after_reply`` is the one check both front ends make after a reply (``run`` records it, the
+chat measures the bandwidth again when decode beat the roofline): it answers a ``ReplyCheck``.
+The front ends' types (``ModelInfo``, ``Done``) are read here, never imported at run time.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from ..hardware.load import MachineLoad
 from ..hardware.probe import probe
 from ..hardware.profile import HardwareProfile
 from ..paths import atomic_write_text, get_paths, read_json_object
-from . import Candidate, Roofline, decode_reads, predict
+from .candidate import Candidate
+from .speed import Roofline, decode_reads, predict
 
-if TYPE_CHECKING:  # annotations only: runtime/__init__ would load the engine
+if TYPE_CHECKING:  # annotations only: the planner imports nothing above it at run time
     from ..config import Config
     from ..protocol import ModelInfo
     from ..runtime.types import Done
@@ -236,31 +241,84 @@ def check_steps(*, model_path: str | Path, model_name: str, n_gpu_layers: int,
     return None
 
 
+@dataclass(frozen=True)
+class ReplyCheck:
+    """What one finished reply says about this machine's host bandwidth figure."""
+
+    note: str | None = None
+    """A line for the user (``run`` prints it, the chat shows it), or None."""
+    remeasure: str | None = None
+    """Why the cached host bandwidth figure must be measured again, or None. A reply recorded
+    in this process (``after_reply`` with ``info``) has marked it already, for the next probe;
+    a front end that measures it now marks it (``flag_bandwidth``) and probes."""
+
+
+def after_reply(done: Done | None, *, info: ModelInfo | None = None,
+                n_threads: int | None = None, load: MachineLoad | None = None,
+                hardware: HardwareProfile | None = None,
+                roofline_pct: float | None = None) -> ReplyCheck:
+    """The check both front ends make after a reply ``done``.
+
+    With ``info`` (a model loaded in this process: ``localinfer run``), the reply's decode is
+    recorded against the planner's prediction with ``n_threads`` and the machine's ``load``
+    over it (``record_calibration``); a reply that shows the host bandwidth figure wrong marks
+    it for the next probe, and the note says so. Never fails the reply.
+
+    Else, with ``hardware`` and ``roofline_pct`` (the reply's decode as a percent of the
+    roofline the chat showed): decode steps faster than ABOVE_ROOFLINE x the roofline mean the
+    cached host bandwidth is too low, to be measured again now. Each step reads the weights
+    once; with speculation a step makes its accepted drafts too, so the steps' rate is the
+    tokens' rate without them."""
+    if info is not None:
+        reason = _record_reply(info, done, n_threads, load)
+        return ReplyCheck(note=drift_note(reason) if reason else None, remeasure=reason)
+    if done is None or roofline_pct is None or hardware is None:
+        return ReplyCheck()
+    t = done.timings
+    if t.decode_tokens <= 0:
+        return ReplyCheck()
+    steps_pct = roofline_pct * (t.decode_tokens - t.accepted_tokens) / t.decode_tokens
+    if steps_pct <= 100 * ABOVE_ROOFLINE:
+        return ReplyCheck()
+    host = hardware.host_bandwidth_gbps
+    return ReplyCheck(
+        note=(f"Decode ran at {steps_pct:.0f}% of the roofline: the cached host bandwidth"
+              f" ({host:.1f} GB/s) is too low; measuring it again."),
+        remeasure=f"a reply decoded at {steps_pct:.0f}% of the roofline of {host:.1f} GB/s")
+
+
 def record_calibration(info: ModelInfo, done: Done | None, config: Config,
                        load: MachineLoad | None = None) -> str | None:
     """After an in-process ``localinfer run``: record its measured/predicted decode for this
     machine, with the machine's ``load`` over the run. Returns a note for the user when the
     run marked the bandwidth figure to be measured again. Never fails the run (a calibration
     problem is logged, not shown)."""
+    reason = _record_reply(info, done, config.threads, load)
+    return drift_note(reason) if reason else None
+
+
+def _record_reply(info: ModelInfo, done: Done | None, n_threads: int | None,
+                  load: MachineLoad | None) -> str | None:
+    """Record a reply of a model loaded in this process; why it marked the host bandwidth
+    figure to be measured again, or None."""
     if done is None or done.finish_reason == "cancelled":
         return None
     t = done.timings
     try:
         if t.drafted_tokens and t.decode_tokens:  # several tokens a step: not a decode rate
             steps_tps = t.decode_tps * (t.decode_tokens - t.accepted_tokens) / t.decode_tokens
-            reason = check_steps(model_path=info.path, model_name=info.name,
-                                 n_gpu_layers=info.n_gpu_layers, prompt_tokens=t.prompt_tokens,
-                                 decode_tokens=t.decode_tokens, steps_tps=steps_tps,
-                                 kv_type=info.kv_type)
-            return drift_note(reason) if reason else None
+            return check_steps(model_path=info.path, model_name=info.name,
+                               n_gpu_layers=info.n_gpu_layers, prompt_tokens=t.prompt_tokens,
+                               decode_tokens=t.decode_tokens, steps_tps=steps_tps,
+                               kv_type=info.kv_type)
         m = record_run(model_path=info.path, model_name=info.name,
-                       n_gpu_layers=info.n_gpu_layers, n_threads=config.threads,
+                       n_gpu_layers=info.n_gpu_layers, n_threads=n_threads,
                        prompt_tokens=t.prompt_tokens, decode_tokens=t.decode_tokens,
                        decode_tps=t.decode_tps, kv_type=info.kv_type, load=load)
     except Exception:
         log.debug("calibration not recorded", exc_info=True)
         return None
-    return drift_note(m.drift) if m is not None and m.drift else None
+    return m.drift if m is not None else None
 
 
 def flag_bandwidth(hw: HardwareProfile, reason: str, cache_dir: Path | None = None) -> bool:

@@ -291,29 +291,26 @@ class ChatApp(App[None]):
             self._measuring = False
 
     def _check_roofline(self, roofline_pct: float | None, done: Done) -> None:
-        """Decode steps faster than the roofline mean the cached host bandwidth is too low:
-        mark it and measure it again in the background, once per session. Each step reads
-        the weights once; with speculation a step makes its accepted drafts too, so the
-        steps' rate is the tokens' rate without them."""
-        from ..planner.calibration import ABOVE_ROOFLINE  # the hardware layer: only here
+        """Decode steps faster than the roofline mean the cached host bandwidth is too low
+        (``after_reply`` decides): mark it and measure it again in the background, once per
+        session."""
+        from ..planner.calibration import after_reply  # the probes: only here
 
-        t = done.timings
-        if (roofline_pct is None or t.decode_tokens <= 0 or self.hardware is None
-                or self.hardware_fixed or self._remeasured):
+        if self.hardware is None or self.hardware_fixed or self._remeasured:
             return
-        steps_pct = roofline_pct * (t.decode_tokens - t.accepted_tokens) / t.decode_tokens
-        if steps_pct <= 100 * ABOVE_ROOFLINE:
+        check = after_reply(done, hardware=self.hardware, roofline_pct=roofline_pct)
+        if check.remeasure is None:
             return
         self._remeasured = True
-        host = self.hardware.host_bandwidth_gbps
-        self.notify(f"Decode ran at {steps_pct:.0f}% of the roofline: the cached host"
-                    f" bandwidth ({host:.1f} GB/s) is too low; measuring it again.")
-        self._remeasure(f"a reply decoded at {steps_pct:.0f}% of the roofline of"
-                        f" {host:.1f} GB/s")
+        if check.note:
+            self.notify(check.note)
+        self._remeasure(check.remeasure)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="bandwidth")
     def _remeasure(self, reason: str) -> None:
-        from ..planner.calibration import flag_bandwidth  # the hardware layer: only here
+        """Mark the host bandwidth figure (``reason``: ``ReplyCheck.remeasure``) and measure
+        it again."""
+        from ..planner.calibration import flag_bandwidth  # the probes: only here
 
         try:
             if self.hardware is not None and flag_bandwidth(self.hardware, reason):
