@@ -1,5 +1,5 @@
 """No request field is silently dropped: each route's refused and unknown fields get a 400
-naming them, the accepted-and-ignored ones get a normal reply, and the README's table is the
+naming them, the accepted-and-ignored ones get a normal reply, and the table in docs/api.md is the
 one the field lists generate."""
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def test_samplers_and_bias_are_parsed(daemon):
 
 
 def test_readme_table_is_generated_from_the_field_lists():
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert fields_table() in readme, "README.md: paste localinfer.daemon.fields.fields_table()"
+    readme = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    assert fields_table() in readme, "docs/api.md: paste localinfer.daemon.fields.fields_table()"
 
 
 def test_every_route_lists_each_field_once():
