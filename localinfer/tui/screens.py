@@ -263,7 +263,7 @@ class ChatsScreen(Screen[ChatChoice | None]):
         self.reload()
 
     def reload(self) -> None:
-        self.summaries = self.store.list()
+        self.summaries = self.store.summaries()
         table = self.query_one(DataTable)
         table.clear()
         for s in self.summaries:
