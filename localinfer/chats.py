@@ -258,7 +258,7 @@ class ChatStore:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ChatError(f"{path} cannot be read ({exc}); it is left as it is.") from None
 
-    def list(self) -> list[ChatSummary]:
+    def summaries(self) -> list[ChatSummary]:
         """Every readable chat, the most recently updated first."""
         if not self.root.is_dir():
             return []
@@ -277,7 +277,7 @@ class ChatStore:
         return out
 
     def latest(self) -> Chat | None:
-        for summary in self.list():
+        for summary in self.summaries():
             try:
                 return self.load(summary.id)
             except ChatError:

@@ -5,8 +5,13 @@ the loaded one; which model to pick is ``selection.py``'s). No UI here: the chat
 from its worker threads.
 
     Launcher(config).open(model, progress) -> Session
-    Session.chat(messages, params) | Session.complete(prompt, params) -> a generation:
+    Session.chat(messages, params) | Session.complete(prompt, params) -> Generation:
         iterate Token/Done events, cancel() from any thread
+    Launcher.pick_model / model_rows / pull: the models a front end lists, picks and pulls
+
+``Session`` and ``Generation`` are the typed seam a front end reads a model through (its info,
+the prompt's size, the events with their timings); ``EngineSession`` and ``DaemonSession`` are
+the two kinds of session.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,13 +35,22 @@ from .planner import Candidate, Roofline, plan, predict, roofline_for
 from .progress import human_bytes
 from .protocol import ModelInfo
 from .runtime.types import Done, Message, Priority, SamplingParams, Token
-from .selection import best_or_smallest, catalog_candidates, installed_candidate, plan_prefs
-from .store import ModelStore, looks_like_path
+from .selection import (
+    best_or_smallest,
+    catalog_candidates,
+    installed_candidate,
+    pick_model,
+    plan_prefs,
+)
+from .store import InstalledModel, ModelStore, PullCallback, looks_like_path, pull_model
 
-if TYPE_CHECKING:
-    from .client import DaemonClient
+if TYPE_CHECKING:  # the client loads httpx, the engine jinja2, numpy and llama.cpp
+    from .client import ClientGeneration, DaemonClient
     from .hardware import HardwareProfile
     from .planner import PlanPrefs
+    from .runtime.engine import Engine
+    from .runtime.engine import Generation as EngineGeneration
+    from .store import CopyProgress
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +80,17 @@ Progress = Callable[[LoadStep], None]
 
 
 class Generation(Protocol):
+    """One reply being made: iterate it for ``Token`` events (the text, with the live
+    figures) and a final ``Done`` (the whole text, the usage and the engine's timings);
+    ``cancel()`` from any thread."""
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's size in tokens as the model's side counted it, once known (through the
+        daemon: after the stream's first event); None until then, and in this process, where
+        ``Session.count_tokens`` counts it before the request is sent."""
+        ...
+
     def __iter__(self) -> Iterator[Token | Done]: ...
 
     def cancel(self) -> None: ...
@@ -98,7 +124,7 @@ class EngineSession:
 
     in_process = True
 
-    def __init__(self, engine: Any, model: str | None = None, *,
+    def __init__(self, engine: Engine, model: str | None = None, *,
                  priority: Priority = Priority.INTERACTIVE) -> None:
         self.engine = engine
         self.info: ModelInfo = engine.info
@@ -107,10 +133,10 @@ class EngineSession:
         self.priority = priority
 
     def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
-        return self.engine.chat(messages, params, priority=self.priority)
+        return _EngineGeneration(self.engine.chat(messages, params, priority=self.priority))
 
     def complete(self, prompt: str, params: SamplingParams) -> Generation:
-        return self.engine.complete(prompt, params, priority=self.priority)
+        return _EngineGeneration(self.engine.complete(prompt, params, priority=self.priority))
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return len(self.engine.chat_tokens(messages))
@@ -119,12 +145,28 @@ class EngineSession:
         self.engine.close()
 
 
+class _EngineGeneration:
+    """An engine's generation as a session's. Its prompt was counted before it was submitted
+    (``EngineSession.count_tokens``), so ``prompt_tokens`` stays None."""
+
+    prompt_tokens: int | None = None
+
+    def __init__(self, generation: EngineGeneration) -> None:
+        self._generation = generation
+
+    def __iter__(self) -> Iterator[Token | Done]:
+        return iter(self._generation)
+
+    def cancel(self) -> None:
+        self._generation.cancel()
+
+
 class DaemonSession:
     """A model held by the daemon; a chat UI's requests go first (interactive priority)."""
 
     in_process = False
 
-    def __init__(self, client: Any, model: str, info: ModelInfo, *,
+    def __init__(self, client: DaemonClient, model: str, info: ModelInfo, *,
                  priority: Priority = Priority.INTERACTIVE) -> None:
         self.client = client
         self.model = model
@@ -151,7 +193,7 @@ class _InfoTracking:
     """A daemon generation that updates the session's ModelInfo from its start event (the
     daemon may have reloaded the model with other settings since)."""
 
-    def __init__(self, generation: Any, session: DaemonSession) -> None:
+    def __init__(self, generation: ClientGeneration, session: DaemonSession) -> None:
         self._generation = generation
         self._session = session
 
@@ -171,8 +213,12 @@ class _InfoTracking:
         self._generation.cancel()
 
 
-EngineOpener = Callable[..., Any]
-"""``runtime.loader.open_engine``'s signature: (ref, config, on_copy=, on_load=) -> Engine."""
+class EngineOpener(Protocol):
+    """``runtime.loader.open_engine``, as a launcher calls it (tests pass engines on the fake
+    backend)."""
+
+    def __call__(self, ref: str, config: Config, *, on_copy: CopyProgress | None = None,
+                 on_load: Callable[[float], None] | None = None) -> Engine: ...
 
 
 class Launcher:
@@ -215,6 +261,22 @@ class Launcher:
         # the daemon, the backend it used is taken from the model it loaded.
         hardware = probe(measure_bandwidth=measure_bandwidth, with_build=self.in_process)
         return hardware, load_ratios(hardware)
+
+    # --- models -------------------------------------------------------------------------
+    def pick_model(self, hardware: HardwareProfile | None) -> str:
+        """The model to open when none is named (``selection.pick_model`` on this launcher's
+        store and settings)."""
+        return pick_model(self.store, self.config, hardware)
+
+    def model_rows(self, hardware: HardwareProfile, *,
+                   calibration: Mapping[str, float] | None = None) -> list[ModelRow]:
+        """The models a front end lists, with the plan for ``hardware`` (``model_rows``)."""
+        return model_rows(self.store, hardware, self.config, calibration=calibration)
+
+    def pull(self, name: str, *, progress: PullCallback | None = None,
+             cancel: threading.Event | None = None) -> InstalledModel:
+        """Download a catalog model into this launcher's store (blocking; ``pull_model``)."""
+        return pull_model(self.store, name, progress=progress, cancel=cancel)
 
     # --- opening ------------------------------------------------------------------------
     def open(self, model: str, progress: Progress) -> Session:

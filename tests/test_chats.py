@@ -46,7 +46,7 @@ def test_round_trip_keeps_messages_settings_and_stats(home):
 def test_nothing_is_written_until_a_save(home):
     store = ChatStore()
     store.new()
-    assert store.list() == [] and not (home / "data" / "chats").exists()
+    assert store.summaries() == [] and not (home / "data" / "chats").exists()
 
 
 def test_list_is_newest_first_and_latest_resumes_it(home):
@@ -56,11 +56,11 @@ def test_list_is_newest_first_and_latest_resumes_it(home):
     second = a_chat(store, ("two", "2"))
     store.save(second)
     os.utime(store.root / f"{first.id}.json")  # mtime does not matter: `updated` does
-    assert [s.title for s in store.list()] == ["two", "one"]
+    assert [s.title for s in store.summaries()] == ["two", "one"]
     store.save(first)  # a new message in the first chat makes it the newest
-    assert [s.title for s in store.list()] == ["one", "two"]
+    assert [s.title for s in store.summaries()] == ["one", "two"]
     assert store.latest().id == first.id
-    assert store.list()[0].n_messages == 2
+    assert store.summaries()[0].n_messages == 2
 
 
 def test_prompt_messages_skip_failed_replies_and_dropped_turns(home):
@@ -121,7 +121,7 @@ def test_unreadable_files_are_skipped_and_left_alone(home):
     newer = store.root / "20240101-000001-abcdef.json"
     newer.write_text(json.dumps({"schema": 99, "id": "x"}), encoding="utf-8")
     (store.root / "notes.txt").write_text("mine", encoding="utf-8")
-    assert [s.id for s in store.list()] == [good.id]
+    assert [s.id for s in store.summaries()] == [good.id]
     with pytest.raises(ChatError, match="left as it is"):
         store.load(broken.stem)
     assert broken.read_text(encoding="utf-8") == "{ not json"
@@ -131,13 +131,13 @@ def test_rename_and_delete(home):
     store = ChatStore()
     chat = a_chat(store, ("a long first message " * 10, "ok"))
     store.save(chat)
-    assert len(store.list()[0].title) <= 60 and store.list()[0].title.endswith("…")
+    assert len(store.summaries()[0].title) <= 60 and store.summaries()[0].title.endswith("…")
     store.rename(chat.id, "  Trip   planning ")
     assert store.load(chat.id).title == "Trip planning"
     with pytest.raises(InvalidRequest):
         store.rename(chat.id, "   ")
     store.delete(chat.id)
-    assert store.list() == []
+    assert store.summaries() == []
     with pytest.raises(ChatError, match="no chat"):
         store.load(chat.id)
 

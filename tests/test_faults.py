@@ -313,7 +313,7 @@ def test_kill_9_of_the_chat_mid_reply_keeps_the_streamed_text(home, starter_path
     store = ChatStore()
 
     def streaming_reply() -> str:
-        for summary in store.list():
+        for summary in store.summaries():
             messages = store.load(summary.id).messages
             if len(messages) == 2 and messages[1].finish_reason == "interrupted" and \
                     len(messages[1].content.split()) >= 3:
@@ -332,7 +332,7 @@ def test_kill_9_of_the_chat_mid_reply_keeps_the_streamed_text(home, starter_path
         if proc.poll() is None:
             proc.kill()
         os.close(leader)
-    [summary] = store.list()
+    [summary] = store.summaries()
     user, reply = store.load(summary.id).messages
     assert user.content == "Write a long story about a dragon who learns to cook."
     assert reply.finish_reason == "interrupted" and len(reply.content.split()) >= 3

@@ -638,7 +638,7 @@ def test_chats_can_be_renamed_and_deleted(home):
             await pilot.press("d")
             await pilot.click("#yes")
             await until(pilot, lambda: not chats.summaries, "deleted")
-            assert ChatStore().list() == []
+            assert ChatStore().summaries() == []
             await pilot.press("escape")
             assert not app.query(UserMessage)  # the open chat was the deleted one
         opener.close()
@@ -661,11 +661,11 @@ def test_deleting_a_chat_needs_an_explicit_choice(home):
             assert app.focused.id == "no"  # Cancel is the default
             await pilot.press("enter")
             assert isinstance(app.screen, ChatsScreen)
-            assert [s.title for s in ChatStore().list()] == ["Keep me"]
+            assert [s.title for s in ChatStore().summaries()] == ["Keep me"]
             await pilot.press("d")
             await until_screen(pilot, app, ConfirmScreen, "the confirmation")
             await pilot.press("escape")
-            assert len(ChatStore().list()) == 1
+            assert len(ChatStore().summaries()) == 1
         opener.close()
 
     run(main())

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -29,13 +29,15 @@ from textual.widgets import (
 )
 
 from ..chats import ChatStore, ChatSummary, check_settings
-from ..config import Config
 from ..errors import LocalInferError
 from ..progress import human_bytes
-from ..session import LoadedRow, ModelRow, model_rows
-from ..store import pull_model
+from ..session import Launcher, LoadedRow, ModelRow
 from .speed import tps
 from .widgets import EnterSubmits
+
+if TYPE_CHECKING:
+    from ..hardware import HardwareProfile
+    from ..store import PullProgress
 
 HELP = """\
 # localinfer chat
@@ -94,7 +96,7 @@ class ErrorScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "close", "Close")]
 
     def __init__(self, title: str, message: str, buttons: list[tuple[str, str]],
-                 *, icon: str = "⚠ ", **kwargs: Any) -> None:
+                 *, icon: str = "⚠ ", **kwargs: str | None) -> None:
         super().__init__(**kwargs)
         self.icon = icon
         self.title_text = title
@@ -119,17 +121,17 @@ class ErrorScreen(ModalScreen[str | None]):
 class ContextFullScreen(ErrorScreen):
     """The conversation no longer fits the model's context."""
 
-    def __init__(self, message: str, **kwargs: Any) -> None:
+    def __init__(self, message: str, *, id: str | None = None) -> None:
         super().__init__("The context is full", message,
                          [("drop", "Drop oldest turns"), ("new", "New chat"),
-                          ("cancel", "Cancel")], **kwargs)
+                          ("cancel", "Cancel")], id=id)
 
 
 class ConfirmScreen(ErrorScreen):
     """A yes/no question before something that cannot be taken back. Cancel comes first, so
     it is the focused default: Enter alone never confirms."""
 
-    def __init__(self, title: str, message: str, confirm: str, **kwargs: Any) -> None:
+    def __init__(self, title: str, message: str, confirm: str, **kwargs: str | None) -> None:
         super().__init__(title, message, [("no", "Cancel"), ("yes", confirm)], icon="",
                          **kwargs)
 
@@ -139,7 +141,7 @@ class TextPrompt(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "close", "Cancel")]
 
-    def __init__(self, title: str, value: str, **kwargs: Any) -> None:
+    def __init__(self, title: str, value: str, **kwargs: str | None) -> None:
         super().__init__(**kwargs)
         self.title_text = title
         self.value = value
@@ -171,7 +173,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
 
     BINDINGS = [Binding("escape", "close", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
-    def __init__(self, settings: ChatSettings, **kwargs: Any) -> None:
+    def __init__(self, settings: ChatSettings, **kwargs: str | None) -> None:
         super().__init__(**kwargs)
         self.settings = settings
 
@@ -240,7 +242,7 @@ class ChatsScreen(Screen[ChatChoice | None]):
         Binding("d", "delete", "Delete"),
     ]
 
-    def __init__(self, store: ChatStore, current_id: str | None, **kwargs: Any) -> None:
+    def __init__(self, store: ChatStore, current_id: str | None, **kwargs: str | None) -> None:
         super().__init__(**kwargs)
         self.store = store
         self.current_id = current_id
@@ -263,7 +265,7 @@ class ChatsScreen(Screen[ChatChoice | None]):
         self.reload()
 
     def reload(self) -> None:
-        self.summaries = self.store.list()
+        self.summaries = self.store.summaries()
         table = self.query_one(DataTable)
         table.clear()
         for s in self.summaries:
@@ -406,18 +408,17 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.error = error
             self.cancelled = cancelled
 
-    def __init__(self, store: Any, hardware: Any, current: str | None, config: Config, *,
-                 calibration: dict[str, float] | None = None,
-                 loaded: Callable[[], list[LoadedRow]] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.store = store
+    def __init__(self, launcher: Launcher, hardware: HardwareProfile | None,
+                 current: str | None, *, calibration: dict[str, float] | None = None,
+                 loaded: Callable[[], list[LoadedRow]] | None = None) -> None:
+        super().__init__()
+        self.launcher = launcher
         self.loaded_source = loaded
         """What is loaded now (blocking: it may ask the daemon; run on the worker)."""
         self.loaded: list[LoadedRow] = []
         self.hardware = hardware
         self.current = current
         self.calibration = calibration or {}
-        self.config = config
         self.rows: list[ModelRow] = []
         self._pull_cancel: threading.Event | None = None
         self.pulling: str | None = None
@@ -448,8 +449,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.post_message(self.RowsReady(None, "the hardware profile is not ready yet."))
             return
         try:
-            rows = model_rows(self.store, self.hardware, self.config,
-                              calibration=self.calibration)
+            rows = self.launcher.model_rows(self.hardware, calibration=self.calibration)
         except LocalInferError as exc:
             self.post_message(self.RowsReady(None, exc.one_line()))
             return
@@ -544,16 +544,15 @@ class ModelsScreen(Screen[ModelChoice | None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="models-pull")
     def pull(self, name: str, cancel: threading.Event) -> None:
-        def on_progress(p: Any) -> None:
-            total = getattr(p, "total", 0) or 0
-            done = getattr(p, "completed", 0) or 0
-            text = getattr(p, "message", "") or getattr(p, "status", "")
+        def on_progress(p: PullProgress) -> None:
+            total, done = p.total, p.completed
+            text = p.message or p.status
             if total:
                 text = f"{text} {human_bytes(done)}/{human_bytes(total)}".strip()
             self.post_message(self.PullUpdate(name, done / total if total else None, text))
 
         try:
-            pull_model(self.store, name, progress=on_progress, cancel=cancel)
+            self.launcher.pull(name, progress=on_progress, cancel=cancel)
         except LocalInferError as exc:
             self.post_message(self.PullEnded(name, exc, cancel.is_set()))
             return

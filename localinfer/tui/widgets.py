@@ -1,25 +1,26 @@
-"""The chat screen's widgets. They only render what the app hands them and post what the user
-does; the model is reached by the app's workers (app.py), never from here."""
+"""The chat screen's widgets: the message box, the messages, the loading panel. They only render
+what the app hands them and post what the user does; the model is reached by the workers of the
+app (app.py) and of the conversation (conversation.py), never from here. The status bar, which
+keeps the machine's figures too, is status.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from textual import events
-from textual.containers import Horizontal, Vertical
+from textual import events, on
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.reactive import reactive
-from textual.widgets import Label, Markdown, ProgressBar, Sparkline, Static, TextArea
+from textual.widget import Widget
+from textual.widgets import Button, Label, Markdown, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
-from ..chats import ChatMessage
-from ..planner import Roofline
-from ..protocol import ModelInfo
-from ..runtime.types import LiveStats
-from .speed import placement, summary_line, thousands, tps
+from ..chats import Chat, ChatMessage
+from .speed import summary_line
 
 HISTORY_LIMIT = 200
+MOUNTED_MESSAGES = 60
+"""A resumed chat shows its last messages; earlier ones are mounted on request."""
 
 
 class EnterSubmits(TextArea):
@@ -208,68 +209,51 @@ class LoadingPanel(Vertical):
             bar.update(total=1.0, progress=fraction)
 
 
-class StatusBar(Vertical):
-    """Model, placement and context on the first line; live speed with a sparkline on the
-    second; the roofline and the plan's prediction on the third."""
+class Transcript(VerticalScroll):
+    """The chat's messages, in order. A long chat shows its last MOUNTED_MESSAGES; a button
+    above them mounts the earlier ones, as many again at a time."""
 
-    info: reactive[ModelInfo | None] = reactive(None, always_update=True)
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.chat: Chat | None = None
+        self._hidden_messages = 0
 
-    def compose(self):
-        yield Label("", id="status-model", markup=False)
-        with Horizontal(id="status-speed-row"):
-            yield Label("", id="status-speed", markup=False)
-            yield Sparkline([], id="status-spark")
-        yield Label("", id="status-roofline", markup=False)
+    async def show_chat(self, chat: Chat, welcome: Callable[[], str]) -> None:
+        """Show ``chat`` in place of what is shown (``welcome()`` when it is empty)."""
+        await self.remove_children()
+        self.chat = chat
+        messages = chat.messages
+        start = max(0, len(messages) - MOUNTED_MESSAGES)
+        self._hidden_messages = start
+        widgets: list[Widget] = []
+        if start:
+            widgets.append(Button(f"Show {start} earlier messages", id="show-earlier"))
+        if not messages:
+            widgets.append(Static(welcome(), id="welcome"))
+        widgets.extend(self._message_widgets(chat, start, len(messages)))
+        await self.mount_all(widgets)
 
-    def show_model(self, info: ModelInfo | None, where: str, context_tokens: int | None,
-                   *, at_least: bool = False, loading: str = "") -> None:
-        label = self.query_one("#status-model", Label)
-        if info is None:
-            label.update(loading or "no model loaded: ctrl+o picks one")
+    @staticmethod
+    def _message_widgets(chat: Chat, start: int, end: int) -> list[Widget]:
+        out: list[Widget] = []
+        for i in range(start, end):
+            m = chat.messages[i]
+            if i == chat.context_start and i > 0:
+                out.append(ContextNote(classes="context-note"))
+            out.append(UserMessage(m) if m.role == "user" else AssistantMessage(m))
+        return out
+
+    @on(Button.Pressed, "#show-earlier")
+    async def _show_earlier(self) -> None:
+        if self.chat is None:
             return
-        ctx = "?" if context_tokens is None else ("≥" if at_least else "") + thousands(
-            context_tokens)
-        label.update(f"{info.name} · {info.quant} · {placement(info)} · ctx {ctx}/"
-                     f"{thousands(info.n_ctx)} · {where}")
-
-    def show_speed(self, *, decode_tps: float, ttft_ms: float, prefill_tps: float,
-                   n_tokens: int, samples: Sequence[float], waiting: bool = False,
-                   last: bool = False) -> None:
-        label = self.query_one("#status-speed", Label)
-        if waiting:
-            label.update("waiting for the first token…")
-        elif n_tokens == 0 and not last:
-            label.update("decode – tok/s · TTFT – · prefill – (measured while a reply streams)")
+        end = self._hidden_messages
+        start = max(0, end - MOUNTED_MESSAGES)
+        button = self.query_one("#show-earlier", Button)
+        widgets = self._message_widgets(self.chat, start, end)
+        await self.mount_all(widgets, after=button)
+        self._hidden_messages = start
+        if start:
+            button.label = f"Show {start} earlier messages"
         else:
-            prefix = "last reply: " if last else ""
-            label.update(f"{prefix}decode {tps(decode_tps)} tok/s · TTFT {thousands(ttft_ms)}"
-                         f" ms · prefill {tps(prefill_tps)} tok/s · {n_tokens} tok")
-        self.query_one(Sparkline).data = list(samples)
-
-    def show_roofline(self, roofline: Roofline | None, *, decode_tps: float, position: int,
-                      predicted_tps: float | None, bandwidth_note: str = "") -> None:
-        label = self.query_one("#status-roofline", Label)
-        parts = []
-        ceiling = roofline.ceiling_tps(position) if roofline else None
-        if roofline is None or ceiling is None:
-            parts.append(bandwidth_note or "roofline: memory bandwidth not known yet")
-        else:
-            pct = roofline.percent(decode_tps, position)
-            share = f"{pct:.0f}% of " if pct is not None and pct >= 10 else \
-                f"{pct:.1f}% of " if pct is not None else ""
-            bw = []
-            if roofline.reads.cpu_weight_bytes:
-                bw.append(f"host {roofline.host_bandwidth_gbps:.1f} GB/s"
-                          f" {roofline.host_bandwidth_source}")
-            if roofline.reads.gpu_weight_bytes:
-                bw.append(f"GPU {roofline.gpu_bandwidth_gbps:.0f} GB/s spec")
-            approx = "" if roofline.exact else "~"
-            parts.append(f"{share}roofline {approx}{tps(ceiling)} tok/s ({', '.join(bw)})")
-        if predicted_tps:
-            parts.append(f"plan {tps(predicted_tps)} tok/s predicted")
-        label.update(" · ".join(parts))
-
-
-def live_values(live: LiveStats) -> dict:
-    return {"decode_tps": live.decode_tps, "ttft_ms": live.ttft_ms,
-            "prefill_tps": live.prefill_tps, "n_tokens": live.n_tokens}
+            await button.remove()
