@@ -88,6 +88,9 @@ class ContextOverflow(LocalInferError):
     title = "prompt too long"
     exit_code = 6
     http_status = 400
+    # 0: not known (an error rebuilt from the daemon's JSON carries only its message).
+    n_prompt = 0
+    n_ctx = 0
 
     def __init__(self, message: str, *, n_prompt: int = 0, n_ctx: int = 0) -> None:
         super().__init__(message)

@@ -480,7 +480,7 @@ class ChatScreen(Screen[None]):
             self._too_long_alone(error)
             return
         session = self.host.session
-        n_ctx = getattr(error, "n_ctx", 0) or (session.info.n_ctx if session else 0)
+        n_ctx = error.n_ctx or (session.info.n_ctx if session else 0)
         self._context_full(f"This conversation no longer fits in the model's context"
                            f" ({n_ctx:,} tokens): {error.message}", unanswered=True)
 
@@ -493,8 +493,8 @@ class ChatScreen(Screen[None]):
     def _too_long_alone(self, error: ContextOverflow) -> None:
         # An error rebuilt from the daemon's JSON carries neither figure.
         session = self.host.session
-        n_ctx = getattr(error, "n_ctx", 0) or (session.info.n_ctx if session else 0)
-        n_prompt = getattr(error, "n_prompt", 0)  # not known through the daemon
+        n_ctx = error.n_ctx or (session.info.n_ctx if session else 0)
+        n_prompt = error.n_prompt  # 0 through the daemon: not known
         system = " with the system prompt" if self.chat.system_prompt.strip() else ""
         size = (f": it needs {n_prompt:,} tokens{system}, the context holds {n_ctx:,} and one"
                 f" must be left for the reply" if n_prompt else f" ({n_ctx:,} tokens)")

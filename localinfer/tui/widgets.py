@@ -51,7 +51,7 @@ class EnterSubmits(TextArea):
             return
         event.stop()
         event.prevent_default()
-        getattr(self, f"action_{action}")()
+        await self.run_action(action)
 
     def action_submit(self) -> None:
         self.post_message(self.Submitted(self, self.text))
