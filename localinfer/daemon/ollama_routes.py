@@ -32,7 +32,7 @@ from ..runtime.engine import Engine
 from ..runtime.thinking import thinking_format
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel, PullProgress
-from ..store.starter import available_models
+from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, PullJob, start_generation, whole_reply
 from .error_replies import guarded

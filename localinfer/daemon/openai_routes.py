@@ -23,7 +23,7 @@ from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel
-from ..store.starter import available_models
+from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .error_replies import error_body, guarded
