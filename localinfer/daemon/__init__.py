@@ -1,7 +1,7 @@
 """The local daemon: one loaded model per machine, shared by the chat UI and editor plugins,
 served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats.
 
-    app.py               assembles the HTTP app: the routes behind the guard
+    http_app.py          assembles the HTTP app: the routes behind the guard
     guard.py             Host/Origin/API key/body-size checks in front of every route
     error_replies.py     error bodies in each API's shape; ``guarded`` wraps every route
     state.py             settings, /metrics counters, the state the routes share
@@ -23,5 +23,5 @@ served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats
     instance.py          finding a running daemon (no web imports, for clients)
 
 Route modules only translate between a wire format and the engine: they import state,
-error_replies, requests, bridge and the protocol, never each other or app.py.
+error_replies, requests, bridge and the protocol, never each other or http_app.py.
 """
