@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
+from localinfer.bench.engine_bench import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
 from streaming import stream
 
 

@@ -1,6 +1,7 @@
-"""The editor workload (localinfer/workload.py) against localinfer and llama-server, side by side
-in one run: one chat client, three editor clients sending llama.vscode's /infill requests on a
-~1,500-token file with superseded keystrokes cancelled, and an indexing client embedding chunks.
+"""The editor workload (localinfer/bench/editor_workload.py) against localinfer and
+llama-server, side by side in one run: one chat client, three editor clients sending
+llama.vscode's /infill requests on a ~1,500-token file with superseded keystrokes cancelled,
+and an indexing client embedding chunks.
 Each server runs alone (one after the other) with its documented editor settings: localinfer's
 defaults; llama-server with llama.vscode's CPU-only FIM flags and a second llama-server with
 ``--embeddings`` for the indexing client.
@@ -31,9 +32,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from localinfer.errors import LocalInferError
-from localinfer.store import ModelStore
-from localinfer.workload import (
+from localinfer.bench.editor_workload import (
     LLAMA_SERVER_EMBED_ARGS,
     LLAMA_SERVER_FIM_ARGS,
     Workload,
@@ -42,6 +41,8 @@ from localinfer.workload import (
     start_localinfer,
     table,
 )
+from localinfer.errors import LocalInferError
+from localinfer.store import ModelStore
 
 
 def main() -> int:

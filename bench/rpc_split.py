@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from localinfer import gguf
+from localinfer.bench.editor_workload import start_worker
 from localinfer.config import Config
 from localinfer.hardware import rpc
 from localinfer.hardware.probe import probe
@@ -32,7 +33,6 @@ from localinfer.runtime.isolated import IsolatedBackend
 from localinfer.runtime.loader import load_engine, split_options, worker_split
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore
-from localinfer.workload import start_worker
 
 PROMPT = "The history of the printing press begins"
 

@@ -36,16 +36,16 @@ from typing import Any
 import httpx
 
 from localinfer import gguf
-from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
-from localinfer.hardware.probe import probe_cpu
-from localinfer.runtime.loader import fallback_template
-from localinfer.store import ModelStore
-from localinfer.workload import (
+from localinfer.bench.editor_workload import (
     Target,
     start_llama_server_process,
     start_localinfer,
     stop,
 )
+from localinfer.bench.engine_bench import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
+from localinfer.hardware.probe import probe_cpu
+from localinfer.runtime.loader import fallback_template
+from localinfer.store import ModelStore
 from streaming import stream
 
 SLOTS = 8

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from daemon_concurrency import stream
-from localinfer.benchmark import STORY_PROMPTS
-from localinfer.workload import free_port, stop, wait_http
+from localinfer.bench.editor_workload import free_port, stop, wait_http
+from localinfer.bench.engine_bench import STORY_PROMPTS
 
 MODES = {"off": False, "on": True, "adaptive": None}
 

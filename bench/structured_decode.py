@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import replace
 
-from localinfer.benchmark import CITIES_SCHEMA
+from localinfer.bench.engine_bench import CITIES_SCHEMA
 from localinfer.runtime import llama as llama_module
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.grammar import json_grammar

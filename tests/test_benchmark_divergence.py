@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from localinfer.benchmark import NEAR_TIE_LOGITS, first_divergence
+from localinfer.bench.engine_bench import NEAR_TIE_LOGITS, first_divergence
 from localinfer.runtime.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20)

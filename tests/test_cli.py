@@ -39,7 +39,7 @@ def test_the_exit_codes_in_help_come_from_the_error_tree():
 def test_building_the_parser_loads_no_engine_daemon_ui_or_store():
     heavy = ["llama_cpp", "textual", "starlette", "uvicorn", "httpx", "huggingface_hub",
              "localinfer.runtime.engine", "localinfer.store", "localinfer.client",
-             "localinfer.tui.app", "localinfer.daemon.server", "localinfer.benchmark"]
+             "localinfer.tui.app", "localinfer.daemon.server", "localinfer.bench.engine_bench"]
     code = ("import sys, localinfer.cli; localinfer.cli.build_parser();"
             f" print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

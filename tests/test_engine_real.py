@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import localinfer.runtime.engine as engine_module
-from localinfer.benchmark import first_divergence
+from localinfer.bench.engine_bench import first_divergence
 from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.engine import CHECKPOINT_MIN_TOKENS, REREAD_TAIL
@@ -251,7 +251,7 @@ def kv_engine(request, real_engine, starter_path):
 
 
 def test_speculation_gives_the_same_greedy_text(kv_engine):
-    from localinfer.benchmark import CODE_EDIT_PROMPT
+    from localinfer.bench.engine_bench import CODE_EDIT_PROMPT
 
     params = {"temperature": 0, "max_tokens": 600, "stop": ("```",)}
     # Both read the prompt cold (once a slot has passed the sliding window, a cached prompt
@@ -314,7 +314,7 @@ def test_a_cached_prompt_gives_the_same_greedy_text_as_a_cold_one(real_engine, p
     # rounds a 1-row batch differently from the many-row batch of a cold read). Re-reading
     # REREAD_TAIL tokens gives the cold reply on AVX2-only CPUs; on AVX-512 ones the 8 rows
     # still round differently from the cold read, and the replies part at a near tie.
-    from localinfer.benchmark import _PARAGRAPH
+    from localinfer.bench.engine_bench import _PARAGRAPH
 
     prompt = f"{_PARAGRAPH * paragraphs} In short, {topic}"
     params = SamplingParams(temperature=0, max_tokens=48, speculative=False)
@@ -378,7 +378,7 @@ def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_pat
     everything, and a kept BOS was never checked) - unless the prefix is long enough for a
     checkpoint (CHECKPOINT_MIN_TOKENS), taken before the long prompt moved the window on,
     which then brings the window back."""
-    from localinfer.benchmark import _PARAGRAPH
+    from localinfer.bench.engine_bench import _PARAGRAPH
 
     # One slot and 64-token batches: a sliding-window cache of 768 cells, which the long
     # prompt below moves wholly past what it shares with the short one (~80 tokens, or 1).

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer.benchmark import first_divergence
+from localinfer.bench.editor_workload import source_file
+from localinfer.bench.engine_bench import first_divergence
 from localinfer.runtime.types import SamplingParams
-from localinfer.workload import source_file
 
 pytestmark = pytest.mark.model
 

@@ -18,6 +18,7 @@ import pytest
 
 import ggufgen
 from localinfer import gguf
+from localinfer.bench.editor_workload import start_worker
 from localinfer.config import Config, load_config
 from localinfer.errors import ConfigError, InvalidRequest, WorkerError, WorkerLost
 from localinfer.hardware import rpc
@@ -26,7 +27,6 @@ from localinfer.protocol import model_info_from, model_info_json
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.fake import FakeBackend
 from localinfer.runtime.loader import parse_layer_split, with_workers
-from localinfer.workload import start_worker
 from rpc_fake import FakeWorker
 
 GIB = 1 << 30

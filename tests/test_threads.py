@@ -234,7 +234,7 @@ def test_without_a_cost_model_the_engine_sets_no_threads(fake_engine):
 def test_the_bench_busy_row_runs_each_count_and_stops_its_busy_process():
     import psutil
 
-    from localinfer.benchmark import busy_machine
+    from localinfer.bench.engine_bench import busy_machine
 
     loaded = []
 

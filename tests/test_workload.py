@@ -3,7 +3,7 @@ bench/editor_workload.py, not by the tests)."""
 
 from __future__ import annotations
 
-from localinfer.workload import (
+from localinfer.bench.editor_workload import (
     FIM_DEFAULTS,
     Figures,
     completion_tokens,

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
-    from ..benchmark import run_bench  # the engine: not for building the parser
+    from ..bench.engine_bench import run_bench  # the engine: not for building the parser
 
     model = args.model or config.default_model or "gemma3:270m"
     if args.editor:
@@ -70,8 +70,14 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 def editor_bench(model: str, llama_server: str | None, *, quick: bool, as_json: bool) -> int:
     """The editor workload on ``model`` (chat, FIM and embeddings alike), through a fresh
     `localinfer serve` and, when given, llama-server; a short table of the figures."""
+    from ..bench.editor_workload import (
+        Workload,
+        measure,
+        start_llama_server,
+        start_localinfer,
+        table,
+    )
     from ..store import ModelStore
-    from ..workload import Workload, measure, start_llama_server, start_localinfer, table
 
     path = ModelStore().resolve(model).path
     workload = Workload()

@@ -1,22 +1,27 @@
 """The local daemon: one loaded model per machine, shared by the chat UI and editor plugins,
 served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats.
 
-    app.py             assembles the HTTP app: the routes behind the guard
-    guard.py           Host/Origin/API key/body-size checks in front of every route
-    errors.py          error bodies in each API's shape; ``guarded`` wraps every route
-    state.py           settings, /metrics counters, the state the routes share
-    openai_routes.py   /v1/models, /v1/chat/completions, /v1/completions
-    ollama_routes.py   /api/version, tags, ps, show, chat, generate, pull, delete
-    native_routes.py   /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
-    requests.py        reading request bodies: typed fields, errors naming the field
-    fields.py          each route's honoured, ignored and refused fields (the README's table)
-    thinking.py        think / reasoning_effort to the template; reasoning split from answer
-    logprobs.py        log-probabilities in each API's shape
-    bridge.py          generations and pulls into the event loop; disconnects cancel them
-    manager.py         loading on demand, swapping, keep-alive unloading
-    server.py          lifecycle: pid-file lock, sockets, signals, idle exit
-    instance.py        finding a running daemon (no web imports, for clients)
+    http_app.py          assembles the HTTP app: the routes behind the guard
+    guard.py             Host/Origin/API key/body-size checks in front of every route
+    error_replies.py     error bodies in each API's shape; ``guarded`` wraps every route
+    state.py             settings, /metrics counters, the state the routes share
+    openai_routes.py     /v1/models, /v1/chat/completions, /v1/completions
+    ollama_routes.py     /api/version, tags, ps, show, chat, generate, pull, delete
+    native_routes.py     /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
+    llama_routes.py      llama-server's /infill for editor autocomplete plugins
+    embedding_routes.py  /api/embed, /api/embeddings, /v1/embeddings
+    autocomplete.py      a FIM request's interactive priority; the next keystroke cancels it
+    requests.py          reading request bodies: typed fields, errors naming the field
+    fields.py            each route's honoured, ignored and refused fields (the README's table)
+    structured.py        tools and structured output to a grammar; replies to each API's tool_calls
+    reasoning_fields.py  think / reasoning_effort to the template; reasoning split from answer
+    logprob_fields.py    log-probabilities in each API's shape
+    bridge.py            generations and pulls into the event loop; disconnects cancel them
+    manager.py           loading on demand, side by side, eviction, keep-alive unloading
+    memory.py            each model's footprint and the machine's budget (the planner's)
+    server.py            lifecycle: pid-file lock, sockets, signals, idle exit
+    instance.py          finding a running daemon (no web imports, for clients)
 
-Route modules only translate between a wire format and the engine: they import state, errors,
-requests, bridge and the protocol, never each other or app.py.
+Route modules only translate between a wire format and the engine: they import state,
+error_replies, requests, bridge and the protocol, never each other or http_app.py.
 """

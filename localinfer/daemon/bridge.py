@@ -27,7 +27,7 @@ from ..errors import Cancelled
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
 from ..store import ModelStore, PullProgress, PullTarget, pull_model
-from .errors import ClientLeft
+from .error_replies import ClientLeft
 from .manager import LoadedModel, ModelManager
 from .state import DaemonState
 

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidRequest
 from ..runtime.types import Embeddings, normalized
-from .errors import guarded
+from .error_replies import guarded
 from .fields import audit
 from .requests import Fields, parse_keep_alive, read_json
 from .state import DaemonState

@@ -34,7 +34,7 @@ from ..runtime.fim import FimFile
 from ..runtime.types import DEFAULT_SAMPLING, Done, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
-from .errors import error_body, guarded
+from .error_replies import error_body, guarded
 from .fields import audit
 from .requests import Fields, read_json, sampling
 from .state import DaemonState

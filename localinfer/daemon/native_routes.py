@@ -32,7 +32,7 @@ from ..protocol import (
 )
 from ..runtime.types import Done, SamplingParams
 from .bridge import BridgeResponse, start_generation
-from .errors import guarded
+from .error_replies import guarded
 from .requests import (
     Fields,
     parse_keep_alive,

@@ -32,13 +32,14 @@ from ..runtime.engine import Engine
 from ..runtime.thinking import thinking_format
 from ..runtime.types import Done, Message, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel, PullProgress
-from ..store.starter import available_models
+from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, PullJob, start_generation, whole_reply
-from .errors import guarded
+from .error_replies import guarded
 from .fields import audit
-from .logprobs import entries_json
+from .logprob_fields import entries_json
 from .manager import LoadedModel
+from .reasoning_fields import Thinking, ollama_think
 from .requests import (
     Fields,
     parse_keep_alive,
@@ -56,7 +57,6 @@ from .structured import (
     ollama_constraints,
     ollama_format,
 )
-from .thinking import Thinking, ollama_think
 
 # The Ollama API version whose routes and fields this daemon implements; some clients check it
 # before they send a field. 0.12.11 added logprobs, the last of the generation fields localinfer

@@ -23,12 +23,13 @@ from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, Token, TokenLogprob
 from ..store import InstalledModel
-from ..store.starter import available_models
+from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
-from .errors import error_body, guarded
+from .error_replies import error_body, guarded
 from .fields import audit
-from .logprobs import completion_json, entries_json
+from .logprob_fields import completion_json, entries_json
+from .reasoning_fields import Thinking, openai_think
 from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
 from .state import DaemonState
 from .structured import (
@@ -39,7 +40,6 @@ from .structured import (
     openai_constraints,
     output_grammar,
 )
-from .thinking import Thinking, openai_think
 
 
 def usage_json(done: Done) -> dict[str, Any]:

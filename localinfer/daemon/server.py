@@ -32,9 +32,9 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import DaemonError
 from ..paths import Paths, get_paths
-from .app import create_app
 from .bridge import PullJob
-from .errors import error_body
+from .error_replies import error_body
+from .http_app import create_app
 from .instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from .manager import EngineFactory, ModelManager
 from .memory import MemoryPlan

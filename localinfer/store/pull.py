@@ -34,8 +34,8 @@ from ..errors import (
 from ..paths import atomic_write_text, ensure_dir, read_json_object
 from ..progress import human_bytes
 from . import hub
-from .local import InstalledModel, ModelStore, looks_like_path, validate_name
-from .starter import STARTER_PACKAGE, install_starter, package_installed
+from .local import InstalledModel, ModelStore, install_starter, looks_like_path, validate_name
+from .starter import STARTER_PACKAGE, package_installed
 
 log = logging.getLogger(__name__)
 

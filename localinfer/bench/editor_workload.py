@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 
-from .errors import LocalInferError, WorkerError
-from .hardware.rpc import RPCConnection
+from ..errors import LocalInferError, WorkerError
+from ..hardware.rpc import RPCConnection
 
 # llama.vscode's /infill request (src/llama-server.ts) with its default settings (as llama.vim's).
 FIM_DEFAULTS = {"top_k": 40, "top_p": 0.99, "stream": False,

@@ -33,11 +33,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .config import Config
-from .runtime.engine import Engine, Generation
-from .runtime.grammar import json_grammar
-from .runtime.tools import FORMATS, ToolChoice, call_grammar, parse_reply, parse_tools
-from .runtime.types import Done, Message, SamplingParams
+from ..config import Config
+from ..runtime.engine import Engine, Generation
+from ..runtime.grammar import json_grammar
+from ..runtime.tools import FORMATS, ToolChoice, call_grammar, parse_reply, parse_tools
+from ..runtime.types import Done, Message, SamplingParams
 
 Progress = Callable[[str, int, int], None]
 """Called with (what is being measured, step number, number of steps)."""
@@ -87,12 +87,12 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
               progress: Progress | None = None) -> BenchResult:
     """Load ``model_ref`` and measure it (see the module docstring). Takes about 30 s with
     ``quick`` and a few minutes in full on a 2-core laptop with the starter model."""
-    from . import gguf
-    from .hardware import probe
-    from .hardware.load import LoadWindow
-    from .planner import Candidate, decode_bytes_per_token, predict
-    from .runtime.loader import load_engine, options_for
-    from .store import ModelStore
+    from .. import gguf
+    from ..hardware import probe
+    from ..hardware.load import LoadWindow
+    from ..planner import Candidate, decode_bytes_per_token, predict
+    from ..runtime.loader import load_engine, options_for
+    from ..store import ModelStore
 
     stages = ["load", "prefill", "decode and the bare step", "concurrent streams",
               "speculation by streams", "chat prefix reuse", "speculation", "structured output",
@@ -190,7 +190,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
         result.structured = _structured(engine, quick=quick, rounds=rounds)
 
         stage("calibration")
-        from .planner.calibration import drift_note, record_run
+        from ..planner.calibration import drift_note, record_run
 
         measurement = record_run(
             model_path=model.path, model_name=info.name, n_gpu_layers=info.n_gpu_layers,
@@ -630,6 +630,6 @@ def _raw(path: Any, options: Any, *, prompt: str, n_tokens: int, filler: str,
 
 
 def _threads() -> int:
-    from .runtime.llama import _physical_cores
+    from ..runtime.llama import _physical_cores
 
     return _physical_cores()

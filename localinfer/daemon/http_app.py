@@ -1,6 +1,6 @@
 """The daemon's HTTP application, assembled: localinfer's own routes, OpenAI's (/v1) and
 Ollama's (/api), behind the guard (guard.py), with every error answered in its API's shape
-(errors.py). ``create_app(state)`` builds it around a ``DaemonState`` (state.py)."""
+(error_replies.py). ``create_app(state)`` builds it around a ``DaemonState`` (state.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import LocalInferError
 from . import embedding_routes, llama_routes, native_routes, ollama_routes, openai_routes
-from .errors import handle_error
+from .error_replies import handle_error
 from .guard import Guard
 from .state import DaemonState
 
