@@ -33,7 +33,6 @@ from ..errors import (
     WorkerLost,
 )
 from ..planner import CHAT_CHECKPOINTS
-from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
 from .fim import FimFile, fim_prompt
@@ -51,6 +50,7 @@ from .types import (
     FinishReason,
     LiveStats,
     Message,
+    ModelInfo,
     Priority,
     SamplingParams,
     Timings,

@@ -30,10 +30,9 @@ import numpy as np
 
 from ..errors import LocalInferError, ModelLoadError, WorkerError, WorkerLost
 from ..hardware.rpc import RPCConnection
-from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
 from .grammar import Grammar
-from .types import SamplingParams
+from .types import ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 
