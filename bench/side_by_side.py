@@ -38,7 +38,7 @@ import httpx
 from localinfer import gguf
 from localinfer.benchmark import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
 from localinfer.hardware.probe import probe_cpu
-from localinfer.runtime.loader import fallback_template
+from localinfer.loading import fallback_template
 from localinfer.store import ModelStore
 from localinfer.workload import (
     Target,

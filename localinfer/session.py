@@ -172,7 +172,7 @@ class _InfoTracking:
 
 
 EngineOpener = Callable[..., Any]
-"""``runtime.loader.open_engine``'s signature: (ref, config, on_copy=, on_load=) -> Engine."""
+"""``loading.open_engine``'s signature: (ref, config, on_copy=, on_load=) -> Engine."""
 
 
 class Launcher:
@@ -246,7 +246,7 @@ class Launcher:
     def _open_in_process(self, model: str, progress: Progress) -> Session:
         opener = self._open_engine
         if opener is None:
-            from .runtime.loader import open_engine
+            from .loading import open_engine
 
             opener = open_engine
         label = f"Loading {model}…"

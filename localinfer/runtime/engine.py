@@ -32,7 +32,6 @@ from ..errors import (
     ModelLoadError,
     WorkerLost,
 )
-from ..planner import CHAT_CHECKPOINTS
 from .backend import Backend
 from .chat_template import ChatTemplate
 from .fim import FimFile, fim_prompt
@@ -78,6 +77,11 @@ sums them in another order, and a cached prompt can part from a cold read at a n
 for every prompt: the last token's logits after 8 rows re-read differed from a cold read's for
 10 of the 40 lengths from 9 to 48 tokens of one text, none of 61, 97, 130, 200 and 333 (2-core
 AVX2, at 1 and 2 threads alike)."""
+
+DEFAULT_CHAT_CHECKPOINTS = 2
+"""Checkpoints a chat's slot keeps on a window cache (see ``_chat_checkpoints``) where the
+engine is not told how many: loading.py passes the planner's CHAT_CHECKPOINTS, whose memory
+the plan counts; an engine built without a plan (tests, benchmarks) keeps as many."""
 
 READ_AHEAD_IDLE_S = 0.3
 """After a chat reply, once the engine has been idle this long, the chat template's opening of
@@ -275,8 +279,11 @@ class Engine:
         chat_template: ChatTemplate | None = None,
         max_queue: int = 64,
         load_ms: float = 0.0,
+        chat_checkpoints: int = DEFAULT_CHAT_CHECKPOINTS,
     ) -> None:
         self.backend = backend
+        self.chat_checkpoints = chat_checkpoints
+        """How many checkpoints a chat's slot keeps on a window cache (the plan's)."""
         self.info: ModelInfo = backend.info
         self.max_queue = max_queue
         self.load_ms = load_ms
@@ -853,7 +860,7 @@ class Engine:
         """Save the slot's window layers as they are now, into the memory of the oldest
         checkpoint, which this one replaces, or of one dropped before."""
         # One a slot where only autocomplete keeps them (a large model's: ~120 MB each).
-        keep = CHAT_CHECKPOINTS if self.backend.cut_reach else 1
+        keep = self.chat_checkpoints if self.backend.cut_reach else 1
         reuse, slot.spare = slot.spare, None
         if len(slot.checkpoints) >= keep:
             reuse = slot.checkpoints[0].state
@@ -882,7 +889,7 @@ class Engine:
         in the window, so a checkpoint returns to its own length only, as llama-server's
         context checkpoints do: the turn's beginning, from which a short message is read
         again, and the reply's beginning, which costs the prompt's reading one more step.
-        A slot keeps planner.CHAT_CHECKPOINTS, which the plan counts.
+        A slot keeps ``chat_checkpoints`` (the planner's, which the plan counts).
 
         A checkpoint held up to REREAD_TAIL tokens before ``n_keep`` serves as the turn's:
         restored, it reads those few tokens again with the rest, as a cached prompt's tail
@@ -1261,7 +1268,7 @@ class Engine:
             # token (see _chat_checkpoints); not in place of one of the last turn's own (a
             # long message's start and its reply's), which an edited message needs.
             if self.backend.cut_reach and len(slot.cached) >= CHECKPOINT_MIN_TOKENS and (
-                    len(slot.checkpoints) < CHAT_CHECKPOINTS
+                    len(slot.checkpoints) < self.chat_checkpoints
                     or len(slot.checkpoints[0].tokens) < slot.turn_start):
                 self._checkpoint(slot)
         self._read_ahead_total += len(tokens)
