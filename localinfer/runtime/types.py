@@ -353,3 +353,22 @@ def normalized(vector: list[float], dimensions: int | None = None) -> list[float
 
 def _rate(tokens: int, ms: float) -> float:
     return tokens * 1000.0 / ms if ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """An engine's counters, for /metrics and the status bar (``Engine.stats``)."""
+
+    requests_total: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    generated_tokens_total: int
+    queue_depth: int
+    active: int
+    n_slots: int
+    last_decode_tps: float
+    drafted_tokens_total: int = 0
+    accepted_tokens_total: int = 0
+    preemptions_total: int = 0
+    read_ahead_tokens_total: int = 0
+    """Tokens of next turns' openings read while idle (engine.READ_AHEAD_IDLE_S)."""
