@@ -57,7 +57,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from localinfer.config import Config
-    from localinfer.runtime.loader import open_engine
+    from localinfer.loading import open_engine
 
     sock = Path(tempfile.mkdtemp(prefix="li-bench-", dir="/tmp")) / "d.sock"
     port = 11000 + os.getpid() % 1000

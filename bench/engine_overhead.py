@@ -67,8 +67,8 @@ def measure(side: str, path: str, name: str, family: str | None, run: int, n: in
     if side == "raw":
         target, fn = raw_llama(path, n_ctx, threads), stream_raw
     else:
+        from localinfer.loading import load_engine
         from localinfer.runtime.backend import LoadOptions
-        from localinfer.runtime.loader import load_engine
 
         target = load_engine(path, LoadOptions(n_ctx=n_ctx, n_slots=1, n_threads=threads),
                              name=name, family=family)

@@ -24,8 +24,8 @@ import argparse
 import dataclasses
 import statistics
 
+from localinfer.loading import load_engine
 from localinfer.runtime.backend import LoadOptions
-from localinfer.runtime.loader import load_engine
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore
 

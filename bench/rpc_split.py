@@ -27,10 +27,10 @@ from localinfer.bench.editor_workload import start_worker
 from localinfer.config import Config
 from localinfer.hardware import rpc
 from localinfer.hardware.probe import probe
+from localinfer.loading import load_engine, split_options, worker_split
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.isolated import IsolatedBackend
-from localinfer.runtime.loader import load_engine, split_options, worker_split
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore
 

@@ -44,7 +44,7 @@ from localinfer.bench.editor_workload import (
 )
 from localinfer.bench.engine_bench import _PARAGRAPH, CODE_EDIT_PROMPT, STORY_PROMPTS
 from localinfer.hardware.probe import probe_cpu
-from localinfer.runtime.loader import fallback_template
+from localinfer.loading import fallback_template
 from localinfer.store import ModelStore
 from streaming import stream
 

@@ -4,7 +4,8 @@
 Both sides import this module, so a field is added or renamed once. It needs only the standard
 library, the error tree and the runtime's plain data types: a client that imports it loads
 neither the engine nor the web stack. The ``timings`` object that every route (OpenAI, Ollama
-and native) adds to its replies is encoded here too.
+and native) adds to its replies is encoded here too. ``ModelInfo`` is the runtime's (its
+runtime/types.py): it crosses the wire as it is, and is imported from here by the front ends.
 
 A native generation streams one JSON object per line:
 
@@ -27,53 +28,13 @@ from .runtime.types import (
     Done,
     LiveStats,
     Message,
+    ModelInfo,
     Priority,
     SamplingParams,
     Timings,
     Token,
     Usage,
 )
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts about the loaded model that front ends display."""
-
-    name: str
-    path: str
-    architecture: str
-    quant: str
-    size_bytes: int
-    n_params: int
-    n_layers: int
-    n_gpu_layers: int
-    """Layers actually offloaded to the GPU."""
-    n_ctx_train: int
-    n_ctx: int
-    """Context per slot."""
-    n_slots: int
-    n_vocab: int
-    gpu_backend: str | None = None
-    """"CUDA", "Metal", "Vulkan"... or None for a CPU-only build."""
-    flash_attn: bool | None = None
-    """Whether attention uses flash attention; None when llama.cpp chose (on a GPU)."""
-    kv_type: str = "f16"
-    """The KV cache's element type (f16, q8_0): what the roofline reads per cached token."""
-    base_model: bool = False
-    """A base (pretrained, not instruction-tuned) model: it continues text; it does not follow
-    instructions or chat."""
-    chat_template: str | None = None
-    bos_text: str = ""
-    eos_text: str = ""
-    add_bos: bool = True
-    fim: tuple[str, str, str] | None = None
-    """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
-    embedding_only: bool = False
-    """An embedding model: it returns vectors and generates no text."""
-    split: tuple[tuple[str, int], ...] = ()
-    """Where the layers are when RPC workers hold some: (device, layers) for the local CPU,
-    then each worker's device ("HOST:PORT #0"); the output layer counts as one. Empty on one
-    machine."""
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class _InfoTracking:
 
 
 class EngineOpener(Protocol):
-    """``runtime.loader.open_engine``, as a launcher calls it (tests pass engines on the fake
+    """``loading.open_engine``, as a launcher calls it (tests pass engines on the fake
     backend)."""
 
     def __call__(self, ref: str, config: Config, *, on_copy: CopyProgress | None = None,
@@ -308,7 +308,7 @@ class Launcher:
     def _open_in_process(self, model: str, progress: Progress) -> Session:
         opener = self._open_engine
         if opener is None:
-            from .runtime.loader import open_engine
+            from .loading import open_engine
 
             opener = open_engine
         label = f"Loading {model}…"

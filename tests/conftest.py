@@ -59,8 +59,8 @@ def starter_path() -> Path:
 @pytest.fixture(scope="session")
 def real_engine(starter_path):
     """The starter model loaded once for the whole session: 2 slots of 2048 tokens."""
+    from localinfer.loading import load_engine
     from localinfer.runtime.backend import LoadOptions
-    from localinfer.runtime.loader import load_engine
 
     engine = load_engine(starter_path, LoadOptions(n_ctx=2048, n_slots=2), name="gemma3:270m",
                          family="gemma3")

@@ -6,7 +6,7 @@ import pytest
 
 from localinfer.catalog import load_catalog, parse_catalog
 from localinfer.errors import ConfigError
-from localinfer.runtime.loader import is_base_model
+from localinfer.loading import is_base_model
 
 GOOD = """
 [families.demo]

@@ -18,7 +18,7 @@ import pytest
 
 from daemon_util import serve
 from localinfer.config import Config
-from localinfer.runtime.loader import engine_factory
+from localinfer.loading import engine_factory
 
 pytestmark = pytest.mark.model
 

@@ -16,8 +16,8 @@ import pytest
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
 from localinfer.config import Config
 from localinfer.errors import ContextOverflow, InvalidRequest
+from localinfer.loading import engine_factory, load_engine
 from localinfer.runtime.backend import LoadOptions
-from localinfer.runtime.loader import engine_factory, load_engine
 from localinfer.runtime.types import SamplingParams
 
 TEXTS = ["The cat sat on the mat.", "Quantum chromodynamics describes the strong force.",

@@ -10,9 +10,9 @@ import pytest
 import localinfer.runtime.engine as engine_module
 from localinfer.bench.engine_bench import first_divergence
 from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
+from localinfer.loading import load_engine
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.engine import CHECKPOINT_MIN_TOKENS, REREAD_TAIL
-from localinfer.runtime.loader import load_engine
 from localinfer.runtime.types import Message, SamplingParams, Token
 
 pytestmark = pytest.mark.model

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from daemon_util import ollama_client, openai_client, serve
+from localinfer.loading import load_engine
 from localinfer.runtime.backend import LoadOptions
-from localinfer.runtime.loader import load_engine
 
 pytestmark = pytest.mark.model
 

@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "localinfer"
 CORE = ["localinfer.hardware", "localinfer.gguf", "localinfer.catalog", "localinfer.planner",
         "localinfer.store", "localinfer.store.hub", "localinfer.selection", "localinfer.runtime",
-        "localinfer.runtime.engine", "localinfer.runtime.loader", "localinfer.runtime.llama",
+        "localinfer.runtime.engine", "localinfer.loading", "localinfer.runtime.llama",
         "localinfer.config", "localinfer.paths", "localinfer.errors"]
 FRONT_END_LIBS = {"textual", "fastapi", "starlette", "uvicorn"}
 
@@ -40,7 +40,7 @@ def test_only_runtime_imports_llama_cpp():
 def test_core_source_imports_no_front_end_library():
     core_files = [p for p in PACKAGE.rglob("*.py")
                   if p.relative_to(PACKAGE).parts[0] in
-                  {"hardware", "runtime", "gguf.py", "catalog.py", "planner", "store",
+                  {"hardware", "runtime", "loading.py", "gguf.py", "catalog.py", "planner", "store",
                    "selection.py", "config.py", "paths.py", "errors.py"}]
     assert core_files
     for path in core_files:
@@ -71,7 +71,7 @@ def test_core_modules_load_no_front_end_library_at_run_time():
 
 
 @pytest.mark.parametrize("module", ["localinfer.cli", "localinfer.store", "localinfer.catalog",
-                                    "localinfer.runtime.loader"])
+                                    "localinfer.loading"])
 def test_front_ends_and_core_do_not_load_llama_cpp_until_a_model_loads(module):
     code = f"import sys, {module}; print('llama_cpp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

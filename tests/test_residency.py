@@ -29,9 +29,9 @@ from localinfer import gguf, planner
 from localinfer.config import Config
 from localinfer.daemon.memory import Footprint, MemoryBudget, MemoryPlan
 from localinfer.hardware import load_profile
+from localinfer.loading import engine_factory
 from localinfer.planner import Candidate
 from localinfer.progress import human_bytes
-from localinfer.runtime.loader import engine_factory
 from localinfer.selection import plan_prefs
 from localinfer.store import ModelStore, ResolvedModel
 

@@ -23,10 +23,10 @@ from localinfer.config import Config, load_config
 from localinfer.errors import ConfigError, InvalidRequest, WorkerError, WorkerLost
 from localinfer.hardware import rpc
 from localinfer.hardware.profile import CPUInfo, HardwareProfile
+from localinfer.loading import parse_layer_split, with_workers
 from localinfer.protocol import model_info_from, model_info_json
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.fake import FakeBackend
-from localinfer.runtime.loader import parse_layer_split, with_workers
 from rpc_fake import FakeWorker
 
 GIB = 1 << 30
@@ -124,7 +124,7 @@ def test_an_unreachable_worker_is_left_out_or_refused():
 
 
 def test_a_localinfer_worker_publishes_names_and_bandwidth():
-    from localinfer.runtime.rpc_worker import InfoServer, OfferedDevice, info_document
+    from localinfer.rpc_worker import InfoServer, OfferedDevice, info_document
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -303,7 +303,7 @@ PROMPT = "Once upon a time, in a village by the sea,"
 def test_the_split_over_two_workers_writes_the_local_text(two_workers, starter_path,
                                                           same_kernels):
     from localinfer.hardware.probe import probe
-    from localinfer.runtime.loader import load_engine
+    from localinfer.loading import load_engine
     from localinfer.runtime.types import SamplingParams
 
     endpoints = tuple(endpoint for _, endpoint in two_workers)
@@ -329,7 +329,7 @@ def test_the_split_over_two_workers_writes_the_local_text(two_workers, starter_p
 def test_a_worker_killed_mid_stream_ends_that_request_and_the_daemon_goes_on(
         two_workers, starter_path, same_kernels, tmp_path):
     from daemon_util import serve
-    from localinfer.runtime.loader import engine_factory
+    from localinfer.loading import engine_factory
 
     (_, kept), (victim, lost) = two_workers
     # With one worker gone, the split given for three devices no longer applies: the reload

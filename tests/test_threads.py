@@ -289,8 +289,8 @@ def test_llama_cpp_runs_with_the_counts_set_and_writes_the_same_text(starter_pat
     computes whole rows)."""
     import llama_cpp as L
 
+    from localinfer.loading import load_engine
     from localinfer.runtime.backend import LoadOptions
-    from localinfer.runtime.loader import load_engine
 
     engine = load_engine(starter_path, LoadOptions(n_ctx=512, n_threads=2, adapt_threads=True),
                          name="gemma3:270m", family="gemma3")

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from daemon_util import ollama_client, openai_client, serve
+from localinfer.loading import load_engine
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.grammar import gbnf_grammar, json_grammar
-from localinfer.runtime.loader import load_engine
 from localinfer.runtime.tools import FORMATS, ToolChoice, call_grammar, parse_tools
 from localinfer.runtime.types import SamplingParams
 

@@ -859,7 +859,7 @@ def test_a_message_too_long_even_alone_is_said_so_and_can_be_edited_or_moved(hom
 @pytest.mark.model
 def test_chat_with_the_starter_model_through_a_real_daemon(home, monkeypatch, starter_path):
     from localinfer.config import Config
-    from localinfer.runtime.loader import engine_factory
+    from localinfer.loading import engine_factory
 
     with serve(engine_factory(Config(ctx=2048)), tcp=False) as daemon:
         monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")

@@ -90,8 +90,8 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     from .. import gguf
     from ..hardware import probe
     from ..hardware.load import LoadWindow
+    from ..loading import load_engine, options_for
     from ..planner import Candidate, decode_bytes_per_token, predict
-    from ..runtime.loader import load_engine, options_for
     from ..store import ModelStore
 
     stages = ["load", "prefill", "decode and the bare step", "concurrent streams",

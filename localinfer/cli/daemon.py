@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from ..daemon.requests import parse_keep_alive
     from ..daemon.server import Daemon, ServeOptions
     from ..daemon.state import DaemonSettings
-    from ..runtime.loader import engine_factory
+    from ..loading import engine_factory
 
     config = load_settings(config, args).replace(slots=args.slots, workers=args.workers,
                                                  layer_split=args.layer_split)
@@ -143,8 +143,8 @@ def _check_workers(config: Config) -> None:
     version, or a build without RPC, stops ``serve`` here; one that does not answer yet is
     only warned about (each load probes the workers again)."""
     from ..hardware.rpc import MISMATCH, parse_endpoints, probe_worker
+    from ..loading import parse_layer_split
     from ..runtime.llama import RPC_MISSING, supports_rpc
-    from ..runtime.loader import parse_layer_split
 
     endpoints = parse_endpoints(config.workers)
     if config.layer_split:

@@ -1,5 +1,5 @@
 """``localinfer worker``: lend this machine's devices to a localinfer daemon elsewhere,
-through llama.cpp's RPC server (see runtime/rpc_worker.py)."""
+through llama.cpp's RPC server (see rpc_worker.py)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_worker(args: argparse.Namespace, config: Config) -> int:
+    from .. import rpc_worker
     from ..hardware import probe  # the probes and llama.cpp: not for building the parser
-    from ..runtime import rpc_worker
 
     if args.cache == "off":
         cache = None

@@ -16,9 +16,9 @@ from ..config import Config
 from ..errors import ModelTooLarge
 from ..hardware import HardwareProfile, probe
 from ..hardware.rpc import parse_endpoints
+from ..loading import options_for, worker_split
 from ..planner import Candidate, memory_budget, plan
 from ..progress import human_bytes
-from ..runtime.loader import options_for, worker_split
 from ..selection import plan_prefs
 from ..store import ResolvedModel
 
@@ -121,7 +121,7 @@ class MemoryPlan:
     def for_machine(cls, config: Config, hardware: HardwareProfile | None = None
                     ) -> MemoryPlan:
         """The planner's figures with the settings the daemon loads models with
-        (runtime.loader.engine_factory): the same placement, context and slots."""
+        (loading.engine_factory): the same placement, context and slots."""
         probed: list[HardwareProfile] = [hardware] if hardware is not None else []
         prefs = plan_prefs(config, n_slots=config.slots)
 

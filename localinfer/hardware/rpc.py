@@ -302,6 +302,16 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def worker_answers(endpoint: str) -> bool:
+    """Whether a worker is still there: it completes the RPC handshake, or accepts the
+    connection but is still busy (freeing what the dead child held) when asked."""
+    try:
+        RPCConnection(endpoint, connect_timeout_s=1.0, reply_timeout_s=2.0).close()
+        return True
+    except WorkerError as exc:
+        return exc.title == "worker busy"
+
+
 def worker_info(endpoint: str, *, timeout_s: float = 2.0) -> dict[str, Any] | None:
     """What a ``localinfer worker`` publishes on its RPC port + 1, or None (a stock
     ``rpc-server``, or nothing valid answers there)."""

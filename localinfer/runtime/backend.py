@@ -14,9 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..protocol import ModelInfo
 from .grammar import Grammar
-from .types import SamplingParams
+from .types import ModelInfo, SamplingParams
 
 ProgressCallback = Callable[[float], None]
 """Called with the fraction done (0..1) while a model loads."""

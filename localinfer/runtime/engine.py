@@ -8,6 +8,12 @@ samples each sequence with its own native sampler. Finished sequences leave thei
 their slot, so a later request that starts with the same tokens (the previous chat turn, an
 editor resending a file) only evaluates what is new. Embeddings (``embed``) run on the same
 worker between two steps, many inputs per decode.
+
+The ``Engine`` is that loop and its admission; it holds the collaborators that decide the rest:
+a ``PromptBuilder`` (prompts.py) turns chats, completions and infills into tokens, a
+``CacheKeeper`` (checkpoints.py) keeps what each slot's cache holds between requests, a
+``DraftPolicy`` (speculate.py) picks what each step verifies and a ``ThreadTuner`` (threads.py)
+how many threads it takes.
 """
 
 from __future__ import annotations
@@ -15,13 +21,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import (
@@ -32,31 +36,31 @@ from ..errors import (
     ModelLoadError,
     WorkerLost,
 )
-from ..planner import CHAT_CHECKPOINTS
-from ..protocol import ModelInfo
 from .backend import Backend
 from .chat_template import ChatTemplate
-from .fim import FimFile, fim_prompt
+from .checkpoints import CHECKPOINT_MIN_TOKENS as CHECKPOINT_MIN_TOKENS
+from .checkpoints import DEFAULT_CHAT_CHECKPOINTS, CacheKeeper, slot_score
+from .checkpoints import REREAD_TAIL as REREAD_TAIL
+from .fim import FimFile
+from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
-from .prompt_cache import PromptTokenizer, common_prefix
-from .speculate import EXACT_ROWS, MAX_DRAFT, Draft, DraftPolicy, PromptLookup, graph_rows
+from .prompts import PromptBuilder
+from .slots import Slot
+from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
 from .threads import ThreadTuner
-from .tools import ToolFormat, detect_format
+from .tools import ToolFormat
 from .types import (
     DEFAULT_SAMPLING,
-    Done,
     Embeddings,
+    EngineStats,
     Event,
     FinishReason,
-    LiveStats,
     Message,
+    ModelInfo,
     Priority,
     SamplingParams,
-    Timings,
     Token,
-    TokenLogprob,
-    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -64,21 +68,6 @@ log = logging.getLogger(__name__)
 # While other sequences are decoding, a prompt is read in chunks this small so that their
 # streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
 PREFILL_CHUNK_WHILE_DECODING = 64
-CHECKPOINT_MIN_TOKENS = 64
-"""An autocomplete prompt that shares fewer tokens than this with the slot's cache takes no
-checkpoint (a few MB of sliding-window state for little saved)."""
-REREAD_TAIL = EXACT_ROWS + 1
-"""Prompt tokens read again even when cached. llama.cpp's CPU matrix kernels compute batches of
-1-7 rows one way and of 8 or more another, which rounds differently: re-reading only the last
-token gave a different greedy reply than a cold read to the same prompt in 5 of 24 tries
-(starter model), re-reading 8 in none. 8 rows cost ~15 ms more than one on a fully cached
-prompt, nothing on a new chat turn. Not exact either way: once a slot has passed the sliding
-window cache's size (Gemma 3: 1,024 cells), its cells hold positions out of order, attention
-sums them in another order, and a cached prompt can part from a cold read at a near-tie. Nor
-for every prompt: the last token's logits after 8 rows re-read differed from a cold read's for
-10 of the 40 lengths from 9 to 48 tokens of one text, none of 61, 97, 130, 200 and 333 (2-core
-AVX2, at 1 and 2 threads alike)."""
-
 READ_AHEAD_IDLE_S = 0.3
 """After a chat reply, once the engine has been idle this long, the chat template's opening of
 the next user turn (Gemma: ``<end_of_turn>\n<start_of_turn>user\n``, 5 tokens) is read into
@@ -87,182 +76,7 @@ question takes (starter, ~4 ms each on a 2-core CPU). A person reads the reply a
 for longer than this; a script that sends its next request at once finds the engine as it
 was, and reads those tokens with its prompt."""
 
-Sink = Callable[["Event | BaseException"], None]
 T = TypeVar("T")
-
-
-class Generation:
-    """One submitted request. Iterate it for ``Token`` events and a final ``Done``.
-
-    ``cancel()`` may be called from any thread; the engine stops within one token and the
-    generation ends with ``Done(finish_reason="cancelled")``. Leaving the iteration early
-    cancels too. Errors raised by the engine for this request are raised by the iterator.
-    """
-
-    def __init__(self, engine: Engine, sink: Sink | None = None) -> None:
-        self._engine = engine
-        self._queue: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
-        self._sink = sink or self._queue.put
-        self.cancelled = False
-        self.done: Done | None = None
-        self.request: _Request | None = None
-
-    def cancel(self) -> None:
-        if not self.cancelled and self.done is None:
-            self.cancelled = True
-            self._engine._on_cancel(self)
-
-    def __iter__(self) -> Iterator[Event]:
-        try:
-            while True:
-                item = self._queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if isinstance(item, Done):
-                    return
-        finally:
-            if self.done is None:
-                self.cancel()
-
-    def result(self) -> Done:
-        """Wait for the end and return the ``Done`` event (its text is the whole reply); again
-        after the events were consumed."""
-        if self.done is not None:
-            return self.done
-        for event in self:
-            if isinstance(event, Done):
-                return event
-        raise RuntimeError("generation ended without a Done event")  # pragma: no cover
-
-    def _emit(self, event: Event | BaseException) -> None:
-        if isinstance(event, Done):
-            self.done = event
-        try:
-            self._sink(event)
-        except Exception:  # a consumer that went away must not take the engine down
-            log.warning("dropping an event: its consumer failed", exc_info=True)
-            self.cancelled = True
-
-
-@dataclass(eq=False)
-class _Request:
-    id: int
-    prompt: list[int]
-    params: SamplingParams
-    priority: Priority
-    generation: Generation
-    seed: int
-    t_submit: float
-    t_start: float = 0.0
-    t_first: float = 0.0
-    t_last: float = 0.0
-    load_ms: float = 0.0
-    n_cached: int = 0
-    """Prompt tokens found in the KV cache at first admission."""
-    n_drafted: int = 0
-    n_accepted: int = 0
-    generated: list[int] = field(default_factory=list)
-    target: list[int] = field(default_factory=list)
-    """What must be in the KV cache before the next sample: the prompt, or after a
-    preemption the prompt and everything generated so far."""
-    sampler: object = None
-    lookup: PromptLookup | None = None
-    assembler: TextAssembler = field(default_factory=TextAssembler)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    """Each generated token's log-probability, when the request asks for them."""
-    n_logprobs_sent: int = 0
-    """How many of them have gone out with a Token event."""
-
-    def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
-        unsent = tuple(self.logprobs[self.n_logprobs_sent:])
-        self.n_logprobs_sent = len(self.logprobs)
-        return unsent
-
-    @property
-    def n_generated(self) -> int:
-        return len(self.generated)
-
-    def sort_key(self) -> tuple[int, float, int]:
-        return (int(self.priority), self.t_submit, self.id)
-
-    def __lt__(self, other: _Request) -> bool:
-        return self.sort_key() < other.sort_key()
-
-
-@dataclass(frozen=True)
-class _Checkpoint:
-    """The state of a slot's sliding-window layers when it held exactly ``tokens``."""
-
-    tokens: list[int]
-    state: Any
-
-
-class _Slot:
-    """One sequence of the KV cache: the request using it, and the tokens it holds."""
-
-    def __init__(self, seq_id: int) -> None:
-        self.seq_id = seq_id
-        self.cached: list[int] = []  # tokens whose KV is in the cache, position = index
-        self.last_used = 0.0
-        self.req: _Request | None = None  # None while the slot is free
-        self.next_token: int | None = None  # sampled, not yet decoded
-        self.draft: list[int] = []  # drafted tokens in the current batch, after next_token
-        self.batch_index = -1
-        self.stepped_at = 0
-        """The engine's step count when this slot's request was last in a step."""
-        self.checkpoints: list[_Checkpoint] = []  # the newest last
-        self.spare: Any = None
-        """The state of a checkpoint dropped since the last one was taken: the next one
-        is saved into its memory (``Backend.seq_checkpoint``)."""
-        self.checkpoint_at: int | None = None
-        """Where to take the next checkpoint, once the cache holds this many tokens."""
-        self.turn_start = 0
-        """Where the last request in this slot began reading (its cached tokens)."""
-        self.supersede: str | None = None
-        """The supersede key of the last request in this slot: the next keystroke's request
-        from the same editor comes back to this slot's cache."""
-        self.ahead: list[int] = []
-        """Tokens to read into this free slot's cache when the engine is idle: the opening
-        of the next turn after a chat reply (see READ_AHEAD_IDLE_S)."""
-
-    @property
-    def running(self) -> _Request:
-        """The request in this slot, which must be active (one of ``Engine._active()``):
-        asking a free slot is a bug in the engine."""
-        assert self.req is not None, f"slot {self.seq_id} is free"
-        return self.req
-
-    @property
-    def prefilling(self) -> bool:
-        return self.req is not None and len(self.cached) < len(self.req.target)
-
-    def exchange(self, other: _Slot) -> None:
-        """Trade everything but the sequence id with ``other``, whose cache has traded places
-        with this one's (``Backend.seq_swap``)."""
-        mine, theirs = vars(self), vars(other)
-        for name in mine:
-            if name != "seq_id":
-                mine[name], theirs[name] = theirs[name], mine[name]
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Counters for /metrics and the status bar."""
-
-    requests_total: int
-    prompt_tokens_total: int
-    cached_tokens_total: int
-    generated_tokens_total: int
-    queue_depth: int
-    active: int
-    n_slots: int
-    last_decode_tps: float
-    drafted_tokens_total: int = 0
-    accepted_tokens_total: int = 0
-    preemptions_total: int = 0
-    read_ahead_tokens_total: int = 0
-    """Tokens of next turns' openings read while idle (READ_AHEAD_IDLE_S)."""
 
 
 class Engine:
@@ -275,23 +89,24 @@ class Engine:
         chat_template: ChatTemplate | None = None,
         max_queue: int = 64,
         load_ms: float = 0.0,
+        chat_checkpoints: int = DEFAULT_CHAT_CHECKPOINTS,
     ) -> None:
         self.backend = backend
         self.info: ModelInfo = backend.info
         self.max_queue = max_queue
         self.load_ms = load_ms
         self._unreported_load_ms = load_ms
-        self._template = chat_template or _template_for(self.info)
-        self._prompts = PromptTokenizer(
-            lambda text, add_special: backend.tokenize(text, add_special=add_special),
-            backend.special_piece, backend.token_bytes, backend.max_special_bytes)
-        self._slots = [_Slot(i) for i in range(self.info.n_slots)]
+        self.prompt_builder = PromptBuilder(backend, chat_template)
+        """Chats, completions, infills and embedding inputs to tokens (prompts.py)."""
+        self._prompts = self.prompt_builder.tokenizer  # its reuse counters, for tests
+        self._slots = [Slot(i) for i in range(self.info.n_slots)]
+        self._kept = CacheKeeper(backend, n_ctx=self.info.n_ctx,
+                                 chat_checkpoints=chat_checkpoints,
+                                 turn_marks=self.prompt_builder.chat_turn_marks)
+        """What each slot's cache keeps between requests (checkpoints.py)."""
         self._steps = 0
-        self._turn_marks: tuple[list[int], list[int]] | None = None
-        """(a chat prompt's last tokens, the next user turn's opening): ``_chat_turn_marks``."""
-        self._turn_marks_known = False
         self._read_ahead_total = 0
-        self._pending: list[_Request] = []
+        self._pending: list[Request] = []
         self._outbox: list[tuple[Generation, Event | BaseException]] = []
         self._cv = threading.Condition()
         self._closing = False
@@ -344,9 +159,7 @@ class Engine:
                            sink=sink)
 
     def completion_tokens(self, prompt: str) -> list[int]:
-        if not prompt:
-            raise InvalidRequest("prompt must not be empty.")
-        return self.backend.tokenize(prompt, add_special=True)
+        return self.prompt_builder.completion_tokens(prompt)
 
     def infill(
         self,
@@ -366,72 +179,45 @@ class Engine:
     def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
                       extra: Sequence[FimFile] = (), n_predict: int | None = None,
                       ) -> list[int]:
-        """The FIM prompt, built as llama-server's /infill builds it (see fim.py): ``extra``
-        files as repo-level context (``<|file_sep|>`` for families that have it), then prefix,
-        ``prompt`` (text typed at the cursor), suffix, in the family's order."""
-        if self.info.fim is None:
-            raise InvalidRequest(f"{self.info.name} has no fill-in-the-middle tokens; use a"
-                                 " code model (e.g. qwen2.5-coder) for completions with a"
-                                 " suffix.")
-        return fim_prompt(self.backend, self.info, prefix, suffix, prompt=prompt,
-                          extra=extra, n_predict=n_predict)
+        """The FIM prompt (``PromptBuilder.infill_tokens``)."""
+        return self.prompt_builder.infill_tokens(prefix, suffix, prompt=prompt, extra=extra,
+                                                 n_predict=n_predict)
 
     @property
     def chat_template_source(self) -> str:
         """The Jinja source chats are rendered with (the model's, its family's, or one the
         caller gave)."""
-        return self._template.source
+        return self.prompt_builder.template_source
 
     def render_chat(self, messages: Sequence[Message], *,
                     add_generation_prompt: bool = True,
                     tools: Sequence[dict[str, Any]] | None = None,
                     template_vars: Mapping[str, Any] | None = None) -> str:
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
-                                     tools=tools, template_vars=template_vars)
+        return self.prompt_builder.render_chat(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools,
+            template_vars=template_vars)
 
     def chat_tokens(self, messages: Sequence[Message], *,
                     add_generation_prompt: bool = True,
                     tools: Sequence[dict[str, Any]] | None = None,
                     template_vars: Mapping[str, Any] | None = None) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt,
-                                tools=tools, template_vars=template_vars)
-        return self.prompt_tokens(text)
+        return self.prompt_builder.chat_tokens(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools,
+            template_vars=template_vars)
 
     def prompt_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's tokens."""
-        return self._prompts.tokenize(text, add_special=self._adds_bos(text))
-
-    def _adds_bos(self, text: str) -> bool:
-        """Whether a rendered prompt needs the tokenizer's BOS: templates usually write it
-        themselves; it is added only when they do not."""
-        bos = self.info.bos_text
-        return not (bos and text.startswith(bos))
+        return self.prompt_builder.prompt_tokens(text)
 
     def tokenize(self, text: str) -> list[int]:
-        return self.backend.tokenize(text, add_special=False)
+        return self.prompt_builder.tokenize(text)
 
     def embedding_tokens(self, text: str, *, truncate: bool = True) -> list[int]:
-        """``text`` as the model reads it for an embedding: cut to the embedding context
-        when ``truncate``, else refused when longer."""
-        if not isinstance(text, str) or not text:
-            raise InvalidRequest("an input to embed must be a non-empty string.")
-        return self.embedding_input(self.backend.tokenize(text, add_special=True),
-                                    truncate=truncate)
+        """``text`` as the model reads it for an embedding (``PromptBuilder``)."""
+        return self.prompt_builder.embedding_tokens(text, truncate=truncate)
 
     def embedding_input(self, tokens: list[int], *, truncate: bool = True) -> list[int]:
-        n_max = self.backend.n_ctx_embed
-        if not tokens:
-            raise InvalidRequest("an input to embed must not be empty.")
-        if any(not 0 <= t < self.info.n_vocab for t in tokens):
-            raise InvalidRequest(f"token ids must be between 0 and {self.info.n_vocab - 1}.")
-        if len(tokens) <= n_max:
-            return tokens
-        if not truncate:
-            raise ContextOverflow(
-                f"an input is {len(tokens)} tokens but {self.info.name} embeds at most"
-                f" {n_max} at a time; shorten it, or send truncate: true to cut it.",
-                n_prompt=len(tokens), n_ctx=n_max)
-        return tokens[:n_max]
+        return self.prompt_builder.embedding_input(tokens, truncate=truncate)
 
     def embed(self, inputs: Sequence[list[int]]) -> Embeddings:
         """The model's pooled vector for each input (token lists from ``embedding_tokens``),
@@ -454,14 +240,8 @@ class Engine:
         return future.result()
 
     def tool_format(self) -> ToolFormat:
-        """How this model writes a tool call; InvalidRequest (a clear 400) for a model whose
-        template has no tools, or writes them in a format localinfer does not parse."""
-        if not self._template.supports_tools:
-            raise InvalidRequest(f"{self.info.name}'s chat template has no tool support, so"
-                                 " it was not taught to call functions: send the request"
-                                 " without 'tools', or use a model that has it (qwen3,"
-                                 " llama3.1, mistral...).")
-        return detect_format(self._template.source)
+        """How this model writes a tool call (``PromptBuilder.tool_format``)."""
+        return self.prompt_builder.tool_format()
 
     def submit(
         self,
@@ -489,9 +269,9 @@ class Engine:
                 n_prompt=len(prompt),
                 n_ctx=n_ctx,
             )
-        generation = Generation(self, sink)
+        generation = Generation(self._on_cancel, sink)
         seed = params.seed if params.seed is not None else random.getrandbits(32)
-        request = _Request(
+        request = Request(
             id=next(self._ids),
             prompt=list(prompt),
             params=params,
@@ -646,7 +426,7 @@ class Engine:
             if request is not None and request in self._pending and request.sampler is None:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
-                generation._emit(_done(request, "cancelled", time.perf_counter()))
+                generation._emit(done_event(request, "cancelled", time.perf_counter()))
             self._cv.notify()
 
     # --- the worker thread ----------------------------------------------------------------
@@ -677,7 +457,7 @@ class Engine:
                         break
                     idle = not self._has_work()
                 if idle:
-                    self._read_ahead()
+                    self._read_ahead_total += self._kept.read_ahead(self._slots)
                     continue
                 # Cancelled requests leave first: a superseding keystroke's request then finds
                 # the slot (and cache) of the one it cancelled free.
@@ -721,7 +501,7 @@ class Engine:
             except BaseException as exc:  # delivered to the caller of run_on_worker
                 future.set_exception(exc)
 
-    def _post(self, request: _Request, event: Event | BaseException) -> None:
+    def _post(self, request: Request, event: Event | BaseException) -> None:
         self._outbox.append((request.generation, event))
 
     def _flush(self) -> None:
@@ -729,7 +509,7 @@ class Engine:
         for generation, event in outbox:
             generation._emit(event)
 
-    def _active(self) -> list[_Slot]:
+    def _active(self) -> list[Slot]:
         return [s for s in self._slots if s.req is not None]
 
     def _admit(self) -> None:
@@ -742,43 +522,20 @@ class Engine:
             heapq.heapify(self._pending)
             for request in cancelled:
                 self._free_sampler(request)
-                self._post(request, _done(request, "cancelled", time.perf_counter()))
+                self._post(request, done_event(request, "cancelled", time.perf_counter()))
         if self._pending and not any(s.req is None for s in self._slots):
             self._preempt_for(self._pending[0])
         free = [s for s in self._slots if s.req is None]
         while self._pending and free:
             request = heapq.heappop(self._pending)
-            target = request.target
-            slot = max(free, key=lambda s: _slot_score(s, request))
+            slot = max(free, key=lambda s: slot_score(s, request))
             free.remove(slot)
             slot.supersede = request.params.supersede
             slot.ahead = []  # the request's own prompt decides what this cache holds
             # In its slot first: should anything below fail, _fail_all finds it there.
             slot.req, slot.next_token = request, None
-            # The last REREAD_TAIL tokens are always read again (at least the last one must
-            # be, for its logits): then the last token's logits come from a batch of as many
-            # rows as when the prompt is read cold, and a cached prompt gives the same greedy
-            # text as a cold one (see REREAD_TAIL).
-            common = common_prefix(slot.cached, target)
-            n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
-            del slot.cached[n_keep:]
-            slot.turn_start = n_keep
-            kept: list[_Checkpoint] = []
-            dropped: list[_Checkpoint] = []
-            for c in slot.checkpoints:  # those of another prompt go
-                (kept if c.tokens == target[:len(c.tokens)] else dropped).append(c)
-            if dropped:
-                slot.checkpoints, slot.spare = kept, dropped[-1].state  # the newest: largest
-            slot.checkpoint_at = None
-            if request.params.supersede is None and self.backend.cut_reach:
-                self._chat_checkpoints(slot, n_keep, len(request.prompt) - REREAD_TAIL)
-            if request.params.supersede is not None and self.backend.needs_checkpoints and \
-                    common >= CHECKPOINT_MIN_TOKENS:
-                # An autocomplete request: the next keystroke's prompt differs from this one
-                # at or after where this one differs from the last (the cursor moves on), so
-                # the cache as it is there is worth keeping.
-                slot.checkpoint_at = common
-                self._take_checkpoint(slot)
+            # Its cache's shared prefix less REREAD_TAIL tokens, its checkpoints planned.
+            n_keep = self._kept.reuse(slot, request)
             if request.sampler is None:  # first admission (not a resumption)
                 request.t_start = time.perf_counter()
                 request.n_cached = n_keep
@@ -833,72 +590,7 @@ class Engine:
                 request.target = request.prompt + request.generated
                 hole.next_token = None
 
-    def _cut(self, slot: _Slot, n_keep: int, target: list[int]) -> int:
-        """Cut the slot's cache to ``n_keep`` tokens, or to its longest checkpoint within
-        them where a sliding window cannot be cut there: how many tokens it keeps."""
-        fits = [c for c in slot.checkpoints
-                if 0 < len(c.tokens) <= n_keep and c.tokens == target[:len(c.tokens)]]
-        if fits:
-            best = max(fits, key=lambda c: len(c.tokens))
-            return self.backend.seq_restore(slot.seq_id, n_keep, len(best.tokens), best.state)
-        return self.backend.seq_trim(slot.seq_id, n_keep)
-
-    def _take_checkpoint(self, slot: _Slot) -> None:
-        if slot.checkpoint_at == len(slot.cached):
-            slot.checkpoint_at = None
-            if not slot.checkpoints or slot.checkpoints[-1].tokens != slot.cached:
-                self._checkpoint(slot)
-
-    def _checkpoint(self, slot: _Slot) -> None:
-        """Save the slot's window layers as they are now, into the memory of the oldest
-        checkpoint, which this one replaces, or of one dropped before."""
-        # One a slot where only autocomplete keeps them (a large model's: ~120 MB each).
-        keep = CHAT_CHECKPOINTS if self.backend.cut_reach else 1
-        reuse, slot.spare = slot.spare, None
-        if len(slot.checkpoints) >= keep:
-            reuse = slot.checkpoints[0].state
-            slot.checkpoints = slot.checkpoints[len(slot.checkpoints) - keep + 1:]
-        try:
-            state = self.backend.seq_checkpoint(slot.seq_id, reuse)
-        except WorkerLost:
-            raise  # the model's process is gone: stop (``failed``), the owner reloads it
-        except LocalInferError as exc:  # out of memory: the cache goes on without one
-            log.warning("could not save a checkpoint of a sequence's cache: %s", exc)
-            return
-        slot.checkpoints = [*slot.checkpoints, _Checkpoint(list(slot.cached), state)]
-
-    def _chat_checkpoints(self, slot: _Slot, n_keep: int, reply_start: int) -> None:
-        """Checkpoints of a request that is not an autocomplete, on a window cache that can
-        be cut back only ``Backend.cut_reach`` tokens: one where its reading begins
-        (``n_keep``, now, before its first chunk) and, for a prompt longer than the reach,
-        one where its reply will (``reply_start``: its last chunk then starts there). After
-        a chat reply the first is taken while the engine is idle, once the next turn's opening
-        is read (``_read_ahead``): a turn that comes later finds it held.
-
-        After a reply longer than the reach, the window has moved past both: a regenerated
-        reply, an edited last message or a template that drops the last reasoning would
-        read the whole conversation again (927-981 ms against 40-41 for the starter's
-        616-token chat asked again after a 300-token reply). llama.cpp saves only the cells
-        in the window, so a checkpoint returns to its own length only, as llama-server's
-        context checkpoints do: the turn's beginning, from which a short message is read
-        again, and the reply's beginning, which costs the prompt's reading one more step.
-        A slot keeps planner.CHAT_CHECKPOINTS, which the plan counts.
-
-        A checkpoint held up to REREAD_TAIL tokens before ``n_keep`` serves as the turn's:
-        restored, it reads those few tokens again with the rest, as a cached prompt's tail
-        is read again anyway, where taking another costs every such turn a copy of the
-        window (0.6-1.2 ms for the starter) before its first token. Questions asked in turn
-        after one conversation, which share a first word or two, take one checkpoint."""
-        def held(lo: int, hi: int) -> bool:
-            return any(lo <= len(c.tokens) <= hi for c in slot.checkpoints)
-
-        if n_keep >= CHECKPOINT_MIN_TOKENS and not held(n_keep - REREAD_TAIL, n_keep):
-            self._checkpoint(slot)
-        if reply_start - n_keep > self.backend.cut_reach and \
-                not held(reply_start, reply_start):
-            slot.checkpoint_at = reply_start
-
-    def _preempt_for(self, waiting: _Request) -> None:
+    def _preempt_for(self, waiting: Request) -> None:
         if waiting.priority != Priority.INTERACTIVE:
             return
         victims = [s for s in self._active() if s.running.priority > waiting.priority]
@@ -947,7 +639,7 @@ class Engine:
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
         prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.running)
-        chunks: list[tuple[_Slot, int]] = []
+        chunks: list[tuple[Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)
             target = slot.running.target
@@ -993,13 +685,13 @@ class Engine:
         for slot, n in chunks:
             start = len(slot.cached)
             slot.cached.extend(slot.running.target[start : start + n])
-            self._take_checkpoint(slot)
+            self._kept.take_due(slot)
             if not slot.prefilling:
                 token = self._sample_or_abort(slot, slot.batch_index)
                 if token is not None:
                     self._on_token(slot, token, now)
 
-    def _stepping(self, decoding: list[_Slot]) -> list[_Slot]:
+    def _stepping(self, decoding: list[Slot]) -> list[Slot]:
         """The decoding slots that take this step: all, or those that waited longest where
         fewer rows give more tokens per second (see speculate.DraftPolicy.stepping)."""
         if len(decoding) < 2:
@@ -1008,7 +700,7 @@ class Engine:
                                       [self._steps - s.stepped_at for s in decoding])
         return [decoding[i] for i in chosen]
 
-    def _choose_drafts(self, decoding: list[_Slot], reading: bool) -> None:
+    def _choose_drafts(self, decoding: list[Slot], reading: bool) -> None:
         """Set each decoding slot's draft for this step: what its prompt lookup proposes, where
         the step's expected tokens per second gain by it (see speculate.DraftPolicy); a draft
         not verified is checked as a shadow draft. Drafts only while the batch stays small
@@ -1021,29 +713,15 @@ class Engine:
         budget = min(EXACT_ROWS, self.backend.n_batch) - len(decoding)
         if budget <= 0:
             return
-        proposals: list[Draft | None] = []
-        for slot in decoding:
-            lookup = slot.running.lookup
-            room = min(budget, MAX_DRAFT, self.info.n_ctx - 1 - len(slot.cached))
-            draft = lookup.draft(room) if lookup is not None else []
-            proposals.append(Draft(draft, lookup.acceptance,
-                                   forced=slot.running.params.speculative is True,
-                                   preferred=lookup.draft_len)
-                             if lookup is not None and draft else None)
-        if not any(proposals):
-            return
-        lengths = self.drafts.choose([s.seq_id for s in decoding], proposals, budget)
-        for slot, proposal, k in zip(decoding, proposals, lengths, strict=True):
-            if proposal is None:
-                continue
-            if k:
-                slot.draft = list(proposal.tokens[:k])
-            else:
-                lookup = slot.running.lookup
-                assert lookup is not None  # it proposed the draft
-                lookup.shadow(list(proposal.tokens[:proposal.suggested]))
+        rooms = [min(budget, MAX_DRAFT, self.info.n_ctx - 1 - len(s.cached)) for s in decoding]
+        drafts = self.drafts.drafts([s.seq_id for s in decoding],
+                                    [s.running.lookup for s in decoding], rooms,
+                                    [s.running.params.speculative is True for s in decoding],
+                                    budget)
+        for slot, draft in zip(decoding, drafts, strict=True):
+            slot.draft = draft
 
-    def _verify(self, slot: _Slot, now: float) -> None:
+    def _verify(self, slot: Slot, now: float) -> None:
         """Sample a decoding slot's outputs: its next token, then each draft token for as
         long as the model agrees with the draft."""
         request, draft, next_token = slot.running, slot.draft, slot.next_token
@@ -1078,7 +756,7 @@ class Engine:
                     slot.next_token = None
         slot.draft = []
 
-    def _sample_or_abort(self, slot: _Slot, index: int) -> int | None:
+    def _sample_or_abort(self, slot: Slot, index: int) -> int | None:
         """The running request's next token, or None when its sampler cannot go on (a
         grammar that allows no token here): that request ends with the error, the rest of
         the batch goes on."""
@@ -1089,7 +767,7 @@ class Engine:
             self._abort(slot, exc)
             return None
 
-    def _sample(self, request: _Request, index: int) -> int:
+    def _sample(self, request: Request, index: int) -> int:
         """Sample batch entry ``index`` with the request's sampler; with its log-probability
         when asked for (taken from the logits before sampling: the argmax shortcut and the
         native chain both leave the model's distribution behind them)."""
@@ -1106,7 +784,7 @@ class Engine:
                                                        self.backend.token_bytes))
         return token
 
-    def _on_token(self, slot: _Slot, token: int, now: float) -> bool:
+    def _on_token(self, slot: Slot, token: int, now: float) -> bool:
         """Record a sampled token; False when the generation has ended."""
         request = slot.running
         request.generated.append(token)
@@ -1120,7 +798,7 @@ class Engine:
             return False
         text = request.assembler.push(self.backend.token_bytes(token))
         if text:
-            self._post(request, Token(text, _live(request, now), request.unsent_logprobs()))
+            self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
         limit_ms = request.params.t_max_predict_ms
         if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
             self._finish(slot, "length", now)  # autocomplete's time limit, at a line's end
@@ -1136,137 +814,20 @@ class Engine:
             return True
         return False
 
-    def _finish(self, slot: _Slot, reason: FinishReason, now: float) -> None:
+    def _finish(self, slot: Slot, reason: FinishReason, now: float) -> None:
         request = slot.running
         rest = request.assembler.flush()
         if rest:
-            self._post(request, Token(rest, _live(request, now), request.unsent_logprobs()))
-        done = _done(request, reason, now)
+            self._post(request, Token(rest, live_stats(request, now), request.unsent_logprobs()))
+        done = done_event(request, reason, now)
         self._generated_tokens_total += request.n_generated
         if done.timings.decode_tokens:
             self._last_decode_tps = done.timings.decode_tps
         self._release(slot, now)
-        slot.ahead = self._next_turn_opening(slot, request, reason)
+        slot.ahead = self._kept.next_turn_opening(slot, request, reason)
         self._post(request, done)
 
-    def _next_turn_opening(self, slot: _Slot, request: _Request, reason: FinishReason
-                           ) -> list[int]:
-        """What to read into a finished chat request's slot ahead of the next turn: the
-        template's opening of the next user turn (and the reply's last token where
-        max_tokens cut it: sampled, not yet decoded). Nothing where the client's next prompt
-        will not repeat this cache: a reply cut by a stop string (the client gets it without
-        the stop text), one made under a grammar (tool calls come back rendered in another
-        form), one ending in white space (templates trim it), a cancelled one."""
-        generated = request.generated
-        if not generated or request.params.grammar is not None:
-            return []
-        if reason == "stop" and self.backend.is_eog(generated[-1]):
-            reply, unread = generated[:-1], []
-        elif reason == "length" and request.params.max_tokens == len(generated):
-            reply, unread = generated, generated[-1:]
-        else:
-            return []
-        if not reply or len(slot.cached) != len(request.prompt) + len(reply) - len(unread):
-            return []
-        last = self.backend.token_bytes(reply[-1])
-        marks = self._chat_turn_marks()
-        if marks is None or not last or last != last.rstrip():
-            return []
-        generation, opening = marks
-        if request.prompt[-len(generation):] != generation:
-            return []  # not a chat prompt (a completion, an infill)
-        ahead = unread + opening
-        fits = len(slot.cached) + len(ahead) < self.info.n_ctx and \
-            len(ahead) <= self.backend.n_batch
-        return ahead if fits else []
-
-    def _chat_turn_marks(self) -> tuple[list[int], list[int]] | None:
-        """(the tokens the template ends a chat prompt with, the tokens it opens the next
-        user turn with after a reply), worked out once by rendering a made-up chat; None
-        where the template cannot render it or where those texts do not tokenize the same
-        alone as in a prompt (the opening must start with a special token: then the reply
-        before it cannot merge into it)."""
-        if self._turn_marks_known:
-            return self._turn_marks
-        self._turn_marks_known = True
-        first, reply, question = "LocalinferFirst", "LocalinferReply", "LocalinferQuestion"
-        try:
-            user = [Message("user", first)]
-            asked = self.render_chat(user)
-            told = self.render_chat(user, add_generation_prompt=False)
-            chat = self.render_chat(user + [Message("assistant", reply),
-                                            Message("user", question)])
-        except Exception as exc:  # noqa: BLE001 - a template's own error: no read-ahead
-            log.debug("no next-turn read-ahead: the template cannot render a chat (%s)", exc)
-            return None
-        end, start = chat.find(reply) + len(reply), chat.find(question)
-        if not asked.startswith(told) or asked == told or chat.find(reply) < 0 or start <= end:
-            return None
-        tokens = self._uncached_prompt_tokens
-        generation = self.backend.tokenize(asked[len(told):], add_special=False)
-        opening = self.backend.tokenize(chat[end:start], add_special=False)
-        head = tokens(chat[:end])
-        if (not generation or not opening or tokens(asked)[-len(generation):] != generation
-                or self.backend.special_piece(opening[0]) is None
-                or tokens(chat)[:len(head) + len(opening)] != head + opening):
-            return None
-        self._turn_marks = (generation, opening)
-        return self._turn_marks
-
-    def _uncached_prompt_tokens(self, text: str) -> list[int]:
-        """``prompt_tokens`` without keeping the prompt for reuse (a made-up one)."""
-        return self.backend.tokenize(text, add_special=self._adds_bos(text))
-
-    def _read_ahead(self) -> None:
-        """Read idle slots' ``ahead`` tokens into their caches, in one step of at most a
-        batch (no logits, no thread-count measurement: not a step like the others); any
-        left over wait for the next idle moment."""
-        slots = []
-        room = self.backend.n_batch
-        for slot in self._slots:
-            if slot.req is None and slot.ahead and len(slot.ahead) <= room:
-                # A request that ended inside a draft leaves its rejected tokens' cells.
-                kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
-                if kept == len(slot.cached):
-                    slots.append(slot)
-                    room -= len(slot.ahead)
-                else:  # a sliding window cut back further: the next request reads it
-                    del slot.cached[kept:]
-                    slot.ahead = []
-        tokens: list[int] = []
-        positions: list[int] = []
-        seq_ids: list[int] = []
-        for slot in slots:
-            start = len(slot.cached)
-            tokens.extend(slot.ahead)
-            positions.extend(range(start, start + len(slot.ahead)))
-            seq_ids.extend([slot.seq_id] * len(slot.ahead))
-        if not tokens:
-            return
-        try:
-            self.backend.decode(tokens, positions, seq_ids, [False] * len(tokens))
-        except WorkerLost:
-            raise  # the model's process is gone: stop (``failed``), the owner reloads it
-        except LocalInferError as exc:  # what these caches hold is unknown now: drop them
-            log.warning("could not read the next turn's opening ahead: %s", exc)
-            for slot in slots:
-                self.backend.seq_trim(slot.seq_id, 0)
-                slot.cached.clear()
-                slot.ahead = []
-            return
-        for slot in slots:
-            slot.cached.extend(slot.ahead)
-            slot.ahead = []
-            # Where the next turn's reading begins: taken now, not on its way to its first
-            # token (see _chat_checkpoints); not in place of one of the last turn's own (a
-            # long message's start and its reply's), which an edited message needs.
-            if self.backend.cut_reach and len(slot.cached) >= CHECKPOINT_MIN_TOKENS and (
-                    len(slot.checkpoints) < CHAT_CHECKPOINTS
-                    or len(slot.checkpoints[0].tokens) < slot.turn_start):
-                self._checkpoint(slot)
-        self._read_ahead_total += len(tokens)
-
-    def _abort(self, slot: _Slot, exc: BaseException) -> None:
+    def _abort(self, slot: Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
         request = slot.running
         self.backend.seq_trim(slot.seq_id, 0)
@@ -1274,7 +835,7 @@ class Engine:
         self._release(slot, time.perf_counter())
         self._post(request, exc)
 
-    def _release(self, slot: _Slot, now: float) -> None:
+    def _release(self, slot: Slot, now: float) -> None:
         if slot.req is not None:
             self._free_sampler(slot.req)
         slot.req = None
@@ -1301,7 +862,7 @@ class Engine:
         for _, future in jobs:
             future.set_exception(error)
 
-    def _free_sampler(self, request: _Request) -> None:
+    def _free_sampler(self, request: Request) -> None:
         if request.sampler is not None:
             try:
                 self.backend.free_sampler(request.sampler)
@@ -1316,71 +877,8 @@ class Engine:
             self._step_jobs = []
         for request in pending:
             self._free_sampler(request)  # a preempted request still holds its sampler
-            self._post(request, _done(request, "cancelled", now))  # after its last tokens
+            self._post(request, done_event(request, "cancelled", now))  # after its last tokens
         for slot in self._active():
             self._finish(slot, "cancelled", now)
         for _, future in jobs:
             future.set_exception(Busy("the engine is shutting down."))
-
-
-def _template_for(info: ModelInfo) -> ChatTemplate:
-    tokens = {"bos_token": info.bos_text, "eos_token": info.eos_text}
-    if info.chat_template:
-        return ChatTemplate(info.chat_template, **tokens)
-    return ChatTemplate.named("chatml", **tokens)  # the loader found no better one
-
-
-def _slot_score(slot: _Slot, request: _Request) -> tuple[bool, bool, int, float]:
-    """Which free slot a request should take: the one its editor's previous keystroke used
-    (an autocomplete prompt shares its prefix, often less than half of it, and the checkpoint
-    there), else one whose cached tokens it mostly shares or that holds its whole prompt (the
-    longest such prefix wins), else the least recently used, so that a small shared prefix (a
-    common system prompt) does not evict a long cached conversation. A prompt cached whole is
-    one asked again (a regenerated reply, a client retrying, several clients asking alike):
-    what it drops there is the reply that followed it, which the asker is replacing.
-    (llama-server takes the slot holding the largest share of a new prompt, and keeps what it
-    drops in host memory.)"""
-    key = request.params.supersede
-    target = request.target
-    common = common_prefix(slot.cached, target)
-    keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target))
-    return (key is not None and slot.supersede == key, keeps_most,
-            common if keeps_most else 0, -slot.last_used)
-
-
-def _live(request: _Request, now: float) -> LiveStats:
-    prefill_ms = (request.t_first - request.t_start) * 1000.0
-    decode_s = now - request.t_first
-    return LiveStats(
-        n_tokens=request.n_generated,
-        ttft_ms=(request.t_first - request.t_submit) * 1000.0,
-        prefill_tps=(len(request.prompt) - request.n_cached) * 1000.0 / prefill_ms
-        if prefill_ms > 0 else 0.0,
-        decode_tps=(request.n_generated - 1) / decode_s if decode_s > 0 else 0.0,
-    )
-
-
-def _done(request: _Request, reason: FinishReason, now: float) -> Done:
-    started = request.t_start > 0
-    first = request.n_generated > 0
-    timings = Timings(
-        load_ms=request.load_ms,
-        queue_ms=((request.t_start if started else now) - request.t_submit) * 1000.0,
-        prompt_tokens=len(request.prompt),
-        cached_tokens=request.n_cached,
-        prefill_tokens=len(request.prompt) - request.n_cached if first else 0,
-        prefill_ms=(request.t_first - request.t_start) * 1000.0 if first else 0.0,
-        ttft_ms=(request.t_first - request.t_submit) * 1000.0 if first else 0.0,
-        completion_tokens=request.n_generated,
-        decode_tokens=max(0, request.n_generated - 1),
-        decode_ms=(request.t_last - request.t_first) * 1000.0 if first else 0.0,
-        total_ms=(now - request.t_submit) * 1000.0,
-        drafted_tokens=request.n_drafted,
-        accepted_tokens=request.n_accepted,
-    )
-    usage = Usage(
-        prompt_tokens=len(request.prompt),
-        completion_tokens=request.n_generated,
-        cached_tokens=request.n_cached,
-    )
-    return Done(request.assembler.text, reason, usage, timings, tuple(request.logprobs))

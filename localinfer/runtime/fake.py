@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidRequest, LocalInferError
-from ..protocol import ModelInfo
 from .chat_template import BUILTIN_TEMPLATES
 from .grammar import Grammar
 from .speculate import graph_rows
-from .types import SamplingParams
+from .types import ModelInfo, SamplingParams
 
 _PIECE = re.compile(r"<[a-z_]+>|\s+|[^\s<]+|<")
 _SPECIAL = re.compile(r"<[a-z_]+>")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import InvalidRequest
-from ..protocol import ModelInfo
+from .types import ModelInfo
 
 REPO_NAME = "myproject"
 """The repository name written after ``<|repo_name|>``: llama-server's, which editors tuned

@@ -21,19 +21,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import LocalInferError, ModelLoadError, WorkerError, WorkerLost
-from ..hardware.rpc import RPCConnection
-from ..protocol import ModelInfo
+from ..errors import LocalInferError, ModelLoadError, WorkerLost
 from .backend import LoadOptions, ProgressCallback
 from .grammar import Grammar
-from .types import SamplingParams
+from .types import ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +48,13 @@ class IsolatedBackend:
     """The llama.cpp backend of one model, in a child process."""
 
     def __init__(self, path: str | os.PathLike[str], options: LoadOptions, *, name: str,
-                 progress: ProgressCallback | None = None) -> None:
+                 progress: ProgressCallback | None = None,
+                 answers: Callable[[str], bool] | None = None) -> None:
+        """``answers(endpoint)``: whether a worker is still there (hardware.rpc's
+        ``worker_answers``), asked when the child dies to name the workers that stopped; without
+        it, every worker is named."""
         self._endpoints = options.rpc_servers
+        self._answers = answers
         self._lock = threading.Lock()
         self._lost: WorkerLost | None = None
         self._token_bytes: dict[int, bytes] = {}
@@ -137,7 +140,9 @@ class IsolatedBackend:
         if self._lost is None:
             self._kill()
             why = why or f"its process ended with {_exit_text(self._proc)}"
-            gone = [e for e in self._endpoints if not _answers(e)] or list(self._endpoints)
+            answers = self._answers
+            gone = [e for e in self._endpoints if answers is None or not answers(e)] \
+                or list(self._endpoints)
             names = ", ".join(gone)
             self._lost = WorkerLost(
                 f"worker{'s' if len(gone) > 1 else ''} {names} stopped responding; the model"
@@ -245,16 +250,6 @@ class IsolatedBackend:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
-
-
-def _answers(endpoint: str) -> bool:
-    """Whether a worker is still there: it completes the RPC handshake, or accepts the
-    connection but is still busy (freeing what the dead child held) when asked."""
-    try:
-        RPCConnection(endpoint, connect_timeout_s=1.0, reply_timeout_s=2.0).close()
-        return True
-    except WorkerError as exc:
-        return exc.title == "worker busy"
 
 
 def _exit_text(proc: subprocess.Popen) -> str:

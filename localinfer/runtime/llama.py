@@ -28,11 +28,10 @@ from ..catalog import is_embedding_header
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelLoadError
 from ..gguf import GGUFHeader
 from ..planner import Candidate, physical_batch, shrinks_window_cache
-from ..protocol import ModelInfo
 from .backend import LoadOptions, ProgressCallback
 from .grammar import Grammar, integer_range, to_gbnf
 from .shortlist import Truncation, best_allowed
-from .types import SamplingParams
+from .types import ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -432,3 +432,30 @@ class DraftPolicy:
                 if trial_rate > best_rate:
                     best, best_rate = list(trial), trial_rate
         return best
+
+    def drafts(self, seq_ids: Sequence[int], lookups: Sequence[PromptLookup | None],
+               rooms: Sequence[int], forced: Sequence[bool], budget: int) -> list[list[int]]:
+        """Each sequence's draft for this step (in batch order): what its prompt lookup
+        proposes, at most ``rooms[i]`` tokens, where ``choose`` finds the step's expected tokens
+        per second gain by it (``forced[i]``: the request asked for speculation); a draft not
+        verified is checked as a shadow draft (``PromptLookup.shadow``)."""
+        proposals: list[Draft | None] = []
+        for lookup, room, force in zip(lookups, rooms, forced, strict=True):
+            draft = lookup.draft(room) if lookup is not None else []
+            proposals.append(Draft(draft, lookup.acceptance, forced=force,
+                                   preferred=lookup.draft_len)
+                             if lookup is not None and draft else None)
+        chosen: list[list[int]] = [[] for _ in proposals]
+        if not any(proposals):
+            return chosen
+        lengths = self.choose(seq_ids, proposals, budget)
+        for i, (lookup, proposal, k) in enumerate(zip(lookups, proposals, lengths,
+                                                      strict=True)):
+            if proposal is None:
+                continue
+            if k:
+                chosen[i] = list(proposal.tokens[:k])
+            else:
+                assert lookup is not None  # it proposed the draft
+                lookup.shadow(list(proposal.tokens[:proposal.suggested]))
+        return chosen

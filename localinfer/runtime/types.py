@@ -1,4 +1,5 @@
-"""The runtime's vocabulary: sampling parameters, messages, and the events a generation yields.
+"""The runtime's vocabulary: the loaded model's facts (``ModelInfo``), sampling parameters,
+messages, and the events a generation yields.
 
 A generation yields ``Token`` events (a piece of text, with live speed figures) and ends with
 one ``Done`` event carrying the usage and the request's timings. These types are plain data so
@@ -30,6 +31,47 @@ class Priority(enum.IntEnum):
     INTERACTIVE = 0
     NORMAL = 1
     BACKGROUND = 2
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model that front ends display."""
+
+    name: str
+    path: str
+    architecture: str
+    quant: str
+    size_bytes: int
+    n_params: int
+    n_layers: int
+    n_gpu_layers: int
+    """Layers actually offloaded to the GPU."""
+    n_ctx_train: int
+    n_ctx: int
+    """Context per slot."""
+    n_slots: int
+    n_vocab: int
+    gpu_backend: str | None = None
+    """"CUDA", "Metal", "Vulkan"... or None for a CPU-only build."""
+    flash_attn: bool | None = None
+    """Whether attention uses flash attention; None when llama.cpp chose (on a GPU)."""
+    kv_type: str = "f16"
+    """The KV cache's element type (f16, q8_0): what the roofline reads per cached token."""
+    base_model: bool = False
+    """A base (pretrained, not instruction-tuned) model: it continues text; it does not follow
+    instructions or chat."""
+    chat_template: str | None = None
+    bos_text: str = ""
+    eos_text: str = ""
+    add_bos: bool = True
+    fim: tuple[str, str, str] | None = None
+    """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
+    embedding_only: bool = False
+    """An embedding model: it returns vectors and generates no text."""
+    split: tuple[tuple[str, int], ...] = ()
+    """Where the layers are when RPC workers hold some: (device, layers) for the local CPU,
+    then each worker's device ("HOST:PORT #0"); the output layer counts as one. Empty on one
+    machine."""
 
 
 @dataclass(frozen=True)
@@ -311,3 +353,22 @@ def normalized(vector: list[float], dimensions: int | None = None) -> list[float
 
 def _rate(tokens: int, ms: float) -> float:
     return tokens * 1000.0 / ms if ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """An engine's counters, for /metrics and the status bar (``Engine.stats``)."""
+
+    requests_total: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    generated_tokens_total: int
+    queue_depth: int
+    active: int
+    n_slots: int
+    last_decode_tps: float
+    drafted_tokens_total: int = 0
+    accepted_tokens_total: int = 0
+    preemptions_total: int = 0
+    read_ahead_tokens_total: int = 0
+    """Tokens of next turns' openings read while idle (engine.READ_AHEAD_IDLE_S)."""

@@ -1,7 +1,8 @@
 """``localinfer worker``: llama.cpp's RPC server for this machine's devices, so that a
 localinfer daemon on another machine can put layers of a model here, plus the small JSON
 description the RPC protocol cannot carry (device names, measured bandwidth, host name),
-served on the next port (see hardware/rpc.py).
+served on the next port (see hardware/rpc.py). A front end beside the daemon: it lends this
+machine's devices (runtime/llama.py) with what the probes measured (hardware/).
 
 The RPC protocol has no authentication: whoever reaches the port can run computations and
 read or write the memory the worker allocates. It binds to loopback unless told otherwise.
@@ -19,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..errors import BackendUnavailable, DaemonError, InvalidRequest
-from ..hardware.profile import HardwareProfile
-from ..hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, version_text
-from . import llama
+from . import __version__
+from .errors import BackendUnavailable, DaemonError, InvalidRequest
+from .hardware.profile import HardwareProfile
+from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, version_text
+from .runtime import llama
 
 log = logging.getLogger(__name__)
 

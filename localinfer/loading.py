@@ -1,5 +1,8 @@
-"""Loading a model file into an engine: validate the header, pick the chat template, start
-llama.cpp. Importing llama.cpp is deferred to here so that commands that never load a model
+"""Loading a model file into an engine: validate the header, pick the chat template, plan the
+load on this machine (and its RPC workers), start llama.cpp. The composition root above the
+runtime: it alone brings the store, the selection, the planner and hardware to the engine,
+which is handed what a plan decided (``LoadOptions``, the chat checkpoints) and reads none of
+them. Importing llama.cpp is deferred to here so that commands that never load a model
 (``--help``, ``list``, ``plan``) start fast."""
 
 from __future__ import annotations
@@ -8,18 +11,18 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from .. import gguf
-from ..catalog import Catalog, load_catalog
-from ..config import FLASH_ATTN, Config
-from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
-from ..hardware.profile import HardwareProfile
-from ..hardware.rpc import parse_endpoints, probe_workers
-from ..planner import Candidate, WorkerSplit, plan, plan_split
-from ..selection import plan_prefs
-from ..store import CopyProgress, ModelStore
-from .backend import LoadOptions, ProgressCallback
-from .chat_template import BUILTIN_TEMPLATES
-from .engine import Engine
+from . import gguf
+from .catalog import Catalog, load_catalog
+from .config import FLASH_ATTN, Config
+from .errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
+from .hardware.profile import HardwareProfile
+from .hardware.rpc import parse_endpoints, probe_workers, worker_answers
+from .planner import CHAT_CHECKPOINTS, Candidate, WorkerSplit, plan, plan_split
+from .runtime.backend import LoadOptions, ProgressCallback
+from .runtime.chat_template import BUILTIN_TEMPLATES
+from .runtime.engine import Engine
+from .selection import plan_prefs
+from .store import CopyProgress, ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ def load_engine(
     if fam is not None and fam.fim_order == "spm":
         options = replace(options, fim_spm=True)
     try:
-        from .llama import LlamaBackend
+        from .runtime.llama import LlamaBackend
     except ImportError as exc:
         raise BackendUnavailable(
             f"llama-cpp-python cannot be imported ({exc}). Install it with"
@@ -94,12 +97,15 @@ def load_engine(
         ) from None
     if options.rpc_servers:
         # llama.cpp aborts its process when a worker dies: that process must not be ours.
-        from .isolated import IsolatedBackend
+        from .runtime.isolated import IsolatedBackend
 
-        isolated = IsolatedBackend(path, options, name=name, progress=progress)
-        return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue)
+        isolated = IsolatedBackend(path, options, name=name, progress=progress,
+                                   answers=worker_answers)
+        return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
+                      chat_checkpoints=CHAT_CHECKPOINTS)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
-    return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue)
+    return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
+                  chat_checkpoints=CHAT_CHECKPOINTS)
 
 
 def worker_split(header: gguf.GGUFHeader, endpoints: tuple[str, ...], *,
@@ -177,7 +183,10 @@ def parse_layer_split(text: str) -> list[int]:
     return layers
 
 
-DEFAULT_CTX = 4096
+UNPLANNED_CTX = 4096
+"""The context when nothing was planned (the planner refused the file; also the cap on the
+settings' where the header names no trained length): LoadOptions' default, below the planner's
+DEFAULT_CTX (8192) because no memory estimate backs it."""
 
 
 def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None = 1,
@@ -185,9 +194,9 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     """Load options from the planner's plan for this file on this machine (``hardware``, or
     a quick probe without the bandwidth measurement), each overridden by the settings:
     config.ctx, config.gpu_layers, config.threads (and config.slots when n_slots is None)."""
-    trained = header.context_length or DEFAULT_CTX
+    trained = header.context_length or UNPLANNED_CTX
     if hardware is None:
-        from ..hardware import probe
+        from .hardware import probe
 
         hardware = probe(measure_bandwidth=False)
     slots = n_slots if n_slots is not None else config.slots
@@ -201,7 +210,7 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     if chosen is not None and not chosen.fits:
         log.warning("%s may not fit in memory here: %s", name or "the model", chosen.reason)
     return LoadOptions(
-        n_ctx=config.ctx or (chosen.n_ctx if chosen else min(DEFAULT_CTX, trained)),
+        n_ctx=config.ctx or (chosen.n_ctx if chosen else min(UNPLANNED_CTX, trained)),
         n_slots=slots or (chosen.n_slots if chosen else 1),
         n_gpu_layers=(config.gpu_layers if config.gpu_layers is not None
                       else chosen.n_gpu_layers if chosen else 0),
@@ -219,7 +228,7 @@ def on_workers(options: LoadOptions, header: gguf.GGUFHeader, config: Config,
     endpoints = parse_endpoints(config.workers)
     if not endpoints:
         return options
-    from ..hardware import probe
+    from .hardware import probe
 
     return with_workers(options, header, endpoints, hardware=probe(measure_bandwidth=False),
                         config=config, name=name)
@@ -246,7 +255,7 @@ def open_engine(
 
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
     """The daemon's way to load a model: (resolved model, requested context) -> engine."""
-    from ..store import ResolvedModel
+    from .store import ResolvedModel
 
     def load(model: ResolvedModel, num_ctx: int | None, progress: ProgressCallback | None = None
              ) -> Engine:

@@ -1,0 +1,254 @@
+"""What a slot's KV cache keeps for the requests after the one using it.
+
+A new request takes the free slot whose cache serves it best (``slot_score``) and reuses the
+prefix it shares with it, less the last REREAD_TAIL tokens. Where a sliding-window cache cannot
+be cut back that far, a checkpoint of the window layers (``Backend.seq_checkpoint``) taken at
+the right length returns the cache there: where an autocomplete prompt parts from the last one,
+where a chat turn and its reply begin. After a chat reply, once the engine is idle, the
+template's opening of the next user turn is read into the slot ahead of it (``read_ahead``).
+The engine (engine.py) holds one ``CacheKeeper`` and asks it at admission, after each prompt
+chunk, at a reply's end and while idle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..errors import LocalInferError, WorkerLost
+from .backend import Backend
+from .generation import Request
+from .prompt_cache import common_prefix
+from .slots import Checkpoint, Slot
+from .speculate import EXACT_ROWS
+from .types import FinishReason
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_MIN_TOKENS = 64
+"""An autocomplete prompt that shares fewer tokens than this with the slot's cache takes no
+checkpoint (a few MB of sliding-window state for little saved)."""
+REREAD_TAIL = EXACT_ROWS + 1
+"""Prompt tokens read again even when cached. llama.cpp's CPU matrix kernels compute batches of
+1-7 rows one way and of 8 or more another, which rounds differently: re-reading only the last
+token gave a different greedy reply than a cold read to the same prompt in 5 of 24 tries
+(starter model), re-reading 8 in none. 8 rows cost ~15 ms more than one on a fully cached
+prompt, nothing on a new chat turn. Not exact either way: once a slot has passed the sliding
+window cache's size (Gemma 3: 1,024 cells), its cells hold positions out of order, attention
+sums them in another order, and a cached prompt can part from a cold read at a near-tie. Nor
+for every prompt: the last token's logits after 8 rows re-read differed from a cold read's for
+10 of the 40 lengths from 9 to 48 tokens of one text, none of 61, 97, 130, 200 and 333 (2-core
+AVX2, at 1 and 2 threads alike)."""
+
+DEFAULT_CHAT_CHECKPOINTS = 2
+"""Checkpoints a chat's slot keeps on a window cache (see ``CacheKeeper._chat``) where the
+engine is not told how many: loading.py passes the planner's CHAT_CHECKPOINTS, whose memory
+the plan counts; an engine built without a plan (tests, benchmarks) keeps as many."""
+
+
+def slot_score(slot: Slot, request: Request) -> tuple[bool, bool, int, float]:
+    """Which free slot a request should take: the one its editor's previous keystroke used
+    (an autocomplete prompt shares its prefix, often less than half of it, and the checkpoint
+    there), else one whose cached tokens it mostly shares or that holds its whole prompt (the
+    longest such prefix wins), else the least recently used, so that a small shared prefix (a
+    common system prompt) does not evict a long cached conversation. A prompt cached whole is
+    one asked again (a regenerated reply, a client retrying, several clients asking alike):
+    what it drops there is the reply that followed it, which the asker is replacing.
+    (llama-server takes the slot holding the largest share of a new prompt, and keeps what it
+    drops in host memory.)"""
+    key = request.params.supersede
+    target = request.target
+    common = common_prefix(slot.cached, target)
+    keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target))
+    return (key is not None and slot.supersede == key, keeps_most,
+            common if keeps_most else 0, -slot.last_used)
+
+
+class CacheKeeper:
+    """The checkpoints and the read-ahead of one engine's slots."""
+
+    def __init__(self, backend: Backend, *, n_ctx: int, chat_checkpoints: int,
+                 turn_marks: Callable[[], tuple[list[int], list[int]] | None]) -> None:
+        self.backend = backend
+        self.n_ctx = n_ctx
+        self.chat_checkpoints = chat_checkpoints
+        """How many checkpoints a chat's slot keeps on a window cache (the plan's)."""
+        self._turn_marks = turn_marks
+        """(the tokens a chat prompt ends with, the next user turn's opening), or None:
+        ``PromptBuilder.chat_turn_marks``."""
+
+    def reuse(self, slot: Slot, request: Request) -> int:
+        """Cut ``slot``'s cache to what ``request`` (just admitted there) reuses of it, keep the
+        checkpoints of its prompt and plan the ones it takes: how many tokens it keeps."""
+        target = request.target
+        # The last REREAD_TAIL tokens are always read again (at least the last one must
+        # be, for its logits): then the last token's logits come from a batch of as many
+        # rows as when the prompt is read cold, and a cached prompt gives the same greedy
+        # text as a cold one (see REREAD_TAIL).
+        common = common_prefix(slot.cached, target)
+        n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
+        del slot.cached[n_keep:]
+        slot.turn_start = n_keep
+        kept: list[Checkpoint] = []
+        dropped: list[Checkpoint] = []
+        for c in slot.checkpoints:  # those of another prompt go
+            (kept if c.tokens == target[:len(c.tokens)] else dropped).append(c)
+        if dropped:
+            slot.checkpoints, slot.spare = kept, dropped[-1].state  # the newest: largest
+        slot.checkpoint_at = None
+        if request.params.supersede is None and self.backend.cut_reach:
+            self._chat(slot, n_keep, len(request.prompt) - REREAD_TAIL)
+        if request.params.supersede is not None and self.backend.needs_checkpoints and \
+                common >= CHECKPOINT_MIN_TOKENS:
+            # An autocomplete request: the next keystroke's prompt differs from this one
+            # at or after where this one differs from the last (the cursor moves on), so
+            # the cache as it is there is worth keeping.
+            slot.checkpoint_at = common
+            self.take_due(slot)
+        return n_keep
+
+    def _cut(self, slot: Slot, n_keep: int, target: list[int]) -> int:
+        """Cut the slot's cache to ``n_keep`` tokens, or to its longest checkpoint within
+        them where a sliding window cannot be cut there: how many tokens it keeps."""
+        fits = [c for c in slot.checkpoints
+                if 0 < len(c.tokens) <= n_keep and c.tokens == target[:len(c.tokens)]]
+        if fits:
+            best = max(fits, key=lambda c: len(c.tokens))
+            return self.backend.seq_restore(slot.seq_id, n_keep, len(best.tokens), best.state)
+        return self.backend.seq_trim(slot.seq_id, n_keep)
+
+    def take_due(self, slot: Slot) -> None:
+        """Take the checkpoint planned where the slot's cache now ends (``checkpoint_at``)."""
+        if slot.checkpoint_at == len(slot.cached):
+            slot.checkpoint_at = None
+            if not slot.checkpoints or slot.checkpoints[-1].tokens != slot.cached:
+                self.save(slot)
+
+    def save(self, slot: Slot) -> None:
+        """Save the slot's window layers as they are now, into the memory of the oldest
+        checkpoint, which this one replaces, or of one dropped before."""
+        # One a slot where only autocomplete keeps them (a large model's: ~120 MB each).
+        keep = self.chat_checkpoints if self.backend.cut_reach else 1
+        reuse, slot.spare = slot.spare, None
+        if len(slot.checkpoints) >= keep:
+            reuse = slot.checkpoints[0].state
+            slot.checkpoints = slot.checkpoints[len(slot.checkpoints) - keep + 1:]
+        try:
+            state = self.backend.seq_checkpoint(slot.seq_id, reuse)
+        except WorkerLost:
+            raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except LocalInferError as exc:  # out of memory: the cache goes on without one
+            log.warning("could not save a checkpoint of a sequence's cache: %s", exc)
+            return
+        slot.checkpoints = [*slot.checkpoints, Checkpoint(list(slot.cached), state)]
+
+    def _chat(self, slot: Slot, n_keep: int, reply_start: int) -> None:
+        """Checkpoints of a request that is not an autocomplete, on a window cache that can
+        be cut back only ``Backend.cut_reach`` tokens: one where its reading begins
+        (``n_keep``, now, before its first chunk) and, for a prompt longer than the reach,
+        one where its reply will (``reply_start``: its last chunk then starts there). After
+        a chat reply the first is taken while the engine is idle, once the next turn's opening
+        is read (``read_ahead``): a turn that comes later finds it held.
+
+        After a reply longer than the reach, the window has moved past both: a regenerated
+        reply, an edited last message or a template that drops the last reasoning would
+        read the whole conversation again (927-981 ms against 40-41 for the starter's
+        616-token chat asked again after a 300-token reply). llama.cpp saves only the cells
+        in the window, so a checkpoint returns to its own length only, as llama-server's
+        context checkpoints do: the turn's beginning, from which a short message is read
+        again, and the reply's beginning, which costs the prompt's reading one more step.
+        A slot keeps ``chat_checkpoints`` (the planner's, which the plan counts).
+
+        A checkpoint held up to REREAD_TAIL tokens before ``n_keep`` serves as the turn's:
+        restored, it reads those few tokens again with the rest, as a cached prompt's tail
+        is read again anyway, where taking another costs every such turn a copy of the
+        window (0.6-1.2 ms for the starter) before its first token. Questions asked in turn
+        after one conversation, which share a first word or two, take one checkpoint."""
+        def held(lo: int, hi: int) -> bool:
+            return any(lo <= len(c.tokens) <= hi for c in slot.checkpoints)
+
+        if n_keep >= CHECKPOINT_MIN_TOKENS and not held(n_keep - REREAD_TAIL, n_keep):
+            self.save(slot)
+        if reply_start - n_keep > self.backend.cut_reach and \
+                not held(reply_start, reply_start):
+            slot.checkpoint_at = reply_start
+
+    def next_turn_opening(self, slot: Slot, request: Request, reason: FinishReason
+                          ) -> list[int]:
+        """What to read into a finished chat request's slot ahead of the next turn: the
+        template's opening of the next user turn (and the reply's last token where
+        max_tokens cut it: sampled, not yet decoded). Nothing where the client's next prompt
+        will not repeat this cache: a reply cut by a stop string (the client gets it without
+        the stop text), one made under a grammar (tool calls come back rendered in another
+        form), one ending in white space (templates trim it), a cancelled one."""
+        generated = request.generated
+        if not generated or request.params.grammar is not None:
+            return []
+        if reason == "stop" and self.backend.is_eog(generated[-1]):
+            reply, unread = generated[:-1], []
+        elif reason == "length" and request.params.max_tokens == len(generated):
+            reply, unread = generated, generated[-1:]
+        else:
+            return []
+        if not reply or len(slot.cached) != len(request.prompt) + len(reply) - len(unread):
+            return []
+        last = self.backend.token_bytes(reply[-1])
+        marks = self._turn_marks()
+        if marks is None or not last or last != last.rstrip():
+            return []
+        generation, opening = marks
+        if request.prompt[-len(generation):] != generation:
+            return []  # not a chat prompt (a completion, an infill)
+        ahead = unread + opening
+        fits = len(slot.cached) + len(ahead) < self.n_ctx and \
+            len(ahead) <= self.backend.n_batch
+        return ahead if fits else []
+
+    def read_ahead(self, slots: list[Slot]) -> int:
+        """Read idle slots' ``ahead`` tokens into their caches, in one step of at most a
+        batch (no logits, no thread-count measurement: not a step like the others); any
+        left over wait for the next idle moment. How many tokens it read."""
+        reading: list[Slot] = []
+        room = self.backend.n_batch
+        for slot in slots:
+            if slot.req is None and slot.ahead and len(slot.ahead) <= room:
+                # A request that ended inside a draft leaves its rejected tokens' cells.
+                kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
+                if kept == len(slot.cached):
+                    reading.append(slot)
+                    room -= len(slot.ahead)
+                else:  # a sliding window cut back further: the next request reads it
+                    del slot.cached[kept:]
+                    slot.ahead = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        for slot in reading:
+            start = len(slot.cached)
+            tokens.extend(slot.ahead)
+            positions.extend(range(start, start + len(slot.ahead)))
+            seq_ids.extend([slot.seq_id] * len(slot.ahead))
+        if not tokens:
+            return 0
+        try:
+            self.backend.decode(tokens, positions, seq_ids, [False] * len(tokens))
+        except WorkerLost:
+            raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except LocalInferError as exc:  # what these caches hold is unknown now: drop them
+            log.warning("could not read the next turn's opening ahead: %s", exc)
+            for slot in reading:
+                self.backend.seq_trim(slot.seq_id, 0)
+                slot.cached.clear()
+                slot.ahead = []
+            return 0
+        for slot in reading:
+            slot.cached.extend(slot.ahead)
+            slot.ahead = []
+            # Where the next turn's reading begins: taken now, not on its way to its first
+            # token (see _chat); not in place of one of the last turn's own (a long
+            # message's start and its reply's), which an edited message needs.
+            if self.backend.cut_reach and len(slot.cached) >= CHECKPOINT_MIN_TOKENS and (
+                    len(slot.checkpoints) < self.chat_checkpoints
+                    or len(slot.checkpoints[0].tokens) < slot.turn_start):
+                self.save(slot)
+        return len(tokens)

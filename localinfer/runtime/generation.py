@@ -1,0 +1,175 @@
+"""A submitted request, as its caller holds it and as the engine tracks it.
+
+``Generation`` is the caller's side: iterate it for events, cancel it from any thread.
+``Request`` is the engine's: the prompt, the sampler, what was generated and when, from which
+``live_stats`` (sent with each piece of text) and ``done_event`` (the last event) are made.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .speculate import PromptLookup
+from .text import TextAssembler
+from .types import (
+    Done,
+    Event,
+    FinishReason,
+    LiveStats,
+    Priority,
+    SamplingParams,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[["Event | BaseException"], None]
+"""Where a generation's events go instead of its own queue (the daemon's event loop)."""
+
+
+class Generation:
+    """One submitted request. Iterate it for ``Token`` events and a final ``Done``.
+
+    ``cancel()`` may be called from any thread; the engine stops within one token and the
+    generation ends with ``Done(finish_reason="cancelled")``. Leaving the iteration early
+    cancels too. Errors raised by the engine for this request are raised by the iterator.
+    """
+
+    def __init__(self, on_cancel: Callable[[Generation], None], sink: Sink | None = None
+                 ) -> None:
+        self._on_cancel = on_cancel
+        """The engine's: called once, on the thread that cancels."""
+        self._queue: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
+        self._sink = sink or self._queue.put
+        self.cancelled = False
+        self.done: Done | None = None
+        self.request: Request | None = None
+
+    def cancel(self) -> None:
+        if not self.cancelled and self.done is None:
+            self.cancelled = True
+            self._on_cancel(self)
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            while True:
+                item = self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:
+            if self.done is None:
+                self.cancel()
+
+    def result(self) -> Done:
+        """Wait for the end and return the ``Done`` event (its text is the whole reply); again
+        after the events were consumed."""
+        if self.done is not None:
+            return self.done
+        for event in self:
+            if isinstance(event, Done):
+                return event
+        raise RuntimeError("generation ended without a Done event")  # pragma: no cover
+
+    def _emit(self, event: Event | BaseException) -> None:
+        if isinstance(event, Done):
+            self.done = event
+        try:
+            self._sink(event)
+        except Exception:  # a consumer that went away must not take the engine down
+            log.warning("dropping an event: its consumer failed", exc_info=True)
+            self.cancelled = True
+
+
+@dataclass(eq=False)
+class Request:
+    """A request as the engine tracks it, from its submission to its ``Done``."""
+
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    priority: Priority
+    generation: Generation
+    seed: int
+    t_submit: float
+    t_start: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    load_ms: float = 0.0
+    n_cached: int = 0
+    """Prompt tokens found in the KV cache at first admission."""
+    n_drafted: int = 0
+    n_accepted: int = 0
+    generated: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)
+    """What must be in the KV cache before the next sample: the prompt, or after a
+    preemption the prompt and everything generated so far."""
+    sampler: object = None
+    lookup: PromptLookup | None = None
+    assembler: TextAssembler = field(default_factory=TextAssembler)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """Each generated token's log-probability, when the request asks for them."""
+    n_logprobs_sent: int = 0
+    """How many of them have gone out with a Token event."""
+
+    def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
+        unsent = tuple(self.logprobs[self.n_logprobs_sent:])
+        self.n_logprobs_sent = len(self.logprobs)
+        return unsent
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.generated)
+
+    def sort_key(self) -> tuple[int, float, int]:
+        return (int(self.priority), self.t_submit, self.id)
+
+    def __lt__(self, other: Request) -> bool:
+        return self.sort_key() < other.sort_key()
+
+
+def live_stats(request: Request, now: float) -> LiveStats:
+    """The speed so far, sent with each piece of text."""
+    prefill_ms = (request.t_first - request.t_start) * 1000.0
+    decode_s = now - request.t_first
+    return LiveStats(
+        n_tokens=request.n_generated,
+        ttft_ms=(request.t_first - request.t_submit) * 1000.0,
+        prefill_tps=(len(request.prompt) - request.n_cached) * 1000.0 / prefill_ms
+        if prefill_ms > 0 else 0.0,
+        decode_tps=(request.n_generated - 1) / decode_s if decode_s > 0 else 0.0,
+    )
+
+
+def done_event(request: Request, reason: FinishReason, now: float) -> Done:
+    """The last event of a request: its whole text, why it ended, its usage and timings."""
+    started = request.t_start > 0
+    first = request.n_generated > 0
+    timings = Timings(
+        load_ms=request.load_ms,
+        queue_ms=((request.t_start if started else now) - request.t_submit) * 1000.0,
+        prompt_tokens=len(request.prompt),
+        cached_tokens=request.n_cached,
+        prefill_tokens=len(request.prompt) - request.n_cached if first else 0,
+        prefill_ms=(request.t_first - request.t_start) * 1000.0 if first else 0.0,
+        ttft_ms=(request.t_first - request.t_submit) * 1000.0 if first else 0.0,
+        completion_tokens=request.n_generated,
+        decode_tokens=max(0, request.n_generated - 1),
+        decode_ms=(request.t_last - request.t_first) * 1000.0 if first else 0.0,
+        total_ms=(now - request.t_submit) * 1000.0,
+        drafted_tokens=request.n_drafted,
+        accepted_tokens=request.n_accepted,
+    )
+    usage = Usage(
+        prompt_tokens=len(request.prompt),
+        completion_tokens=request.n_generated,
+        cached_tokens=request.n_cached,
+    )
+    return Done(request.assembler.text, reason, usage, timings, tuple(request.logprobs))

@@ -1,0 +1,65 @@
+"""The KV cache's slots: one sequence each, the request using it, the tokens its cache holds,
+and the checkpoints of its sliding-window layers (see checkpoints.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .generation import Request
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The state of a slot's sliding-window layers when it held exactly ``tokens``."""
+
+    tokens: list[int]
+    state: Any
+
+
+class Slot:
+    """One sequence of the KV cache: the request using it, and the tokens it holds."""
+
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id = seq_id
+        self.cached: list[int] = []  # tokens whose KV is in the cache, position = index
+        self.last_used = 0.0
+        self.req: Request | None = None  # None while the slot is free
+        self.next_token: int | None = None  # sampled, not yet decoded
+        self.draft: list[int] = []  # drafted tokens in the current batch, after next_token
+        self.batch_index = -1
+        self.stepped_at = 0
+        """The engine's step count when this slot's request was last in a step."""
+        self.checkpoints: list[Checkpoint] = []  # the newest last
+        self.spare: Any = None
+        """The state of a checkpoint dropped since the last one was taken: the next one
+        is saved into its memory (``Backend.seq_checkpoint``)."""
+        self.checkpoint_at: int | None = None
+        """Where to take the next checkpoint, once the cache holds this many tokens."""
+        self.turn_start = 0
+        """Where the last request in this slot began reading (its cached tokens)."""
+        self.supersede: str | None = None
+        """The supersede key of the last request in this slot: the next keystroke's request
+        from the same editor comes back to this slot's cache."""
+        self.ahead: list[int] = []
+        """Tokens to read into this free slot's cache when the engine is idle: the opening
+        of the next turn after a chat reply (see engine.READ_AHEAD_IDLE_S)."""
+
+    @property
+    def running(self) -> Request:
+        """The request in this slot, which must be active (one of ``Engine._active()``):
+        asking a free slot is a bug in the engine."""
+        assert self.req is not None, f"slot {self.seq_id} is free"
+        return self.req
+
+    @property
+    def prefilling(self) -> bool:
+        return self.req is not None and len(self.cached) < len(self.req.target)
+
+    def exchange(self, other: Slot) -> None:
+        """Trade everything but the sequence id with ``other``, whose cache has traded places
+        with this one's (``Backend.seq_swap``)."""
+        mine, theirs = vars(self), vars(other)
+        for name in mine:
+            if name != "seq_id":
+                mine[name], theirs[name] = theirs[name], mine[name]
