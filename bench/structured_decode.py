@@ -16,9 +16,9 @@ import time
 from dataclasses import replace
 
 from localinfer.benchmark import CITIES_SCHEMA
-from localinfer.runtime import llama as llama_module
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.grammar import json_grammar
+from localinfer.runtime.llama import sampling as llama_module
 from localinfer.runtime.loader import load_engine
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore

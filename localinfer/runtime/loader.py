@@ -14,7 +14,14 @@ from ..config import FLASH_ATTN, Config
 from ..errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
 from ..hardware.profile import HardwareProfile
 from ..hardware.rpc import parse_endpoints, probe_workers
-from ..planner import Candidate, WorkerSplit, plan, plan_split
+from ..planner import (
+    Candidate,
+    WorkerSplit,
+    physical_batch,
+    plan,
+    plan_split,
+    shrinks_window_cache,
+)
 from ..selection import plan_prefs
 from ..store import CopyProgress, ModelStore
 from .backend import LoadOptions, ProgressCallback
@@ -48,7 +55,7 @@ def is_base_model(name: str, catalog: Catalog | None = None) -> bool:
 
 def is_embedding_only(name: str, catalog: Catalog | None = None) -> bool:
     """Whether the catalog lists ``name`` as an embedding model (False for a name it does
-    not know: the GGUF header still decides, see runtime/llama.py)."""
+    not know: the GGUF header still decides, see runtime/llama/model.py)."""
     try:
         spec, _ = (catalog or load_catalog()).lookup(name)
     except KeyError:
@@ -92,6 +99,7 @@ def load_engine(
             f"llama-cpp-python cannot be imported ({exc}). Install it with"
             " `pip install llama-cpp-python` (it builds llama.cpp from source, ~10 min)."
         ) from None
+    options = with_batches(options, header, name)
     if options.rpc_servers:
         # llama.cpp aborts its process when a worker dies: that process must not be ours.
         from .isolated import IsolatedBackend
@@ -100,6 +108,16 @@ def load_engine(
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue)
+
+
+def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:
+    """``options`` with the planner's physical batches for this model (``n_ubatch``, and
+    ``cpu_window_ubatch`` for a CPU-only load), which the backend picks from as it loads."""
+    shape = Candidate.from_header(header, name=name)
+    window = shrinks_window_cache(shape, cpu_only=True)
+    return replace(options, n_ubatch=physical_batch(options.n_batch, shape, cpu_only=False),
+                   cpu_window_ubatch=physical_batch(options.n_batch, shape, cpu_only=True)
+                   if window else 0)
 
 
 def worker_split(header: gguf.GGUFHeader, endpoints: tuple[str, ...], *,
