@@ -26,7 +26,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .. import __version__, errors
+from .. import __version__, errors, llama_build
 from ..config import load_config
 from ..errors import Cancelled, LocalInferError
 from . import bench, chat, daemon, models, plan, run, worker
@@ -37,7 +37,14 @@ AREAS = (run, daemon, plan, bench, chat, models, worker)
 """In the order their commands are listed in ``--help``."""
 
 
+def _llama_devices() -> llama_build.LlamaBuild:
+    from ..runtime.llama import ggml_devices  # llama.cpp: only when the probe asks the build
+
+    return ggml_devices
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    llama_build.install(_llama_devices)  # how hardware.probe asks the build for its devices
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

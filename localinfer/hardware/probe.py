@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import llama_build
 from ..paths import get_paths
 from . import bandwidth as bw
 from .profile import CPUInfo, GPUInfo, HardwareProfile
@@ -330,10 +331,11 @@ class BuildInfo:
 
 
 def probe_build() -> BuildInfo:
-    """Which backends this llama-cpp-python build has (loads llama.cpp: ~0.1-0.5 s)."""
+    """Which backends this llama-cpp-python build has (loads llama.cpp: ~0.1-0.5 s), asked
+    through the loader the front end installed (llama_build: hardware/ imports no runtime)."""
     t0 = time.perf_counter()
     try:
-        from ..runtime import llama
+        llama = llama_build.load()
     except Exception as exc:  # ImportError, or OSError from a broken shared library
         return BuildInfo(("CPU",), (), 0.0, (f"llama-cpp-python cannot be loaded ({exc}):"
                                              " assuming a CPU-only build.",))
