@@ -138,7 +138,7 @@ class VocabScan(LlamaHandles):
         n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, True)
         return self._piece_buf.raw[: max(n, 0)].decode(errors="replace")
 
-    # --- the Backend contract ------------------------------------------------------------
+    # --- tokens (the Backend contract) ---------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         try:
             data = text.encode("utf-8")
