@@ -17,9 +17,9 @@ from dataclasses import replace
 
 from localinfer.bench.engine_bench import CITIES_SCHEMA
 from localinfer.loading import load_engine
-from localinfer.runtime import llama as llama_module
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.grammar import json_grammar
+from localinfer.runtime.llama import sampling as llama_module
 from localinfer.runtime.types import SamplingParams
 from localinfer.store import ModelStore
 

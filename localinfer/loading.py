@@ -17,7 +17,15 @@ from .config import FLASH_ATTN, Config
 from .errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
 from .hardware.profile import HardwareProfile
 from .hardware.rpc import parse_endpoints, probe_workers, worker_answers
-from .planner import CHAT_CHECKPOINTS, Candidate, WorkerSplit, plan, plan_split
+from .planner import (
+    CHAT_CHECKPOINTS,
+    Candidate,
+    WorkerSplit,
+    physical_batch,
+    plan,
+    plan_split,
+    shrinks_window_cache,
+)
 from .runtime.backend import LoadOptions, ProgressCallback
 from .runtime.chat_template import BUILTIN_TEMPLATES
 from .runtime.engine import Engine
@@ -51,7 +59,7 @@ def is_base_model(name: str, catalog: Catalog | None = None) -> bool:
 
 def is_embedding_only(name: str, catalog: Catalog | None = None) -> bool:
     """Whether the catalog lists ``name`` as an embedding model (False for a name it does
-    not know: the GGUF header still decides, see runtime/llama.py)."""
+    not know: the GGUF header still decides, see runtime/llama/model.py)."""
     try:
         spec, _ = (catalog or load_catalog()).lookup(name)
     except KeyError:
@@ -95,6 +103,7 @@ def load_engine(
             f"llama-cpp-python cannot be imported ({exc}). Install it with"
             " `pip install llama-cpp-python` (it builds llama.cpp from source, ~10 min)."
         ) from None
+    options = with_batches(options, header, name)
     if options.rpc_servers:
         # llama.cpp aborts its process when a worker dies: that process must not be ours.
         from .runtime.isolated import IsolatedBackend
@@ -106,6 +115,16 @@ def load_engine(
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS)
+
+
+def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:
+    """``options`` with the planner's physical batches for this model (``n_ubatch``, and
+    ``cpu_window_ubatch`` for a CPU-only load), which the backend picks from as it loads."""
+    shape = Candidate.from_header(header, name=name)
+    window = shrinks_window_cache(shape, cpu_only=True)
+    return replace(options, n_ubatch=physical_batch(options.n_batch, shape, cpu_only=False),
+                   cpu_window_ubatch=physical_batch(options.n_batch, shape, cpu_only=True)
+                   if window else 0)
 
 
 def worker_split(header: gguf.GGUFHeader, endpoints: tuple[str, ...], *,

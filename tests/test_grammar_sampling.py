@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from localinfer.runtime import llama as llama_module
 from localinfer.runtime.grammar import json_grammar
+from localinfer.runtime.llama import sampling as llama_module
 from localinfer.runtime.shortlist import Truncation, best_allowed
 from localinfer.runtime.types import SamplingParams
 

@@ -1,5 +1,5 @@
 """Which tokens a text-only runtime never samples, on made-up vocabularies with llama.cpp's
-token attributes (runtime/llama.py's never_sampled_tokens), and on a harmony vocabulary as
+token attributes (runtime/llama/vocab.py's never_sampled_tokens), and on a harmony vocabulary as
 llama.cpp reads it."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def test_wheel_contains_the_catalog_and_the_console_script(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         assert "localinfer/models.toml" in names
-        assert "localinfer/runtime/llama.py" in names
+        assert "localinfer/runtime/llama/__init__.py" in names
         assert z.read("localinfer/models.toml") == (ROOT / "models.toml").read_bytes()
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "localinfer = localinfer.cli:main" in z.read(entry_points).decode()

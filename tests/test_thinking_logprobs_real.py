@@ -17,6 +17,7 @@ from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.chat_template import ChatTemplate
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.llama import LlamaBackend
+from localinfer.runtime.loader import with_batches
 from localinfer.runtime.thinking import split_reply, thinking_format
 from localinfer.runtime.types import Message
 from template_fixtures import R1_STYLE
@@ -28,8 +29,9 @@ PROMPT = "The capital of France is"
 
 
 def r1_templated(model, num_ctx, progress=None):
-    backend = LlamaBackend(model.path, LoadOptions(n_ctx=2048, n_slots=2), name=model.name,
-                           header=gguf.read_header(model.path))
+    header = gguf.read_header(model.path)
+    options = with_batches(LoadOptions(n_ctx=2048, n_slots=2), header, model.name)
+    backend = LlamaBackend(model.path, options, name=model.name, header=header)
     info = backend.info
     return Engine(backend, chat_template=ChatTemplate(R1_STYLE, bos_token=info.bos_text,
                                                       eos_token=info.eos_text))

@@ -330,10 +330,11 @@ class BuildInfo:
 
 
 def probe_build() -> BuildInfo:
-    """Which backends this llama-cpp-python build has (loads llama.cpp: ~0.1-0.5 s)."""
+    """Which backends this llama-cpp-python build has (loads llama.cpp: ~0.1-0.5 s), asked
+    through runtime/llama/ggml_devices.py alone (not the engine's adapter)."""
     t0 = time.perf_counter()
     try:
-        from ..runtime import llama
+        from ..runtime.llama import ggml_devices as llama
     except Exception as exc:  # ImportError, or OSError from a broken shared library
         return BuildInfo(("CPU",), (), 0.0, (f"llama-cpp-python cannot be loaded ({exc}):"
                                              " assuming a CPU-only build.",))

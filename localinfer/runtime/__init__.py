@@ -1,7 +1,7 @@
 """The runtime: the one engine that both front ends (the daemon and the chat UI) go through.
 
 ``Engine`` (engine.py) owns a loaded model and schedules every request on it; ``Backend``
-(backend.py) is the contract it drives, implemented by llama.cpp (llama.py, the only module
+(backend.py) is the contract it drives, implemented by llama.cpp (llama/, the only package
 that imports ``llama_cpp``) and by a scripted fake for tests (fake.py). It runs what it is
 handed (loading.py, above it, plans the load): it imports no planner, store or probe.
 
@@ -23,7 +23,7 @@ handed (loading.py, above it, plans the load): it imports no planner, store or p
     thinking.py       thinking templates: switching them, splitting reasoning from the answer
     types.py          the vocabulary: ModelInfo, sampling parameters, messages, events, stats
     backend.py        the Backend contract and LoadOptions
-    llama.py          the llama.cpp backend (the only module that imports llama_cpp)
+    llama/            the llama.cpp backend (the only package that imports llama_cpp)
     isolated.py       the llama.cpp backend in a child process, for models with RPC workers
     fake.py           a scripted backend for tests
 

@@ -40,6 +40,14 @@ class LoadOptions:
     taking cores; see runtime/threads.py), else exactly n_threads."""
     n_batch: int = 512
     """Most tokens submitted to one decode call (prefill is chunked to this)."""
+    n_ubatch: int = 512
+    """Rows llama.cpp computes in one step (its physical batch, at most n_batch; it sizes the
+    compute buffer), as the plan counts memory (planner.physical_batch)."""
+    cpu_window_ubatch: int = 0
+    """The physical batch instead of n_ubatch where the load turns out CPU-only (no GPU
+    layer, no RPC worker, no flash attention: known only as the model loads), for a model
+    whose window attention weighs (planner.shrinks_window_cache); its chats then keep
+    checkpoints (Backend.cut_reach). 0: n_ubatch, and no checkpoints of chats."""
     flash_attn: bool | None = None
     """None: off on the CPU, llama.cpp's choice on a GPU (see runtime.llama.flash_attn_type)."""
     use_mmap: bool = True

@@ -1,0 +1,147 @@
+"""Decoding: the generation batch through llama_decode (and the one-token warm-up), the
+thread counts the next step uses, and the embedding contexts, which decode inputs as
+separate sequences and read their pooled vectors."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp as L
+import numpy as np
+
+from ...errors import LocalInferError
+from ...gguf import GGUFHeader
+from .native import LlamaHandles, _llama_said, _set
+
+EMBED_SEQS = 32
+"""Inputs embedded together in one decode (each its own sequence)."""
+EMBED_CTX_MAX = 2048
+"""The most tokens an input to embed may have. Every input is read in one micro-batch (a
+bidirectional encoder must see its whole input at once), and without flash attention the
+compute buffer holds n_ubatch^2 x n_head attention scores: 200 MB at 2,048 for 12 heads."""
+EMBED_CTX_GENERATIVE = 512
+"""The same for a generative model asked for embeddings: a second context on the same weights,
+kept small (a 512-token cache and micro-batch) so that it costs little memory."""
+
+
+class Decoding(LlamaHandles):
+    """LlamaBackend's decode steps and embeddings."""
+
+    embedding_only: bool
+    n_ctx_embed: int
+    _batch: Any
+    _embed_ctx: Any
+    _embed_batch: Any
+    _threads: tuple[int, int]
+
+    def warm_up(self) -> None:
+        """Decode one token and forget it, as llama.cpp's own tools do: the first decode
+        pages the weights in and builds the compute graph, which would otherwise land on
+        the first request's time to first token. Called on the engine's worker thread: all
+        compute must happen on one thread, or llama.cpp's OpenMP threads slow down by a
+        third (libgomp stops spinning once it manages more threads than there are CPUs)."""
+        bos = L.llama_vocab_bos(self._vocab)
+        if self.embedding_only:
+            self.embed([[bos if bos >= 0 else 0]])
+            return
+        self.decode([bos if bos >= 0 else 0], [0], [0], [True])
+        L.llama_memory_clear(self._mem, True)
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        # Two fields of the context, read by the next llama_decode: cheap between steps.
+        L.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int],
+               outputs: Sequence[bool]) -> None:
+        batch = self._batch
+        assert batch is not None  # freed only by close()
+        n = len(tokens)
+        batch.n_tokens = n
+        tok, pos, nseq, seq, logits = (batch.token, batch.pos, batch.n_seq_id, batch.seq_id,
+                                       batch.logits)
+        for i in range(n):
+            tok[i] = tokens[i]
+            pos[i] = positions[i]
+            nseq[i] = 1
+            seq[i][0] = seq_ids[i]
+            logits[i] = outputs[i]
+        rc = L.llama_decode(self._ctx, batch)
+        if rc != 0:
+            reason = {1: "no room left in the KV cache", 2: "aborted"}.get(rc, f"error {rc}")
+            raise LocalInferError(f"llama_decode failed: {reason}{_llama_said()}")
+
+    # --- embeddings ------------------------------------------------------------------------
+    @staticmethod
+    def _pooling(header: GGUFHeader) -> int:
+        """The model's own pooling when its file declares one, else the mean (as Ollama
+        pools a generative model)."""
+        declared = header.arch_value("pooling_type")
+        if isinstance(declared, int) and declared > 0:
+            return L.LLAMA_POOLING_TYPE_UNSPECIFIED  # llama.cpp reads it from the file
+        return L.LLAMA_POOLING_TYPE_MEAN
+
+    def _embedding_context(self) -> ctypes.c_void_p:
+        """The context that embeds: the model's own for an embedding model; for a generative
+        one a small second context on the same weights, made on first use, that mean-pools
+        the last hidden states."""
+        if self._embed_ctx is None:
+            cparams = L.llama_context_default_params()
+            n = self.n_ctx_embed
+            _set(cparams, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=EMBED_SEQS,
+                 kv_unified=True, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN,
+                 n_threads=self._threads[0], n_threads_batch=self._threads[1], no_perf=True,
+                 flash_attn_type=0)
+            ctx = L.llama_init_from_model(self._model, cparams)
+            if not ctx:
+                raise LocalInferError(f"llama.cpp could not create a context for embeddings"
+                                      f"{_llama_said()}")
+            self._embed_ctx = ctx
+        if self._embed_batch is None:
+            self._embed_batch = L.llama_batch_init(self.n_ctx_embed, 0, 1)
+        return self._embed_ctx
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        ctx = self._embedding_context()
+        batch = self._embed_batch
+        assert batch is not None  # made with the context
+        mem = L.llama_get_memory(ctx)
+        n_embd = L.llama_model_n_embd(self._model)
+        vectors: list[list[float]] = []
+        i = 0
+        while i < len(inputs):
+            group: list[Sequence[int]] = []
+            n = 0
+            while (i < len(inputs) and len(group) < EMBED_SEQS
+                   and n + len(inputs[i]) <= self.n_ctx_embed):
+                group.append(inputs[i])
+                n += len(inputs[i])
+                i += 1
+            if not group:
+                raise LocalInferError(f"an input of {len(inputs[i])} tokens is longer than"
+                                      f" the {self.n_ctx_embed} tokens embedded at once")
+            k = 0
+            for seq, tokens in enumerate(group):
+                for pos, token in enumerate(tokens):
+                    batch.token[k] = token
+                    batch.pos[k] = pos
+                    batch.n_seq_id[k] = 1
+                    batch.seq_id[k][0] = seq
+                    batch.logits[k] = True
+                    k += 1
+            batch.n_tokens = k
+            try:
+                rc = L.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise LocalInferError(f"llama_decode failed while embedding (error {rc})"
+                                          f"{_llama_said()}")
+                for seq in range(len(group)):
+                    row = L.llama_get_embeddings_seq(ctx, seq)
+                    if not row:
+                        raise LocalInferError("llama.cpp returned no pooled embedding")
+                    vectors.append(np.ctypeslib.as_array(row, shape=(n_embd,)).tolist())
+            finally:
+                if mem:
+                    L.llama_memory_clear(mem, True)
+        return vectors

@@ -1,0 +1,87 @@
+"""Process-wide llama.cpp set-up shared by this package's modules: the backend initialised
+once, llama.cpp's log routed to ``logging`` (its last lines kept for error messages), the
+params-struct setter that refuses unknown fields, and the physical core count."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import threading
+from typing import Any
+
+import llama_cpp as L
+
+from ...errors import LocalInferError
+
+# The package's name: llama.cpp's lines are logged as they always were.
+log = logging.getLogger(__package__)
+
+_init_lock = threading.Lock()
+_initialised = False
+_recent_log: collections.deque[str] = collections.deque(maxlen=40)
+_log_line = ""
+
+# ggml_log_level: 0 none, 1 info, 2 warn, 3 error, 4 debug, 5 continuation. llama.cpp's
+# warnings are mostly notes about model files; errors surface through our own exceptions.
+_LOG_LEVELS = {3: logging.INFO}
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp writes to stderr by default, which would corrupt a TUI; route it to logging
+    # and keep the last lines so a load failure can say what llama.cpp complained about.
+    global _log_line
+    _log_line += text.decode("utf-8", errors="replace")
+    if _log_line.endswith("\n"):
+        line = _log_line.strip()
+        _log_line = ""
+        if line:
+            _recent_log.append(line)
+            log.log(_LOG_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", line)
+
+
+def _init() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _initialised = True
+
+
+class LlamaHandles:
+    """The llama.cpp handles the parts of ``LlamaBackend`` share (its load sets them)."""
+
+    _model: Any
+    _ctx: Any
+    _vocab: Any
+    _mem: Any
+    _n_vocab: int
+
+
+def _set(struct: ctypes.Structure, **values: object) -> None:
+    """Set fields of a llama.cpp params struct, refusing names the binding does not have
+    (ctypes would silently accept them as plain attributes and llama.cpp never see them)."""
+    known = {name for name, *_ in type(struct)._fields_}
+    for name, value in values.items():
+        if name not in known:
+            raise LocalInferError(f"this llama-cpp-python has no {type(struct).__name__}.{name};"
+                                  " install the version localinfer requires.")
+        setattr(struct, name, value)
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except Exception:
+        return os.cpu_count() or 1
+
+
+def _llama_said() -> str:
+    recent = list(_recent_log)  # one copy: llama.cpp may log from another thread meanwhile
+    errors = [line for line in recent if "error" in line.lower() or "failed" in line.lower()]
+    return f" (llama.cpp: {errors[-1]})." if errors else "."
