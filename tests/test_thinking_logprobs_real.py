@@ -13,11 +13,11 @@ import pytest
 
 from daemon_util import serve
 from localinfer import gguf
+from localinfer.loading import with_batches
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.chat_template import ChatTemplate
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.llama import LlamaBackend
-from localinfer.runtime.loader import with_batches
 from localinfer.runtime.thinking import split_reply, thinking_format
 from localinfer.runtime.types import Message
 from template_fixtures import R1_STYLE
