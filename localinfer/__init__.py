@@ -14,6 +14,7 @@ import contracts hold this, and ``tests/test_layering.py`` checks it at run time
     bench/          ``localinfer bench`` and the editor workload: measured speed
     session.py      the one way a front end reaches a model: the daemon or an in-process engine
     client.py       the one client of the daemon (HTTP on its socket)
+    instance.py     finding this user's daemon: its pid file (locked while it runs) and socket
     protocol.py     the types and JSON that cross the process boundary
     chats.py        chat history on disk, written atomically
     loading.py      the composition root: a model file, the plan and the settings into an engine

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from .daemon.instance import running_daemon
 from .errors import DaemonError, LocalInferError
+from .instance import running_daemon
 from .paths import Paths
 from .protocol import (
     ModelInfo,

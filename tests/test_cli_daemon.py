@@ -15,8 +15,8 @@ import pytest
 
 from daemon_util import fake_factory, install_fake_models, serve
 from localinfer.cli.common import duration
-from localinfer.daemon.instance import runtime_dir
 from localinfer.errors import DaemonError
+from localinfer.instance import runtime_dir
 from localinfer.paths import Paths
 
 

@@ -35,7 +35,7 @@ def test_openai_and_ollama_clients_on_the_real_model(real_daemon):
                                           messages=[{"role": "user", "content": "Hello"}])
     assert chat.usage.completion_tokens == 16 and chat.choices[0].message.content
     # Without drafts: whether a step verifies one is the engine's measured choice, and a step
-    # of several rows can round apart at a near tie (README: where outputs can differ).
+    # of several rows can round apart at a near tie (docs/engine.md: where outputs can differ).
     plain = {"speculative": False}
     text = "".join(c.choices[0].text for c in client.completions.create(
         model="gemma3:270m", prompt="The capital of France is", temperature=0,

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import import_graph
+
 PACKAGE = Path(__file__).resolve().parent.parent / "localinfer"
 CORE = ["localinfer.hardware", "localinfer.gguf", "localinfer.catalog", "localinfer.planner",
         "localinfer.store", "localinfer.store.hub", "localinfer.selection", "localinfer.runtime",
@@ -133,3 +135,10 @@ def test_every_deferred_import_is_listed_with_its_reason():
     used = {name for path in PACKAGE.rglob("*.py") for name in deferred_imports(path)}
     stale = sorted(m for m in listed if not any(n == m or n.startswith(m + ".") for n in used))
     assert stale == [], "listed in pyproject.toml but no longer imported in a function"
+
+
+@pytest.mark.parametrize("packages", [False, True], ids=["modules", "packages"])
+def test_no_import_circle_of_any_kind(packages):
+    """Not at the top of a module, not inside a function, not under ``if TYPE_CHECKING:``:
+    mutual knowledge a reader must untangle, even where it does not fail at run time."""
+    assert import_graph.circles(packages=packages) == []

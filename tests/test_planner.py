@@ -399,3 +399,12 @@ def test_an_embedding_model_is_never_picked_to_generate_text():
     assert result.choice.candidate.name.startswith("qwen3:0.6b")
     [embedder] = [e for e in result.evaluations if e.candidate.embedding_only]
     assert embedder.verdict == "embedding"
+
+
+def test_the_engine_keeps_as_many_chat_checkpoints_as_the_plan_counts():
+    """loading.py hands the engine the planner's count; an engine built without a plan (the
+    tests) keeps the runtime's default, which must be the same number the plan's memory counts."""
+    from localinfer.planner import CHAT_CHECKPOINTS
+    from localinfer.runtime.checkpoints import DEFAULT_CHAT_CHECKPOINTS
+
+    assert DEFAULT_CHAT_CHECKPOINTS == CHAT_CHECKPOINTS

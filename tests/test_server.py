@@ -57,7 +57,7 @@ def test_second_instance_and_stale_files(home, tmp_path):
         pid = os.getpid()
         assert str(pid) in json.dumps(DaemonClient(socket_path=d.socket).status())
     # A crash leaves a socket file and an unlocked pid file behind: the next start reuses them.
-    from localinfer.daemon.instance import pid_file, runtime_dir
+    from localinfer.instance import pid_file, runtime_dir
 
     runtime_dir()
     stale = tmp_path / "stale.sock"

@@ -9,7 +9,7 @@ from localinfer.runtime.types import SamplingParams
 
 pytestmark = pytest.mark.model
 
-README_PROMPT = "Write a haiku about the sea"  # README's first `run` example
+README_PROMPT = "Write a haiku about the sea"  # an instruction to a base model, as the README shows
 
 
 @pytest.fixture

@@ -894,7 +894,7 @@ def test_chat_with_the_starter_model_through_a_real_daemon(home, monkeypatch, st
 
 # --- starting the daemon ----------------------------------------------------------------------
 def _stop(client) -> None:
-    from localinfer.daemon.instance import running_daemon
+    from localinfer.instance import running_daemon
 
     client.shutdown()
     client.close()
@@ -906,7 +906,7 @@ def _stop(client) -> None:
 
 def test_a_daemon_is_started_in_the_background_when_none_runs(home, monkeypatch):
     from localinfer.config import Config
-    from localinfer.daemon.instance import running_daemon
+    from localinfer.instance import running_daemon
     from localinfer.session import Launcher
 
     monkeypatch.delenv("LOCALINFER_HOST", raising=False)
@@ -930,7 +930,7 @@ def test_a_busy_port_falls_back_to_the_unix_socket(home, monkeypatch):
     import socket
 
     from localinfer.config import load_config
-    from localinfer.daemon.instance import running_daemon
+    from localinfer.instance import running_daemon
     from localinfer.session import Launcher
 
     monkeypatch.delenv("LOCALINFER_HOST", raising=False)

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " else the starter gemma3:270m)")
     p.add_argument("--quick", action="store_true",
                    help="fewer and shorter runs: several minutes on a 2-core CPU (the"
-                        " README has measured times)")
+                        " docs/benchmarks.md has measured times)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--editor", action="store_true",
                    help="instead, the editor workload through `localinfer serve`: a chat, three"

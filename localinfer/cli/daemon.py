@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from ..config import Config
-from ..daemon.instance import running_daemon
 from ..errors import BackendUnavailable, DaemonError, InvalidRequest, WorkerError
+from ..instance import running_daemon
 from ..progress import human_bytes
 from .common import (
     add_load_flags,

@@ -12,15 +12,14 @@ served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats
     embedding_routes.py  /api/embed, /api/embeddings, /v1/embeddings
     autocomplete.py      a FIM request's interactive priority; the next keystroke cancels it
     requests.py          reading request bodies: typed fields, errors naming the field
-    fields.py            each route's honoured, ignored and refused fields (the README's table)
+    fields.py            each route's honoured, ignored and refused fields (docs/api.md's table)
     structured.py        tools and structured output to a grammar; replies to each API's tool_calls
     reasoning_fields.py  think / reasoning_effort to the template; reasoning split from answer
     logprob_fields.py    log-probabilities in each API's shape
     bridge.py            generations and pulls into the event loop; disconnects cancel them
     manager.py           loading on demand, side by side, eviction, keep-alive unloading
     memory.py            each model's footprint and the machine's budget (the planner's)
-    server.py            lifecycle: pid-file lock, sockets, signals, idle exit
-    instance.py          finding a running daemon (no web imports, for clients)
+    server.py            lifecycle: pid-file lock (../instance.py), sockets, signals, idle exit
 
 Route modules only translate between a wire format and the engine: they import state,
 error_replies, requests, bridge and the protocol, never each other or http_app.py.

@@ -3,7 +3,7 @@ it: honoured,
 accepted and ignored (where OpenAI or Ollama tolerate it too, and ignoring it changes no reply),
 or refused with a 400 that names it. A field in none of the lists is refused as unknown.
 
-The routes audit each body against these lists before reading it, and the README's table of
+The routes audit each body against these lists before reading it, and docs/api.md's table of
 request fields is generated from them (``fields_table``; tests/test_fields.py checks that the
 two agree), so the documentation and the code cannot drift apart.
 """
@@ -25,7 +25,7 @@ class Refused:
     message: str
     allows: Callable[[Any], bool] = lambda value: False
     allowed: str = ""
-    """The values let through, for the README (e.g. "1", "false")."""
+    """The values let through, for docs/api.md (e.g. "1", "false")."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class RouteFields:
             rule = self.refused.get(name)
             if rule is None:
                 raise InvalidRequest(f"'{where}{name}' is not a field of {route} that localinfer"
-                                     " implements; remove it (the README lists the fields).")
+                                     " implements; remove it (docs/api.md lists the fields).")
             if not rule.allows(value):
                 raise InvalidRequest(f"'{where}{name}': {rule.message}")
 
@@ -240,7 +240,7 @@ def audit(route: str, body: dict[str, Any]) -> None:
 
 
 def fields_table() -> str:
-    """The README's table: every field of each route and what happens to it."""
+    """docs/api.md's table: every field of each route and what happens to it."""
     lines = ["| Route | Honoured | Accepted and ignored | Refused with 400 |",
              "|---|---|---|---|"]
     for route, rule in ROUTES.items():

@@ -31,11 +31,11 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import DaemonError
+from ..instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from ..paths import Paths, get_paths
 from .bridge import PullJob
 from .error_replies import error_body
 from .http_app import create_app
-from .instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from .manager import EngineFactory, ModelManager
 from .memory import MemoryPlan
 from .state import DaemonSettings, DaemonState

@@ -37,8 +37,7 @@ from .speed import Roofline, decode_reads, predict
 
 if TYPE_CHECKING:  # annotations only: the planner imports nothing above it at run time
     from ..config import Config
-    from ..protocol import ModelInfo
-    from ..runtime.types import Done
+    from ..runtime.types import Done, ModelInfo
 
 log = logging.getLogger(__name__)
 

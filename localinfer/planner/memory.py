@@ -49,8 +49,8 @@ WINDOW_SHARE_MIN = 0.04
 layers' weights) 256-row batches save too little to pay for the checkpoints: Gemma 3 270M 7.9%,
 1B 1.7%, 4B 1.0%."""
 CHAT_CHECKPOINTS = 2
-"""Checkpoints of its window layers a slot keeps with 256-row batches (runtime.engine's
-``_chat_checkpoints``: where its last turn began and where its reply began), each the cells
+"""Checkpoints of its window layers a slot keeps with 256-row batches (runtime/checkpoints.py
+``CacheKeeper._chat``: where its last turn began and where its reply began), each the cells
 of one window (llama.cpp saves no others)."""
 KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
 """Bytes per KV cache element, by cache type (Config.kv_type), as ggml stores it: Q8_0 keeps

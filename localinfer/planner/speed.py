@@ -42,7 +42,7 @@ from .memory import kv_bytes_per_element
 
 if TYPE_CHECKING:
     from ..hardware.profile import HardwareProfile
-    from ..protocol import ModelInfo
+    from ..runtime.types import ModelInfo
     from .candidate import Candidate, LayerShape
 
 

@@ -3,8 +3,10 @@
 module, inside a function, or under ``if TYPE_CHECKING:`` (read with ``ast``, nothing is
 imported). Prints each circle's modules and the edges that close it, and exits 1 if any.
 
-    python .ci/import_cycles.py             # between modules (files)
-    python .ci/import_cycles.py --packages  # between localinfer's top-level packages/modules
+    python tests/import_graph.py             # between modules (files)
+    python tests/import_graph.py --packages  # between localinfer's top-level packages/modules
+
+tests/test_layering.py asserts that both find none.
 
 ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``; the
 package ``__init__`` a submodule's import runs first is not counted as an edge.
@@ -105,17 +107,15 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--packages", action="store_true",
-                        help="between localinfer's top-level packages and modules")
-    args = parser.parse_args()
+def circles(*, packages: bool = False) -> list[tuple[list[str], list[str]]]:
+    """Each circle's nodes and the imports that close it (``importer:line -> imported
+    (kind)``), between modules or, with ``packages``, between top-level packages/modules."""
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in files}
     edges = [e for p in files for e in edges_of(p, modules)]
 
     def node(module: str) -> str:
-        return ".".join(module.split(".")[:2]) if args.packages else module
+        return ".".join(module.split(".")[:2]) if packages else module
 
     graph: dict[str, set[str]] = defaultdict(set)
     where: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -124,17 +124,26 @@ def main() -> int:
         if a != b:
             graph[a].add(b)
             where[a, b].add(f"{importer}:{line} -> {imported} ({kind})")
-    circles = strongly_connected(graph)
-    for component in circles:
+    found = []
+    for component in strongly_connected(graph):
         members = set(component)
+        found.append((component, [detail for a in component for b in sorted(graph[a] & members)
+                                  for detail in sorted(where[a, b])]))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packages", action="store_true",
+                        help="between localinfer's top-level packages and modules")
+    args = parser.parse_args()
+    found = circles(packages=args.packages)
+    for component, details in found:
         print("circle: " + ", ".join(component))
-        for a in component:
-            for b in sorted(graph[a] & members):
-                for detail in sorted(where[a, b]):
-                    print(f"    {detail}")
-    print(f"{len(circles)} circle(s) among {len(graph)} "
-          f"{'packages' if args.packages else 'modules'} with imports")
-    return 1 if circles else 0
+        for detail in details:
+            print(f"    {detail}")
+    print(f"{len(found)} circle(s) {'between packages' if args.packages else 'between modules'}")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

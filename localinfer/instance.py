@@ -13,8 +13,8 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import DaemonError
-from ..paths import Paths, get_paths
+from .errors import DaemonError
+from .paths import Paths, get_paths
 
 SOCKET_NAME = "localinfer.sock"
 PID_NAME = "localinfer.pid"
