@@ -16,7 +16,7 @@ import ollama
 import openai
 
 import ggufgen
-from localinfer.daemon.memory import MemoryPlan
+from localinfer.daemon.residency import MemoryPlan
 from localinfer.daemon.server import Daemon, ServeOptions
 from localinfer.daemon.state import DaemonSettings
 from localinfer.runtime.engine import Engine

@@ -27,7 +27,7 @@ from daemon_util import (
 )
 from localinfer import gguf, planner
 from localinfer.config import Config
-from localinfer.daemon.memory import Footprint, MemoryBudget, MemoryPlan
+from localinfer.daemon.residency import Footprint, MemoryBudget, MemoryPlan
 from localinfer.hardware import load_profile
 from localinfer.loading import engine_factory
 from localinfer.planner import Candidate

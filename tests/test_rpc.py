@@ -222,7 +222,7 @@ def test_the_load_takes_the_planners_split_or_the_one_given(tmp_path):
 
 
 def test_only_this_machines_part_counts_against_its_memory(tmp_path):
-    from localinfer.daemon.memory import MemoryPlan
+    from localinfer.daemon.residency import MemoryPlan
     from localinfer.store import ResolvedModel
 
     path = tmp_path / "tiny.gguf"

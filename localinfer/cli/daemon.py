@@ -94,8 +94,8 @@ def parse_address(address: str, default_port: int) -> tuple[str, int]:
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     # Starlette, uvicorn and the engine: not for building the parser.
     from ..daemon.guard import host_is_loopback
-    from ..daemon.memory import MemoryPlan
     from ..daemon.requests import parse_keep_alive
+    from ..daemon.residency import MemoryPlan
     from ..daemon.server import Daemon, ServeOptions
     from ..daemon.state import DaemonSettings
     from ..loading import engine_factory

@@ -18,7 +18,7 @@ served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats
     logprob_fields.py    log-probabilities in each API's shape
     bridge.py            generations and pulls into the event loop; disconnects cancel them
     manager.py           loading on demand, side by side, eviction, keep-alive unloading
-    memory.py            each model's footprint and the machine's budget (the planner's)
+    residency.py         each model's footprint and the machine's budget (the planner's)
     server.py            lifecycle: pid-file lock (../instance.py), sockets, signals, idle exit
 
 Route modules only translate between a wire format and the engine: they import state,

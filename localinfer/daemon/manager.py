@@ -30,7 +30,7 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..selection import pull_target
 from ..store import ModelStore, PullTarget, ResolvedModel, looks_like_path
-from .memory import Footprint, MemoryPlan
+from .residency import Footprint, MemoryPlan
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from .bridge import PullJob
 from .error_replies import error_body
 from .http_app import create_app
 from .manager import EngineFactory, ModelManager
-from .memory import MemoryPlan
+from .residency import MemoryPlan
 from .state import DaemonSettings, DaemonState
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The terminal chat UI (``localinfer chat``), built on Textual. Every module here but
-``speed.py`` imports Textual; the model is reached only through ``localinfer.session``.
+``figures.py`` imports Textual; the model is reached only through ``localinfer.session``.
 
 - ``app.py``: the app shell and its factory ``create_app``: composes the chat screen, the key
   bindings and the other screens; gets a model ready (the session) in a thread worker.
@@ -10,7 +10,7 @@
   measured and measured again in thread workers).
 - ``screens.py``: the other screens: models, chats, settings, help, dialogs.
 - ``widgets.py``: the widgets that only render: message box, messages, transcript, loading.
-- ``speed.py``: the speed figures in words and the sparkline's samples, without Textual.
+- ``figures.py``: the speed figures in words and the sparkline's samples, without Textual.
 
 The styles are in ``chat.tcss``.
 """

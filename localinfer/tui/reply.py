@@ -13,7 +13,7 @@ from ..errors import LocalInferError
 from ..planner import Roofline
 from ..runtime.types import Done, LiveStats, Usage
 from ..session import Generation
-from .speed import SpeedTracker
+from .figures import SpeedTracker
 from .widgets import AssistantMessage
 
 

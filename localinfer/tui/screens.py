@@ -32,7 +32,7 @@ from ..chats import ChatStore, ChatSummary, check_settings
 from ..errors import LocalInferError
 from ..progress import human_bytes
 from ..session import Launcher, LoadedRow, ModelRow
-from .speed import tps
+from .figures import tps
 from .widgets import EnterSubmits
 
 if TYPE_CHECKING:

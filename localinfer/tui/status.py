@@ -24,7 +24,7 @@ from ..planner import Candidate, Roofline
 from ..protocol import ModelInfo
 from ..runtime.types import Done, LiveStats
 from ..session import DecodeReference, Launcher, Session, decode_reference, with_loaded_backend
-from .speed import placement, thousands, tps
+from .figures import placement, thousands, tps
 
 if TYPE_CHECKING:
     from ..chats import ReplyStats

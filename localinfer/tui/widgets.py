@@ -16,7 +16,7 @@ from textual.widgets import Button, Label, Markdown, ProgressBar, Static, TextAr
 from textual.widgets.markdown import MarkdownStream
 
 from ..chats import Chat, ChatMessage
-from .speed import summary_line
+from .figures import summary_line
 
 HISTORY_LIMIT = 200
 MOUNTED_MESSAGES = 60

@@ -9,7 +9,7 @@ batch. ``LlamaBackend`` is the engine's adapter; each of its concerns is a modul
                      describe (ModelInfo), free; LlamaBackend; llama-cpp-python's Llama to compare
     decode.py        the generation batch through llama_decode, thread counts, embeddings
     sampling.py      native sampler chains, grammar-constrained sampling, the logits
-    state.py         cutting a sequence's cache, checkpoints of its window, swapping two
+    seq_state.py     cutting a sequence's cache, checkpoints of its window, swapping two
     vocab.py         tokenizing and spelling tokens; the scan for never-sampled tokens
     ggml_devices.py  the build's devices (local, and RPC workers'); the RPC server
     native.py        process-wide set-up: backend init, llama.cpp's log, the params setter
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time __geta
     from .model import LlamaBackend, flash_attn_type, measure_raw_llama
     from .native import _physical_cores
     from .sampling import schema_rules
-    from .state import SeqState
+    from .seq_state import SeqState
     from .vocab import HARMONY_TOKENS, harmony_tokens, never_sampled_tokens
 
 _MODULE_OF = {
@@ -54,7 +54,7 @@ _MODULE_OF = {
     "LlamaBackend": "model", "flash_attn_type": "model", "measure_raw_llama": "model",
     "_physical_cores": "native",
     "schema_rules": "sampling",
-    "SeqState": "state",
+    "SeqState": "seq_state",
     "HARMONY_TOKENS": "vocab", "harmony_tokens": "vocab", "never_sampled_tokens": "vocab",
 }
 

@@ -22,7 +22,7 @@ from .decode import EMBED_CTX_GENERATIVE, EMBED_CTX_MAX, EMBED_SEQS, Decoding
 from .ggml_devices import Device, _use_workers, _worker_split, devices, system_info
 from .native import _init, _llama_said, _physical_cores, _recent_log, _set
 from .sampling import Sampling
-from .state import SeqStates
+from .seq_state import SeqStates
 from .vocab import VocabScan
 
 log = logging.getLogger(__package__)
