@@ -9,7 +9,6 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import rpc_worker
 from ..config import Config
 from ..errors import WorkerError
 from ..hardware import probe
@@ -43,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_worker(args: argparse.Namespace, config: Config) -> int:
+    from .. import rpc_worker
+
     if args.cache == "off":
         cache = None
     else:
