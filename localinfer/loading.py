@@ -15,6 +15,7 @@ from . import gguf
 from .catalog import Catalog, load_catalog
 from .config import FLASH_ATTN, Config
 from .errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
+from .hardware import probe
 from .hardware.profile import HardwareProfile
 from .hardware.rpc import parse_endpoints, probe_workers, worker_answers
 from .planner import (
@@ -30,7 +31,7 @@ from .runtime.backend import LoadOptions, ProgressCallback
 from .runtime.chat_template import BUILTIN_TEMPLATES
 from .runtime.engine import Engine
 from .selection import plan_prefs
-from .store import CopyProgress, ModelStore
+from .store import CopyProgress, ModelStore, ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +216,6 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
     config.ctx, config.gpu_layers, config.threads (and config.slots when n_slots is None)."""
     trained = header.context_length or UNPLANNED_CTX
     if hardware is None:
-        from .hardware import probe
-
         hardware = probe(measure_bandwidth=False)
     slots = n_slots if n_slots is not None else config.slots
     candidate = Candidate.from_header(header, name=name or header.name or "model")
@@ -247,8 +246,6 @@ def on_workers(options: LoadOptions, header: gguf.GGUFHeader, config: Config,
     endpoints = parse_endpoints(config.workers)
     if not endpoints:
         return options
-    from .hardware import probe
-
     return with_workers(options, header, endpoints, hardware=probe(measure_bandwidth=False),
                         config=config, name=name)
 
@@ -274,8 +271,6 @@ def open_engine(
 
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
     """The daemon's way to load a model: (resolved model, requested context) -> engine."""
-    from .store import ResolvedModel
-
     def load(model: ResolvedModel, num_ctx: int | None, progress: ProgressCallback | None = None
              ) -> Engine:
         header = gguf.read_header(model.path)

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from ..config import Config
 from ..errors import ConfigError
+from ..hardware.probe import probe_build
 from ..runtime.types import SamplingParams
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
@@ -45,8 +46,6 @@ def load_settings(config: Config, args: argparse.Namespace) -> Config:
     config = config.replace(**{name: getattr(args, name, None) for name in LOAD_FLAGS})
     if config.gpu_layers is not None and config.gpu_layers > 0:
         # The probe loads llama.cpp (~0.1-0.5 s): only when GPU layers are asked for.
-        from ..hardware.probe import probe_build
-
         build = probe_build()
         if not build.notes and not any(b != "CPU" for b in build.backends):
             raise ConfigError(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import BackendUnavailable, DaemonError, InvalidRequest, WorkerError
+from ..hardware.rpc import MISMATCH, parse_endpoints, probe_worker
 from ..instance import running_daemon
 from ..progress import human_bytes
 from .common import (
@@ -142,7 +143,6 @@ def _check_workers(config: Config) -> None:
     """Say what each RPC worker offers, before serving: a worker of another protocol
     version, or a build without RPC, stops ``serve`` here; one that does not answer yet is
     only warned about (each load probes the workers again)."""
-    from ..hardware.rpc import MISMATCH, parse_endpoints, probe_worker
     from ..loading import parse_layer_split
     from ..runtime.llama import RPC_MISSING, supports_rpc
 

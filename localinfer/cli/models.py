@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
+from ..hardware import probe
 from ..progress import TerminalProgress, human_bytes
 from .common import gpu_layers_text, print_table
 
@@ -199,9 +200,8 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
 
 # --- show --------------------------------------------------------------------------------------
 def cmd_show(args: argparse.Namespace, config: Config) -> int:
-    # GGUF parsing, the probes, the planner and the store: not for building the parser.
+    # GGUF parsing, the planner and the store: not for building the parser.
     from .. import gguf
-    from ..hardware import probe
     from ..planner import Candidate, plan
     from ..planner.calibration import load_ratios
     from ..runtime.chat_template import BUILTIN_TEMPLATES

@@ -18,6 +18,8 @@ import time
 
 from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
+from ..hardware import bandwidth, load_profile, probe
+from ..hardware.rpc import parse_endpoints, probe_workers
 from ..paths import get_paths
 from ..progress import human_bytes
 from . import worker
@@ -94,8 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --- hw ----------------------------------------------------------------------------------------
 def cmd_hw(args: argparse.Namespace, config: Config) -> int:
-    # The probes and the caches of measured figures: not for building the parser.
-    from ..hardware import bandwidth, probe
+    # The planner's cache of measured figures: not for building the parser.
     from ..planner import calibration
 
     cache = get_paths().cache_dir / "hardware"
@@ -189,9 +190,7 @@ def hardware_lines(hw) -> list[tuple[str, str]]:
 
 # --- plan --------------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace, config: Config) -> int:
-    # The hardware probes, the planner and the store: not for building the parser.
-    from ..hardware import load_profile, probe
-    from ..hardware.rpc import parse_endpoints, probe_workers
+    # The planner and the store: not for building the parser.
     from ..planner import plan
     from ..planner.calibration import load_ratios
     from ..selection import best_or_smallest, plan_prefs

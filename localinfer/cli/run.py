@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import Cancelled
+from ..hardware.load import LoadWindow
 from ..progress import TerminalProgress
 from ..runtime.types import Done, Message, Priority, Token
 from .common import (
@@ -71,10 +72,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         finally:
             display.close()
         display.loaded(session)
-        # The machine's load over the generation goes with its calibration record (the
-        # probes: not for building the parser).
-        from ..hardware.load import LoadWindow
-
+        # The machine's load over the generation goes with its calibration record.
         window = LoadWindow()
         generation = (session.chat(messages, params) if messages
                       else session.complete(prompt, params))

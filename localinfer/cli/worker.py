@@ -11,8 +11,9 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import WorkerError
+from ..hardware import probe
 from ..hardware.profile import HardwareProfile
-from ..hardware.rpc import DEFAULT_PORT, PROTOCOL, parse_endpoints, version_text
+from ..hardware.rpc import DEFAULT_PORT, PROTOCOL, parse_endpoints, probe_worker, version_text
 from ..paths import get_paths
 from .common import logical_cores
 
@@ -42,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_worker(args: argparse.Namespace, config: Config) -> int:
     from .. import rpc_worker
-    from ..hardware import probe  # the probes and llama.cpp: not for building the parser
 
     if args.cache == "off":
         cache = None
@@ -80,8 +80,6 @@ def probe_for_hw(hw: HardwareProfile, workers: str | None
                     " worker` lends this machine, `serve --workers` uses others")]
     profiles = []
     for endpoint in parse_endpoints(workers):
-        from ..hardware.rpc import probe_worker
-
         try:
             profile = probe_worker(endpoint)
         except WorkerError as exc:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import InvalidRequest, LocalInferError
+from ..hardware import probe
 from ..protocol import (
     Start,
     event_json,
@@ -181,8 +182,6 @@ async def _hardware(state: DaemonState) -> dict[str, Any]:
     """This machine as the daemon sees it (with llama.cpp's backends, which a client that
     never loads llama.cpp cannot know); probed once, the bandwidth from its cache."""
     if state.hardware is None:
-        from ..hardware import probe
-
         # The bandwidth from the cache only: a measurement here would load every core while
         # replies stream (and record a figure skewed by them).
         profile = await asyncio.to_thread(probe, measure_bandwidth=False)

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from ..chats import Chat, ChatStore
-from ..config import Config
+from ..config import Config, load_config
 from ..errors import DaemonError, LocalInferError
 from ..session import EngineOpener, Launcher, LoadStep, Session, loaded_candidate, loaded_rows
 from .conversation import ChatScreen
@@ -354,8 +354,6 @@ def create_app(model: str | None = None, *, config: Config | None = None,
                chats: ChatStore | None = None, theme: str | None = None) -> ChatApp:
     """The chat app, as ``localinfer chat`` runs it. Tests pass a recorded ``hardware``
     profile and an ``open_engine`` that builds an engine on the fake backend."""
-    from ..config import load_config
-
     config = config or load_config()
     launcher = Launcher(config, no_daemon=no_daemon, open_engine=open_engine, store=store,
                         serve_args=serve_args, if_no_daemon="start" if start_daemon else "fail")
