@@ -18,18 +18,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest, LocalInferError, ModelNotFound
+from ..errors import InvalidRequest, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
-from ..runtime.types import Done, Priority, SamplingParams, Token, TokenLogprob
+from ..runtime.types import Done, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
-from .error_replies import error_body, guarded
+from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
+from .replies import Piece, reply_parts, whole_parts
 from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
 from .state import DaemonState
 from .structured import (
@@ -122,16 +123,6 @@ def routes(state: DaemonState) -> list[Route]:
     ]
 
 
-def _with_calls(choice: dict[str, Any], constraints: Constraints, done: Done,
-                text: str) -> None:
-    """Split a reply's tool calls out of its content ``text``, in OpenAI's shape."""
-    content, calls = constraints.reply(text)
-    if calls:
-        choice["message"].update(content=content or None, tool_calls=openai_calls(calls))
-        if done.finish_reason != "length":
-            choice["finish_reason"] = "tool_calls"
-
-
 def _params(f: Fields) -> SamplingParams:
     n = f.integer("n", 1)
     if n != 1:
@@ -168,14 +159,16 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     if not stream:
         done = await whole_reply(state, request, events, stack)
         if chat:
-            reasoning, content = thinking.whole(done.text) if thinking else ("", done.text)
-            message = {"role": "assistant", "content": content}
+            reasoning, content, calls = whole_parts(done, thinking, constraints)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
             if reasoning:
                 message["reasoning_content"] = reasoning
             choice = {"index": 0, "message": message,
                       "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
-            if constraints is not None:
-                _with_calls(choice, constraints, done, content)
+            if calls:
+                message.update(content=content or None, tool_calls=openai_calls(calls))
+                if done.finish_reason != "length":
+                    choice["finish_reason"] = "tool_calls"
         else:
             choice = {"index": 0, "text": done.text, "logprobs": logprobs(done.logprobs),
                       "finish_reason": finish_reason(done)}
@@ -216,34 +209,20 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
             if include_usage:
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
-        splitter = constraints.splitter() if constraints is not None else None
         try:
-            async for event in events:
-                if isinstance(event, Token):
-                    reasoning, content = thinking.split(event.text) if thinking else (
-                        "", event.text)
-                    if splitter is not None:
-                        content = splitter.push(content)
-                    if reasoning or content or event.logprobs:
-                        yield chunk(content or None if reasoning else content, None,
-                                    live_json(event.live), event.logprobs, reasoning)
+            async for part in reply_parts(state, events, thinking, constraints):
+                if isinstance(part, Piece):
+                    yield chunk(part.content or None if part.reasoning else part.content, None,
+                                live_json(part.live), part.logprobs, part.reasoning)
                     continue
-                state.record(event)
-                if event.finish_reason == "cancelled":
-                    raise LocalInferError("the generation was cancelled (the daemon is"
-                                          " shutting down, the model was unloaded, or a"
-                                          " newer autocomplete request replaced it).")
+                event = part.done
                 reason = finish_reason(event)
                 timings = timings_json(event.timings)
-                reasoning, content = thinking.flush() if thinking else ("", "")
-                calls: list = []
-                if splitter is not None:
-                    content, calls = splitter.finish(content)
-                if reasoning or content:
-                    yield chunk(content or None, None, timings, reasoning=reasoning)
-                for delta in openai_call_deltas(calls):
+                if part.reasoning or part.content:
+                    yield chunk(part.content or None, None, timings, reasoning=part.reasoning)
+                for delta in openai_call_deltas(part.calls):
                     yield chunk(None, None, timings, tool_calls=delta)
-                if calls and reason != "length":
+                if part.calls and reason != "length":
                     reason = "tool_calls"
                 yield chunk(None, reason, timings)
                 if include_usage:
@@ -251,9 +230,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                             "choices": [], "usage": usage_json(event)}
                     yield f"data: {json_line(tail)}\n\n"
         except Exception as exc:  # headers are sent: report the error in the stream
-            status = exc.http_status if isinstance(exc, LocalInferError) else 500
-            message = exc.message if isinstance(exc, LocalInferError) else str(exc)
-            yield f"data: {json_line(error_body(request.url.path, status, message))}\n\n"
+            yield f"data: {json_line(stream_error_body(request.url.path, exc))}\n\n"
         yield "data: [DONE]\n\n"
 
     return BridgeResponse(body(), events, media_type="text/event-stream",

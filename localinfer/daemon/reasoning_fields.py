@@ -105,3 +105,31 @@ def openai_think(effort: Any, template_kwargs: Any) -> Thinking:
         return Thinking(effort, template_kwargs)
     raise InvalidRequest("'reasoning_effort' must be one of "
                          f"{', '.join(_OFF_EFFORTS + EFFORTS)}; got {effort!r}.")
+
+
+def anthropic_think(value: Any, max_tokens: int | None) -> tuple[Thinking, bool]:
+    """Anthropic's ``thinking``: {"type": "enabled", "budget_tokens": N} switches thinking on
+    (the budget checked as Anthropic does: at least 1,024 and below max_tokens; the reasoning
+    and the answer together stop at max_tokens), "disabled" off, "adaptive" or none leaves
+    it to the model's template. The second value: whether to send the reasoning's text
+    (``display: "omitted"`` sends empty thinking blocks)."""
+    if value is None:
+        return Thinking(None), True
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return Thinking(False), True
+    if kind == "adaptive":
+        return Thinking(None), value.get("display") != "omitted"
+    if kind != "enabled":
+        raise InvalidRequest("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N},"
+                             " {\"type\": \"disabled\"} or {\"type\": \"adaptive\"}.")
+    budget = value.get("budget_tokens")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
+        raise InvalidRequest("'thinking.budget_tokens' must be an integer of at least 1024.")
+    if max_tokens is not None and budget >= max_tokens:
+        raise InvalidRequest(f"'thinking.budget_tokens' ({budget}) must be less than"
+                             f" 'max_tokens' ({max_tokens}).")
+    display = value.get("display")
+    if display not in (None, "summarized", "omitted"):
+        raise InvalidRequest("'thinking.display' must be \"summarized\" or \"omitted\".")
+    return Thinking(True), display != "omitted"
