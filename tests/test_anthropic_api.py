@@ -333,7 +333,8 @@ def test_a_claude_code_request(qwen3):
 
 DOCUMENTED = {
     # Anthropic's Messages API reference (the anthropic SDK's MessageCreateParams, 2.17,
-    # and its beta's), as of 2026-12.
+    # and its beta's), as of 2026-12; temperature, top_p and top_k from the earlier
+    # reference (the 2.x SDK sends them in extra_body; Claude Code sends temperature).
     "/v1/messages": {
         "model", "max_tokens", "messages", "system", "stream", "stop_sequences",
         "temperature", "top_p", "top_k", "thinking", "tools", "tool_choice", "metadata",
