@@ -15,7 +15,8 @@ import pytest
 from daemon_util import REPLY, fake_factory, install_fake_models, serve
 from localinfer.daemon.fields import ROUTES
 from localinfer.daemon.state import DaemonSettings
-from test_thinking_tools import CALL, QWEN3_TOOLS, REASONING
+from template_fixtures import QWEN3_REASONING as REASONING
+from template_fixtures import QWEN3_TOOLS
 
 pytest_plugins = ["daemon_fixtures"]
 
@@ -36,14 +37,6 @@ def events(raw: str) -> list[tuple[str, dict]]:
         lines = dict(line.split(": ", 1) for line in block.splitlines())
         out.append((lines["event"], json.loads(lines["data"])))
     return out
-
-
-@pytest.fixture
-def qwen3(home):
-    install_fake_models("qwen3:1b-f16")
-    with serve(fake_factory(reply=f"<think>\n{REASONING}\n</think>\n\n{CALL}",
-                            chat_template=QWEN3_TOOLS)) as d:
-        yield d
 
 
 def test_a_message_has_anthropics_shape(daemon):
@@ -357,3 +350,16 @@ def test_every_documented_field_is_listed(route):
     listed = {*rule.honoured, *rule.elsewhere, *rule.ignored, *rule.refused}
     assert DOCUMENTED[route] - listed == set()
     assert listed - DOCUMENTED[route] <= {"priority"}  # localinfer's own
+
+
+def test_ignored_fields_are_accepted(daemon):
+    with daemon.uds() as http:
+        r = http.post("/v1/messages", json={
+            "model": "fake:1b", "max_tokens": 16, "messages": HI,
+            "metadata": {"user_id": "u1"}, "service_tier": "auto", "speed": "fast",
+            "cache_control": {"type": "ephemeral"}, "inference_geo": "us",
+            "context_management": {}, "fallbacks": [], "priority": "interactive"})
+        assert r.status_code == 200, r.text
+        r = http.post("/v1/messages/count_tokens", json={
+            "model": "fake:1b", "messages": HI, "cache_control": {"type": "ephemeral"}})
+        assert r.status_code == 200, r.text

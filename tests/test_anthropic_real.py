@@ -13,9 +13,7 @@ import jsonschema
 import pytest
 
 from daemon_util import serve
-from localinfer.loading import load_engine
-from localinfer.runtime.backend import LoadOptions
-from test_tools_real import QWEN
+from test_tools_real import qwen_factory
 
 pytestmark = pytest.mark.model
 
@@ -27,11 +25,7 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
 
 @pytest.fixture(scope="module")
 def tool_daemon(starter_path):
-    def factory(model, num_ctx, progress=None):
-        return load_engine(model.path, LoadOptions(n_ctx=2048, n_slots=1, chat_template=QWEN),
-                           name=model.name, family=model.family)
-
-    with serve(factory) as d:
+    with serve(qwen_factory) as d:
         yield d
 
 
