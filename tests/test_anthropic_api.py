@@ -218,7 +218,8 @@ BAD = [
     ({"messages": [{"role": "system", "content": "x"}]}, "role"),
     ({"stop": ["x"]}, "stop"),
     ({"max_tokens": 0}, "max_tokens"),
-    ({"output_config": {"effort": "high"}}, "effort"),
+    ({"output_config": {"effort": "extreme"}}, "effort"),
+    ({"output_config": {"task_budget": 5}}, "task_budget"),
 ]
 
 
@@ -363,3 +364,53 @@ def test_ignored_fields_are_accepted(daemon):
         r = http.post("/v1/messages/count_tokens", json={
             "model": "fake:1b", "messages": HI, "cache_control": {"type": "ephemeral"}})
         assert r.status_code == 200, r.text
+
+
+def test_effort_reaches_a_template_that_takes_one(home):
+    """output_config.effort is gpt-oss's reasoning_effort; a template without an effort
+    setting (and a model that does not think) answers as usual."""
+    install_fake_models("effort:1b-f16", "fake:1b-f16")
+    prompts: list[str] = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return "ok"
+
+    template = ("{{ '<|channel|>' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "effort={{ reasoning_effort | default('none') }}")
+    with serve(fake_factory(reply=reply, chat_template=template)) as d:
+        for effort, seen in (("max", "effort=high"), ("low", "effort=low"),
+                             (None, "effort=none")):
+            config = {"output_config": {"effort": effort}} if effort else {}
+            with d.uds() as http:
+                r = http.post("/v1/messages", json={"model": "effort:1b", "max_tokens": 8,
+                                                    "messages": HI, **config})
+            assert r.status_code == 200, r.text
+            assert prompts[-1].endswith(seen)
+    with serve(fake_factory(reply=REPLY)) as d, d.uds() as http:
+        r = http.post("/v1/messages", json={"model": "fake:1b", "max_tokens": 8, "messages": HI,
+                                            "output_config": {"effort": "high"}})
+        assert r.status_code == 200, r.text
+
+
+def test_output_format_reaches_the_sampler(daemon):
+    """output_config.format and the beta's output_format are the reply's JSON schema; both,
+    or one with tools, are refused."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    with daemon.uds() as http:
+        for extra in ({"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+                      {"output_format": {"type": "json_schema", "schema": schema}}):
+            r = http.post("/v1/messages", json={"model": "fake:1b", "max_tokens": 8,
+                                                "messages": HI, **extra})
+            assert r.status_code == 200, r.text
+        grammars = daemon.manager.loaded["fake:1b-f16"].engine.backend.grammars
+        assert [g.schema_json for g in grammars] == [schema, schema]
+        both = http.post("/v1/messages", json={
+            "model": "fake:1b", "max_tokens": 8, "messages": HI,
+            "output_format": {"type": "json_schema", "schema": schema},
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+        assert both.status_code == 400 and "output_format" in both.json()["error"]["message"]
+        bad = http.post("/v1/messages", json={
+            "model": "fake:1b", "max_tokens": 8, "messages": HI,
+            "output_config": {"format": {"type": "json_object"}}})
+        assert bad.status_code == 400 and "output_config.format" in bad.text

@@ -94,7 +94,10 @@ class _Prompt:
 
     def __init__(self, body: dict[str, Any], max_tokens: int | None) -> None:
         self.messages = [*_system(body.get("system")), *_messages(body.get("messages"))]
-        self.thinking, self.show_thinking = anthropic_think(body.get("thinking"), max_tokens)
+        config = body.get("output_config")
+        self.thinking, self.show_thinking = anthropic_think(
+            body.get("thinking"), max_tokens,
+            config.get("effort") if isinstance(config, dict) else None)
         self.constraints: Constraints = anthropic_constraints(body)
         self.encode: Callable[[Engine], list[int]] = self._counted(
             self.constraints.encoder(self.messages, self.thinking))

@@ -295,10 +295,10 @@ def _anthropic_format(body: dict[str, Any]) -> tuple[Grammar | None, str]:
     if config is not None and not isinstance(config, dict):
         raise InvalidRequest("'output_config' must be an object.")
     config = config or {}
-    extra = sorted(set(config) - {"format"})
+    extra = sorted(set(config) - {"format", "effort"})  # effort: reasoning_fields.py
     if extra:
-        raise InvalidRequest(f"'output_config.{extra[0]}' is not supported: localinfer's"
-                             " output has no effort setting; use 'thinking' for reasoning.")
+        raise InvalidRequest(f"'output_config.{extra[0]}' is not supported; send format"
+                             " and effort.")
     given = [(name, value) for name, value in (("output_config.format", config.get("format")),
                                                 ("output_format", body.get("output_format")))
              if value is not None]
