@@ -414,3 +414,15 @@ def test_output_format_reaches_the_sampler(daemon):
             "model": "fake:1b", "max_tokens": 8, "messages": HI,
             "output_config": {"format": {"type": "json_object"}}})
         assert bad.status_code == 400 and "output_config.format" in bad.text
+
+
+def test_models_are_listed_in_anthropics_shape_to_an_anthropic_client(daemon):
+    """Claude Code lists a gateway's models at its start (with anthropic-version); OpenAI's
+    clients still get OpenAI's list."""
+    c = client(daemon)
+    page = c.models.list()
+    assert {m.id for m in page.data} >= {"fake:1b-f16", "other:2b-f16"}
+    assert all(m.type == "model" and m.display_name == m.id for m in page.data)
+    assert c.models.retrieve("fake:1b-f16").created_at.year >= 2024
+    with daemon.uds() as http:
+        assert http.get("/v1/models").json()["object"] == "list"

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+"""OpenAI-compatible routes: /v1/models (in Anthropic's shape to an Anthropic client),
+/v1/chat/completions, /v1/completions.
 
 Shapes follow the OpenAI API so that the official clients and editor plugins work unchanged.
 Every chunk also carries a ``timings`` object (tokens so far, live decode tok/s, TTFT, prefill
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -50,8 +52,12 @@ def usage_json(done: Done) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def model_json(m: InstalledModel) -> dict[str, Any]:
-    """An installed model as OpenAI's model object."""
+def model_json(m: InstalledModel, request: Request) -> dict[str, Any]:
+    """An installed model as OpenAI's model object, or as Anthropic's for a client that sends
+    ``anthropic-version`` (Claude Code lists a gateway's models at its start)."""
+    if "anthropic-version" in request.headers:
+        created = datetime.fromtimestamp(m.added, UTC).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": m.name, "display_name": m.name, "created_at": created}
     return {"id": m.name, "object": "model", "created": int(m.added), "owned_by": "localinfer"}
 
 
@@ -62,7 +68,12 @@ def finish_reason(done: Done) -> str:
 def routes(state: DaemonState) -> list[Route]:
     async def list_models(request: Request) -> Response:
         installed = await asyncio.to_thread(available_models, state.manager.store)
-        return JSONResponse({"object": "list", "data": [model_json(m) for m in installed]})
+        data = [model_json(m, request) for m in installed]
+        if "anthropic-version" in request.headers:  # Anthropic's page of models: all of them
+            return JSONResponse({"data": data, "has_more": False,
+                                 "first_id": data[0]["id"] if data else None,
+                                 "last_id": data[-1]["id"] if data else None})
+        return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(request: Request) -> Response:
         """OpenAI's model object for an installed model: by its full name, or by the name
@@ -76,7 +87,7 @@ def routes(state: DaemonState) -> list[Route]:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"
                                 f" {have}); `localinfer pull` downloads one.")
-        return JSONResponse(model_json(found))
+        return JSONResponse(model_json(found, request))
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
