@@ -426,3 +426,19 @@ def test_models_are_listed_in_anthropics_shape_to_an_anthropic_client(daemon):
     assert c.models.retrieve("fake:1b-f16").created_at.year >= 2024
     with daemon.uds() as http:
         assert http.get("/v1/models").json()["object"] == "list"
+
+
+def test_a_full_queue_is_an_overloaded_error(home):
+    install_fake_models("fake:1b-f16")
+    # Words that never repeat: prompt-lookup speculation cannot hurry the first reply.
+    factory = fake_factory(max_queue=1, reply=" ".join(f"w{i}" for i in range(2000)),
+                           step_delay_s=0.005, n_slots=1)
+    long = {"model": "fake:1b", "max_tokens": 4000, "messages": HI, "stream": True}
+    with serve(factory) as d, d.uds() as c1, d.uds() as c2, d.uds() as c3:
+        with c1.stream("POST", "/v1/messages", json=long) as r1:
+            lines = r1.iter_lines()  # kept: a dropped iterator closes the connection
+            next(lines)
+            with c2.stream("POST", "/v1/messages", json=long):
+                third = c3.post("/v1/messages", json={**long, "stream": False})
+    assert third.status_code == 503 and third.headers["retry-after"]
+    assert third.json()["error"]["type"] == "overloaded_error"
