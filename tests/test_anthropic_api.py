@@ -442,3 +442,21 @@ def test_a_full_queue_is_an_overloaded_error(home):
                 third = c3.post("/v1/messages", json={**long, "stream": False})
     assert third.status_code == 503 and third.headers["retry-after"]
     assert third.json()["error"]["type"] == "overloaded_error"
+
+
+def test_a_last_assistant_turn_is_continued(home):
+    """Anthropic's prefill: a last assistant message of text is the reply's start, written
+    into the prompt after the template's assistant opening; the reply continues it."""
+    install_fake_models("fake:1b-f16")
+    prompts: list[str] = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return '"Paris"}'
+
+    with serve(fake_factory(reply=reply)) as d:
+        answer = client(d).messages.create(model="fake:1b", max_tokens=16, messages=[
+            {"role": "user", "content": "Capital of France, as JSON?"},
+            {"role": "assistant", "content": '{"capital": '}])
+    assert prompts[-1].endswith('<start_of_turn>model\n{"capital": ')
+    assert answer.content[0].text == '"Paris"}'

@@ -94,13 +94,18 @@ class _Prompt:
 
     def __init__(self, body: dict[str, Any], max_tokens: int | None) -> None:
         self.messages = [*_system(body.get("system")), *_messages(body.get("messages"))]
+        # A last assistant turn of text is the reply's start: the model continues it.
+        last = self.messages[-1] if self.messages else None
+        prefill = ""
+        if last is not None and last.role == "assistant" and not last.tool_calls:
+            prefill = self.messages.pop().content
         config = body.get("output_config")
         self.thinking, self.show_thinking = anthropic_think(
             body.get("thinking"), max_tokens,
             config.get("effort") if isinstance(config, dict) else None)
         self.constraints: Constraints = anthropic_constraints(body)
         self.encode: Callable[[Engine], list[int]] = self._counted(
-            self.constraints.encoder(self.messages, self.thinking))
+            self.constraints.encoder(self.messages, self.thinking, prefill))
         self.n_tokens = 0
 
     def _counted(self, encode: Callable[[Engine], list[int]]) -> Callable[[Engine], list[int]]:

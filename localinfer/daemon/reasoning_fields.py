@@ -43,13 +43,16 @@ class Thinking:
         """The rendered prompt ends inside an open reasoning block."""
 
     def chat_tokens(self, engine: Engine, messages: Sequence[Message], *,
-                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+                    tools: Sequence[dict[str, Any]] | None = None, prefill: str = ""
+                    ) -> list[int]:
+        """The prompt's tokens; ``prefill``: the reply's start, written by the client (the
+        reply continues it)."""
         fmt = thinking_format(engine.chat_template_source)
         variables = {**self.extra_vars,
                      **template_vars(fmt, self.think, model=engine.info.name)}
         if self.effort and fmt is not None and fmt.takes_effort and self.think is not False:
             variables.setdefault("reasoning_effort", self.effort)
-        text = engine.render_chat(messages, tools=tools, template_vars=variables)
+        text = engine.render_chat(messages, tools=tools, template_vars=variables) + prefill
         if fmt is not None:
             self.opened = starts_thinking(fmt, text)
             self.splitter = new_splitter(fmt, text)

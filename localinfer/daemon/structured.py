@@ -47,17 +47,18 @@ class Constraints:
         """Whether the model may call a tool in this reply (its calls are parsed)."""
         return bool(self.tools) and self.choice.mode != "none"
 
-    def encoder(self, messages: Sequence[Message], thinking: Thinking
+    def encoder(self, messages: Sequence[Message], thinking: Thinking, prefill: str = ""
                 ) -> Callable[[Engine], list[int]]:
         """The prompt's tokens, the tools rendered by the model's own template (with the
-        request's thinking variables)."""
+        request's thinking variables), then ``prefill`` (the reply's start, if the client
+        wrote one)."""
         self.thinking = thinking
 
         def encode(engine: Engine) -> list[int]:
             if not self.calling:
-                return thinking.chat_tokens(engine, messages)
+                return thinking.chat_tokens(engine, messages, prefill=prefill)
             self.fmt = engine.tool_format()
-            return thinking.chat_tokens(engine, messages,
+            return thinking.chat_tokens(engine, messages, prefill=prefill,
                                         tools=[t.definition for t in self.tools])
         return encode
 
