@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from daemon_util import REPLY, RunningDaemon, fake_factory, install_fake_models, serve
 
 MODELS = ["fake:1b-f16", "fake:1b", "other:2b-f16"]
-CASES = int(os.environ.get("LOCALINFER_FUZZ_CASES", "150"))  # per route: 9 routes -> 1,350
+CASES = int(os.environ.get("LOCALINFER_FUZZ_CASES", "150"))  # per route
 
 
 class _Errors(logging.Handler):
@@ -98,7 +98,47 @@ openai_common = {**sampling, "stream": maybe(st.booleans()), "max_tokens": maybe
                  "stream_options": maybe(st.fixed_dictionaries(
                      {}, optional={"include_usage": maybe(st.booleans())}))}
 
+text_block = st.fixed_dictionaries({"type": maybe(st.just("text")), "text": maybe(texts)},
+                                   optional={"cache_control": values})
+anthropic_block = maybe(text_block | st.fixed_dictionaries(
+    {"type": maybe(st.sampled_from(["tool_use", "tool_result", "thinking", "redacted_thinking",
+                                    "image", "document", "server_tool_use"]))},
+    optional={"id": maybe(texts), "name": maybe(texts), "input": values,
+              "tool_use_id": maybe(texts), "is_error": maybe(st.booleans()),
+              "content": maybe(texts | st.lists(text_block, max_size=2)),
+              "thinking": maybe(texts), "signature": maybe(texts), "source": values}))
+anthropic_messages = maybe(st.lists(maybe(st.fixed_dictionaries(
+    {"role": maybe(st.sampled_from(["user", "assistant"])),
+     "content": maybe(texts | st.lists(anthropic_block, max_size=3))})), max_size=3))
+anthropic_tool = maybe(st.fixed_dictionaries(
+    {"name": maybe(st.sampled_from(["get_weather", "Read"]) | texts),
+     "input_schema": maybe(st.just({"type": "object", "properties": {
+         "city": {"type": "string"}}}) | st.dictionaries(texts, values, max_size=2))},
+    optional={"description": maybe(texts), "type": maybe(st.sampled_from(
+        ["custom", "web_search_20250305", "bash_20250124"])), "cache_control": values}))
+anthropic_prompt = {
+    "system": maybe(texts | st.lists(text_block, max_size=2)),
+    "tools": maybe(st.lists(anthropic_tool, max_size=2)),
+    "tool_choice": maybe(st.fixed_dictionaries(
+        {"type": maybe(st.sampled_from(["auto", "any", "tool", "none"]))},
+        optional={"name": maybe(texts), "disable_parallel_tool_use": maybe(st.booleans())})),
+    "thinking": maybe(st.fixed_dictionaries(
+        {"type": maybe(st.sampled_from(["enabled", "disabled", "adaptive"]))},
+        optional={"budget_tokens": maybe(st.integers(0, 5000))})),
+    "output_config": maybe(st.fixed_dictionaries({}, optional={"format": values})),
+    "cache_control": values, "speed": values}
+
 SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
+    ("POST", "/v1/messages"): st.fixed_dictionaries(
+        {"model": model, "max_tokens": maybe(st.integers(-1, 8) | st.integers(1000, 6000)),
+         "messages": anthropic_messages},
+        optional={**anthropic_prompt, "stream": maybe(st.booleans()),
+                  "stop_sequences": maybe(st.lists(texts, max_size=2)),
+                  "temperature": maybe(st.floats(0, 1)), "top_p": maybe(st.floats(0, 1)),
+                  "top_k": maybe(small_ints), "metadata": values,
+                  "service_tier": values}),
+    ("POST", "/v1/messages/count_tokens"): st.fixed_dictionaries(
+        {"model": model, "messages": anthropic_messages}, optional=anthropic_prompt),
     ("POST", "/v1/chat/completions"): st.fixed_dictionaries(
         {"model": model, "messages": messages}, optional=openai_common),
     ("POST", "/v1/completions"): st.fixed_dictionaries(
@@ -192,8 +232,12 @@ def check(fuzzed: tuple[RunningDaemon, _Errors, httpx.Client], method: str, path
     status = response.status_code
     assert status < 500, (path, body[:200], status, raw[:300])
     if status >= 400:
-        error = json.loads(raw)["error"]
-        if path.startswith("/api/"):
+        body = json.loads(raw)
+        error = body["error"]
+        if path.startswith("/v1/messages"):  # Anthropic's shape
+            assert body["type"] == "error" and error["type"].endswith("_error"), raw
+            assert error["message"], raw
+        elif path.startswith("/api/"):
             assert isinstance(error, str) and error, raw
         else:
             assert isinstance(error, dict) and error["message"], raw
@@ -245,6 +289,9 @@ def test_the_fuzz_reaches_valid_requests(fuzzed):
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == REPLY
     assert http.post("/api/generate", json={"model": "fake:1b", "prompt": "hi",
                                             "stream": False}).status_code == 200
+    message = http.post("/v1/messages", json={
+        "model": "fake:1b", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]})
+    assert message.status_code == 200 and message.json()["content"][0]["text"] == REPLY
 
 
 @pytest.mark.parametrize("body,field", [

@@ -6,39 +6,22 @@ through the real openai and ollama clients on the fake backend."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
-
-from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
+from daemon_util import ollama_client, openai_client
+from template_fixtures import GENERATION_PROMPT, QWEN3_TOOLS, QWEN25
+from template_fixtures import QWEN3_REASONING as REASONING
 
 pytest_plugins = ["daemon_fixtures"]
-
-QWEN25 = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
-GENERATION_PROMPT = "{{- '<|im_start|>assistant\\n' }}"
-QWEN3_TOOLS = QWEN25.replace(GENERATION_PROMPT, GENERATION_PROMPT + (
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"))
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
-REASONING = "The user wants Paris's weather; I have a tool for that."
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 def test_the_template_thinks_and_takes_tools():
     assert GENERATION_PROMPT in QWEN25 and "<think>" in QWEN3_TOOLS
-
-
-@pytest.fixture
-def qwen3(home):
-    install_fake_models("qwen3:1b-f16")
-    with serve(fake_factory(reply=f"<think>\n{REASONING}\n</think>\n\n{CALL}",
-                            chat_template=QWEN3_TOOLS)) as d:
-        yield d
 
 
 def test_openai_reasoning_then_a_call(qwen3):

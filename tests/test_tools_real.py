@@ -35,13 +35,15 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 
 
+def qwen_factory(model, num_ctx, progress=None):
+    """The daemon's engines: the starter with Qwen 2.5's template (it takes tools)."""
+    return load_engine(model.path, LoadOptions(n_ctx=2048, n_slots=1, chat_template=QWEN),
+                       name=model.name, family=model.family)
+
+
 @pytest.fixture(scope="module")
 def tool_daemon(starter_path):
-    def factory(model, num_ctx, progress=None):
-        return load_engine(model.path, LoadOptions(n_ctx=2048, n_slots=1, chat_template=QWEN),
-                           name=model.name, family=model.family)
-
-    with serve(factory) as d:
+    with serve(qwen_factory) as d:
         yield d
 
 

@@ -1,6 +1,7 @@
 """Every error the daemon answers, as a JSON body in the shape of the API the route belongs to:
-Ollama's ``{"error": message}`` under /api, OpenAI's ``{"error": {message, type, code}}``
-elsewhere, and on localinfer's own routes also the class, so its client raises the same one.
+Ollama's ``{"error": message}`` under /api, Anthropic's ``{"type": "error", "error": {type,
+message}}`` under /v1/messages, OpenAI's ``{"error": {message, type, code}}`` elsewhere, and on
+localinfer's own routes also the class, so its client raises the same one.
 Never a traceback, never a dead daemon: ``guarded`` wraps every route."""
 
 from __future__ import annotations
@@ -39,11 +40,30 @@ def is_ollama_path(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+"""Anthropic's error type for each status (its SDK picks the exception by the status)."""
+
+
+def anthropic_error_type(status: int) -> str:
+    if status in _ANTHROPIC_TYPES:
+        return _ANTHROPIC_TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
 def error_body(path: str, status: int, message: str, code: str | None = None
                ) -> dict[str, Any]:
     """The error shape of the API a path belongs to."""
     if is_ollama_path(path):
         return {"error": message}
+    if is_anthropic_path(path):
+        return {"type": "error", "error": {"type": anthropic_error_type(status),
+                                           "message": message}}
     kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
@@ -67,6 +87,15 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", path)
     return JSONResponse(error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}",
                                    "internal_error"), 500)
+
+
+def stream_error_body(path: str, exc: Exception) -> dict[str, Any]:
+    """The error event of a stream whose headers are sent, in the path's API shape."""
+    if isinstance(exc, LocalInferError):
+        return error_body(path, http_status(exc), exc.message, _CODES.get(type(exc)))
+    log.exception("error mid-stream on %s", path)
+    return error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}",
+                      "internal_error")
 
 
 async def handle_error(request: Request, exc: Exception) -> Response:

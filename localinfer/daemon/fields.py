@@ -1,6 +1,7 @@
 """Every request field of the generation and embedding routes, and what the daemon does with
 it: honoured,
-accepted and ignored (where OpenAI or Ollama tolerate it too, and ignoring it changes no reply),
+accepted and ignored (where OpenAI, Anthropic or Ollama tolerate it too, and ignoring it changes
+no reply),
 or refused with a 400 that names it. A field in none of the lists is refused as unknown.
 
 The routes audit each body against these lists before reading it, and docs/api.md's table of
@@ -212,9 +213,60 @@ EMBED_OPTIONS = RouteFields(
     honoured=("num_ctx",),
     ignored={name: why for name, why in API_OPTIONS.ignored.items() if name != "num_keep"})
 
+_ANTHROPIC_IGNORED = {
+    "cache_control": "prompt caching is automatic: each request reuses the longest cached"
+                     " prefix (cache_control on blocks is accepted the same way)",
+    "speed": "there is one speed, the machine's",
+    "inference_geo": "inference runs on this machine",
+    "user_profile_id": "an Anthropic account's setting; there is one local user",
+    "workspace_id": "an Anthropic account's setting; there is one local user",
+}
+
+_ANTHROPIC_REFUSED = {
+    "container": Refused("code-execution containers are Anthropic's server tools; localinfer"
+                         " has none."),
+    "mcp_servers": Refused("the MCP connector calls remote servers from Anthropic's side;"
+                           " connect MCP servers in the client instead."),
+    "context_management": Refused("server-side context editing is not supported (Claude Code"
+                                  " leaves it out with CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS=1)."
+                                  , _empty, "empty"),
+    "diagnostics": Refused("Anthropic's service diagnostics are not supported."),
+}
+
+V1_MESSAGES = RouteFields(
+    honoured=("model", "max_tokens", "messages", "system", "stream", "stop_sequences",
+              "temperature", "top_p", "top_k", "thinking", *_LOCALINFER),
+    elsewhere=("tools", "tool_choice", "output_config", "output_format"),
+    ignored={
+        "metadata": "its user_id is for abuse monitoring; nothing is monitored locally",
+        "service_tier": "there is one tier",
+        "billing_policy": "nothing is billed locally",
+        "fallback_credit_token": "nothing is billed locally",
+        **_ANTHROPIC_IGNORED,
+    },
+    refused={
+        **_ANTHROPIC_REFUSED,
+        "fallbacks": Refused("fallback models are not supported: the request's model answers"
+                             " or the request fails.", _empty, "empty"),
+        "compaction": Refused("server-side compaction is not supported; the client compacts"
+                              " its history."),
+        "thread": Refused("server-side threads are not supported; send the whole history."),
+    },
+)
+
+V1_COUNT_TOKENS = RouteFields(
+    honoured=("model", "messages", "system", "thinking"),
+    elsewhere=("tools", "tool_choice", "output_config", "output_format"),
+    ignored={name: why for name, why in _ANTHROPIC_IGNORED.items() if name != "inference_geo"},
+    refused={name: rule for name, rule in _ANTHROPIC_REFUSED.items()
+             if name in ("mcp_servers", "context_management")},
+)
+
 ROUTES: dict[str, RouteFields] = {
     "/v1/chat/completions": V1_CHAT,
     "/v1/completions": V1_COMPLETIONS,
+    "/v1/messages": V1_MESSAGES,
+    "/v1/messages/count_tokens": V1_COUNT_TOKENS,
     "/api/chat": API_CHAT,
     "/api/generate": API_GENERATE,
     "/api/chat and /api/generate: options": API_OPTIONS,

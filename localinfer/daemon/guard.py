@@ -1,6 +1,7 @@
 """The guard in front of every route (pure ASGI): it rejects what a local daemon must not
 serve: a Host header that is not loopback over TCP (DNS rebinding), a browser Origin that was
-not configured, a missing API key over TCP when one is set, and oversized bodies."""
+not configured, a missing API key over TCP when one is set (a bearer token, or Anthropic's
+x-api-key header), and oversized bodies."""
 
 from __future__ import annotations
 
@@ -64,14 +65,18 @@ class Guard:
         # says nothing); the request it announces needs the key as usual.
         preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
         if via_tcp and settings.api_key and path != "/health" and not preflight:
+            # Anthropic's clients send the key as x-api-key (Claude Code's ANTHROPIC_API_KEY);
+            # its ANTHROPIC_AUTH_TOKEN, like every OpenAI client, as a bearer token.
             auth = headers.get("authorization", "")
-            if auth != f"Bearer {settings.api_key}":
+            api_key = headers.get("x-api-key", "")
+            if auth != f"Bearer {settings.api_key}" and api_key != settings.api_key:
                 return await self._reject(
                     scope, receive, send, 401,
-                    "missing or wrong API key: send 'Authorization: Bearer <key>' (the key is"
-                    " LOCALINFER_API_KEY)." if auth else
-                    "this daemon requires an API key over TCP: send 'Authorization: Bearer"
-                    " <key>' (LOCALINFER_API_KEY).", code="invalid_api_key")
+                    "missing or wrong API key: send 'Authorization: Bearer <key>' or"
+                    " 'x-api-key: <key>' (the key is LOCALINFER_API_KEY)." if auth or api_key
+                    else "this daemon requires an API key over TCP: send 'Authorization:"
+                    " Bearer <key>' or 'x-api-key: <key>' (LOCALINFER_API_KEY).",
+                    code="invalid_api_key")
         length = headers.get("content-length")
         limit = settings.max_body_bytes
         if length is not None and (not length.isdigit() or int(length) > limit):

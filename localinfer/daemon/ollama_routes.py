@@ -30,7 +30,7 @@ from ..errors import InvalidRequest, LocalInferError, ModelInUse
 from ..protocol import ModelInfo, json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.thinking import thinking_format
-from ..runtime.types import Done, Message, Priority, SamplingParams, Token, TokenLogprob
+from ..runtime.types import Done, Message, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel, PullProgress
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
@@ -40,6 +40,7 @@ from .fields import audit
 from .logprob_fields import entries_json
 from .manager import LoadedModel
 from .reasoning_fields import Thinking, ollama_think
+from .replies import Piece, reply_parts, whole_parts
 from .requests import (
     Fields,
     parse_keep_alive,
@@ -400,46 +401,30 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
 
     if not stream:
         done = await whole_reply(state, request, events, stack)
-        reasoning, content = thinking.whole(done.text)
+        reasoning, content, calls = whole_parts(done, thinking, constraints)
         reply = final(done, content, reasoning, done.logprobs)
-        if constraints is not None:
-            content, calls = constraints.reply(content)
-            if calls:
-                reply["message"].update(content=content, tool_calls=ollama_calls(calls))
+        if calls:
+            reply["message"]["tool_calls"] = ollama_calls(calls)
         return JSONResponse(reply)
-
-    splitter = constraints.splitter() if constraints is not None else None
 
     async def body() -> AsyncIterator[str]:
         try:
-            async for event in events:
-                if isinstance(event, Token):
-                    reasoning, content = thinking.split(event.text)
-                    if splitter is not None:
-                        content = splitter.push(content)
-                    if reasoning or content or event.logprobs:
-                        yield json_line({"model": name, "created_at": now_iso(),
-                                         **piece(content, reasoning, event.logprobs),
-                                         "done": False,
-                                         "timings": live_json(event.live)}) + "\n"
+            async for part in reply_parts(state, events, thinking, constraints):
+                if isinstance(part, Piece):
+                    yield json_line({"model": name, "created_at": now_iso(),
+                                     **piece(part.content, part.reasoning, part.logprobs),
+                                     "done": False, "timings": live_json(part.live)}) + "\n"
                     continue
-                state.record(event)
-                if event.finish_reason == "cancelled":
-                    raise LocalInferError("the generation was cancelled (the daemon is"
-                                          " shutting down, the model was unloaded, or a"
-                                          " newer autocomplete request replaced it).")
-                reasoning, content = thinking.flush()
-                if splitter is not None:
-                    content, calls = splitter.finish(content)
-                    if calls:
-                        said: dict[str, Any] = {"role": "assistant", "content": content,
-                                                "tool_calls": ollama_calls(calls)}
-                        if reasoning:
-                            said["thinking"] = reasoning
-                        yield json_line({"model": name, "created_at": now_iso(),
-                                         "message": said, "done": False,
-                                         "timings": timings_json(event.timings)}) + "\n"
-                        reasoning, content = "", ""
+                event, reasoning, content = part.done, part.reasoning, part.content
+                if part.calls:
+                    said: dict[str, Any] = {"role": "assistant", "content": content,
+                                            "tool_calls": ollama_calls(part.calls)}
+                    if reasoning:
+                        said["thinking"] = reasoning
+                    yield json_line({"model": name, "created_at": now_iso(),
+                                     "message": said, "done": False,
+                                     "timings": timings_json(event.timings)}) + "\n"
+                    reasoning, content = "", ""
                 yield json_line(final(event, content, reasoning)) + "\n"
         except Exception as exc:  # headers are sent: report the error in the stream
             message = exc.message if isinstance(exc, LocalInferError) else str(exc)

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+"""OpenAI-compatible routes: /v1/models (in Anthropic's shape to an Anthropic client),
+/v1/chat/completions, /v1/completions.
 
 Shapes follow the OpenAI API so that the official clients and editor plugins work unchanged.
 Every chunk also carries a ``timings`` object (tokens so far, live decode tok/s, TTFT, prefill
@@ -12,24 +13,26 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest, LocalInferError, ModelNotFound
+from ..errors import InvalidRequest, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
-from ..runtime.types import Done, Priority, SamplingParams, Token, TokenLogprob
+from ..runtime.types import Done, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
-from .error_replies import error_body, guarded
+from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
+from .replies import Piece, reply_parts, whole_parts
 from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
 from .state import DaemonState
 from .structured import (
@@ -49,8 +52,12 @@ def usage_json(done: Done) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def model_json(m: InstalledModel) -> dict[str, Any]:
-    """An installed model as OpenAI's model object."""
+def model_json(m: InstalledModel, request: Request) -> dict[str, Any]:
+    """An installed model as OpenAI's model object, or as Anthropic's for a client that sends
+    ``anthropic-version`` (Claude Code lists a gateway's models at its start)."""
+    if "anthropic-version" in request.headers:
+        created = datetime.fromtimestamp(m.added, UTC).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": m.name, "display_name": m.name, "created_at": created}
     return {"id": m.name, "object": "model", "created": int(m.added), "owned_by": "localinfer"}
 
 
@@ -61,7 +68,12 @@ def finish_reason(done: Done) -> str:
 def routes(state: DaemonState) -> list[Route]:
     async def list_models(request: Request) -> Response:
         installed = await asyncio.to_thread(available_models, state.manager.store)
-        return JSONResponse({"object": "list", "data": [model_json(m) for m in installed]})
+        data = [model_json(m, request) for m in installed]
+        if "anthropic-version" in request.headers:  # Anthropic's page of models: all of them
+            return JSONResponse({"data": data, "has_more": False,
+                                 "first_id": data[0]["id"] if data else None,
+                                 "last_id": data[-1]["id"] if data else None})
+        return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(request: Request) -> Response:
         """OpenAI's model object for an installed model: by its full name, or by the name
@@ -75,7 +87,7 @@ def routes(state: DaemonState) -> list[Route]:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"
                                 f" {have}); `localinfer pull` downloads one.")
-        return JSONResponse(model_json(found))
+        return JSONResponse(model_json(found, request))
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
@@ -122,16 +134,6 @@ def routes(state: DaemonState) -> list[Route]:
     ]
 
 
-def _with_calls(choice: dict[str, Any], constraints: Constraints, done: Done,
-                text: str) -> None:
-    """Split a reply's tool calls out of its content ``text``, in OpenAI's shape."""
-    content, calls = constraints.reply(text)
-    if calls:
-        choice["message"].update(content=content or None, tool_calls=openai_calls(calls))
-        if done.finish_reason != "length":
-            choice["finish_reason"] = "tool_calls"
-
-
 def _params(f: Fields) -> SamplingParams:
     n = f.integer("n", 1)
     if n != 1:
@@ -168,14 +170,16 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
     if not stream:
         done = await whole_reply(state, request, events, stack)
         if chat:
-            reasoning, content = thinking.whole(done.text) if thinking else ("", done.text)
-            message = {"role": "assistant", "content": content}
+            reasoning, content, calls = whole_parts(done, thinking, constraints)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
             if reasoning:
                 message["reasoning_content"] = reasoning
             choice = {"index": 0, "message": message,
                       "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
-            if constraints is not None:
-                _with_calls(choice, constraints, done, content)
+            if calls:
+                message.update(content=content or None, tool_calls=openai_calls(calls))
+                if done.finish_reason != "length":
+                    choice["finish_reason"] = "tool_calls"
         else:
             choice = {"index": 0, "text": done.text, "logprobs": logprobs(done.logprobs),
                       "finish_reason": finish_reason(done)}
@@ -216,34 +220,20 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
             if include_usage:
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
-        splitter = constraints.splitter() if constraints is not None else None
         try:
-            async for event in events:
-                if isinstance(event, Token):
-                    reasoning, content = thinking.split(event.text) if thinking else (
-                        "", event.text)
-                    if splitter is not None:
-                        content = splitter.push(content)
-                    if reasoning or content or event.logprobs:
-                        yield chunk(content or None if reasoning else content, None,
-                                    live_json(event.live), event.logprobs, reasoning)
+            async for part in reply_parts(state, events, thinking, constraints):
+                if isinstance(part, Piece):
+                    yield chunk(part.content or None if part.reasoning else part.content, None,
+                                live_json(part.live), part.logprobs, part.reasoning)
                     continue
-                state.record(event)
-                if event.finish_reason == "cancelled":
-                    raise LocalInferError("the generation was cancelled (the daemon is"
-                                          " shutting down, the model was unloaded, or a"
-                                          " newer autocomplete request replaced it).")
+                event = part.done
                 reason = finish_reason(event)
                 timings = timings_json(event.timings)
-                reasoning, content = thinking.flush() if thinking else ("", "")
-                calls: list = []
-                if splitter is not None:
-                    content, calls = splitter.finish(content)
-                if reasoning or content:
-                    yield chunk(content or None, None, timings, reasoning=reasoning)
-                for delta in openai_call_deltas(calls):
+                if part.reasoning or part.content:
+                    yield chunk(part.content or None, None, timings, reasoning=part.reasoning)
+                for delta in openai_call_deltas(part.calls):
                     yield chunk(None, None, timings, tool_calls=delta)
-                if calls and reason != "length":
+                if part.calls and reason != "length":
                     reason = "tool_calls"
                 yield chunk(None, reason, timings)
                 if include_usage:
@@ -251,9 +241,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                             "choices": [], "usage": usage_json(event)}
                     yield f"data: {json_line(tail)}\n\n"
         except Exception as exc:  # headers are sent: report the error in the stream
-            status = exc.http_status if isinstance(exc, LocalInferError) else 500
-            message = exc.message if isinstance(exc, LocalInferError) else str(exc)
-            yield f"data: {json_line(error_body(request.url.path, status, message))}\n\n"
+            yield f"data: {json_line(stream_error_body(request.url.path, exc))}\n\n"
         yield "data: [DONE]\n\n"
 
     return BridgeResponse(body(), events, media_type="text/event-stream",

@@ -30,19 +30,29 @@ class Thinking:
     template); the route then splits each piece of the reply with ``split``."""
 
     def __init__(self, think: bool | str | None,
-                 extra_vars: Mapping[str, Any] | None = None) -> None:
+                 extra_vars: Mapping[str, Any] | None = None, *,
+                 effort: str | None = None) -> None:
         self.think = think
         self.extra_vars = dict(extra_vars or {})
+        self.effort = effort
+        """An effort for a template that takes one (gpt-oss), where the request's API says
+        it for the whole reply (Anthropic's output_config.effort): other templates have no
+        such setting, and a model that does not think is not refused for it."""
         self.splitter: Splitter | None = None
         self.opened = False
         """The rendered prompt ends inside an open reasoning block."""
 
     def chat_tokens(self, engine: Engine, messages: Sequence[Message], *,
-                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+                    tools: Sequence[dict[str, Any]] | None = None, prefill: str = ""
+                    ) -> list[int]:
+        """The prompt's tokens; ``prefill``: the reply's start, written by the client (the
+        reply continues it)."""
         fmt = thinking_format(engine.chat_template_source)
         variables = {**self.extra_vars,
                      **template_vars(fmt, self.think, model=engine.info.name)}
-        text = engine.render_chat(messages, tools=tools, template_vars=variables)
+        if self.effort and fmt is not None and fmt.takes_effort and self.think is not False:
+            variables.setdefault("reasoning_effort", self.effort)
+        text = engine.render_chat(messages, tools=tools, template_vars=variables) + prefill
         if fmt is not None:
             self.opened = starts_thinking(fmt, text)
             self.splitter = new_splitter(fmt, text)
@@ -105,3 +115,41 @@ def openai_think(effort: Any, template_kwargs: Any) -> Thinking:
         return Thinking(effort, template_kwargs)
     raise InvalidRequest("'reasoning_effort' must be one of "
                          f"{', '.join(_OFF_EFFORTS + EFFORTS)}; got {effort!r}.")
+
+
+_ANTHROPIC_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+                      "max": "high"}
+
+
+def anthropic_think(value: Any, max_tokens: int | None, effort: Any = None
+                    ) -> tuple[Thinking, bool]:
+    """Anthropic's ``thinking``: {"type": "enabled", "budget_tokens": N} switches thinking on
+    (the budget checked as Anthropic does: at least 1,024 and below max_tokens; the reasoning
+    and the answer together stop at max_tokens), "disabled" off, "adaptive" or none leaves
+    it to the model's template; ``output_config.effort`` is the reasoning effort of a
+    template that takes one (above "high", high). The second value: whether to send the
+    reasoning's text (``display: "omitted"`` sends empty thinking blocks)."""
+    if effort is not None and effort not in _ANTHROPIC_EFFORTS:
+        raise InvalidRequest("'output_config.effort' must be one of"
+                             f" {', '.join(_ANTHROPIC_EFFORTS)}; got {effort!r}.")
+    level = _ANTHROPIC_EFFORTS.get(effort) if effort is not None else None
+    if value is None:
+        return Thinking(None, effort=level), True
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return Thinking(False), True
+    if kind == "adaptive":
+        return Thinking(None, effort=level), value.get("display") != "omitted"
+    if kind != "enabled":
+        raise InvalidRequest("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N},"
+                             " {\"type\": \"disabled\"} or {\"type\": \"adaptive\"}.")
+    budget = value.get("budget_tokens")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
+        raise InvalidRequest("'thinking.budget_tokens' must be an integer of at least 1024.")
+    if max_tokens is not None and budget >= max_tokens:
+        raise InvalidRequest(f"'thinking.budget_tokens' ({budget}) must be less than"
+                             f" 'max_tokens' ({max_tokens}).")
+    display = value.get("display")
+    if display not in (None, "summarized", "omitted"):
+        raise InvalidRequest("'thinking.display' must be \"summarized\" or \"omitted\".")
+    return Thinking(True, effort=level), display != "omitted"

@@ -47,17 +47,18 @@ class Constraints:
         """Whether the model may call a tool in this reply (its calls are parsed)."""
         return bool(self.tools) and self.choice.mode != "none"
 
-    def encoder(self, messages: Sequence[Message], thinking: Thinking
+    def encoder(self, messages: Sequence[Message], thinking: Thinking, prefill: str = ""
                 ) -> Callable[[Engine], list[int]]:
         """The prompt's tokens, the tools rendered by the model's own template (with the
-        request's thinking variables)."""
+        request's thinking variables), then ``prefill`` (the reply's start, if the client
+        wrote one)."""
         self.thinking = thinking
 
         def encode(engine: Engine) -> list[int]:
             if not self.calling:
-                return thinking.chat_tokens(engine, messages)
+                return thinking.chat_tokens(engine, messages, prefill=prefill)
             self.fmt = engine.tool_format()
-            return thinking.chat_tokens(engine, messages,
+            return thinking.chat_tokens(engine, messages, prefill=prefill,
                                         tools=[t.definition for t in self.tools])
         return encode
 
@@ -218,3 +219,99 @@ def openai_call_deltas(calls: Sequence[ToolCall]) -> list[list[dict[str, Any]]]:
 def ollama_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
     return [{"function": {"index": i, "name": c.name, "arguments": json.loads(c.arguments)}}
             for i, c in enumerate(calls)]
+
+
+_ANTHROPIC_TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict",
+                        "eager_input_streaming"}
+"""A custom tool's keys: ``cache_control`` asks for nothing (prompt caching is automatic),
+``strict`` is always so (the grammar follows the schema), and ``eager_input_streaming`` changes
+no reply (the input is streamed once it is whole)."""
+
+_ANTHROPIC_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
+
+
+def anthropic_constraints(body: dict[str, Any]) -> Constraints:
+    """Anthropic's ``tools`` (custom tools; its server tools are refused by name),
+    ``tool_choice`` and ``output_config.format`` / ``output_format``."""
+    tools = parse_tools([_anthropic_tool(i, t) for i, t in enumerate(_list(body, "tools"))])
+    raw = body.get("tool_choice")
+    choice, parallel = ToolChoice("auto"), True
+    if raw is not None:
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind not in _ANTHROPIC_CHOICES:
+            raise InvalidRequest("'tool_choice' must be {\"type\": \"auto\"}, {\"type\": \"any\"},"
+                                 " {\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}.")
+        name = raw.get("name", "") if kind == "tool" else ""
+        if kind == "tool" and name not in {t.name for t in tools}:
+            raise InvalidRequest(f"'tool_choice.name' must name one of 'tools', got {name!r}.")
+        if kind in ("any", "tool") and not tools:
+            raise InvalidRequest("'tool_choice' asks for a tool call but 'tools' is empty.")
+        disable = raw.get("disable_parallel_tool_use", False)
+        if not isinstance(disable, bool):
+            raise InvalidRequest("'tool_choice.disable_parallel_tool_use' must be true or false.")
+        choice, parallel = ToolChoice(_ANTHROPIC_CHOICES[kind], name), not disable
+    output, field = _anthropic_format(body)
+    return _checked(Constraints(tools, choice, parallel, output), field)
+
+
+def _list(body: dict[str, Any], name: str) -> list[Any]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{name}' must be a list.")
+    return value
+
+
+def _anthropic_tool(i: int, tool: Any) -> dict[str, Any]:
+    """One of Anthropic's tools as the OpenAI-shaped definition the templates render."""
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise InvalidRequest(f"'{where}' must be an object with name and input_schema.")
+    kind = tool.get("type")
+    if kind not in (None, "custom"):
+        raise InvalidRequest(f"'{where}' is Anthropic's server tool {kind!r}, which runs on"
+                             " Anthropic's servers; localinfer has none (it runs offline):"
+                             " define it as a custom tool with an input_schema, and run it"
+                             " in the client.")
+    unknown = sorted(set(tool) - _ANTHROPIC_TOOL_KEYS)
+    if unknown:
+        raise InvalidRequest(f"'{where}.{unknown[0]}' is not supported for a custom tool;"
+                             " send name, description and input_schema.")
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"'{where}.input_schema' must be a JSON schema object.")
+    function = {"name": tool.get("name"), "parameters": schema}
+    if tool.get("description") is not None:
+        if not isinstance(tool["description"], str):
+            raise InvalidRequest(f"'{where}.description' must be a string.")
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _anthropic_format(body: dict[str, Any]) -> tuple[Grammar | None, str]:
+    """``output_config.format`` (or the beta's ``output_format``): {"type": "json_schema",
+    "schema": {...}}, the reply is JSON matching it."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise InvalidRequest("'output_config' must be an object.")
+    config = config or {}
+    extra = sorted(set(config) - {"format", "effort"})  # effort: reasoning_fields.py
+    if extra:
+        raise InvalidRequest(f"'output_config.{extra[0]}' is not supported; send format"
+                             " and effort.")
+    given = [(name, value) for name, value in (("output_config.format", config.get("format")),
+                                                ("output_format", body.get("output_format")))
+             if value is not None]
+    if len(given) > 1:
+        raise InvalidRequest("'output_config.format' and 'output_format' each say what the"
+                             " reply must look like; send one of them.")
+    if not given:
+        return None, "output_config.format"
+    name, value = given[0]
+    schema = value.get("schema") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or value.get("type") != "json_schema" or \
+            not isinstance(schema, dict):
+        raise InvalidRequest(f"'{name}' must be {{\"type\": \"json_schema\", \"schema\":"
+                             " {...}}.")
+    return json_grammar(schema), name

@@ -172,4 +172,5 @@ def done_event(request: Request, reason: FinishReason, now: float) -> Done:
         completion_tokens=request.n_generated,
         cached_tokens=request.n_cached,
     )
-    return Done(request.assembler.text, reason, usage, timings, tuple(request.logprobs))
+    return Done(request.assembler.text, reason, usage, timings, tuple(request.logprobs),
+                stop_sequence=request.assembler.stop_string)

@@ -21,6 +21,8 @@ class TextAssembler:
         self._pending = ""  # decoded text not yet released (could begin a stop string)
         self.text = ""  # everything released so far
         self.stopped = False
+        self.stop_string = ""
+        """The stop string that ended the text, once one has."""
         self._min_indent = min_indent
         self._line_head = ""  # a new line's leading whitespace, held back (min_indent only)
         self._in_head = False
@@ -95,6 +97,7 @@ class TextAssembler:
             self.text += out
             self._pending = ""
             self.stopped = True
+            self.stop_string = next(s for s in self._stop if joined.find(s) == first)
             return out
         hold = max(hold, released)
         out = joined[released:hold]

@@ -325,6 +325,8 @@ class Done:
     timings: Timings = field(default_factory=Timings)
     logprobs: tuple[TokenLogprob, ...] = ()
     """Every generated token's log-probability, when the request asked for them."""
+    stop_sequence: str = ""
+    """The request's stop string that ended the reply (finish_reason "stop"), if one did."""
 
 
 Event = Token | Done

@@ -1,0 +1,344 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for Claude Code
+and the ``anthropic`` SDK (``ANTHROPIC_BASE_URL`` set to the daemon).
+
+It runs on the same engine, chat templates, tool grammar and thinking split as the OpenAI chat
+route; this module only translates. Usage follows Anthropic's meaning: ``input_tokens`` are
+the prompt tokens read this time, ``cache_read_input_tokens`` those whose KV cache an earlier
+request left (their sum is what count_tokens says the prompt is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import InvalidRequest
+from ..runtime.engine import Engine
+from ..runtime.types import Done, Message, ToolCall
+from .bridge import BridgeResponse, start_generation, whole_reply
+from .error_replies import guarded, stream_error_body
+from .fields import audit
+from .reasoning_fields import anthropic_think
+from .replies import End, reply_parts, whole_parts
+from .requests import Fields, priority_of, read_json, sampling
+from .state import DaemonState
+from .structured import Constraints, anthropic_constraints
+
+
+def routes(state: DaemonState) -> list[Route]:
+    async def messages(request: Request) -> Response:
+        body = await read_json(request)
+        audit("/v1/messages", body)
+        f = Fields(body)
+        max_tokens = f.integer("max_tokens", low=1)
+        prompt = _Prompt(body, max_tokens)
+        params = replace(sampling(f, max_tokens=max_tokens),
+                         stop=f.stop("stop_sequences"))
+        entry, events, stack = await start_generation(
+            state.manager, f.string("model"), prompt.encode,
+            prompt.constraints.sampling(params), priority_of(request, body))
+        reply = _Reply(entry.name, prompt)
+        if not f.boolean("stream", False):
+            done = await whole_reply(state, request, events, stack)
+            return JSONResponse(reply.whole(done))
+
+        async def stream() -> AsyncIterator[str]:
+            yield reply.start()
+            yield _event("ping", {"type": "ping"})
+            try:
+                async for part in reply_parts(state, events, prompt.thinking,
+                                              prompt.constraints):
+                    for event in reply.part(part.reasoning, part.content):
+                        yield event
+                    if isinstance(part, End):
+                        for event in reply.end(part.done, part.calls):
+                            yield event
+            except Exception as exc:  # headers are sent: report the error in the stream
+                yield _event("error", stream_error_body(request.url.path, exc))
+
+        return BridgeResponse(stream(), events, media_type="text/event-stream",
+                              on_close=stack.aclose)
+
+    async def count_tokens(request: Request) -> Response:
+        body = await read_json(request)
+        audit("/v1/messages/count_tokens", body)
+        prompt = _Prompt(body, None)
+        async with state.manager.lease(Fields(body).string("model")) as entry:
+            tokens = await asyncio.to_thread(prompt.encode, entry.engine)
+        return JSONResponse({"input_tokens": len(tokens)})
+
+    async def unknown(request: Request) -> Response:
+        raise HTTPException(404)  # answered "no such endpoint", in Anthropic's shape
+
+    return [
+        Route("/v1/messages", guarded(state, "v1/messages", messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens",
+              guarded(state, "v1/messages/count_tokens", count_tokens), methods=["POST"]),
+        Route("/v1/messages/{rest:path}", guarded(state, "v1/messages/other", unknown),
+              methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    ]
+
+
+class _Prompt:
+    """A request's prompt: its messages, tools and thinking, read once; ``encode`` renders
+    it with the model's template (the same tokens for a reply and for count_tokens)."""
+
+    def __init__(self, body: dict[str, Any], max_tokens: int | None) -> None:
+        self.messages = [*_system(body.get("system")), *_messages(body.get("messages"))]
+        # A last assistant turn of text is the reply's start: the model continues it.
+        last = self.messages[-1] if self.messages else None
+        prefill = ""
+        if last is not None and last.role == "assistant" and not last.tool_calls:
+            prefill = self.messages.pop().content
+        config = body.get("output_config")
+        self.thinking, self.show_thinking = anthropic_think(
+            body.get("thinking"), max_tokens,
+            config.get("effort") if isinstance(config, dict) else None)
+        self.constraints: Constraints = anthropic_constraints(body)
+        self.encode: Callable[[Engine], list[int]] = self._counted(
+            self.constraints.encoder(self.messages, self.thinking, prefill))
+        self.n_tokens = 0
+
+    def _counted(self, encode: Callable[[Engine], list[int]]) -> Callable[[Engine], list[int]]:
+        def counted(engine: Engine) -> list[int]:
+            tokens = encode(engine)
+            self.n_tokens = len(tokens)
+            return tokens
+        return counted
+
+
+def _system(value: Any) -> list[Message]:
+    """``system``: a string or text blocks (their ``cache_control`` asks for nothing: every
+    request reuses the longest cached prefix)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [Message("system", value)] if value else []
+    if not isinstance(value, list):
+        raise InvalidRequest("'system' must be a string or a list of text blocks.")
+    texts = [_text(block, f"system[{i}]") for i, block in enumerate(value)]
+    return [Message("system", "\n".join(texts))] if texts else []
+
+
+def _text(block: Any, where: str) -> str:
+    if not isinstance(block, dict) or block.get("type") != "text" or \
+            not isinstance(block.get("text"), str):
+        raise InvalidRequest(f"'{where}' must be a text block {{\"type\": \"text\", \"text\":"
+                             " ...}.")
+    return str(block["text"])
+
+
+_NO_VISION = {"image", "document"}
+_PAST_THINKING = {"thinking", "redacted_thinking"}
+
+
+def _messages(raw: Any) -> list[Message]:
+    """Anthropic's messages as the templates' messages: a user turn's ``tool_result`` blocks
+    become tool messages (in their order among its text), an assistant turn's ``tool_use``
+    blocks its calls. Earlier turns' thinking is left out of the prompt, as the chat
+    templates leave it out of the history."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("'messages' must be a non-empty list of {role, content} objects.")
+    out: list[Message] = []
+    names: dict[str, str] = {}  # tool_use id -> the tool's name, for its result
+    for i, item in enumerate(raw):
+        f = Fields(item, f"messages[{i}].")
+        role = f.string("role")
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(f"'messages[{i}].role' must be \"user\" or \"assistant\", got"
+                                 f" {role!r}.")
+        content = item.get("content")
+        if isinstance(content, str):
+            out.append(Message(role, content))
+            continue
+        if not isinstance(content, list):
+            raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of"
+                                 " content blocks.")
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for j, block in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(_text(block, where))
+            elif kind in _NO_VISION:
+                raise InvalidRequest(f"'{where}' is {'an' if kind == 'image' else 'a'} {kind}:"
+                                     " this model server has no vision support; send text"
+                                     " only.")
+            elif role == "assistant" and kind in _PAST_THINKING:
+                continue
+            elif role == "assistant" and kind == "tool_use":
+                calls.append(_tool_use(block, where))
+                names[calls[-1].id] = calls[-1].name
+            elif role == "user" and kind == "tool_result":
+                if texts:  # text before a result is a turn of its own
+                    out.append(Message("user", "".join(texts)))
+                    texts = []
+                out.append(_tool_result(block, where, names))
+            else:
+                raise InvalidRequest(f"'{where}' is a {kind!r} block, which a {role} message"
+                                     " cannot hold here; send text, tool_use (assistant) or"
+                                     " tool_result (user) blocks.")
+        if texts or calls or role == "assistant":
+            out.append(Message(role, "".join(texts), tool_calls=tuple(calls)))
+    return out
+
+
+def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
+    f = Fields(block, f"{where}.")
+    arguments = block.get("input")
+    if not isinstance(arguments, dict):
+        raise InvalidRequest(f"'{where}.input' must be an object.")
+    return ToolCall(f.string("name"), json.dumps(arguments, ensure_ascii=False), f.string("id"))
+
+
+def _tool_result(block: dict[str, Any], where: str, names: dict[str, str]) -> Message:
+    """A tool's result, its content a string or text blocks; ``is_error`` is said in it (the
+    templates have no field for it)."""
+    f = Fields(block, f"{where}.")
+    call_id = f.string("tool_use_id")
+    content = block.get("content", "")
+    if isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _NO_VISION:
+                raise InvalidRequest(f"'{where}.content[{k}]' is {'an' if kind == 'image' else 'a'}"
+                                     f" {kind}: this model server has no vision support; send"
+                                     " text only.")
+            parts.append(_text(part, f"{where}.content[{k}]"))
+        content = "".join(parts)
+    elif not isinstance(content, str):
+        raise InvalidRequest(f"'{where}.content' must be a string or a list of text blocks.")
+    if f.boolean("is_error", False):
+        content = f"Error: {content}"
+    return Message("tool", content, tool_call_id=call_id, tool_name=names.get(call_id, ""))
+
+
+def _event(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _tool_id(call: ToolCall) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+def _usage(done: Done) -> dict[str, int]:
+    u = done.usage
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens,
+            "output_tokens": u.completion_tokens}
+
+
+def _stop(done: Done, calls: list[ToolCall]) -> tuple[str, str | None]:
+    """Anthropic's stop_reason and stop_sequence."""
+    if done.finish_reason == "length":
+        return "max_tokens", None
+    if calls:
+        return "tool_use", None
+    if done.stop_sequence:
+        return "stop_sequence", done.stop_sequence
+    return "end_turn", None
+
+
+class _Reply:
+    """One reply in Anthropic's shape: whole, or as the stream's events (content blocks
+    opened, extended and closed in order, each with its index)."""
+
+    def __init__(self, model: str, prompt: _Prompt) -> None:
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.model = model
+        self.prompt = prompt
+        self.index = -1
+        self.open: str | None = None  # the kind of the block being streamed
+
+    def _message(self, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
+                 usage: dict[str, int]) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "content": content,
+                "model": self.model, "stop_reason": stop[0], "stop_sequence": stop[1],
+                "usage": usage}
+
+    def _thinking(self, text: str) -> str:
+        return text if self.prompt.show_thinking else ""
+
+    def whole(self, done: Done) -> dict[str, Any]:
+        reasoning, content, calls = whole_parts(done, self.prompt.thinking,
+                                                self.prompt.constraints)
+        blocks: list[dict[str, Any]] = []
+        if reasoning:
+            blocks.append({"type": "thinking", "thinking": self._thinking(reasoning),
+                           "signature": ""})
+        if content or not calls:
+            blocks.append({"type": "text", "text": content})
+        blocks += [{"type": "tool_use", "id": _tool_id(c), "name": c.name,
+                    "input": json.loads(c.arguments)} for c in calls]
+        return self._message(blocks, _stop(done, calls), _usage(done))
+
+    def start(self) -> str:
+        usage = {"input_tokens": self.prompt.n_tokens, "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": 0, "output_tokens": 0}
+        return _event("message_start", {"type": "message_start",
+                                        "message": self._message([], (None, None), usage)})
+
+    def _block(self, kind: str, block: dict[str, Any]) -> list[str]:
+        """Close the open block and open a new one."""
+        events = self._close()
+        self.index += 1
+        self.open = kind
+        events.append(_event("content_block_start", {
+            "type": "content_block_start", "index": self.index, "content_block": block}))
+        return events
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        # A thinking block ends with its signature (none here: nothing checks it locally).
+        events = [self._delta({"type": "signature_delta", "signature": ""})] \
+            if self.open == "thinking" else []
+        self.open = None
+        return [*events, _event("content_block_stop", {"type": "content_block_stop",
+                                                       "index": self.index})]
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return _event("content_block_delta", {"type": "content_block_delta",
+                                              "index": self.index, "delta": delta})
+
+    def part(self, reasoning: str, content: str) -> list[str]:
+        events = []
+        if reasoning:
+            if self.open != "thinking":
+                events += self._block("thinking", {"type": "thinking", "thinking": "",
+                                                   "signature": ""})
+            if self.prompt.show_thinking:
+                events.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+        if content:
+            if self.open != "text":
+                events += self._block("text", {"type": "text", "text": ""})
+            events.append(self._delta({"type": "text_delta", "text": content}))
+        return events
+
+    def end(self, done: Done, calls: list[ToolCall]) -> list[str]:
+        events = []
+        if self.index < 0 and not calls:  # an empty reply still has its text block
+            events += self._block("text", {"type": "text", "text": ""})
+        for call in calls:
+            events += self._block("tool_use", {"type": "tool_use", "id": _tool_id(call),
+                                               "name": call.name, "input": {}})
+            events.append(self._delta({"type": "input_json_delta",
+                                       "partial_json": call.arguments}))
+        events += self._close()
+        stop_reason, stop_sequence = _stop(done, calls)
+        events.append(_event("message_delta", {
+            "type": "message_delta", "usage": _usage(done),
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}))
+        events.append(_event("message_stop", {"type": "message_stop"}))
+        return events

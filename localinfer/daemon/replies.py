@@ -1,0 +1,71 @@
+"""A chat reply in the parts every API's chat route sends: reasoning, content and tool calls,
+split out of the engine's text as it streams (``reply_parts``) or whole (``whole_parts``).
+The routes only put these parts into their wire format."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+
+from ..errors import LocalInferError
+from ..runtime.types import Done, Event, LiveStats, TokenLogprob, ToolCall
+from .reasoning_fields import Thinking
+from .state import DaemonState
+from .structured import Constraints
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A streamed piece of the reply: reasoning and content (either may be empty)."""
+
+    reasoning: str
+    content: str
+    live: LiveStats
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class End:
+    """The end of the reply: what the splitters held back, the calls, and the engine's
+    ``Done`` (usage, timings, finish reason)."""
+
+    done: Done
+    reasoning: str
+    content: str
+    calls: list[ToolCall]
+
+
+async def reply_parts(state: DaemonState, events: AsyncIterable[Event],
+                      thinking: Thinking | None, constraints: Constraints | None
+                      ) -> AsyncIterator[Piece | End]:
+    """The reply's pieces (only those that carry something), then its ``End``; the
+    generation is counted for /metrics. A cancelled generation raises: its reply is cut."""
+    splitter = constraints.splitter() if constraints is not None else None
+    async for event in events:
+        if not isinstance(event, Done):
+            reasoning, content = thinking.split(event.text) if thinking else ("", event.text)
+            if splitter is not None:
+                content = splitter.push(content)
+            if reasoning or content or event.logprobs:
+                yield Piece(reasoning, content, event.live, event.logprobs)
+            continue
+        state.record(event)
+        if event.finish_reason == "cancelled":
+            raise LocalInferError("the generation was cancelled (the daemon is shutting down,"
+                                  " the model was unloaded, or a newer autocomplete request"
+                                  " replaced it).")
+        reasoning, content = thinking.flush() if thinking else ("", "")
+        calls: list[ToolCall] = []
+        if splitter is not None:
+            content, calls = splitter.finish(content)
+        yield End(event, reasoning, content, calls)
+
+
+def whole_parts(done: Done, thinking: Thinking | None, constraints: Constraints | None
+                ) -> tuple[str, str, list[ToolCall]]:
+    """A whole (non-streamed) reply as ``(reasoning, content, calls)``."""
+    reasoning, content = thinking.whole(done.text) if thinking else ("", done.text)
+    calls: list[ToolCall] = []
+    if constraints is not None:
+        content, calls = constraints.reply(content)
+    return reasoning, content, calls
