@@ -109,10 +109,13 @@ def test_rtx3060_runs_8b_q8_entirely_on_the_gpu():
     hw = profile("desktop-rtx3060-32gb")
     # VRAM budget: 11.5 - max(1.2, 0.5) = 10.3 GiB. 8B Q8_0: 8.03e9 x 8.5/8 = 8.53e9 B =
     # 7.95 GiB, minus the 0.52 GiB embedding that stays in RAM, + 0.52 output head = 7.95;
-    # + KV 1.0 GiB + compute 0.27 + CUDA 0.39 = 9.6 GiB <= 10.3: 33/33 layers.
+    # + KV 32 x 16384 x 2048 x 2 B = 2.0 GiB + compute 0.27 + CUDA 0.39 = 10.1 GiB <= 10.3:
+    # 33/33 layers. At the agents' 32768 the KV alone would be 4 GiB: layers would leave the
+    # GPU, so the default context stops at 16384 (a longer request reloads it).
     e = one(hw, "llama3.1:8b-q8_0")
     assert e.fits and e.n_gpu_layers == 33 and e.gpu.total_bytes <= e.gpu.budget_bytes
-    assert 9.0 * GIB < e.gpu.total_bytes < 9.9 * GIB
+    assert e.n_ctx == 16384 and "at 32768 only" in e.reason
+    assert 10.0 * GIB < e.gpu.total_bytes < 10.3 * GIB
     # Decode: ~7.97e9 B / (0.86 x 360 GB/s) = 25.7 ms + 32 x 0.014 + 0.3 + 0.26 ms -> ~37
     # (an RTX 3060 decodes a 3.83 GB Q4_0 at 75.6 tok/s, llama.cpp#15013: 0.86 x 360 GB/s
     # less the launches).
@@ -169,10 +172,11 @@ def test_m3_max_64gb_runs_gemma3_27b_q8_on_the_gpu():
 # --- Raspberry Pi 5 8 GB ---------------------------------------------------------------------
 def test_pi5_shrinks_the_default_context_for_8b_and_says_so():
     hw = profile("raspberry-pi5-8gb")
-    # RAM budget 7 - 1 = 6 GiB. 8B Q4_K_M at 8192: 4.57 + 1.0 KV + 0.27 + 0.25 = 6.1 > 6;
+    # RAM budget 7 - 1 = 6 GiB. 8B Q4_K_M at 32768 (the default), 16384, 8192: at 8192
+    # 4.57 + 1.0 KV + 0.27 + 0.25 = 6.1 > 6;
     # at 4096 the KV is 0.5 GiB: 5.6 GiB fits. The plan says the default was shrunk.
     e = one(hw, "llama3.1:8b-q4_k_m")
-    assert e.fits and e.n_ctx == 4096 and "8192 does not fit" in e.reason
+    assert e.fits and e.n_ctx == 4096 and "the default 32768 does not fit" in e.reason
     # Decode: ~4.4e9 B / (17.1 x 0.64 = 10.9 GB/s) = 400 ms + 32 x 0.3 -> ~2.4 tok/s
     # (a Pi 5 measured 2.17 with Ollama: geerlingguy/ai-benchmarks#7).
     assert 2.0 < e.decode_tps < 2.8

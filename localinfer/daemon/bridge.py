@@ -222,14 +222,24 @@ async def start_generation(
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
     loop must keep streaming other replies meanwhile) and submit. A prompt longer than the
-    context or a full queue fails here, before any response is sent. Closing the returned
-    stack gives the model back."""
+    loaded context reloads the model with a larger one when the request names no ``num_ctx``
+    (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
+    queue, fails here, before any response is sent. Closing the returned stack gives the model
+    back."""
     stack = contextlib.AsyncExitStack()
     entry = await stack.enter_async_context(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
     try:
         engine = entry.engine
         tokens = await asyncio.to_thread(encode, engine)
+        if num_ctx is None and len(tokens) >= engine.info.n_ctx \
+                and not engine.info.embedding_only:
+            larger = await manager.context_for(entry, len(tokens))
+            await stack.aclose()  # give it back: the reload waits for the model to be idle
+            stack = contextlib.AsyncExitStack()
+            entry = await stack.enter_async_context(
+                manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=larger))
+            engine = entry.engine
         # A grammar can depend on the model (its tool-call format): then params is a function.
         chosen = params(engine) if callable(params) else params
         events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
