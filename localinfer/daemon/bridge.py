@@ -29,6 +29,7 @@ from ..runtime.types import Done, Event, Priority, SamplingParams
 from ..store import ModelStore, PullProgress, PullTarget, pull_model
 from .error_replies import ClientLeft
 from .manager import LoadedModel, ModelManager
+from .requests import with_model_defaults
 from .state import DaemonState
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,11 @@ async def start_generation(
             entry = await stack.enter_async_context(
                 manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=larger))
             engine = entry.engine
+            tokens = await asyncio.to_thread(encode, engine)  # the encoder may hold engine state
         # A grammar can depend on the model (its tool-call format): then params is a function.
         chosen = params(engine) if callable(params) else params
+        # The model's default sampling from config.toml, where the request set none.
+        chosen = with_model_defaults(chosen, manager.settings_of(entry.model))
         events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
                                                         sink=sink))
     except BaseException:

@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from ..config import Config, load_config
+from ..config import Config, ModelSettings, load_config
 from ..errors import ContextOverflow, InvalidRequest
 from ..runtime.engine import Engine
 from ..selection import pull_target
@@ -164,6 +164,12 @@ class ModelManager:
                 entry.footprint = footprint
             return self._take(entry)
 
+    def settings_of(self, model: ResolvedModel) -> ModelSettings | None:
+        """``model``'s own settings (``[models."NAME"]`` in config.toml, by its name with the
+        quant, then without), or None."""
+        return self.config.model_settings(
+            model.name, model.installed.model if model.installed else None)
+
     async def context_for(self, entry: LoadedModel, n_prompt: int) -> int:
         """The context to reload ``entry``'s model with for a prompt of ``n_prompt`` tokens
         that its loaded context cannot hold: the next power of two with room for the prompt
@@ -171,8 +177,7 @@ class ModelManager:
         ContextOverflow, with the figures, when even that cannot hold the prompt."""
         info = entry.engine.info
         trained = info.n_ctx_train
-        own = self.config.model_settings(
-            entry.model.name, entry.model.installed.model if entry.model.installed else None)
+        own = self.settings_of(entry.model)
         if own is not None and own.ctx:  # the model's own context: fixed, never grown
             largest, why = own.ctx, "its own ctx in config.toml"
         else:
@@ -183,7 +188,8 @@ class ModelManager:
                     largest, why = fits, "what fits this machine's memory"
         largest = min(max(largest, info.n_ctx), trained or largest)
         if n_prompt >= largest:
-            trained_text = f", trained for {trained}" if trained else ""
+            trained_text = (f", trained for {trained}" if trained and largest < trained
+                            else f": {trained}" if trained else "")
             raise ContextOverflow(
                 f"the prompt is {n_prompt} tokens but the largest context {entry.name} can have"
                 f" here is {largest} tokens ({why}{trained_text}; at least one token must be"

@@ -487,7 +487,8 @@ def largest_context(c: Candidate, m: Machine, prefs: PlanPrefs, n_ctx: int) -> i
 
 def context_reason(e: Evaluation, prefs: PlanPrefs, ctx_max: int) -> str:
     """Why ``e`` (a choice) has its context, with the KV cache it takes and the decode at a
-    full context: "context 32768: the model's trained length; KV cache 384 MiB for 4 slots"."""
+    full context: "32768 tokens per request: the model's trained length; KV cache 489 MiB for 4
+    slots; ..."."""
     c = e.candidate
     trained = c.context_length
     if prefs.n_ctx is not None:
@@ -502,7 +503,7 @@ def context_reason(e: Evaluation, prefs: PlanPrefs, ctx_max: int) -> str:
         why = f"what coding agents send (trained for {trained})"
     kv = e.host.kv_bytes + (e.gpu.kv_bytes if e.gpu else 0)
     slots = f" for {e.n_slots} slots" if e.n_slots > 1 else ""
-    text = f"context {e.n_ctx} per request: {why}; KV cache {kv / 2**20:,.0f} MiB{slots}"
+    text = f"{e.n_ctx} tokens per request: {why}; KV cache {kv / 2**20:,.0f} MiB{slots}"
     if ctx_max > e.n_ctx:
         text += f"; a longer request reloads it with up to {ctx_max}"
     if e.decode_tps_full and e.decode_tps_full < e.decode_tps:
