@@ -22,6 +22,7 @@ from localinfer.catalog import load_catalog
 from localinfer.errors import ConfigError, InvalidRequest
 from localinfer.hardware import load_profile
 from localinfer.planner import (
+    AGENT_CTX,
     CHAT_CHECKPOINTS,
     WINDOW_SHARE_MIN,
     Candidate,
@@ -212,6 +213,64 @@ def test_slots_multiply_the_kv_cache_and_auto_slots_keep_the_gpu_layers():
     auto = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=None)
     # 4 slots x 1 GiB of KV: 4.57 + 4.0 + 0.27 + 0.39 = 9.2 GiB <= 10.3: still 33/33.
     assert auto.n_slots == 4 and auto.n_gpu_layers == 33
+
+
+# --- the context: planned for agents, within the trained length and memory -------------------
+def test_the_2_core_24gb_box_gives_the_starter_its_trained_32k_on_every_slot():
+    # This machine (pool-loopback-2core without its workers): RAM budget 22.97 - 2.35 = 20.6
+    # GiB. The starter at 32768 x 4 slots: 3 global layers x 32768 x 4 + 15 window layers x
+    # (512 + 256 rounded up to 768) x 4 cells + 2 checkpoints x 15 x 512 x 4, x 512 elements x
+    # 2 B = 489 MiB of KV, with 0.25 GiB of weights and the scores buffer, ~1.2 GiB: it fits,
+    # and the plan says why this context.
+    box = replace(profile("pool-loopback-2core"), workers=())
+    e = plan(box, [candidate("gemma3:270m-q4_k_m")], PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.n_slots, e.ctx_max) == (32768, 4, 32768)
+    assert e.host.kv_bytes == (3 * 32768 + 15 * 768 + CHAT_CHECKPOINTS * 15 * 512) * 4 * 512 * 2
+    assert e.ctx_reason.startswith("32768 tokens per request: the model's trained length;"
+                                   " KV cache 489 MiB for 4 slots; decode ~")
+    assert e.decode_tps_full < e.decode_tps  # the KV read at long positions costs decode
+
+
+def test_an_8gb_machine_gives_a_7b_a_smaller_context_and_says_why():
+    # Pi 5 8 GB: RAM budget 7 - 1 = 6 GiB. qwen2.5-coder:7b Q4_K_M (4.3 GiB of weights) at
+    # 32768 needs 1.75 GiB of KV (28 layers x 4 KV heads x (128 + 128) x 2 B a token) and a
+    # scores buffer of 4 x 512 x 32768 x 28 heads = 1.75 GiB: 8.1 GiB, far over; 16384 still
+    # 6.4 GiB; at 8192 (448 MiB of KV) it fits in 5.5 GiB.
+    e = plan(profile("raspberry-pi5-8gb"), [candidate("qwen2.5-coder:7b-q4_k_m")],
+             PlanPrefs()).choice
+    assert e.n_ctx == 8192 and e.ctx_max == 8192 and e.host.kv_bytes == 8192 * 28 * 1024 * 2
+    assert "the default 32768 does not fit" in e.reason
+    assert e.ctx_reason.startswith("8192 tokens per request: the default 32768 does not fit")
+    # A 16 GB laptop with its iGPU gives the same model its whole trained 32768.
+    big = plan(profile("laptop-16gb-igpu"), [candidate("qwen2.5-coder:7b-q4_k_m")],
+               PlanPrefs()).choice
+    assert big.n_ctx == 32768 and "the model's trained length" in big.ctx_reason
+
+
+def test_a_model_trained_for_8k_never_gets_more():
+    # An RTX 4090 with 64 GB has room for far more, but the model was trained for 8192: the
+    # default, every slot and the largest context a longer request may reload it with stay
+    # at 8192.
+    short = replace(candidate("llama3.1:8b-q4_k_m"), context_length=8192)
+    e = plan(profile("desktop-rtx4090-64gb"), [short], PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.ctx_max) == (8192, 8192) and e.n_slots == 4
+    assert "the model's trained length" in e.ctx_reason and "reloads" not in e.ctx_reason
+
+
+def test_a_long_trained_model_gets_the_agents_32k_and_may_grow_to_what_fits():
+    # Llama 3.1 8B was trained for 131072: by default it gets AGENT_CTX (32768, with every
+    # layer on the 4090); a longer request may reload it with up to the trained length, which
+    # fits one slot (16 GiB of KV).
+    e = plan(profile("desktop-rtx4090-64gb"), [candidate("llama3.1:8b-q4_k_m")],
+             PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.n_gpu_layers, e.ctx_max) == (AGENT_CTX, 33, 131072)
+    assert e.ctx_reason.startswith("32768 tokens per request: what coding agents send (trained"
+                                   " for 131072)")
+    assert "a longer request reloads it with up to 131072" in e.ctx_reason
+    # An asked context is kept as asked, and said so.
+    asked = plan(profile("desktop-rtx4090-64gb"), [candidate("llama3.1:8b-q4_k_m")],
+                 PlanPrefs(n_ctx=4096)).choice
+    assert asked.n_ctx == 4096 and "as asked" in asked.ctx_reason
 
 
 def test_sliding_window_layers_keep_only_their_window():
