@@ -194,3 +194,41 @@ def test_a_models_own_ctx_setting_is_never_grown(home):
             openai_client(d).completions.create(model="fake:1b", prompt="word " * 700,
                                                 max_tokens=2)
     assert loads == [("fake:1b-f16", None)]
+
+
+def test_a_models_default_sampling_fills_what_a_request_leaves_out(home):
+    # [models."fake:1b"]: temperature 0.1, top_k 7. A request's own temperature wins; the
+    # fields it leaves out take the model's defaults, on the OpenAI and the Ollama routes;
+    # another model keeps llama.cpp's defaults. /api/show and the status show the settings.
+    install_fake_models("fake:1b-f16", "other:2b-f16")
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "config.toml").write_text(
+        '[models."fake:1b"]\ntemperature = 0.1\ntop_k = 7\n')
+    seen: list = []
+
+    def factory(model, num_ctx, progress=None):
+        engine = fake_factory()(model, num_ctx, progress)
+        sampler = engine.backend.new_sampler
+
+        def recording(params, seed):
+            seen.append((model.name, params.temperature, params.top_k, params.top_p))
+            return sampler(params, seed)
+
+        engine.backend.new_sampler = recording
+        return engine
+
+    with serve(factory, max_loaded=2) as d:
+        openai_client(d).chat.completions.create(
+            model="fake:1b", messages=[{"role": "user", "content": "hi"}], temperature=0.9,
+            max_tokens=2)
+        ollama_client(d).generate(model="fake:1b", prompt="hi", options={"num_predict": 2})
+        ollama_client(d).generate(model="other:2b", prompt="hi", options={"num_predict": 2})
+        show = ollama_client(d).show("fake:1b")
+        with d.uds() as c:
+            status = c.get("/localinfer/status").json()
+    assert seen == [("fake:1b-f16", 0.9, 7, 0.95), ("fake:1b-f16", 0.1, 7, 0.95),
+                    ("other:2b-f16", 0.8, 40, 0.95)]
+    assert re.search(r"^temperature +0.1$", show.parameters, re.M)
+    assert re.search(r"^top_k +7$", show.parameters, re.M)
+    settings = {e["info"]["name"]: e["settings"] for e in status["loaded"]}
+    assert settings == {"fake:1b-f16": {"temperature": 0.1, "top_k": 7}, "other:2b-f16": None}
