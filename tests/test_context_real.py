@@ -22,14 +22,15 @@ SOURCES = Path(__file__).resolve().parent.parent / "localinfer"
 
 
 def repository_prompt(n_chars: int) -> str:
-    """A Cline-shaped system prompt: instructions, then the repository's files, as much as
-    ``n_chars`` holds."""
+    """A Cline-shaped system prompt: instructions, then the repository's files, cut at
+    ``n_chars``."""
     parts = ["You are a coding agent. The repository's files follow; answer questions about"
              " them briefly.\n"]
     size = len(parts[0])
     for path in sorted(SOURCES.rglob("*.py")):
         text = f"\n<file path='{path.relative_to(SOURCES.parent)}'>\n{path.read_text()}</file>\n"
         if size + len(text) > n_chars:
+            parts.append(text[:n_chars - size])
             break
         parts.append(text)
         size += len(text)
@@ -46,7 +47,7 @@ def test_a_20k_token_agent_prompt_is_served_with_the_default_settings(home, star
         started = time.perf_counter()
         out = client.chat.completions.create(
             model="gemma3:270m", max_tokens=8, temperature=0,
-            messages=[{"role": "system", "content": repository_prompt(74_000)},
+            messages=[{"role": "system", "content": repository_prompt(70_000)},
                       {"role": "user", "content": "Which module loads a model file?"}])
         seconds = time.perf_counter() - started
         entry = d.manager.loaded["gemma3:270m-q4_k_m"]
