@@ -8,7 +8,8 @@ out, no I/O (but calibration.py, which keeps the measured runs).
                     PlanPrefs, and a profile as the planner reads it (Machine, memory_budget)
     candidate.py    Candidate and LayerShape: one model file, from a GGUF header or the catalog
     memory.py       bytes per device: weights, KV cache, compute buffer (DeviceUse); the most
-                    GPU layers that fit; the contexts tried (ctx_ladder)
+                    GPU layers that fit; the contexts tried (ctx_ladder) and those a longer
+                    request may reload a model with (larger_contexts)
     speed.py        bytes read per decoded token (DecodeReads), the Roofline, predict()
     placement.py    one model across this machine and llama.cpp RPC workers (plan_split,
                     WorkerSplit)
