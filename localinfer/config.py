@@ -7,8 +7,15 @@ variables, overridden by command-line flags (which the CLI applies on top).
     gpu_layers = -1
     threads = 4
 
-Every key has an environment variable: ``LOCALINFER_<KEY>`` in upper case
-(``LOCALINFER_CTX=8192``).
+    [models."qwen3:8b"]             # one model's own settings, over the ones above
+    ctx = 16384
+    kv_type = "q8_0"
+    temperature = 0.6               # its default sampling: a request's own fields win
+    top_p = 0.95
+
+Every top-level key has an environment variable: ``LOCALINFER_<KEY>`` in upper case
+(``LOCALINFER_CTX=8192``); the ``[models."NAME"]`` tables are only in the file. NAME is a model
+as the store names it, with its quant (``qwen3:8b-q4_k_m``) or without (``qwen3:8b``).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError
@@ -25,6 +32,42 @@ from .paths import Paths, get_paths
 
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 """The flash_attn setting's values, as LoadOptions.flash_attn takes them."""
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One model's own settings (``[models."NAME"]`` in config.toml): each set one overrides
+    the global setting or the default for this model only."""
+
+    ctx: int | None = None
+    """Context window per sequence in tokens: the model loads with it, and a longer request
+    is refused rather than reloaded with more (default: the plan's)."""
+    kv_type: str | None = None
+    """KV cache type, "f16" or "q8_0" (default: the global kv_type)."""
+    temperature: float | None = None
+    """Default sampling temperature of its requests (a request's own value wins)."""
+    top_p: float | None = None
+    """Default nucleus sampling threshold."""
+    top_k: int | None = None
+    """Default top-k (0 = off)."""
+    min_p: float | None = None
+    """Default min-p threshold (0 = off)."""
+    repeat_penalty: float | None = None
+    """Default repetition penalty (1 = off)."""
+
+    def sampling(self) -> dict[str, float | int]:
+        """The default sampling it sets, by SamplingParams field name."""
+        return {name: value for name in SAMPLING_SETTINGS
+                if (value := getattr(self, name)) is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings it sets (what `plan`, `ps` and /api/show print)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
+"""The per-model settings that are default sampling, named as SamplingParams names them."""
 
 
 @dataclass(frozen=True)
@@ -64,10 +107,28 @@ class Config:
     layer_split: str | None = None
     """Layers per device with workers, instead of the planner's split: "6,6,6" = this
     machine's CPU, then each worker device in order (``serve --layer-split``)."""
+    models: dict[str, ModelSettings] = field(default_factory=dict)
+    """Per-model settings (``[models."NAME"]``), by lower-case model name."""
 
     def replace(self, **changes: Any) -> Config:
         """A copy with the given fields changed; None values are ignored."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def model_settings(self, *names: str | None) -> ModelSettings | None:
+        """The settings of the first of ``names`` (a model with its quant, then without) that
+        has a ``[models."NAME"]`` table; None when none has."""
+        for name in names:
+            if name and name.lower() in self.models:
+                return self.models[name.lower()]
+        return None
+
+    def for_model(self, *names: str | None) -> Config:
+        """These settings with the model's own (``model_settings``) over them: its ctx and
+        kv_type."""
+        own = self.model_settings(*names)
+        if own is None:
+            return self
+        return self.replace(ctx=own.ctx, kv_type=own.kv_type)
 
 
 _ENV_PREFIX = "LOCALINFER_"
@@ -87,8 +148,13 @@ def load_config(paths: Paths | None = None, environ: Mapping[str, str] | None = 
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} cannot be read: {exc}") from None
         for key, value in raw.items():
-            values[key] = _check(key, value, str(path))
+            if key == "models":
+                values[key] = _models(value, str(path))
+            else:
+                values[key] = _check(key, value, str(path))
     for f in fields(Config):
+        if f.name == "models":
+            continue  # a table: only in the file
         env = env_vars.get(_ENV_PREFIX + f.name.upper())
         if env is not None and env != "":
             # A string setting (an API key, a model name) is taken as written, never parsed.
@@ -99,7 +165,28 @@ def load_config(paths: Paths | None = None, environ: Mapping[str, str] | None = 
     return Config(**values)
 
 
-_TYPES = {f.name: f.type for f in fields(Config)}
+_TYPES = {f.name: str(f.type) for f in fields(Config)}
+_MODEL_TYPES = {f.name: str(f.type) for f in fields(ModelSettings)}
+
+
+def _models(raw: Any, where: str) -> dict[str, ModelSettings]:
+    """The ``[models."NAME"]`` tables, each key checked as the global one of its name is."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{where}: models must be tables such as [models."qwen3:8b"],'
+                          f" got {raw!r}.")
+    out = {}
+    for name, table in raw.items():
+        here = f'{where} [models."{name}"]'
+        if not isinstance(table, dict):
+            raise ConfigError(f"{here} must be a table of settings, got {table!r}.")
+        values = {}
+        for key, value in table.items():
+            if key not in _MODEL_TYPES:
+                known = ", ".join(_MODEL_TYPES)
+                raise ConfigError(f"{here}: unknown setting {key!r} (known: {known}).")
+            values[key] = _check_value(key, value, here, _MODEL_TYPES[key])
+        out[name.strip().lower()] = ModelSettings(**values)
+    return out
 
 
 def _parse_env(text: str) -> Any:
@@ -113,7 +200,10 @@ def _check(key: str, value: Any, where: str) -> Any:
     if key not in _TYPES:
         known = ", ".join(sorted(_TYPES))
         raise ConfigError(f"{where}: unknown setting {key!r} (known: {known}).")
-    kind = _TYPES[key]
+    return _check_value(key, value, where, _TYPES[key])
+
+
+def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
     expected: tuple[type, ...]
     if "bool" in kind:
         expected = (bool,)
@@ -131,6 +221,8 @@ def _check(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")
     if key == "kv_type" and value not in ("f16", "q8_0"):
         raise ConfigError(f"{where}: kv_type must be \"f16\" or \"q8_0\", got {value!r}.")
+    if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and value < 0:
+        raise ConfigError(f"{where}: {key} must be 0 or more, got {value}.")
     if key == "flash_attn" and value not in FLASH_ATTN:
         raise ConfigError(f"{where}: flash_attn must be \"auto\", \"on\" or \"off\","
                           f" got {value!r}.")

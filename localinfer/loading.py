@@ -206,7 +206,13 @@ def parse_layer_split(text: str) -> list[int]:
 UNPLANNED_CTX = 4096
 """The context when nothing was planned (the planner refused the file; also the cap on the
 settings' where the header names no trained length): LoadOptions' default, below the planner's
-DEFAULT_CTX (8192) because no memory estimate backs it."""
+AGENT_CTX because no memory estimate backs it."""
+
+
+def model_config(config: Config, model: ResolvedModel) -> Config:
+    """The settings ``model`` loads with: the global ones with its ``[models."NAME"]`` table
+    over them (by its name with the quant, then without)."""
+    return config.for_model(model.name, model.installed.model if model.installed else None)
 
 
 def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None = 1,
@@ -262,6 +268,7 @@ def open_engine(
     """Resolve a model name or path through the store and load it."""
     store = store or ModelStore()
     model = store.resolve(ref, progress=on_copy)
+    config = model_config(config, model)
     header = gguf.read_header(model.path)
     options = options_for(header, config, n_slots=n_slots, name=model.name)
     options = on_workers(options, header, config, model.name)
@@ -277,7 +284,7 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
         if num_ctx and header.context_length:  # a request's num_ctx, capped as Ollama does
             num_ctx = min(num_ctx, header.context_length)
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
-        options = options_for(header, config.replace(ctx=num_ctx),
+        options = options_for(header, model_config(config, model).replace(ctx=num_ctx),
                               n_slots=n_slots or config.slots, name=model.name)
         options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,

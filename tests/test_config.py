@@ -83,3 +83,45 @@ def test_a_runtime_dir_owned_by_another_user_falls_back_to_a_private_one(monkeyp
     monkeypatch.setattr(platformdirs.PlatformDirs, "user_runtime_dir", property(refuse))
     paths = get_paths()
     assert paths.runtime_dir == paths.cache_dir / "run"
+
+
+def test_per_model_settings(home):
+    paths = get_paths()
+    paths.config_dir.mkdir(parents=True)
+    paths.config_file.write_text(
+        'kv_type = "f16"\nctx = 4096\n'
+        '[models."Qwen3:8b"]\nctx = 16384\nkv_type = "q8_0"\ntemperature = 0.6\ntop_p = 0.95\n'
+        'top_k = 20\nmin_p = 0\nrepeat_penalty = 1.1\n'
+        '[models."gemma3:270m-q4_k_m"]\ntemperature = 1\n')
+    config = load_config(environ={})
+    qwen = config.model_settings("qwen3:8b-q4_k_m", "qwen3:8b")  # found without the quant
+    assert qwen is not None and qwen.ctx == 16384 and qwen.kv_type == "q8_0"
+    assert qwen.sampling() == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0,
+                               "repeat_penalty": 1.1}
+    # Its ctx and kv_type replace the global ones for it only; another model keeps those.
+    mine = config.for_model("qwen3:8b-q4_k_m", "qwen3:8b")
+    assert (mine.ctx, mine.kv_type) == (16384, "q8_0")
+    assert config.for_model("llama3.1:8b") == config
+    gemma = config.for_model("gemma3:270m-q4_k_m", "gemma3:270m")  # no ctx of its own
+    assert (gemma.ctx, gemma.kv_type) == (4096, "f16")
+    assert config.model_settings("gemma3:270m") is None  # the key names the quant
+
+
+@pytest.mark.parametrize("text, words", [
+    ('[models."a:1b"]\ncolour = 1', ["[models.\"a:1b\"]", "unknown setting 'colour'",
+                                      "known: ctx, kv_type, temperature"]),
+    ('[models."a:1b"]\nctx = 0', ["ctx must be positive"]),
+    ('[models."a:1b"]\nkv_type = "q4_0"', ['kv_type must be "f16" or "q8_0"']),
+    ('[models."a:1b"]\ntemperature = -1', ["temperature must be 0 or more"]),
+    ('[models."a:1b"]\ntop_k = 0.5', ["top_k must be int"]),
+    ("models = 3", ["models must be tables"]),
+    ('[models]\n"a:1b" = 3', ["must be a table of settings"]),
+])
+def test_bad_per_model_settings(home, text, words):
+    paths = get_paths()
+    paths.config_dir.mkdir(parents=True)
+    paths.config_file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={})
+    for word in words:
+        assert word in str(info.value)

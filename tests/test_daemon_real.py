@@ -55,10 +55,14 @@ def test_openai_and_ollama_clients_on_the_real_model(real_daemon):
     assert "<start_of_turn>" in show.template
 
 
-def test_prompt_longer_than_the_context_is_400(real_daemon):
+def test_prompt_longer_than_the_model_can_have_is_400(real_daemon):
+    # Loaded with 2048 (Config(ctx=2048)); a longer prompt would reload it with more, up to
+    # the trained 32768; one past that is refused with the figures, without a reload.
     with real_daemon.uds() as c:
-        r = c.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "word " * 3000})
-    assert r.status_code == 400 and "2048 tokens" in r.json()["error"]["message"]
+        r = c.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "word " * 33000})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "can have here is 32768 tokens" in message, message
+    assert real_daemon.manager.loaded["gemma3:270m-q4_k_m"].engine.info.n_ctx == 2048
 
 
 def _serve_process(home: Path, *args: str) -> tuple[subprocess.Popen, Path]:

@@ -3,13 +3,18 @@ clients, swapping models, keep-alive expiry, reloading for a larger context or a
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import ollama
+import openai
 import pytest
 
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
+from localinfer.daemon.residency import Footprint, MemoryBudget, MemoryPlan
+
+GIB = 2**30
 
 
 def test_full_queue_is_503_with_retry_after(home):
@@ -111,3 +116,119 @@ def test_a_model_whose_engine_crashed_is_loaded_again(home):
         assert client.generate(model="fake:1b", prompt="hi").done
         assert d.manager.loaded["fake:1b-f16"].engine is not engine
     assert [name for name, _ in loads] == ["fake:1b-f16", "fake:1b-f16"]
+
+
+def test_a_prompt_longer_than_the_loaded_context_reloads_with_more(home):
+    # Loaded with 512 tokens, trained for 16384, the memory plan fits up to 8192: a prompt of
+    # ~600 tokens on /v1/chat/completions (no num_ctx: an OpenAI client cannot say it) reloads
+    # the model with the next power of two holding the prompt and REPLY_ROOM (4096 + 600 ->
+    # 8192), and is answered; later short requests keep the larger context (no reload).
+    install_fake_models("fake:1b-f16")
+    loads: list = []
+    memory = MemoryPlan.fixed(MemoryBudget(ram_bytes=8 * GIB),
+                              lambda model, num_ctx: Footprint(ram_bytes=GIB),
+                              largest_context=lambda model: 8192)
+    long_prompt = "word " * 600
+    with serve(fake_factory(loads=loads, n_ctx=512, n_ctx_train=16384), memory=memory) as d:
+        client = openai_client(d)
+        short = client.chat.completions.create(
+            model="fake:1b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert short.choices[0].message.content
+        out = client.chat.completions.create(
+            model="fake:1b", messages=[{"role": "user", "content": long_prompt}], max_tokens=2)
+        assert out.usage.prompt_tokens > 512 and out.choices[0].message.content
+        assert d.manager.loaded["fake:1b-f16"].engine.info.n_ctx == 8192
+        client.chat.completions.create(
+            model="fake:1b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert loads == [("fake:1b-f16", None), ("fake:1b-f16", 8192)]
+
+
+def test_a_prompt_longer_than_the_model_can_have_is_a_400_with_the_figures(home):
+    # The memory plan fits 1024 at most: a ~3000-token prompt can never be served here. The
+    # 400 names the prompt's tokens, the largest context this machine gives the model, why,
+    # and the trained length; the model is not reloaded for it.
+    install_fake_models("fake:1b-f16")
+    loads: list = []
+    memory = MemoryPlan.fixed(MemoryBudget(ram_bytes=8 * GIB),
+                              lambda model, num_ctx: Footprint(ram_bytes=GIB),
+                              largest_context=lambda model: 1024)
+    with serve(fake_factory(loads=loads, n_ctx=512, n_ctx_train=16384), memory=memory) as d:
+        client = openai_client(d)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="fake:1b", messages=[{"role": "user", "content": "word " * 1500}],
+                max_tokens=2)
+        message = caught.value.body["message"]
+        assert caught.value.body["code"] == "context_length_exceeded"
+        assert re.search(r"the prompt is 30\d\d tokens but the largest context fake:1b-f16 can"
+                         r" have here is 1024 tokens \(what fits this machine's memory,"
+                         r" trained for 16384", message), message
+    assert loads == [("fake:1b-f16", None)]
+
+
+def test_the_trained_length_bounds_the_reload_without_a_memory_plan(home):
+    # No memory plan (max_loaded only): the trained length is the limit. A ~3000-token prompt
+    # on a model trained for 4096 reloads it with 4096 (not 8192: never past training); one of
+    # ~5000 is refused, naming the trained length.
+    install_fake_models("fake:1b-f16")
+    loads: list = []
+    with serve(fake_factory(loads=loads, n_ctx=512, n_ctx_train=4096)) as d:
+        client = ollama_client(d)
+        out = client.generate(model="fake:1b", prompt="word " * 1500, options={"num_predict": 2})
+        assert out.done and out.prompt_eval_count > 512
+        with pytest.raises(ollama.ResponseError, match="largest context fake:1b-f16 can have"
+                           " here is 4096 tokens .what it was trained for: 4096"):
+            client.generate(model="fake:1b", prompt="word " * 2500, options={"num_predict": 2})
+    assert loads == [("fake:1b-f16", None), ("fake:1b-f16", 4096)]
+
+
+def test_a_models_own_ctx_setting_is_never_grown(home):
+    # [models."fake:1b"] ctx = 512: the user fixed this model's context; a longer prompt is
+    # refused with that reason instead of reloading.
+    install_fake_models("fake:1b-f16")
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "config.toml").write_text('[models."fake:1b"]\nctx = 512\n')
+    loads: list = []
+    with serve(fake_factory(loads=loads, n_ctx=512, n_ctx_train=16384)) as d:
+        with pytest.raises(openai.BadRequestError, match="its own ctx in config.toml"):
+            openai_client(d).completions.create(model="fake:1b", prompt="word " * 700,
+                                                max_tokens=2)
+    assert loads == [("fake:1b-f16", None)]
+
+
+def test_a_models_default_sampling_fills_what_a_request_leaves_out(home):
+    # [models."fake:1b"]: temperature 0.1, top_k 7. A request's own temperature wins; the
+    # fields it leaves out take the model's defaults, on the OpenAI and the Ollama routes;
+    # another model keeps llama.cpp's defaults. /api/show and the status show the settings.
+    install_fake_models("fake:1b-f16", "other:2b-f16")
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "config.toml").write_text(
+        '[models."fake:1b"]\ntemperature = 0.1\ntop_k = 7\n')
+    seen: list = []
+
+    def factory(model, num_ctx, progress=None):
+        engine = fake_factory()(model, num_ctx, progress)
+        sampler = engine.backend.new_sampler
+
+        def recording(params, seed):
+            seen.append((model.name, params.temperature, params.top_k, params.top_p))
+            return sampler(params, seed)
+
+        engine.backend.new_sampler = recording
+        return engine
+
+    with serve(factory, max_loaded=2) as d:
+        openai_client(d).chat.completions.create(
+            model="fake:1b", messages=[{"role": "user", "content": "hi"}], temperature=0.9,
+            max_tokens=2)
+        ollama_client(d).generate(model="fake:1b", prompt="hi", options={"num_predict": 2})
+        ollama_client(d).generate(model="other:2b", prompt="hi", options={"num_predict": 2})
+        show = ollama_client(d).show("fake:1b")
+        with d.uds() as c:
+            status = c.get("/localinfer/status").json()
+    assert seen == [("fake:1b-f16", 0.9, 7, 0.95), ("fake:1b-f16", 0.1, 7, 0.95),
+                    ("other:2b-f16", 0.8, 40, 0.95)]
+    assert re.search(r"^temperature +0.1$", show.parameters, re.M)
+    assert re.search(r"^top_k +7$", show.parameters, re.M)
+    settings = {e["info"]["name"]: e["settings"] for e in status["loaded"]}
+    assert settings == {"fake:1b-f16": {"temperature": 0.1, "top_k": 7}, "other:2b-f16": None}

@@ -22,6 +22,7 @@ from localinfer.catalog import load_catalog
 from localinfer.errors import ConfigError, InvalidRequest
 from localinfer.hardware import load_profile
 from localinfer.planner import (
+    AGENT_CTX,
     CHAT_CHECKPOINTS,
     WINDOW_SHARE_MIN,
     Candidate,
@@ -109,10 +110,13 @@ def test_rtx3060_runs_8b_q8_entirely_on_the_gpu():
     hw = profile("desktop-rtx3060-32gb")
     # VRAM budget: 11.5 - max(1.2, 0.5) = 10.3 GiB. 8B Q8_0: 8.03e9 x 8.5/8 = 8.53e9 B =
     # 7.95 GiB, minus the 0.52 GiB embedding that stays in RAM, + 0.52 output head = 7.95;
-    # + KV 1.0 GiB + compute 0.27 + CUDA 0.39 = 9.6 GiB <= 10.3: 33/33 layers.
+    # + KV 32 x 16384 x 2048 x 2 B = 2.0 GiB + compute 0.27 + CUDA 0.39 = 10.1 GiB <= 10.3:
+    # 33/33 layers. At the agents' 32768 the KV alone would be 4 GiB: layers would leave the
+    # GPU, so the default context stops at 16384 (a longer request reloads it).
     e = one(hw, "llama3.1:8b-q8_0")
     assert e.fits and e.n_gpu_layers == 33 and e.gpu.total_bytes <= e.gpu.budget_bytes
-    assert 9.0 * GIB < e.gpu.total_bytes < 9.9 * GIB
+    assert e.n_ctx == 16384 and "at 32768 only" in e.reason
+    assert 10.0 * GIB < e.gpu.total_bytes < 10.3 * GIB
     # Decode: ~7.97e9 B / (0.86 x 360 GB/s) = 25.7 ms + 32 x 0.014 + 0.3 + 0.26 ms -> ~37
     # (an RTX 3060 decodes a 3.83 GB Q4_0 at 75.6 tok/s, llama.cpp#15013: 0.86 x 360 GB/s
     # less the launches).
@@ -169,10 +173,11 @@ def test_m3_max_64gb_runs_gemma3_27b_q8_on_the_gpu():
 # --- Raspberry Pi 5 8 GB ---------------------------------------------------------------------
 def test_pi5_shrinks_the_default_context_for_8b_and_says_so():
     hw = profile("raspberry-pi5-8gb")
-    # RAM budget 7 - 1 = 6 GiB. 8B Q4_K_M at 8192: 4.57 + 1.0 KV + 0.27 + 0.25 = 6.1 > 6;
+    # RAM budget 7 - 1 = 6 GiB. 8B Q4_K_M at 32768 (the default), 16384, 8192: at 8192
+    # 4.57 + 1.0 KV + 0.27 + 0.25 = 6.1 > 6;
     # at 4096 the KV is 0.5 GiB: 5.6 GiB fits. The plan says the default was shrunk.
     e = one(hw, "llama3.1:8b-q4_k_m")
-    assert e.fits and e.n_ctx == 4096 and "8192 does not fit" in e.reason
+    assert e.fits and e.n_ctx == 4096 and "the default 32768 does not fit" in e.reason
     # Decode: ~4.4e9 B / (17.1 x 0.64 = 10.9 GB/s) = 400 ms + 32 x 0.3 -> ~2.4 tok/s
     # (a Pi 5 measured 2.17 with Ollama: geerlingguy/ai-benchmarks#7).
     assert 2.0 < e.decode_tps < 2.8
@@ -208,6 +213,64 @@ def test_slots_multiply_the_kv_cache_and_auto_slots_keep_the_gpu_layers():
     auto = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=None)
     # 4 slots x 1 GiB of KV: 4.57 + 4.0 + 0.27 + 0.39 = 9.2 GiB <= 10.3: still 33/33.
     assert auto.n_slots == 4 and auto.n_gpu_layers == 33
+
+
+# --- the context: planned for agents, within the trained length and memory -------------------
+def test_the_2_core_24gb_box_gives_the_starter_its_trained_32k_on_every_slot():
+    # This machine (pool-loopback-2core without its workers): RAM budget 22.97 - 2.35 = 20.6
+    # GiB. The starter at 32768 x 4 slots: 3 global layers x 32768 x 4 + 15 window layers x
+    # (512 + 256 rounded up to 768) x 4 cells + 2 checkpoints x 15 x 512 x 4, x 512 elements x
+    # 2 B = 489 MiB of KV, with 0.25 GiB of weights and the scores buffer, ~1.2 GiB: it fits,
+    # and the plan says why this context.
+    box = replace(profile("pool-loopback-2core"), workers=())
+    e = plan(box, [candidate("gemma3:270m-q4_k_m")], PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.n_slots, e.ctx_max) == (32768, 4, 32768)
+    assert e.host.kv_bytes == (3 * 32768 + 15 * 768 + CHAT_CHECKPOINTS * 15 * 512) * 4 * 512 * 2
+    assert e.ctx_reason.startswith("32768 tokens per request: the model's trained length;"
+                                   " KV cache 489 MiB for 4 slots; decode ~")
+    assert e.decode_tps_full < e.decode_tps  # the KV read at long positions costs decode
+
+
+def test_an_8gb_machine_gives_a_7b_a_smaller_context_and_says_why():
+    # Pi 5 8 GB: RAM budget 7 - 1 = 6 GiB. qwen2.5-coder:7b Q4_K_M (4.3 GiB of weights) at
+    # 32768 needs 1.75 GiB of KV (28 layers x 4 KV heads x (128 + 128) x 2 B a token) and a
+    # scores buffer of 4 x 512 x 32768 x 28 heads = 1.75 GiB: 8.1 GiB, far over; 16384 still
+    # 6.4 GiB; at 8192 (448 MiB of KV) it fits in 5.5 GiB.
+    e = plan(profile("raspberry-pi5-8gb"), [candidate("qwen2.5-coder:7b-q4_k_m")],
+             PlanPrefs()).choice
+    assert e.n_ctx == 8192 and e.ctx_max == 8192 and e.host.kv_bytes == 8192 * 28 * 1024 * 2
+    assert "the default 32768 does not fit" in e.reason
+    assert e.ctx_reason.startswith("8192 tokens per request: the default 32768 does not fit")
+    # A 16 GB laptop with its iGPU gives the same model its whole trained 32768.
+    big = plan(profile("laptop-16gb-igpu"), [candidate("qwen2.5-coder:7b-q4_k_m")],
+               PlanPrefs()).choice
+    assert big.n_ctx == 32768 and "the model's trained length" in big.ctx_reason
+
+
+def test_a_model_trained_for_8k_never_gets_more():
+    # An RTX 4090 with 64 GB has room for far more, but the model was trained for 8192: the
+    # default, every slot and the largest context a longer request may reload it with stay
+    # at 8192.
+    short = replace(candidate("llama3.1:8b-q4_k_m"), context_length=8192)
+    e = plan(profile("desktop-rtx4090-64gb"), [short], PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.ctx_max) == (8192, 8192) and e.n_slots == 4
+    assert "the model's trained length" in e.ctx_reason and "reloads" not in e.ctx_reason
+
+
+def test_a_long_trained_model_gets_the_agents_32k_and_may_grow_to_what_fits():
+    # Llama 3.1 8B was trained for 131072: by default it gets AGENT_CTX (32768, with every
+    # layer on the 4090); a longer request may reload it with up to the trained length, which
+    # fits one slot (16 GiB of KV).
+    e = plan(profile("desktop-rtx4090-64gb"), [candidate("llama3.1:8b-q4_k_m")],
+             PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.n_gpu_layers, e.ctx_max) == (AGENT_CTX, 33, 131072)
+    assert e.ctx_reason.startswith("32768 tokens per request: what coding agents send (trained"
+                                   " for 131072)")
+    assert "a longer request reloads it with up to 131072" in e.ctx_reason
+    # An asked context is kept as asked, and said so.
+    asked = plan(profile("desktop-rtx4090-64gb"), [candidate("llama3.1:8b-q4_k_m")],
+                 PlanPrefs(n_ctx=4096)).choice
+    assert asked.n_ctx == 4096 and "as asked" in asked.ctx_reason
 
 
 def test_sliding_window_layers_keep_only_their_window():

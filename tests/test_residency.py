@@ -248,6 +248,8 @@ def test_the_memory_plan_counts_a_model_as_the_planner_places_it(tmp_path, profi
     assert footprint.ram_bytes == placed.host.total_bytes
     assert footprint.vram_bytes == (placed.gpu.total_bytes if placed.gpu else 0)
     assert footprint.processor == processor
+    # The largest context a longer request may reload it with: its trained 256, which fits.
+    assert plan.largest_context(ResolvedModel("tiny:1m-f32", path)) == 256
     budget = plan.budget
     assert (budget.ram_bytes, budget.vram_bytes, budget.unified) == planner.memory_budget(
         hardware, prefs)

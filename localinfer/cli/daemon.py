@@ -245,7 +245,15 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
     for entry in status["loaded"]:
         if entry["info"].get("split"):
             print(f"{entry['info']['name']} layers: {split_text(entry['info']['split'])}")
+        if entry.get("settings"):
+            print(f"{entry['info']['name']} settings (config.toml):"
+                  f" {settings_text(entry['settings'])}")
     return 0
+
+
+def settings_text(settings: dict) -> str:
+    """A model's own settings from config.toml in words: "ctx 16384, temperature 0.6"."""
+    return ", ".join(f"{key} {value}" for key, value in settings.items())
 
 
 def _budget_text(memory: dict) -> str:

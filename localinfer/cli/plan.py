@@ -218,6 +218,10 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
         endpoints = parse_endpoints(args.workers or config.workers)
         if endpoints:
             hw = dataclasses.replace(hw, workers=tuple(probe_workers(endpoints)[0]))
+    # One model: its own settings from config.toml ([models."NAME"]: ctx, kv_type) count.
+    own = config.model_settings(args.model, groups[0][0]) if len(groups) == 1 else None
+    if own is not None:
+        config = config.for_model(args.model, groups[0][0])
     prefs = plan_prefs(config.replace(ctx=args.ctx, min_tps=args.min_tps), calibration,
                        n_slots=None if args.slots == 0 else (args.slots or 1))
     every = [c for _, cands in groups for c in cands]
@@ -243,9 +247,13 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
         data["hardware"] = hw.to_dict()
         data["shown"] = [e.candidate.name for e in shown]
         data["notes"] = notes
+        data["settings"] = own.to_json() if own else None
         print(json.dumps(data, indent=2))
         return 0
     _print_plan(hw, overall, shown, calibration, from_file=args.hardware)
+    if own is not None:
+        print(f"Settings of {groups[0][0]} in config.toml: "
+              + ", ".join(f"{k} {v}" for k, v in own.to_json().items()) + ".")
     for note in notes:
         print(note)
     return 0
@@ -350,6 +358,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         ))
     print_table(rows)
     print(f"Choice: {overall.summary}")
+    if overall.choice is not None and overall.choice.ctx_reason:
+        print(f"Context: {overall.choice.ctx_reason}.")
     # One split: the choice's, else the best pooled candidate's (the one the summary names).
     pooled = [e for e in ([overall.choice] if overall.choice else []) + shown
               if e.split is not None and e.fits]

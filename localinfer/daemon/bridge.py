@@ -29,6 +29,7 @@ from ..runtime.types import Done, Event, Priority, SamplingParams
 from ..store import ModelStore, PullProgress, PullTarget, pull_model
 from .error_replies import ClientLeft
 from .manager import LoadedModel, ModelManager
+from .requests import with_model_defaults
 from .state import DaemonState
 
 log = logging.getLogger(__name__)
@@ -222,16 +223,29 @@ async def start_generation(
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
     loop must keep streaming other replies meanwhile) and submit. A prompt longer than the
-    context or a full queue fails here, before any response is sent. Closing the returned
-    stack gives the model back."""
+    loaded context reloads the model with a larger one when the request names no ``num_ctx``
+    (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
+    queue, fails here, before any response is sent. Closing the returned stack gives the model
+    back."""
     stack = contextlib.AsyncExitStack()
     entry = await stack.enter_async_context(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
     try:
         engine = entry.engine
         tokens = await asyncio.to_thread(encode, engine)
+        if num_ctx is None and len(tokens) >= engine.info.n_ctx \
+                and not engine.info.embedding_only:
+            larger = await manager.context_for(entry, len(tokens))
+            await stack.aclose()  # give it back: the reload waits for the model to be idle
+            stack = contextlib.AsyncExitStack()
+            entry = await stack.enter_async_context(
+                manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=larger))
+            engine = entry.engine
+            tokens = await asyncio.to_thread(encode, engine)  # the encoder may hold engine state
         # A grammar can depend on the model (its tool-call format): then params is a function.
         chosen = params(engine) if callable(params) else params
+        # The model's default sampling from config.toml, where the request set none.
+        chosen = with_model_defaults(chosen, manager.settings_of(entry.model))
         events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
                                                         sink=sink))
     except BaseException:

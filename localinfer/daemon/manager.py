@@ -11,6 +11,13 @@ model never waits for another model's load. A model that cannot fit even alone i
 with its sizes (``ModelTooLarge``). After its last request a model stays loaded for its
 keep-alive (default five minutes, per request as in Ollama: 0 unloads at once, a negative
 value keeps it forever).
+
+A model loads with the context its plan gives it (planner: 32k where it fits). A request that
+asks for more (Ollama's ``num_ctx``) reloads it with that much; one whose prompt is longer than
+the loaded context (``context_for``) reloads it with the next power of two that holds the
+prompt and REPLY_ROOM, up to the largest context this machine can give the model (its memory
+plan, at most its trained length; the model's own ``ctx`` in config.toml fixes it). Only a
+prompt longer than that is refused, with the figures.
 """
 
 from __future__ import annotations
@@ -25,14 +32,18 @@ from typing import Any
 
 import anyio
 
-from ..config import Config, load_config
-from ..errors import InvalidRequest
+from ..config import Config, ModelSettings, load_config
+from ..errors import ContextOverflow, InvalidRequest
 from ..runtime.engine import Engine
 from ..selection import pull_target
 from ..store import ModelStore, PullTarget, ResolvedModel, looks_like_path
 from .residency import Footprint, MemoryPlan
 
 log = logging.getLogger(__name__)
+
+REPLY_ROOM = 4096
+"""Tokens a prompt longer than the loaded context gets for its reply when it reloads the model
+with a larger context (at most what the model can have: then the rest of that)."""
 
 EngineFactory = Callable[..., Engine]
 """Loads a model (blocking; run in a thread):
@@ -152,6 +163,39 @@ class ModelManager:
                 entry = await self._load(model, num_ctx)
                 entry.footprint = footprint
             return self._take(entry)
+
+    def settings_of(self, model: ResolvedModel) -> ModelSettings | None:
+        """``model``'s own settings (``[models."NAME"]`` in config.toml, by its name with the
+        quant, then without), or None."""
+        return self.config.model_settings(
+            model.name, model.installed.model if model.installed else None)
+
+    async def context_for(self, entry: LoadedModel, n_prompt: int) -> int:
+        """The context to reload ``entry``'s model with for a prompt of ``n_prompt`` tokens
+        that its loaded context cannot hold: the next power of two with room for the prompt
+        and REPLY_ROOM, at most the largest context this machine can give the model.
+        ContextOverflow, with the figures, when even that cannot hold the prompt."""
+        info = entry.engine.info
+        trained = info.n_ctx_train
+        own = self.settings_of(entry.model)
+        if own is not None and own.ctx:  # the model's own context: fixed, never grown
+            largest, why = own.ctx, "its own ctx in config.toml"
+        else:
+            largest, why = trained or info.n_ctx, "what it was trained for"
+            if self.memory is not None:
+                fits = await asyncio.to_thread(self.memory.largest_context, entry.model)
+                if fits and fits < largest:
+                    largest, why = fits, "what fits this machine's memory"
+        largest = min(max(largest, info.n_ctx), trained or largest)
+        if n_prompt >= largest:
+            trained_text = (f", trained for {trained}" if trained and largest < trained
+                            else f": {trained}" if trained else "")
+            raise ContextOverflow(
+                f"the prompt is {n_prompt} tokens but the largest context {entry.name} can have"
+                f" here is {largest} tokens ({why}{trained_text}; at least one token must be"
+                " left to generate). Shorten the prompt or use a model with a longer context.",
+                n_prompt=n_prompt, n_ctx=largest)
+        return min(1 << (n_prompt + REPLY_ROOM - 1).bit_length(), largest)
 
     @staticmethod
     def _serves(entry: LoadedModel, num_ctx: int | None) -> bool:

@@ -71,6 +71,8 @@ def routes(state: DaemonState) -> list[Route]:
                 entry.engine.info, in_flight=entry.in_flight, load_ms=entry.load_ms,
                 keep_alive_s=entry.keep_alive_s, expires_in_s=expires_in, stats=stats)
             item["memory"] = entry.footprint.to_json() if entry.footprint else None
+            own = manager.settings_of(entry.model)
+            item["settings"] = own.to_json() if own else None  # its [models."NAME"] table
             loaded.append(item)
         body = status_json(version=__version__, pid=os.getpid(), started=state.started,
                            loading=manager.loading, loaded=loaded,

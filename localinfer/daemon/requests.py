@@ -6,13 +6,16 @@ or a missing field always gets a 400 with a message saying which field and what 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
+from ..config import SAMPLING_SETTINGS, ModelSettings
 from ..errors import InvalidRequest
 from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams, ToolCall
 
@@ -219,11 +222,24 @@ def _content(value: Any, i: int) -> str:
     raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts.")
 
 
+@dataclass(frozen=True)
+class RequestSampling(SamplingParams):
+    """A request's sampling parameters, knowing which of them it set itself."""
+
+    given: frozenset[str] = frozenset()
+    """The per-model settings (config.SAMPLING_SETTINGS) the request (or its route's own
+    defaults) set: the model's default sampling fills only the others (``with_model_defaults``)."""
+
+
 def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = DEFAULT_SAMPLING
              ) -> SamplingParams:
     """Sampling parameters shared by both APIs (names as in OpenAI and llama.cpp's server)."""
     d = defaults
-    return SamplingParams(
+    given = frozenset(name for name in SAMPLING_SETTINGS
+                      if f.data.get(name) is not None
+                      or getattr(d, name) != getattr(DEFAULT_SAMPLING, name))
+    return RequestSampling(
+        given=given,
         max_tokens=max_tokens,
         temperature=f.number("temperature", d.temperature),
         top_p=f.number("top_p", d.top_p),
@@ -243,6 +259,17 @@ def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = DEFAULT_S
         mirostat_eta=f.number("mirostat_eta", d.mirostat_eta),
         logit_bias=logit_bias(f),
     ).validate()
+
+
+def with_model_defaults(params: SamplingParams, own: ModelSettings | None) -> SamplingParams:
+    """``params`` with a model's default sampling (its ``[models."NAME"]`` settings) in the
+    fields the request did not set itself (``RequestSampling.given``)."""
+    if own is None:
+        return params
+    given = params.given if isinstance(params, RequestSampling) else frozenset()
+    changes: dict[str, Any] = {name: value for name, value in own.sampling().items()
+                               if name not in given}
+    return dataclasses.replace(params, **changes).validate() if changes else params
 
 
 def logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:

@@ -16,7 +16,7 @@ from ..config import Config
 from ..errors import ModelTooLarge
 from ..hardware import HardwareProfile, probe
 from ..hardware.rpc import parse_endpoints
-from ..loading import options_for, worker_split
+from ..loading import model_config, options_for, worker_split
 from ..planner import Candidate, memory_budget, plan
 from ..progress import human_bytes
 from ..selection import plan_prefs
@@ -93,17 +93,22 @@ class MemoryBudget:
 FootprintEstimate = Callable[[ResolvedModel, "int | None"], Footprint]
 """A model about to load (with a request's context, or None) -> what it will take (blocking:
 it reads the file's header)."""
+LargestContext = Callable[[ResolvedModel], int]
+"""A model -> the largest context it fits this machine with alone (blocking): what a longer
+request may reload it with (0: not known, the trained length counts)."""
 
 
 class MemoryPlan:
     """The budget and each model's footprint, from a fixed budget and estimate (tests), or
     from the planner on this machine (``for_machine``)."""
 
-    def __init__(self, budget: Callable[[], MemoryBudget], estimate: FootprintEstimate) -> None:
+    def __init__(self, budget: Callable[[], MemoryBudget], estimate: FootprintEstimate,
+                 largest_context: LargestContext | None = None) -> None:
         self._budget_source = budget
         self._budget: MemoryBudget | None = None
         self._lock = threading.Lock()
         self.estimate = estimate
+        self.largest_context: LargestContext = largest_context or (lambda model: 0)
 
     @property
     def budget(self) -> MemoryBudget:
@@ -114,8 +119,9 @@ class MemoryPlan:
             return self._budget
 
     @classmethod
-    def fixed(cls, budget: MemoryBudget, estimate: FootprintEstimate) -> MemoryPlan:
-        return cls(lambda: budget, estimate)
+    def fixed(cls, budget: MemoryBudget, estimate: FootprintEstimate,
+              largest_context: LargestContext | None = None) -> MemoryPlan:
+        return cls(lambda: budget, estimate, largest_context)
 
     @classmethod
     def for_machine(cls, config: Config, hardware: HardwareProfile | None = None
@@ -140,10 +146,11 @@ class MemoryPlan:
             header = gguf.read_header(model.path)
             if num_ctx and header.context_length:
                 num_ctx = min(num_ctx, header.context_length)
-            options = options_for(header, config.replace(ctx=num_ctx), n_slots=config.slots,
+            settings = model_config(config, model)
+            options = options_for(header, settings.replace(ctx=num_ctx), n_slots=config.slots,
                                   hardware=machine(), name=model.name)
             endpoints = parse_endpoints(config.workers)
-            split = worker_split(header, endpoints, hardware=machine(), config=config,
+            split = worker_split(header, endpoints, hardware=machine(), config=settings,
                                  n_ctx=options.n_ctx, n_slots=options.n_slots,
                                  name=model.name) if endpoints else None
             if split is not None and split.fits and split.uses_workers:
@@ -154,11 +161,19 @@ class MemoryPlan:
                                  n_gpu_layers=split.n_gpu_layers,
                                  n_layers_total=header.block_count + 1)
             placed = plan(machine(), [Candidate.from_header(header, name=model.name)],
-                          replace(prefs, n_ctx=options.n_ctx, n_slots=options.n_slots,
+                          replace(plan_prefs(settings, n_slots=config.slots),
+                                  n_ctx=options.n_ctx, n_slots=options.n_slots,
                                   n_gpu_layers=options.n_gpu_layers)).evaluations[0]
             return Footprint(ram_bytes=placed.host.total_bytes,
                              vram_bytes=placed.gpu.total_bytes if placed.gpu else 0,
                              n_gpu_layers=placed.n_gpu_layers,
                              n_layers_total=placed.n_layers_total)
 
-        return cls(budget, estimate)
+        def largest_context(model: ResolvedModel) -> int:
+            header = gguf.read_header(model.path)
+            settings = model_config(config, model)
+            planned = plan(machine(), [Candidate.from_header(header, name=model.name)],
+                           replace(plan_prefs(settings), n_ctx=None)).choice
+            return planned.ctx_max if planned is not None else 0
+
+        return cls(budget, estimate, largest_context)

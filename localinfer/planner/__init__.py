@@ -8,7 +8,8 @@ out, no I/O (but calibration.py, which keeps the measured runs).
                     PlanPrefs, and a profile as the planner reads it (Machine, memory_budget)
     candidate.py    Candidate and LayerShape: one model file, from a GGUF header or the catalog
     memory.py       bytes per device: weights, KV cache, compute buffer (DeviceUse); the most
-                    GPU layers that fit; the contexts tried (ctx_ladder)
+                    GPU layers that fit; the contexts tried (ctx_ladder) and those a longer
+                    request may reload a model with (larger_contexts)
     speed.py        bytes read per decoded token (DecodeReads), the Roofline, predict()
     placement.py    one model across this machine and llama.cpp RPC workers (plan_split,
                     WorkerSplit)
@@ -49,11 +50,13 @@ from .machine import (
     quant_factor,
 )
 from .memory import (
+    AGENT_CTX,
     CHAT_CHECKPOINTS,
     CPU_WINDOW_UBATCH,
     KV_ELEMENT_BYTES,
     MAX_AUTO_SLOTS,
     N_UBATCH,
+    POOLED_CTX,
     WINDOW_SHARE_MIN,
     DeviceUse,
     all_fit,
@@ -61,6 +64,7 @@ from .memory import (
     device_memory,
     kv_bytes_per_element,
     kv_cells,
+    larger_contexts,
     layer_kv_bytes,
     most_gpu_layers,
     physical_batch,
@@ -82,13 +86,13 @@ if TYPE_CHECKING:
     from ..hardware.profile import HardwareProfile
 
 __all__ = [
-    "CHAT_CHECKPOINTS", "CPU_WINDOW_UBATCH", "KV_ELEMENT_BYTES", "MAX_AUTO_SLOTS", "N_UBATCH",
-    "WINDOW_SHARE_MIN", "Candidate", "DecodeReads", "DeviceUse", "Evaluation", "GPUClass",
-    "LayerShape", "Plan", "PlanPrefs", "Prediction", "Roofline", "SplitDevice", "WorkerSplit",
-    "candidates_for_specs", "decode_bytes_per_token", "decode_reads", "estimated_score",
-    "gpu_class", "kv_bytes_per_element", "kv_cells", "layer_kv_bytes", "matrix_tflops",
-    "memory_budget", "physical_batch", "plan", "plan_split", "predict", "quant_factor",
-    "roofline_for", "shrinks_window_cache", "smallest_file",
+    "AGENT_CTX", "CHAT_CHECKPOINTS", "CPU_WINDOW_UBATCH", "KV_ELEMENT_BYTES", "MAX_AUTO_SLOTS",
+    "N_UBATCH", "WINDOW_SHARE_MIN", "Candidate", "DecodeReads", "DeviceUse", "Evaluation",
+    "GPUClass", "LayerShape", "Plan", "PlanPrefs", "Prediction", "Roofline", "SplitDevice",
+    "WorkerSplit", "candidates_for_specs", "decode_bytes_per_token", "decode_reads",
+    "estimated_score", "gpu_class", "kv_bytes_per_element", "kv_cells", "largest_context",
+    "layer_kv_bytes", "matrix_tflops", "memory_budget", "physical_batch", "plan", "plan_split",
+    "predict", "quant_factor", "roofline_for", "shrinks_window_cache", "smallest_file"
 ]
 
 
@@ -119,6 +123,12 @@ class Evaluation:
     reason: str
     gpu_backend: str | None = None
     ctx_note: str = ""
+    ctx_max: int = 0
+    """The largest context a longer request may reload the model with on this machine (the
+    trained length or a power of two below it that fits, GPU layers or not); worked out for
+    the choice only (``largest_context``), 0 for the others."""
+    ctx_reason: str = ""
+    """Why the choice has its context, in words (``context_reason``); "" for the others."""
     split: WorkerSplit | None = None
     """The layers across this machine and RPC workers, when the plan pools them (then
     ``n_gpu_layers`` is llama.cpp's count over every offload device, ``gpu`` this machine's)."""
@@ -144,6 +154,7 @@ class Evaluation:
             "prefill_tps": round(self.prefill_tps, 1),
             "decode_ms": {k: round(v, 3) for k, v in self.decode_ms.items()},
             "calibration": self.calibration, "verdict": self.verdict, "reason": self.reason,
+            "ctx_max": self.ctx_max or None, "ctx_reason": self.ctx_reason or None,
             "split": self.split.to_dict() if self.split else None,
         }
 
@@ -229,19 +240,26 @@ def _evaluate(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs) -
                         f"trained for {c.context_length} tokens, less than the"
                         f" {prefs.n_ctx} asked")
 
-    chosen = None
-    for n_ctx in ladder:
+    # The bottom rung first: whether the model fits at all, and how many layers the GPU
+    # takes with the least context (a longer default never moves layers off the GPU).
+    k_floor, host, gpu = _placement(c, m, prefs, ladder[-1], slots)
+    if not all_fit(host, gpu):
+        return _verdict(c, m, prefs, False, k_floor, ladder[-1], slots, host, gpu, "too big",
+                        _missing(c, m, prefs, host, gpu, ladder[-1]))
+    chosen = (ladder[-1], k_floor, host, gpu)
+    fits_slower = None  # the largest rung that fits only with layers moved off the GPU
+    for n_ctx in ladder[:-1]:
         k, host, gpu = _placement(c, m, prefs, n_ctx, slots)
-        if all_fit(host, gpu):
+        if all_fit(host, gpu) and k >= k_floor:
             chosen = (n_ctx, k, host, gpu)
             break
-    if chosen is None:
-        n_ctx = ladder[-1]
-        k, host, gpu = _placement(c, m, prefs, n_ctx, slots)
-        return _verdict(c, m, prefs, False, k, n_ctx, slots, host, gpu, "too big",
-                        _missing(c, m, prefs, host, gpu, n_ctx))
+        if all_fit(host, gpu) and fits_slower is None:
+            fits_slower = (n_ctx, k)
     n_ctx, k, host, gpu = chosen
-    if n_ctx != ladder[0]:
+    if n_ctx != ladder[0] and fits_slower is not None:
+        note = (f"context {n_ctx} (at {fits_slower[0]} only {fits_slower[1]}/{c.n_layers + 1}"
+                f" layers fit the GPU, not {k})")
+    elif n_ctx != ladder[0]:
         note = f"context {n_ctx} (the default {ladder[0]} does not fit)"
     if prefs.n_slots is None:
         # More slots only while they fit without moving layers off the GPU.
@@ -299,7 +317,7 @@ def _with_workers(e: Evaluation, hw: HardwareProfile, m: Machine, prefs: PlanPre
     if c.embedding_only:
         return e
     split = None
-    for n_ctx in ctx_ladder(c, prefs):
+    for n_ctx in ctx_ladder(c, prefs, POOLED_CTX):
         split = fastest_split(c, hw, m, prefs, n_ctx, prefs.n_slots or 1, require_workers=True)
         if split.fits:
             break
@@ -311,7 +329,7 @@ def _with_workers(e: Evaluation, hw: HardwareProfile, m: Machine, prefs: PlanPre
         return e
     workers = ", ".join(dict.fromkeys(d.endpoint for d in split.remote_devices if d.gpu_layers))
     note = f"pooled with {workers}"
-    ladder = ctx_ladder(c, prefs)
+    ladder = ctx_ladder(c, prefs, POOLED_CTX)
     if split.n_ctx != ladder[0]:
         note += f"; context {split.n_ctx} (the default {ladder[0]} does not fit)"
     gpu = next((d for d in split.devices[1:] if not d.remote and d.gpu_layers), None)
@@ -445,9 +463,54 @@ def _choose(evaluations: list[Evaluation], prefs: PlanPrefs, m: Machine,
                else "fastest that fits")
         choice = replace(choice, verdict="chosen",
                          reason=why + (f"; {choice.ctx_note}" if choice.ctx_note else ""))
+        if not choice.candidate.embedding_only and choice.split is None:
+            ctx_max = largest_context(choice.candidate, m, prefs, choice.n_ctx)
+            choice = replace(choice, ctx_max=ctx_max,
+                             ctx_reason=context_reason(choice, prefs, ctx_max))
         evaluations = [choice if e.candidate is choice.candidate else _explain(e, choice)
                        for e in evaluations]
     return Plan(choice=choice, evaluations=tuple(evaluations), summary=summary, prefs=prefs)
+
+
+def largest_context(c: Candidate, m: Machine, prefs: PlanPrefs, n_ctx: int) -> int:
+    """The largest context ``c`` fits this machine with (its trained length, a power of two
+    below it, or a default rung; at ``prefs.n_slots`` or one slot, GPU layers as they come),
+    ``n_ctx`` (the one it is planned with) when none larger does: what a longer request may
+    reload the model with."""
+    slots = prefs.n_slots or 1
+    for ctx in larger_contexts(c) + ctx_ladder(c, replace(prefs, n_ctx=None)):
+        if ctx <= n_ctx:
+            break
+        if all_fit(*_placement(c, m, prefs, ctx, slots)[1:]):
+            return ctx
+    return n_ctx
+
+
+def context_reason(e: Evaluation, prefs: PlanPrefs, ctx_max: int) -> str:
+    """Why ``e`` (a choice) has its context, with the KV cache it takes and the decode at a
+    full context: "32768 tokens per request: the model's trained length; KV cache 489 MiB for 4
+    slots; ..."."""
+    c = e.candidate
+    trained = c.context_length
+    if prefs.n_ctx is not None:
+        why = "as asked (the ctx setting)"
+    elif e.ctx_note:
+        why = e.ctx_note.split(" (", 1)[1].rstrip(")") if " (" in e.ctx_note else e.ctx_note
+    elif trained and e.n_ctx == trained:
+        why = "the model's trained length"
+    elif not trained:
+        why = f"the file names no trained length: {e.n_ctx} at most"
+    else:
+        why = f"what coding agents send (trained for {trained})"
+    kv = e.host.kv_bytes + (e.gpu.kv_bytes if e.gpu else 0)
+    slots = f" for {e.n_slots} slots" if e.n_slots > 1 else ""
+    text = f"{e.n_ctx} tokens per request: {why}; KV cache {kv / 2**20:,.0f} MiB{slots}"
+    if ctx_max > e.n_ctx:
+        text += f"; a longer request reloads it with up to {ctx_max}"
+    if e.decode_tps_full and e.decode_tps_full < e.decode_tps:
+        text += (f"; decode ~{e.decode_tps_full:.1f} tok/s with the context full"
+                 f" ({e.decode_tps:.1f} near its start)")
+    return text
 
 
 def smallest_file(evaluations: Sequence[Evaluation]) -> Evaluation:

@@ -179,7 +179,8 @@ class PlanPrefs:
     """What the user asks of a plan. Every field has a sensible default."""
 
     n_ctx: int | None = None
-    """Context per sequence in tokens; None = memory.MAX_AUTO_CTX (or less, to fit)."""
+    """Context per sequence in tokens; None = memory.AGENT_CTX (at most the trained length, or
+    less to fit)."""
     min_tps: float = 10.0
     """Decode speed (tokens/s) a variant should reach to be preferred."""
     n_slots: int | None = 1

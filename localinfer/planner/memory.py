@@ -12,8 +12,13 @@
 
 Layer split: as many repeating layers on the GPU as fit, counted from the last one (llama.cpp's
 ``n_gpu_layers``), then the output layer; the rest must fit in RAM. On unified memory (Apple
-Silicon, integrated GPUs) both parts come out of the same RAM. The context is the one asked
-for, else MAX_AUTO_CTX halved until the model fits (``ctx_ladder``).
+Silicon, integrated GPUs) both parts come out of the same RAM.
+
+The context (per sequence: each slot has its own n_ctx cells) is the one asked for, else
+AGENT_CTX capped at the model's trained length and halved until the model fits (``ctx_ladder``)
+and, with a GPU, until it fits without moving layers off the GPU (plan._evaluate). A longer
+request reloads the model with more, up to the largest context that fits this machine at all
+(``larger_contexts``: the trained length, then the powers of two below it).
 """
 
 from __future__ import annotations
@@ -27,9 +32,18 @@ from .machine import MIB, Machine, PlanPrefs
 if TYPE_CHECKING:
     from .candidate import Candidate, LayerShape
 
-MAX_AUTO_CTX = 8192
-"""Context a plan gives a model when none is asked for (capped at the model's trained
-context, halved to fit: ``ctx_ladder``)."""
+AGENT_CTX = 32768
+"""Context a plan gives a model when none is asked for, where it fits (capped at the model's
+trained context, halved to fit: ``ctx_ladder``): what today's coding agents send (Cline, Roo
+and aider put 20k-30k tokens of system prompt, tools and repository map before the question).
+A longer request reloads the model with more, up to what fits (``larger_contexts``)."""
+POOLED_CTX = 8192
+"""The default context's ceiling for a model split across RPC workers (placement.py): there
+every cell of KV takes memory on machines chosen for their layers, and a longer context pushes
+layers onto slower devices or over the link; ``--ctx`` asks for more."""
+UNKNOWN_TRAINED_CTX = 8192
+"""The ceiling of the default context for a file whose header names no trained length: no
+more than the model may have been trained for."""
 MIN_AUTO_CTX = 2048
 """The default context is halved down to this to make a model fit, never further."""
 N_UBATCH = 512
@@ -99,16 +113,31 @@ class DeviceUse:
         return self.total_bytes <= self.budget_bytes
 
 
-def ctx_ladder(c: Candidate, prefs: PlanPrefs) -> list[int]:
-    """The contexts to try, largest first: the one asked for, else MAX_AUTO_CTX (capped at the
-    trained context) halved down to MIN_AUTO_CTX."""
+def ctx_ladder(c: Candidate, prefs: PlanPrefs, ceiling: int = AGENT_CTX) -> list[int]:
+    """The contexts to try, largest first: the one asked for, else ``ceiling`` (AGENT_CTX, or
+    POOLED_CTX across workers; capped at the trained context) halved down to MIN_AUTO_CTX."""
     if prefs.n_ctx is not None:
         return [prefs.n_ctx]
-    top = min(MAX_AUTO_CTX, c.context_length or MAX_AUTO_CTX)
+    top = min(ceiling, c.context_length or UNKNOWN_TRAINED_CTX)
     ladder = [top]
     while ladder[-1] // 2 >= min(MIN_AUTO_CTX, top):
         ladder.append(ladder[-1] // 2)
     return ladder
+
+
+def larger_contexts(c: Candidate) -> list[int]:
+    """The contexts above the default a longer request may reload a model with, largest
+    first: the trained length, then the powers of two below it down to AGENT_CTX (exclusive);
+    none for a file whose header names no trained length."""
+    trained = c.context_length
+    if trained <= AGENT_CTX:
+        return []
+    steps = [trained]
+    power = 1 << (trained - 1).bit_length() - 1  # the largest power of two below trained
+    while power > AGENT_CTX:
+        steps.append(power)
+        power //= 2
+    return steps
 
 
 def shrinks_window_cache(c: Candidate, *, cpu_only: bool) -> bool:

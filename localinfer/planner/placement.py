@@ -41,6 +41,7 @@ from .memory import (
     GPU_OVERHEAD,
     HOST_OVERHEAD,
     N_UBATCH,
+    POOLED_CTX,
     DeviceUse,
     ctx_ladder,
     kv_bytes_per_element,
@@ -267,7 +268,7 @@ def plan_split(candidate: Candidate, hardware: HardwareProfile,
     checked against each device's memory as they are."""
     prefs = prefs or PlanPrefs()
     m = machine_view(hardware, prefs)
-    ladder = [n_ctx] if n_ctx is not None else ctx_ladder(candidate, prefs)
+    ladder = [n_ctx] if n_ctx is not None else ctx_ladder(candidate, prefs, POOLED_CTX)
     if layers is not None:
         return _given_split(candidate, hardware, m, prefs, ladder[0], list(layers))
     best = None
