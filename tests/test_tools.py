@@ -5,14 +5,17 @@ and the real openai and ollama clients (the real model's sampling is in test_too
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
 from localinfer.errors import InvalidRequest
 from localinfer.runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
-from localinfer.runtime.grammar import json_grammar, to_gbnf
+from localinfer.runtime.grammar import integer_range, json_grammar, number_range, to_gbnf
 from localinfer.runtime.llama import schema_rules
 from localinfer.runtime.tools import (
     FORMATS,
@@ -278,10 +281,53 @@ def test_editor_shaped_requests_get_calls(tool_daemon):
 
 def test_integer_bounds_are_enforced_or_refused():
     rules = schema_rules({"type": "integer", "minimum": -3, "exclusiveMaximum": 0}, "n")
-    assert 'n ::= ("-3" | "-2" | "-1") space' in rules
+    assert re.fullmatch(_regex(integer_range({"minimum": -3, "exclusiveMaximum": 0})), "-2")
+    assert rules.startswith("n ::= (") and rules.split("\n")[0].endswith(") space")
     assert '"0" | [1-9]' in schema_rules({"type": "integer", "minimum": 0}, "n")
     assert schema_rules({"type": "string"}, "s").startswith("s ::= string")
-    for schema in ({"type": "integer", "minimum": 5}, {"type": "number", "maximum": 1},
+    for schema in ({"type": "number", "maximum": 1}, {"type": "number", "minimum": 0.5,
+                                                       "maximum": 2},
                    {"type": "integer", "minimum": 3, "maximum": 1}):
         with pytest.raises(ValueError):
             schema_rules(schema, "n")
+
+
+def _regex(gbnf: str) -> str:
+    """The GBNF integer_range and number_range write (literals, classes, counts, groups) as a
+    regular expression."""
+    return re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), gbnf).replace(" ", "")
+
+
+_SAFE = 2**53 - 1  # JavaScript's largest safe integer: agents' tool schemas bound counts by it
+_bounds = st.one_of(st.none(), st.integers(-10**6, 10**6), st.sampled_from([
+    0, 1, -1, 9, 10, 99, 100, 999, 1000, _SAFE, -_SAFE, 10**15, 10**16 - 1]))
+
+
+@given(low=_bounds, high=_bounds, exclusive=st.booleans(), n=st.one_of(
+    st.integers(-10**7, 10**7), st.integers(-2**60, 2**60),
+    _bounds.filter(lambda b: b is not None)))
+def test_integer_bounds_admit_exactly_the_integers_in_range(low, high, exclusive, n):
+    """Claude Code's tools bound integers by 0..2**53-1 and -(2**53-1)..2**53-1."""
+    if low is not None and high is not None and high < low + exclusive:
+        return
+    schema = {("exclusiveMinimum" if exclusive else "minimum"): low, "maximum": high}
+    schema = {k: v for k, v in schema.items() if v is not None}
+    if not schema:
+        return
+    pattern = _regex(integer_range(schema))
+    bottom = None if low is None else low + exclusive
+    inside = (bottom is None or n >= bottom) and (high is None or n <= high)
+    unbounded_long = len(str(abs(n))) > 16 and (high is None or bottom is None)
+    if not unbounded_long:
+        assert bool(re.fullmatch(pattern, str(n))) == inside, (schema, n)
+    for padded in (f"0{abs(n)}", "-0", f"+{abs(n)}"):
+        assert not re.fullmatch(pattern, padded)
+
+
+@given(high=st.integers(0, 10**7), value=st.floats(0, 2 * 10**7))
+def test_number_bounds_from_zero_admit_the_numbers_in_range(high, value):
+    """A whole, non-negative range on a number (Claude Code's TaskOutput timeout, 0..600000)."""
+    pattern = _regex(number_range({"minimum": 0, "maximum": high}))
+    text = f"{value:.3f}"
+    assert bool(re.fullmatch(pattern, text)) == (float(text) <= high), (high, text)
+    assert not re.fullmatch(pattern, "-1") and not re.fullmatch(pattern, f"0{high}")

@@ -116,16 +116,17 @@ class _Prompt:
         return counted
 
 
-def _system(value: Any) -> list[Message]:
-    """``system``: a string or text blocks (their ``cache_control`` asks for nothing: every
-    request reuses the longest cached prefix)."""
+def _system(value: Any, where: str = "system") -> list[Message]:
+    """``system`` (or a system turn among the messages, ``where``): a string or text blocks
+    (their ``cache_control`` asks for nothing: every request reuses the longest cached
+    prefix)."""
     if value is None:
         return []
     if isinstance(value, str):
         return [Message("system", value)] if value else []
     if not isinstance(value, list):
-        raise InvalidRequest("'system' must be a string or a list of text blocks.")
-    texts = [_text(block, f"system[{i}]") for i, block in enumerate(value)]
+        raise InvalidRequest(f"'{where}' must be a string or a list of text blocks.")
+    texts = [_text(block, f"{where}[{i}]") for i, block in enumerate(value)]
     return [Message("system", "\n".join(texts))] if texts else []
 
 
@@ -153,10 +154,13 @@ def _messages(raw: Any) -> list[Message]:
     for i, item in enumerate(raw):
         f = Fields(item, f"messages[{i}].")
         role = f.string("role")
-        if role not in ("user", "assistant"):
-            raise InvalidRequest(f"'messages[{i}].role' must be \"user\" or \"assistant\", got"
-                                 f" {role!r}.")
+        if role not in ("user", "assistant", "system"):
+            raise InvalidRequest(f"'messages[{i}].role' must be \"user\", \"assistant\" or"
+                                 f" \"system\", got {role!r}.")
         content = item.get("content")
+        if role == "system":  # a system turn mid-conversation (Claude Code sends them)
+            out += _system(content, f"messages[{i}].content")
+            continue
         if isinstance(content, str):
             out.append(Message(role, content))
             continue

@@ -182,27 +182,84 @@ def _literal(text: str) -> str:
     return json.dumps(text)  # GBNF literals take JSON's escapes (\n, \", \\)
 
 
-MAX_LISTED_INTEGERS = 1000
-"""An integer range up to this many values is written out value by value."""
-
-
 def integer_range(schema: dict[str, Any]) -> str:
     """The GBNF of an integer schema's bounds (``minimum``, ``maximum`` and their exclusive
-    forms), which the converter llama-cpp-python ships ignores. A range of up to
-    MAX_LISTED_INTEGERS values, or a lower bound of 0 or 1 alone, can be written; any other
-    bound is refused (ValueError), never dropped."""
+    forms), which the converter llama-cpp-python ships ignores: exactly the integers in the
+    range, digit by digit (agents' tool schemas bound counts by 2**53 - 1, JavaScript's
+    largest safe integer). A bound that is not a finite number is refused (ValueError)."""
     low = _bound(schema, "minimum", "exclusiveMinimum", math.ceil, 1)
     high = _bound(schema, "maximum", "exclusiveMaximum", math.floor, -1)
-    if low is not None and high is not None:
-        if high < low:
-            raise ValueError(f"no integer lies between {low} and {high}")
-        if high - low < MAX_LISTED_INTEGERS:
-            return " | ".join(f'"{v}"' for v in range(low, high + 1))
-    if high is None and low in (0, 1):
-        return ('"0" | ' if low == 0 else "") + "[1-9] [0-9]{0,15}"
-    raise ValueError(f"integer bounds {low}..{high} cannot be enforced: give both minimum and"
-                     f" maximum at most {MAX_LISTED_INTEGERS} values apart, or a minimum of"
-                     " 0 or 1 alone")
+    if low is not None and high is not None and high < low:
+        raise ValueError(f"no integer lies between {low} and {high}")
+    return _integers(low, high)
+
+
+def number_range(schema: dict[str, Any]) -> str:
+    """The GBNF of a number schema's bounds where both are whole, non-negative and inclusive
+    (``minimum: 0, maximum: 600000``, as tool schemas write a timeout): an integer part in
+    range and any fraction, the top bound only as itself. Other bounds are refused
+    (ValueError), never dropped."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
+    if (not whole or "exclusiveMinimum" in schema or "exclusiveMaximum" in schema
+            or low < 0 or high < low):
+        raise ValueError("bounds on a 'number' can be enforced only as a whole, non-negative"
+                         " minimum and maximum; use an integer or leave them out")
+    fraction = '("." [0-9]{1,15})?'
+    if high == low:
+        return f'"{high}" ("." "0"{{1,15}})?'
+    return f'({_integers(low, high - 1)}) {fraction} | "{high}" ("." "0"{{1,15}})?'
+
+
+def _integers(low: int | None, high: int | None) -> str:
+    """Decimal integers from ``low`` to ``high`` (None: unbounded), without leading zeros."""
+    parts = []
+    if low is None or low < 0:  # the negatives: "-" and a magnitude from 1 up
+        top = None if low is None else -low
+        bottom = 1 if high is None or high >= 0 else -high
+        parts.append(f'"-" ({_naturals(bottom, top)})')
+    if high is None or high >= 0:
+        parts.append(_naturals(max(low or 0, 0), high))
+    return " | ".join(parts)
+
+
+UNBOUNDED_DIGITS = 16
+"""An integer with no upper bound is written with at most this many digits."""
+
+
+def _naturals(low: int, high: int | None) -> str:
+    """Decimal integers from ``low`` >= 0 to ``high`` (None: up to UNBOUNDED_DIGITS digits)."""
+    options = ['"0"'] if low == 0 else []
+    low = max(low, 1)
+    top = 10 ** len(str(low)) - 1 if high is None else high
+    for digits in range(len(str(low)), len(str(top)) + 1):  # by length: no leading zeros
+        a, b = max(low, 10 ** (digits - 1)), min(top, 10**digits - 1)
+        if a <= b:
+            options.append(_same_length(str(a), str(b)))
+    if high is None and len(str(low)) < UNBOUNDED_DIGITS:  # every longer number
+        options.append(f"[1-9] [0-9]{{{len(str(low))},{UNBOUNDED_DIGITS - 1}}}")
+    return " | ".join(options)
+
+
+def _same_length(a: str, b: str) -> str:
+    """The numbers from ``a`` to ``b``, both of the same number of digits."""
+    if not a:
+        return '""'
+    if a == b:
+        return f'"{a}"'
+    rest = len(a) - 1
+    if a == "0" * len(a) and b == "9" * len(b):
+        return f"[0-9]{{{len(a)}}}"
+    if a == "1" + "0" * rest and b == "9" * len(b):
+        return f"[1-9] [0-9]{{{rest}}}" if rest else "[1-9]"
+    if a[0] == b[0]:
+        return f'"{a[0]}" ({_same_length(a[1:], b[1:])})'
+    options = [f'"{a[0]}" ({_same_length(a[1:], "9" * rest)})' if rest else f'"{a[0]}"']
+    if int(b[0]) - int(a[0]) > 1:
+        middle = f"[{int(a[0]) + 1}-{int(b[0]) - 1}]"
+        options.append(f"{middle} [0-9]{{{rest}}}" if rest else middle)
+    options.append(f'"{b[0]}" ({_same_length("0" * rest, b[1:])})' if rest else f'"{b[0]}"')
+    return " | ".join(options)
 
 
 def _bound(schema: dict[str, Any], inclusive: str, exclusive: str,

@@ -12,10 +12,10 @@ from typing import Any
 
 import llama_cpp as L
 import numpy as np
-from llama_cpp.llama_grammar import SchemaConverter
+from llama_cpp.llama_grammar import PRIMITIVE_RULES, SchemaConverter
 
 from ...errors import InvalidRequest, LocalInferError
-from ..grammar import Grammar, integer_range, to_gbnf
+from ..grammar import Grammar, integer_range, number_range, to_gbnf
 from ..shortlist import Truncation, best_allowed
 from ..types import SamplingParams
 from .native import LlamaHandles, _llama_said
@@ -274,18 +274,26 @@ def schema_rules(schema: object, rule: str) -> str:
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_ANNOTATIONS = {"description", "title", "default", "examples", "$comment", "$schema", "$id",
+                "deprecated", "readOnly", "writeOnly"}
+"""Keywords that describe a value without constraining it: a schema of these alone admits
+any JSON value (Claude Code's tools have such properties)."""
 
 
 class _SchemaConverter(SchemaConverter):
-    """The shipped converter, plus the numeric bounds it would silently ignore."""
+    """The shipped converter, plus the numeric bounds it would silently ignore, and a schema
+    of annotations alone (any value), which it refuses."""
 
     def visit(self, schema: Any, name: str) -> str:
+        if isinstance(schema, dict) and schema and set(schema) <= _ANNOTATIONS:
+            return str(self._add_rule(name or "any-value", self._add_primitive(
+                "value", PRIMITIVE_RULES["value"])))
         if isinstance(schema, dict) and any(k in schema for k in _BOUNDS):
             kind = schema.get("type")
             if kind == "integer":
                 return str(self._add_rule(name or "integer-range",
                                           f"({integer_range(schema)}) space"))
             if kind == "number":
-                raise ValueError("bounds on a 'number' cannot be enforced; use an integer"
-                                 " or leave them out")
+                return str(self._add_rule(name or "number-range",
+                                          f"({number_range(schema)}) space"))
         return str(super().visit(schema, name))
