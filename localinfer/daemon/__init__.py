@@ -6,6 +6,8 @@ served over a Unix socket and loopback TCP in the OpenAI and Ollama wire formats
     error_replies.py     error bodies in each API's shape; ``guarded`` wraps every route
     state.py             settings, /metrics counters, the state the routes share
     openai_routes.py     /v1/models, /v1/chat/completions, /v1/completions
+    responses_routes.py  /v1/responses (OpenAI's Responses API, Codex's): create, get, delete
+    response_store.py    stored responses on disk, for previous_response_id, GET and DELETE
     ollama_routes.py     /api/version, tags, ps, show, chat, generate, pull, delete
     native_routes.py     /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
     llama_routes.py      llama-server's /infill for editor autocomplete plugins

@@ -1,6 +1,7 @@
-"""The daemon's HTTP application, assembled: localinfer's own routes, OpenAI's (/v1) and
-Ollama's (/api), behind the guard (guard.py), with every error answered in its API's shape
-(error_replies.py). ``create_app(state)`` builds it around a ``DaemonState`` (state.py)."""
+"""The daemon's HTTP application, assembled: localinfer's own routes, OpenAI's (/v1, with
+the Responses API) and Ollama's (/api), behind the guard (guard.py), with every error
+answered in its API's shape (error_replies.py). ``create_app(state)`` builds it around a
+``DaemonState`` (state.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import LocalInferError
-from . import embedding_routes, llama_routes, native_routes, ollama_routes, openai_routes
+from . import (
+    embedding_routes,
+    llama_routes,
+    native_routes,
+    ollama_routes,
+    openai_routes,
+    responses_routes,
+)
 from .error_replies import handle_error
 from .guard import Guard
 from .state import DaemonState
@@ -18,8 +26,8 @@ from .state import DaemonState
 
 def create_app(state: DaemonState) -> Starlette:
     routes = [*native_routes.routes(state), *openai_routes.routes(state),
-              *ollama_routes.routes(state), *embedding_routes.routes(state),
-              *llama_routes.routes(state)]
+              *responses_routes.routes(state), *ollama_routes.routes(state),
+              *embedding_routes.routes(state), *llama_routes.routes(state)]
     middleware = [Middleware(Guard, settings=state.settings)]
     if state.settings.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(
