@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from openai.types.responses import response_create_params as params
 
 from localinfer.daemon.fields import ROUTES, fields_table
 from localinfer.errors import InvalidRequest
@@ -166,8 +167,6 @@ def test_every_documented_field_has_a_rule(route):
 
 
 def test_the_documented_responses_fields_are_the_sdks():
-    from openai.types.responses import response_create_params as params
-
     sdk = {*params.ResponseCreateParamsBase.__annotations__,
            *params.ResponseCreateParamsStreaming.__annotations__}
     assert sdk == set(DOCUMENTED["/v1/responses"])
