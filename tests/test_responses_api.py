@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import openai
 import pytest
@@ -16,14 +15,10 @@ import pytest
 from daemon_util import REPLY, fake_factory, install_fake_models, openai_client, serve
 from localinfer.daemon.response_store import ResponseStore
 from localinfer.paths import get_paths
+from template_fixtures import QWEN3_TOOLS
 
 pytest_plugins = ["daemon_fixtures"]
 
-QWEN25 = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
-GENERATION_PROMPT = "{{- '<|im_start|>assistant\\n' }}"
-QWEN3 = QWEN25.replace(GENERATION_PROMPT, GENERATION_PROMPT + (
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"))
 REASONING = "The user wants Paris's weather; I have a tool for that."
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -51,7 +46,7 @@ def _agent(prompt: str) -> str:
 @pytest.fixture
 def qwen3(home):
     install_fake_models("qwen3:1b-f16")
-    with serve(fake_factory(reply=_agent, chat_template=QWEN3)) as d:
+    with serve(fake_factory(reply=_agent, chat_template=QWEN3_TOOLS)) as d:
         yield d
 
 

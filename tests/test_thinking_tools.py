@@ -6,19 +6,14 @@ through the real openai and ollama clients on the fake backend."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
+from template_fixtures import GENERATION_PROMPT, QWEN3_TOOLS, QWEN25
 
 pytest_plugins = ["daemon_fixtures"]
 
-QWEN25 = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
-GENERATION_PROMPT = "{{- '<|im_start|>assistant\\n' }}"
-QWEN3_TOOLS = QWEN25.replace(GENERATION_PROMPT, GENERATION_PROMPT + (
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"))
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",

@@ -48,6 +48,14 @@ def error_body(path: str, status: int, message: str, code: str | None = None
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
+def stream_failure(exc: Exception) -> tuple[int, str]:
+    """The status and message of an error raised after a stream's headers were sent (it is
+    reported as the stream's last event)."""
+    if isinstance(exc, LocalInferError):
+        return exc.http_status, exc.message
+    return 500, str(exc)
+
+
 def error_response(path: str, exc: Exception) -> JSONResponse:
     if isinstance(exc, LocalInferError):
         status = http_status(exc)

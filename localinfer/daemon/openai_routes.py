@@ -26,7 +26,7 @@ from ..store import InstalledModel
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
-from .error_replies import error_body, guarded
+from .error_replies import error_body, guarded, stream_failure
 from .fields import audit
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
@@ -251,8 +251,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                             "choices": [], "usage": usage_json(event)}
                     yield f"data: {json_line(tail)}\n\n"
         except Exception as exc:  # headers are sent: report the error in the stream
-            status = exc.http_status if isinstance(exc, LocalInferError) else 500
-            message = exc.message if isinstance(exc, LocalInferError) else str(exc)
+            status, message = stream_failure(exc)
             yield f"data: {json_line(error_body(request.url.path, status, message))}\n\n"
         yield "data: [DONE]\n\n"
 

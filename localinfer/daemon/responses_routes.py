@@ -29,7 +29,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..protocol import json_line
 from ..runtime.types import Done, Message, SamplingParams, Token, TokenLogprob, ToolCall
 from .bridge import BridgeResponse, EventStream, start_generation, unless_disconnected
-from .error_replies import guarded
+from .error_replies import guarded, stream_failure
 from .fields import audit
 from .logprob_fields import entries_json
 from .reasoning_fields import Thinking, openai_think
@@ -145,8 +145,7 @@ async def _sse(reply: Reply, produce: AsyncIterator[dict[str, Any]]) -> AsyncIte
         async for event in produce:
             yield _event_text(event)
     except Exception as exc:  # headers are sent: the error is the stream's last event
-        status = exc.http_status if isinstance(exc, LocalInferError) else 500
-        message = exc.message if isinstance(exc, LocalInferError) else str(exc)
+        status, message = stream_failure(exc)
         yield _event_text(reply.fail(message, "server_error" if status >= 500
                                      else "invalid_request"))
 
