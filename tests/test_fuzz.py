@@ -309,11 +309,13 @@ def test_the_fuzz_reaches_valid_requests(fuzzed):
 @fuzz_settings
 @given(ident=texts | st.sampled_from(["resp_0", "resp_", "resp_" + "a" * 200, "..", "%2e%2e",
                                       "resp_x%2F..%2F..%2Fetc", "resp_x.json"]),
-       method=st.sampled_from(["GET", "DELETE"]))
-def test_hostile_response_ids(fuzzed, ident, method):
-    """Any id in the path of GET or DELETE /v1/responses/{id}: a 4xx in OpenAI's shape."""
+       method=st.sampled_from(["GET", "DELETE"]),
+       tail=st.sampled_from(["", "/input_items", "/input_items?limit=x&order=up"]))
+def test_hostile_response_ids(fuzzed, ident, method, tail):
+    """Any id in the path of GET or DELETE /v1/responses/{id} (and GET its input_items): a
+    4xx in OpenAI's shape."""
     path = "/v1/responses/" + urllib.parse.quote(ident.encode("utf-8", "surrogatepass"),
-                                                 safe="%")
+                                                 safe="%") + tail
     check(fuzzed, method, path, b"", None)
 
 

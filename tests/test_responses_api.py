@@ -274,6 +274,29 @@ def test_stored_responses_get_delete_and_404(daemon):
     assert not list((get_paths().data_dir / "responses").glob(f"{unstored.id}*"))
 
 
+def test_input_items_lists_what_a_response_was_made_from(daemon):
+    client = openai_client(daemon)
+    first = client.responses.create(model="fake:1b", input=[
+        {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "three", "id": "msg_mine"}])
+    second = client.responses.create(model="fake:1b", input="four",
+                                     previous_response_id=first.id)
+    page = client.responses.input_items.list(second.id, order="asc")
+    texts = [item.content[0].text if isinstance(item.content, list) else item.content
+             for item in page.data]
+    assert texts == ["one", "two", "three", REPLY, "four"]
+    assert page.data[2].id == "msg_mine" and all(item.id for item in page.data)
+    newest = client.responses.input_items.list(second.id, limit=2)
+    assert [i.id for i in newest.data] == [page.data[4].id, page.data[3].id]
+    assert newest.has_more and newest.first_id == page.data[4].id
+    after = client.responses.input_items.list(second.id, order="asc", after="msg_mine")
+    assert [i.id for i in after.data] == [page.data[3].id, page.data[4].id]
+    with pytest.raises(openai.BadRequestError, match="limit"):
+        client.responses.input_items.list(second.id, limit=0)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nope")
+
+
 def test_a_corrupt_stored_file_is_skipped_with_a_warning(daemon, caplog):
     client = openai_client(daemon)
     good = client.responses.create(model="fake:1b", input="hi")

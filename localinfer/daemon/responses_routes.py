@@ -1,6 +1,6 @@
 """OpenAI's Responses API, what Codex speaks: ``POST /v1/responses``, ``GET`` and ``DELETE
-/v1/responses/{id}``, on the chat route's engine, templates, tool grammar
-(structured.py) and thinking split (reasoning_fields.py).
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, on the chat route's engine,
+templates, tool grammar (structured.py) and thinking split (reasoning_fields.py).
 
 The request's ``input`` items (messages, function and custom tool calls and their outputs;
 earlier reasoning items are accepted and, as chat templates do with past reasoning, not
@@ -89,8 +89,11 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
         async def produce() -> AsyncIterator[dict[str, Any]]:
             async for event in reply.run(state, events, ask.thinking, ask.constraints):
                 if event["type"] in _TERMINAL and ask.store:
+                    inputs = [item if "id" in item else {"id": "item_" + uuid.uuid4().hex,
+                                                         **item}
+                              for item in ask.conversation]
                     record = {"response": event["response"],
-                              "conversation": ask.conversation + reply.output}
+                              "conversation": inputs + reply.output}
                     await asyncio.to_thread(responses.put, reply.ident, record)
                 yield event
 
@@ -107,6 +110,33 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
         record = await asyncio.to_thread(responses.get, request.path_params["response_id"])
         return JSONResponse(record["response"])
 
+    async def input_items(request: Request) -> Response:
+        """The items the response was made from (the stored chain's and its own input), as
+        OpenAI lists them: ``order`` (desc by default), ``limit`` (1-100, 20), ``after``."""
+        record = await asyncio.to_thread(responses.get, request.path_params["response_id"])
+        items = record["conversation"][:len(record["conversation"]) - len(
+            record["response"].get("output") or [])]
+        query = request.query_params
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise InvalidRequest("'order' must be \"asc\" or \"desc\".")
+        limit = query.get("limit", "20")
+        if not limit.isdigit() or not 1 <= int(limit) <= 100:
+            raise InvalidRequest("'limit' must be an integer from 1 to 100.")
+        if order == "desc":
+            items = items[::-1]
+        after = query.get("after")
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            if after not in ids:
+                raise InvalidRequest(f"'after': no item {after!r} in this response's input.")
+            items = items[ids.index(after) + 1:]
+        page = items[:int(limit)]
+        return JSONResponse({"object": "list", "data": page,
+                             "first_id": page[0].get("id") if page else None,
+                             "last_id": page[-1].get("id") if page else None,
+                             "has_more": len(items) > len(page)})
+
     async def delete(request: Request) -> Response:
         ident = request.path_params["response_id"]
         await asyncio.to_thread(responses.delete, ident)
@@ -118,6 +148,8 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
               methods=["GET"]),
         Route(ROUTE + "/{response_id}", guarded(state, "v1/responses/id", delete),
               methods=["DELETE"]),
+        Route(ROUTE + "/{response_id}/input_items",
+              guarded(state, "v1/responses/id/input_items", input_items), methods=["GET"]),
     ]
 
 
