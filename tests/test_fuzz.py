@@ -118,9 +118,10 @@ responses_item = st.one_of(
                            "summary": values}))
 responses_input = maybe(texts | st.lists(maybe(responses_item), max_size=3))
 responses_tool = st.fixed_dictionaries(
-    {"type": maybe(st.sampled_from(["function", "custom", "web_search", "local_shell"])),
+    {"type": maybe(st.sampled_from(["function", "custom", "namespace", "web_search",
+                                    "local_shell"])),
      "name": maybe(texts)},
-    optional={"parameters": values, "description": maybe(texts),
+    optional={"parameters": values, "description": maybe(texts), "tools": values,
               "format": maybe(st.fixed_dictionaries(
                   {"type": maybe(st.sampled_from(["text", "grammar"])),
                    "syntax": maybe(st.sampled_from(["regex", "lark"])),

@@ -38,8 +38,9 @@ def _agent(prompt: str) -> str:
         return f"<think>\n{REASONING}\n</think>\n\n" + _call("apply_patch", {
             "input": "*** Begin Patch\n*** End Patch"})
     if "shell" in prompt.split("<|im_start|>user")[-1]:
-        return f"<think>\n{REASONING}\n</think>\n\n" + _call("shell_command",
-                                                               {"command": "ls"})
+        return f"<think>\n{REASONING}\n</think>\n\n" + _call("exec_command", {"cmd": "ls"})
+    if "agent" in prompt.split("<|im_start|>user")[-1]:
+        return _call("spawn_agent", {"message": "go"})
     return f"<think>\n{REASONING}\n</think>\n\n" + _call("get_weather", {"city": "Paris"})
 
 
@@ -202,6 +203,9 @@ REFUSED = [
     ({"tools": [{"type": "image_generation"}]}, "image_generation"),
     ({"tools": [{"type": "mcp", "server_label": "x"}]}, "mcp"),
     ({"tools": [{"type": "local_shell"}]}, "local_shell"),
+    ({"tools": [{"type": "tool_search"}]}, "tool_search"),
+    ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]},
+     "tools[0].tools[0]"),
     ({"tools": [{"type": "custom", "name": "apply_patch", "format": {
         "type": "grammar", "syntax": "lark", "definition": "start: \"x\""}}]}, "apply_patch"),
     ({"tool_choice": {"type": "web_search_preview"}}, "web_search_preview"),
@@ -354,31 +358,48 @@ def test_the_store_is_bounded(tmp_path):
     assert [p.stem for p in (tmp_path / "small").glob("resp_*.json")] == ["resp_b"]
 
 
-# Codex (codex-rs/codex-api common.rs ResponsesApiRequest; core's tool specs for a model it
-# has no metadata for): its request's fields exactly, streamed, stored nowhere.
+# Codex 0.171.0's request, as recorded from `codex exec` against a stub server (texts and
+# tool schemas abridged): no instructions (developer messages instead), function tools, a
+# namespace of sub-agent tools, reasoning with a summary but no effort, store false,
+# streamed, reasoning.encrypted_content included, prompt_cache_key and client_metadata.
 CODEX_TOOLS = [
-    {"type": "function", "name": "shell_command", "strict": False,
-     "description": "Runs a shell command and returns its output.",
-     "parameters": {"type": "object", "additionalProperties": False, "required": ["command"],
-                    "properties": {"command": {"type": "string"},
-                                   "workdir": {"type": "string"},
-                                   "timeout_ms": {"type": "number"}}}},
-    {"type": "function", "name": "update_plan", "strict": False,
-     "description": "Updates the task plan.",
-     "parameters": {"type": "object", "additionalProperties": False, "required": ["plan"],
-                    "properties": {"explanation": {"type": "string"}, "plan": {
-                        "type": "array", "items": {"type": "object", "properties": {
-                            "step": {"type": "string"}, "status": {"type": "string"}},
-                            "required": ["step", "status"], "additionalProperties": False}}}}},
+    {"type": "function", "name": "exec_command", "strict": False,
+     "description": "Runs a command in a PTY, returning output or a session ID for ongoing"
+                    " interaction.",
+     "parameters": {"type": "object", "additionalProperties": False, "required": ["cmd"],
+                    "properties": {"cmd": {"type": "string"}, "workdir": {"type": "string"},
+                                   "tty": {"type": "boolean"},
+                                   "yield_time_ms": {"type": "number"},
+                                   "sandbox_permissions": {
+                                       "type": "string",
+                                       "enum": ["use_default", "require_escalated"]}}}},
+    {"type": "function", "name": "view_image", "strict": False,
+     "description": "View a local image file from the filesystem.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                    "required": ["path"], "additionalProperties": False}},
+    {"type": "namespace", "name": "multi_agent_v1",
+     "description": "Tools for spawning and managing sub-agents.", "tools": [
+         {"type": "function", "name": "spawn_agent", "strict": False,
+          "description": "Spawn a sub-agent.",
+          "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
+                         "required": ["message"], "additionalProperties": False}}]},
+    {"type": "function", "name": "get_goal", "strict": False,
+     "description": "Get the current goal for this thread.",
+     "parameters": {"type": "object", "properties": {}, "required": [],
+                    "additionalProperties": False}},
 ]
+CODEX_METADATA = {"x-codex-turn-metadata": json.dumps({"turn_id": "01a2", "sandbox":
+                                                        "seccomp"}),
+                  "session_id": "01a2493f", "turn_id": "01a2493f-9719"}
 
 
 def _codex_body(input_items: list) -> dict:
-    return {"model": "qwen3:1b", "instructions": "You are Codex, a coding agent.",
-            "input": input_items, "tools": CODEX_TOOLS, "tool_choice": "auto",
-            "parallel_tool_calls": False, "reasoning": {"effort": "medium", "summary": "auto"},
-            "store": False, "stream": True, "include": ["reasoning.encrypted_content"],
-            "prompt_cache_key": "0199a0b2-7c3e-7d21-9f00-5b7ad2c3e4f1"}
+    return {"model": "qwen3:1b", "stream": True, "input": input_items, "tools": CODEX_TOOLS,
+            "tool_choice": "auto", "parallel_tool_calls": True,
+            "reasoning": {"summary": "auto"}, "store": False,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "01a2493f-9707-7822-aba7-1d76b9b17ca7",
+            "client_metadata": CODEX_METADATA}
 
 
 def _sse_events(text: str) -> list[dict]:
@@ -387,13 +408,15 @@ def _sse_events(text: str) -> list[dict]:
 
 def test_a_codex_shaped_turn(qwen3):
     user = [
-        {"type": "message", "role": "developer", "content": [
-            {"type": "input_text", "text": "<permissions instructions>sandbox</permissions"
-                                           " instructions>"}]},
-        {"type": "message", "role": "user", "content": [
+        {"type": "message", "id": "msg_5d306b72", "role": "developer", "content": [
+            {"type": "input_text", "text": "You are a coding agent running in the Codex"
+                                           " CLI."}]},
+        {"type": "message", "id": "msg_01a2493f-9762", "role": "developer", "content": [
+            {"type": "input_text", "text": "<skills_instructions>none</skills_instructions>"}]},
+        {"type": "message", "id": "msg_01a2493f-9763", "role": "user", "content": [
             {"type": "input_text", "text": "<environment_context><cwd>/w</cwd>"
                                            "</environment_context>"}]},
-        {"type": "message", "role": "user", "content": [
+        {"type": "message", "id": "msg_01a2493f-977e", "role": "user", "content": [
             {"type": "input_text", "text": "Run shell: list the files."}]}]
     with qwen3.uds() as http:
         r = http.post("/v1/responses", json=_codex_body(user))
@@ -405,8 +428,8 @@ def test_a_codex_shaped_turn(qwen3):
         assert [i["type"] for i in done] == ["reasoning", "function_call"]
         reasoning, call = done
         assert reasoning["encrypted_content"] is None and reasoning["summary"] == []
-        assert call["name"] == "shell_command" and json.loads(call["arguments"]) == {
-            "command": "ls"}
+        assert call["name"] == "exec_command" and json.loads(call["arguments"]) == {
+            "cmd": "ls"}
         assert events[-1]["type"] == "response.completed"
         # Codex sends the whole history back, the reasoning item and the call included.
         history = [*user, *done, {"type": "function_call_output", "call_id": call["call_id"],
@@ -417,3 +440,13 @@ def test_a_codex_shaped_turn(qwen3):
         assert final["status"] == "completed" and final["store"] is False
         assert final["output"][-1]["content"][0]["text"] == "It is 1 x 12 C."
         assert not list((get_paths().data_dir / "responses").glob("*.json"))  # store: false
+
+
+def test_a_call_to_a_namespaced_tool_names_its_namespace(qwen3):
+    client = openai_client(qwen3)
+    r = client.responses.create(model="qwen3:1b", input="Spawn an agent.", store=False,
+                                tools=[CODEX_TOOLS[2]])
+    call = r.output[-1]
+    assert (call.type, call.name, call.namespace) == ("function_call", "spawn_agent",
+                                                      "multi_agent_v1")
+    assert json.loads(call.arguments) == {"message": "go"}

@@ -137,6 +137,8 @@ V1_RESPONSES = RouteFields(
         "max_tool_calls": "caps calls to OpenAI's built-in tools; none runs here",
         "stream_options": "its include_obfuscation pads stream events against network side"
                           " channels; localinfer's stream stays on this machine",
+        "client_metadata": "the client's labels for the request (Codex's turn metadata) for"
+                           " OpenAI's logs; nothing is logged",
     },
     refused={
         "truncation": Refused("localinfer never drops input items: a conversation longer"

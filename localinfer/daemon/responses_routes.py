@@ -61,6 +61,7 @@ class Ask:
     thinking: Thinking
     constraints: Constraints
     custom: frozenset[str]
+    namespaces: dict[str, str]
     params: SamplingParams
     stream: bool
     store: bool
@@ -84,7 +85,7 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
             ask.constraints.encoder(ask.messages, ask.thinking),
             ask.constraints.sampling(ask.params), priority_of(request, body))
         reply = Reply({**ask.echo, "model": entry.name}, custom=ask.custom,
-                      logprobs=ask.params.logprobs is not None)
+                      namespaces=ask.namespaces, logprobs=ask.params.logprobs is not None)
 
         async def produce() -> AsyncIterator[dict[str, Any]]:
             async for event in reply.run(state, events, ask.thinking, ask.constraints):
@@ -208,7 +209,8 @@ def read_request(body: dict[str, Any], history: list[dict[str, Any]]) -> Ask:
                                  " \"detailed\".")
     effort = reasoning.data.get("effort")
     thinking = openai_think(effort, None, field="reasoning.effort")
-    constraints, custom = responses_constraints(body)
+    tools = responses_constraints(body)
+    constraints = tools.constraints
     include = _include(body.get("include"))
     asked = "message.output_text.logprobs" in include or bool(f.integer("top_logprobs", 0))
     params = replace(sampling(f, max_tokens=f.integer("max_output_tokens", None, low=1)),
@@ -231,8 +233,8 @@ def read_request(body: dict[str, Any], history: list[dict[str, Any]]) -> Ask:
         "truncation": "disabled", "user": f.string("user", None),
         "prompt_cache_key": f.string("prompt_cache_key", None), "service_tier": "default",
     }
-    return Ask(messages, conversation, thinking, constraints, custom, params,
-               f.boolean("stream", False), store, echo)
+    return Ask(messages, conversation, thinking, constraints, tools.custom, tools.namespaces,
+               params, f.boolean("stream", False), store, echo)
 
 
 def _include(value: Any) -> set[str]:
@@ -356,11 +358,12 @@ class Reply:
     build them (numbered in order; a non-streamed response makes the same and keeps the
     last)."""
 
-    def __init__(self, echo: dict[str, Any], *, custom: frozenset[str], logprobs: bool
-                 ) -> None:
+    def __init__(self, echo: dict[str, Any], *, custom: frozenset[str],
+                 namespaces: dict[str, str], logprobs: bool) -> None:
         self.echo = echo
         self.ident: str = echo["id"]
         self.custom = custom
+        self.namespaces = namespaces
         self.logprobs = logprobs
         self.output: list[dict[str, Any]] = []
         self.sequence = -1
@@ -516,6 +519,8 @@ class Reply:
             item = {"id": "fc_" + uuid.uuid4().hex, "type": "function_call",
                     "call_id": call.id, "name": call.name, "arguments": call.arguments}
             kind, key = "response.function_call_arguments", "arguments"
+        if call.name in self.namespaces:
+            item["namespace"] = self.namespaces[call.name]
         where = {"item_id": item["id"], "output_index": index}
         self.output.append({**item, "status": "completed"})
         return [self._event("response.output_item.added", output_index=index,

@@ -109,29 +109,47 @@ def openai_constraints(body: dict[str, Any]) -> Constraints:
 BUILT_IN_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11",
                   "web_search_2025_08_26", "file_search", "computer_use_preview",
                   "computer_use", "computer", "code_interpreter", "image_generation", "mcp",
-                  "local_shell", "shell", "apply_patch", "tool_search", "namespace")
+                  "local_shell", "shell", "apply_patch", "tool_search",
+                  "programmatic_tool_calling")
 """The Responses API's tools that OpenAI runs on its own servers (or that name a client
 protocol of their own): none runs here."""
 
 
-def responses_constraints(body: dict[str, Any]) -> tuple[Constraints, frozenset[str]]:
-    """The Responses API's ``tools`` (``function``, and ``custom`` whose input is free text
-    or matches a regex), ``tool_choice``, ``parallel_tool_calls`` and ``text.format``; and the
-    names of the custom tools, whose calls are answered as ``custom_tool_call`` items. A
-    custom tool is called as a function of one string argument, ``input``."""
+@dataclass(frozen=True)
+class ResponsesTools:
+    """A Responses API request's tools and output format, and how its calls come back."""
+
+    constraints: Constraints
+    custom: frozenset[str]
+    """The custom tools, whose calls are ``custom_tool_call`` items."""
+    namespaces: dict[str, str]
+    """The namespace of each tool given inside a ``namespace`` tool."""
+
+
+def responses_constraints(body: dict[str, Any]) -> ResponsesTools:
+    """The Responses API's ``tools`` (``function``; ``custom`` whose input is free text or
+    matches a regex, called as a function of one string argument, ``input``; ``namespace``,
+    a group of those), ``tool_choice``, ``parallel_tool_calls`` and ``text.format``."""
     raw = body.get("tools")
     if raw is not None and not isinstance(raw, list):
         raise InvalidRequest("'tools' must be a list of tools.")
-    definitions, custom = [], set()
-    for i, item in enumerate(raw or []):
+    listed = [(f"tools[{i}]", item, "") for i, item in enumerate(raw or [])]
+    definitions, custom, namespaces = [], set(), {}
+    while listed:
+        where, item, namespace = listed.pop(0)
         kind = item.get("type") if isinstance(item, dict) else None
         if kind in BUILT_IN_TOOLS:
-            raise InvalidRequest(f"'tools[{i}]' is {kind!r}, one of OpenAI's built-in tools"
+            raise InvalidRequest(f"'{where}' is {kind!r}, one of OpenAI's built-in tools"
                                  " (they run on OpenAI's servers); localinfer runs none of"
                                  " them: define it as a function tool and run it yourself.")
+        if kind == "namespace" and not namespace and isinstance(item.get("name"), str) and \
+                isinstance(item.get("tools"), list):
+            listed[:0] = [(f"{where}.tools[{j}]", tool, item["name"])
+                          for j, tool in enumerate(item["tools"])]
+            continue
         if kind not in ("function", "custom") or not isinstance(item.get("name"), str):
-            raise InvalidRequest(f"'tools[{i}]' must be {{\"type\": \"function\" or"
-                                 " \"custom\", \"name\": ..., ...}.")
+            raise InvalidRequest(f"'{where}' must be {{\"type\": \"function\", \"custom\" or"
+                                 " \"namespace\", \"name\": ..., ...}.")
         function = {"name": item["name"]}
         if isinstance(item.get("description"), str):
             function["description"] = item["description"]
@@ -140,8 +158,10 @@ def responses_constraints(body: dict[str, Any]) -> tuple[Constraints, frozenset[
                 function["parameters"] = item["parameters"]
         else:
             function["parameters"] = {"type": "object", "required": ["input"],
-                                      "properties": {"input": _custom_input(item, i)}}
+                                      "properties": {"input": _custom_input(item, where)}}
             custom.add(item["name"])
+        if namespace:
+            namespaces[item["name"]] = namespace
         definitions.append({"type": "function", "function": function})
     tools = parse_tools(definitions)
     choice, allowed = _responses_choice(body.get("tool_choice"), tools)
@@ -153,11 +173,11 @@ def responses_constraints(body: dict[str, Any]) -> tuple[Constraints, frozenset[
     if not isinstance(parallel, bool):
         raise InvalidRequest("'parallel_tool_calls' must be true or false.")
     output = _text_format(body.get("text"))
-    return _checked(Constraints(tools, choice, parallel, output), "text.format"), \
-        frozenset(custom)
+    return ResponsesTools(_checked(Constraints(tools, choice, parallel, output), "text.format"),
+                          frozenset(custom), namespaces)
 
 
-def _custom_input(tool: dict[str, Any], i: int) -> dict[str, Any]:
+def _custom_input(tool: dict[str, Any], where: str) -> dict[str, Any]:
     """A custom tool's ``format`` as the JSON schema of its input string: any text, or text
     matching a regex (llama.cpp's schema grammar compiles the pattern). A Lark grammar is
     refused: llama.cpp's grammars cannot hold one inside a call's JSON."""
@@ -170,11 +190,11 @@ def _custom_input(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if kind == "grammar" and syntax == "regex" and isinstance(definition, str):
         return {"type": "string", "pattern": definition}
     if kind == "grammar" and syntax == "lark":
-        raise InvalidRequest(f"'tools[{i}].format': the custom tool {tool['name']!r} has a"
+        raise InvalidRequest(f"'{where}.format': the custom tool {tool['name']!r} has a"
                              " Lark grammar, which localinfer cannot hold a call to (llama.cpp"
                              " takes GBNF); send it with a \"regex\" grammar, as"
                              " {\"type\": \"text\"}, or as a function tool.")
-    raise InvalidRequest(f"'tools[{i}].format' must be {{\"type\": \"text\"}} or"
+    raise InvalidRequest(f"'{where}.format' must be {{\"type\": \"text\"}} or"
                          " {\"type\": \"grammar\", \"syntax\": \"regex\", \"definition\": ...}.")
 
 
