@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from openai.types.responses import response_create_params as params
 
 from localinfer.daemon.fields import ROUTES, fields_table
 from localinfer.errors import InvalidRequest
@@ -141,3 +142,31 @@ def test_editor_shaped_requests_get_what_they_expect(daemon):
                 assert r.status_code == 200
                 text = r.read().decode()
             assert text.rstrip().endswith("data: [DONE]") and '"content":"Hello' in text
+
+
+# The request fields each route's reference documents today (OpenAI's "Create a model
+# response", as the openai SDK's ResponseCreateParams has them): each must be honoured,
+# ignored with a reason, or refused by name; a field added upstream fails the test below.
+DOCUMENTED = {
+    "/v1/responses": (
+        "access_programs", "background", "background_options", "context_management",
+        "conversation", "image", "include", "input", "instructions", "max_output_tokens",
+        "max_tool_calls", "metadata", "model", "moderation", "parallel_tool_calls",
+        "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options",
+        "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "store",
+        "stream", "stream_options", "temperature", "text", "tool_choice", "tools",
+        "top_logprobs", "top_p", "truncation", "user"),
+}
+
+
+@pytest.mark.parametrize("route", sorted(DOCUMENTED))
+def test_every_documented_field_has_a_rule(route):
+    rule = ROUTES[route]
+    known = {*rule.honoured, *rule.elsewhere, *rule.ignored, *rule.refused}
+    assert not set(DOCUMENTED[route]) - known
+
+
+def test_the_documented_responses_fields_are_the_sdks():
+    sdk = {*params.ResponseCreateParamsBase.__annotations__,
+           *params.ResponseCreateParamsStreaming.__annotations__}
+    assert sdk == set(DOCUMENTED["/v1/responses"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import urllib.parse
 from collections.abc import Iterator
 
 import httpx
@@ -127,6 +128,33 @@ anthropic_prompt = {
         optional={"budget_tokens": maybe(st.integers(0, 5000))})),
     "output_config": maybe(st.fixed_dictionaries({}, optional={"format": values})),
     "cache_control": values, "speed": values}
+responses_part = st.fixed_dictionaries(
+    {"type": maybe(st.sampled_from(["input_text", "output_text", "input_image", "refusal"])),
+     "text": maybe(texts)})
+responses_item = st.one_of(
+    st.fixed_dictionaries({"role": maybe(st.sampled_from(["user", "assistant", "developer",
+                                                          "system"])),
+                           "content": maybe(texts | st.lists(responses_part, max_size=2))},
+                          optional={"type": maybe(st.just("message"))}),
+    st.fixed_dictionaries({"type": maybe(st.sampled_from(["function_call",
+                                                          "custom_tool_call"])),
+                           "call_id": maybe(texts), "name": maybe(texts),
+                           "arguments": maybe(texts), "input": maybe(texts)}),
+    st.fixed_dictionaries({"type": maybe(st.sampled_from(["function_call_output",
+                                                          "custom_tool_call_output"])),
+                           "call_id": maybe(texts), "output": maybe(texts)}),
+    st.fixed_dictionaries({"type": maybe(st.sampled_from(["reasoning", "item_reference"])),
+                           "summary": values}))
+responses_input = maybe(texts | st.lists(maybe(responses_item), max_size=3))
+responses_tool = st.fixed_dictionaries(
+    {"type": maybe(st.sampled_from(["function", "custom", "namespace", "web_search",
+                                    "local_shell"])),
+     "name": maybe(texts)},
+    optional={"parameters": values, "description": maybe(texts), "tools": values,
+              "format": maybe(st.fixed_dictionaries(
+                  {"type": maybe(st.sampled_from(["text", "grammar"])),
+                   "syntax": maybe(st.sampled_from(["regex", "lark"])),
+                   "definition": maybe(texts)}))})
 
 SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
     ("POST", "/v1/messages"): st.fixed_dictionaries(
@@ -185,6 +213,29 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
                                         | st.lists(st.integers(-2, 300), max_size=4))},
         optional={"encoding_format": maybe(st.sampled_from(["float", "base64"])),
                   "dimensions": maybe(small_ints)}),
+    ("POST", "/v1/responses"): st.fixed_dictionaries(
+        {"model": model, "input": responses_input},
+        optional={**sampling, "instructions": maybe(texts), "stream": maybe(st.booleans()),
+                  "store": maybe(st.booleans()), "max_output_tokens": maybe(small_ints),
+                  "previous_response_id": maybe(texts | st.just("resp_0")),
+                  "tools": maybe(st.lists(maybe(responses_tool), max_size=2)),
+                  "tool_choice": maybe(st.sampled_from(["auto", "none", "required"])
+                                       | st.fixed_dictionaries({"type": maybe(texts),
+                                                                "name": maybe(texts)})),
+                  "parallel_tool_calls": maybe(st.booleans()),
+                  "reasoning": maybe(st.fixed_dictionaries({}, optional={
+                      "effort": maybe(st.sampled_from(["none", "low", "high"])),
+                      "summary": maybe(st.sampled_from(["auto", "detailed"]))})),
+                  "text": maybe(st.fixed_dictionaries({}, optional={"format": maybe(
+                      st.fixed_dictionaries({"type": maybe(st.sampled_from(
+                          ["text", "json_object", "json_schema"]))},
+                          optional={"schema": values})), "verbosity": values})),
+                  "include": maybe(st.lists(maybe(st.sampled_from(
+                      ["reasoning.encrypted_content", "message.output_text.logprobs"])),
+                      max_size=2)),
+                  "top_logprobs": maybe(small_ints), "metadata": values,
+                  "truncation": maybe(st.sampled_from(["disabled", "auto"])),
+                  "prompt_cache_key": maybe(texts), "user": maybe(texts)}),
     ("POST", "/localinfer/load"): st.fixed_dictionaries(
         {"model": model}, optional={"keep_alive": maybe(texts | small_ints)}),
 }
@@ -245,7 +296,10 @@ def check(fuzzed: tuple[RunningDaemon, _Errors, httpx.Client], method: str, path
         for line in raw.decode().splitlines():
             assert "error" not in json.loads(line), (path, body[:200], line)
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
-        assert b'"error"' not in raw, (path, body[:200], raw[-300:])
+        if path == "/v1/responses":  # its response objects carry "error": null
+            assert b"response.failed" not in raw and b'"type":"error"' not in raw, raw[-300:]
+        else:
+            assert b'"error"' not in raw, (path, body[:200], raw[-300:])
     elif raw:
         json.loads(raw)
     assert http.get("/health").status_code == 200  # alive
@@ -292,6 +346,24 @@ def test_the_fuzz_reaches_valid_requests(fuzzed):
     message = http.post("/v1/messages", json={
         "model": "fake:1b", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]})
     assert message.status_code == 200 and message.json()["content"][0]["text"] == REPLY
+    stored = http.post("/v1/responses", json={"model": "fake:1b", "input": "hi"})
+    assert stored.status_code == 200 and stored.json()["status"] == "completed"
+    ident = stored.json()["id"]
+    assert http.get(f"/v1/responses/{ident}").json()["id"] == ident
+    assert http.delete(f"/v1/responses/{ident}").json()["deleted"] is True
+
+
+@fuzz_settings
+@given(ident=texts | st.sampled_from(["resp_0", "resp_", "resp_" + "a" * 200, "..", "%2e%2e",
+                                      "resp_x%2F..%2F..%2Fetc", "resp_x.json"]),
+       method=st.sampled_from(["GET", "DELETE"]),
+       tail=st.sampled_from(["", "/input_items", "/input_items?limit=x&order=up"]))
+def test_hostile_response_ids(fuzzed, ident, method, tail):
+    """Any id in the path of GET or DELETE /v1/responses/{id} (and GET its input_items): a
+    4xx in OpenAI's shape."""
+    path = "/v1/responses/" + urllib.parse.quote(ident.encode("utf-8", "surrogatepass"),
+                                                 safe="%") + tail
+    check(fuzzed, method, path, b"", None)
 
 
 @pytest.mark.parametrize("body,field", [

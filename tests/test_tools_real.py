@@ -116,6 +116,51 @@ def test_ollama_tool_call_round_trip(tool_daemon, stream):
     assert final.message.content and not final.message.tool_calls
 
 
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+def _responses_history() -> list[dict[str, Any]]:
+    """The agent loop above as Responses API input items."""
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "What's the weather in Paris, Berlin, Rome and London?"}]
+    for i, city in enumerate(["Paris", "Berlin", "Rome"]):
+        items += [{"type": "function_call", "call_id": f"call_{i}", "name": "get_weather",
+                   "arguments": json.dumps({"city": city})},
+                  {"type": "function_call_output", "call_id": f"call_{i}",
+                   "output": f"{10 + i} C"}]
+    return items
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_tool_call_round_trip(tool_daemon, stream):
+    """The openai SDK's responses.create / responses.stream: a function_call, its
+    function_call_output, then the answer (streamed: continued from the stored response by
+    previous_response_id, as a client that keeps no history does)."""
+    client = openai_client(tool_daemon)
+    ask = {"model": "gemma3:270m", "tools": [RESPONSES_WEATHER], "temperature": 0,
+           "max_output_tokens": 40, "parallel_tool_calls": False}
+    if stream:
+        with client.responses.stream(input=_responses_history(), **ask) as s:
+            types = [e.type for e in s]
+            first = s.get_final_response()
+        assert types[-1] == "response.completed"
+        assert "response.function_call_arguments.done" in types
+    else:
+        first = client.responses.create(input=_responses_history(), store=False, **ask)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and first.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "12 C"}
+    if stream:
+        final = client.responses.create(previous_response_id=first.id, input=[result],
+                                        tool_choice="none", **ask)
+        assert final.usage.input_tokens_details.cached_tokens > 0  # the first turn's prefix
+    else:
+        items = [*_responses_history(), call.model_dump(exclude_none=True), result]
+        final = client.responses.create(input=items, tool_choice="none", store=False, **ask)
+    assert final.output_text and not [i for i in final.output if i.type == "function_call"]
+
+
 # Bounded values only: an unbounded string or number could run past max_tokens mid-call.
 _leaf = st.one_of(
     st.just({"type": "boolean"}),

@@ -7,6 +7,8 @@ served over a Unix socket and loopback TCP in the OpenAI, Anthropic and Ollama w
     state.py             settings, /metrics counters, the state the routes share
     openai_routes.py     /v1/models, /v1/chat/completions, /v1/completions
     anthropic_routes.py  /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
+    responses_routes.py  /v1/responses (OpenAI's Responses API, Codex's): create, get, delete
+    response_store.py    stored responses on disk, for previous_response_id, GET and DELETE
     ollama_routes.py     /api/version, tags, ps, show, chat, generate, pull, delete
     native_routes.py     /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
     llama_routes.py      llama-server's /infill for editor autocomplete plugins

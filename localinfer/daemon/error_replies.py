@@ -89,13 +89,18 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
                                    "internal_error"), 500)
 
 
+def stream_failure(path: str, exc: Exception) -> tuple[int, str, str | None]:
+    """The status, message and code of an error raised after a stream's headers were sent
+    (reported as the stream's last event); an unexpected one is logged."""
+    if isinstance(exc, LocalInferError):
+        return http_status(exc), exc.message, _CODES.get(type(exc))
+    log.exception("error mid-stream on %s", path)
+    return 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"
+
+
 def stream_error_body(path: str, exc: Exception) -> dict[str, Any]:
     """The error event of a stream whose headers are sent, in the path's API shape."""
-    if isinstance(exc, LocalInferError):
-        return error_body(path, http_status(exc), exc.message, _CODES.get(type(exc)))
-    log.exception("error mid-stream on %s", path)
-    return error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}",
-                      "internal_error")
+    return error_body(path, *stream_failure(path, exc))
 
 
 async def handle_error(request: Request, exc: Exception) -> Response:

@@ -121,6 +121,45 @@ V1_COMPLETIONS = RouteFields(
     },
 )
 
+V1_RESPONSES = RouteFields(
+    honoured=("model", "input", "instructions", "stream", "store", "previous_response_id",
+              "metadata", "max_output_tokens", "top_logprobs", "reasoning", "include",
+              *_SAMPLING, *_LOCALINFER),
+    elsewhere=("tools", "tool_choice", "parallel_tool_calls", "text"),
+    ignored={
+        "user": _OPENAI_IGNORED["user"],
+        "safety_identifier": _OPENAI_IGNORED["safety_identifier"],
+        "prompt_cache_key": _OPENAI_IGNORED["prompt_cache_key"],
+        "prompt_cache_retention": "prompt caching is automatic: cached prefixes stay while"
+                                  " memory holds them",
+        "prompt_cache_options": "prompt caching is automatic: each request reuses the longest"
+                                " cached prefix",
+        "service_tier": _OPENAI_IGNORED["service_tier"],
+        "max_tool_calls": "caps calls to OpenAI's built-in tools; none runs here",
+        "stream_options": "its include_obfuscation pads stream events against network side"
+                          " channels; localinfer's stream stays on this machine",
+        "client_metadata": "the client's labels for the request (Codex's turn metadata) for"
+                           " OpenAI's logs; nothing is logged",
+    },
+    refused={
+        "truncation": Refused("localinfer never drops input items: a conversation longer"
+                              " than the context is a 400 (send \"disabled\").",
+                              lambda v: v == "disabled", '"disabled"'),
+        "background": Refused("background responses are not supported; stream instead (send"
+                              " false or leave it out).", _false, "false"),
+        "background_options": Refused("background responses are not supported."),
+        "conversation": Refused("the Conversations API is not implemented; continue a"
+                                " conversation with 'previous_response_id'."),
+        "prompt": Refused("stored prompt templates live on OpenAI's servers; send"
+                          " 'instructions' and 'input'."),
+        "context_management": Refused("server-side compaction is not supported; a"
+                                      " conversation longer than the context is a 400."),
+        "moderation": Refused("no moderation model runs here."),
+        "image": Refused("this model server makes no images."),
+        "access_programs": Refused("OpenAI's access programs do not apply to a local model."),
+    },
+)
+
 _OLLAMA_HONOURED = ("model", "stream", "options", "keep_alive", "think", "logprobs",
                     "top_logprobs", *_LOCALINFER)
 _OLLAMA_REFUSED = {
@@ -267,6 +306,7 @@ ROUTES: dict[str, RouteFields] = {
     "/v1/completions": V1_COMPLETIONS,
     "/v1/messages": V1_MESSAGES,
     "/v1/messages/count_tokens": V1_COUNT_TOKENS,
+    "/v1/responses": V1_RESPONSES,
     "/api/chat": API_CHAT,
     "/api/generate": API_GENERATE,
     "/api/chat and /api/generate: options": API_OPTIONS,

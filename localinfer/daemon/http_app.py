@@ -1,5 +1,6 @@
-"""The daemon's HTTP application, assembled: localinfer's own routes, OpenAI's (/v1),
-Anthropic's (/v1/messages) and Ollama's (/api), behind the guard (guard.py), with every error
+"""The daemon's HTTP application, assembled: localinfer's own routes, OpenAI's (/v1, with
+the Responses API), Anthropic's (/v1/messages) and Ollama's (/api), behind the guard
+(guard.py), with every error
 answered in its API's shape (error_replies.py). ``create_app(state)`` builds it around a
 ``DaemonState`` (state.py)."""
 
@@ -18,6 +19,7 @@ from . import (
     native_routes,
     ollama_routes,
     openai_routes,
+    responses_routes,
 )
 from .error_replies import handle_error
 from .guard import Guard
@@ -26,7 +28,7 @@ from .state import DaemonState
 
 def create_app(state: DaemonState) -> Starlette:
     routes = [*native_routes.routes(state), *openai_routes.routes(state),
-              *anthropic_routes.routes(state),
+              *anthropic_routes.routes(state), *responses_routes.routes(state),
               *ollama_routes.routes(state), *embedding_routes.routes(state),
               *llama_routes.routes(state)]
     middleware = [Middleware(Guard, settings=state.settings)]

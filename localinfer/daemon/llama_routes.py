@@ -27,14 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest, LocalInferError
+from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
 from ..runtime.types import DEFAULT_SAMPLING, Done, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
-from .error_replies import error_body, guarded
+from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .requests import Fields, read_json, sampling
 from .state import DaemonState
@@ -85,9 +85,7 @@ def routes(state: DaemonState) -> list[Route]:
                     state.record(event)
                     yield _sse(_only(fields, _final(event, model, "")))
             except Exception as exc:  # headers are sent: report the error in the stream
-                status = exc.http_status if isinstance(exc, LocalInferError) else 500
-                message = exc.message if isinstance(exc, LocalInferError) else str(exc)
-                yield _sse(error_body(request.url.path, status, message))
+                yield _sse(stream_error_body(request.url.path, exc))
 
         return BridgeResponse(stream(), events, media_type="text/event-stream",
                               on_close=stack.aclose)

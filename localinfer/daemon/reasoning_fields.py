@@ -96,10 +96,12 @@ def ollama_think(value: Any) -> bool | str | None:
 _OFF_EFFORTS = ("none", "minimal")
 
 
-def openai_think(effort: Any, template_kwargs: Any) -> Thinking:
-    """OpenAI's ``reasoning_effort`` ("none" and "minimal" switch thinking off; "low",
-    "medium", "high" switch it on, at that effort where the template takes one) and
-    llama-server's ``chat_template_kwargs`` (more variables for the template)."""
+def openai_think(effort: Any, template_kwargs: Any, *, field: str = "reasoning_effort"
+                 ) -> Thinking:
+    """OpenAI's ``reasoning_effort`` (the Responses API's ``reasoning.effort``, named by
+    ``field`` in errors: "none" and "minimal" switch thinking off; "low", "medium", "high"
+    switch it on, at that effort where the template takes one) and llama-server's
+    ``chat_template_kwargs`` (more variables for the template)."""
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise InvalidRequest("'chat_template_kwargs' must be an object.")
     reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token"} & set(
@@ -113,7 +115,7 @@ def openai_think(effort: Any, template_kwargs: Any) -> Thinking:
         return Thinking(False, template_kwargs)
     if effort in EFFORTS:
         return Thinking(effort, template_kwargs)
-    raise InvalidRequest("'reasoning_effort' must be one of "
+    raise InvalidRequest(f"'{field}' must be one of "
                          f"{', '.join(_OFF_EFFORTS + EFFORTS)}; got {effort!r}.")
 
 

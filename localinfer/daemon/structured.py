@@ -1,7 +1,8 @@
 """Tool calls and structured output: reading ``tools``, ``tool_choice``,
 ``parallel_tool_calls``, ``response_format`` (OpenAI), ``json_schema`` and ``grammar``
-(llama-server) and ``format`` (Ollama) into a grammar for the model's sampler, and its reply
-back into each API's ``tool_calls``.
+(llama-server), ``format`` (Ollama) and the Responses API's flat ``tools`` (function and
+custom) and ``text.format`` into a grammar for the model's sampler, and its reply back into
+each API's ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,160 @@ def openai_constraints(body: dict[str, Any]) -> Constraints:
         raise InvalidRequest("'parallel_tool_calls' must be true or false.")
     output, field = output_grammar(body, OPENAI_OUTPUT_FIELDS)
     return _checked(Constraints(tools, choice, parallel, output), field)
+
+
+BUILT_IN_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11",
+                  "web_search_2025_08_26", "file_search", "computer_use_preview",
+                  "computer_use", "computer", "code_interpreter", "image_generation", "mcp",
+                  "local_shell", "shell", "apply_patch", "tool_search",
+                  "programmatic_tool_calling")
+"""The Responses API's tools that OpenAI runs on its own servers (or that name a client
+protocol of their own): none runs here."""
+
+
+@dataclass(frozen=True)
+class ResponsesTools:
+    """A Responses API request's tools and output format, and how its calls come back."""
+
+    constraints: Constraints
+    custom: frozenset[str]
+    """The custom tools, whose calls are ``custom_tool_call`` items."""
+    namespaces: dict[str, str]
+    """The namespace of each tool given inside a ``namespace`` tool."""
+
+
+def responses_constraints(body: dict[str, Any]) -> ResponsesTools:
+    """The Responses API's ``tools`` (``function``; ``custom`` whose input is free text or
+    matches a regex, called as a function of one string argument, ``input``; ``namespace``,
+    a group of those), ``tool_choice``, ``parallel_tool_calls`` and ``text.format``."""
+    raw = body.get("tools")
+    if raw is not None and not isinstance(raw, list):
+        raise InvalidRequest("'tools' must be a list of tools.")
+    listed = [(f"tools[{i}]", item, "") for i, item in enumerate(raw or [])]
+    definitions, custom, namespaces = [], set(), {}
+    while listed:
+        where, item, namespace = listed.pop(0)
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind in BUILT_IN_TOOLS:
+            raise InvalidRequest(f"'{where}' is {kind!r}, one of OpenAI's built-in tools"
+                                 " (they run on OpenAI's servers); localinfer runs none of"
+                                 " them: define it as a function tool and run it yourself.")
+        if kind == "namespace" and not namespace and isinstance(item.get("name"), str) and \
+                isinstance(item.get("tools"), list):
+            listed[:0] = [(f"{where}.tools[{j}]", tool, item["name"])
+                          for j, tool in enumerate(item["tools"])]
+            continue
+        if kind not in ("function", "custom") or not isinstance(item.get("name"), str):
+            raise InvalidRequest(f"'{where}' must be {{\"type\": \"function\", \"custom\" or"
+                                 " \"namespace\", \"name\": ..., ...}.")
+        function = {"name": item["name"]}
+        if isinstance(item.get("description"), str):
+            function["description"] = item["description"]
+        if kind == "function":
+            if item.get("parameters") is not None:
+                function["parameters"] = item["parameters"]
+        else:
+            function["parameters"] = {"type": "object", "required": ["input"],
+                                      "properties": {"input": _custom_input(item, where)}}
+            custom.add(item["name"])
+        if namespace:
+            namespaces[item["name"]] = namespace
+        definitions.append({"type": "function", "function": function})
+    tools = parse_tools(definitions)
+    choice, allowed = _responses_choice(body.get("tool_choice"), tools)
+    if allowed is not None:
+        tools = [t for t in tools if t.name in allowed]
+    if choice.mode in ("required", "function") and not tools:
+        raise InvalidRequest("'tool_choice' asks for a call but 'tools' is empty.")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise InvalidRequest("'parallel_tool_calls' must be true or false.")
+    output = _text_format(body.get("text"))
+    return ResponsesTools(_checked(Constraints(tools, choice, parallel, output), "text.format"),
+                          frozenset(custom), namespaces)
+
+
+def _custom_input(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A custom tool's ``format`` as the JSON schema of its input string: any text, or text
+    matching a regex (llama.cpp's schema grammar compiles the pattern). A Lark grammar is
+    refused: llama.cpp's grammars cannot hold one inside a call's JSON."""
+    fmt = tool.get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+    if fmt is None or kind == "text":
+        return {"type": "string"}
+    syntax = fmt.get("syntax") if isinstance(fmt, dict) else None
+    definition = fmt.get("definition") if isinstance(fmt, dict) else None
+    if kind == "grammar" and syntax == "regex" and isinstance(definition, str):
+        return {"type": "string", "pattern": definition}
+    if kind == "grammar" and syntax == "lark":
+        raise InvalidRequest(f"'{where}.format': the custom tool {tool['name']!r} has a"
+                             " Lark grammar, which localinfer cannot hold a call to (llama.cpp"
+                             " takes GBNF); send it with a \"regex\" grammar, as"
+                             " {\"type\": \"text\"}, or as a function tool.")
+    raise InvalidRequest(f"'{where}.format' must be {{\"type\": \"text\"}} or"
+                         " {\"type\": \"grammar\", \"syntax\": \"regex\", \"definition\": ...}.")
+
+
+def _responses_choice(raw: Any, tools: Sequence[Tool]
+                      ) -> tuple[ToolChoice, frozenset[str] | None]:
+    """The Responses API's ``tool_choice``: "auto", "none", "required", {"type": "function"
+    or "custom", "name": ...}, or {"type": "allowed_tools", "mode": "auto" or "required",
+    "tools": [...]}; and the names of the tools allowed (None: all)."""
+    if not isinstance(raw, dict):
+        return parse_tool_choice(raw, tools), None
+    kind = raw.get("type")
+    if kind in ("function", "custom"):
+        return parse_tool_choice({"type": "function", "function": {"name": raw.get("name")}},
+                                 tools), None
+    if kind == "allowed_tools":
+        mode, allowed = raw.get("mode", "auto"), raw.get("tools")
+        if mode not in ("auto", "required") or not isinstance(allowed, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("name"), str) for t in allowed):
+            raise InvalidRequest("'tool_choice' of type allowed_tools needs \"mode\": \"auto\""
+                                 " or \"required\" and \"tools\": [{\"type\": ..., \"name\":"
+                                 " ...}].")
+        names = {t["name"] for t in allowed}
+        unknown = names - {t.name for t in tools}
+        if unknown:
+            raise InvalidRequest(f"'tool_choice.tools' names {sorted(unknown)[0]!r}, which is"
+                                 " not among 'tools'.")
+        return ToolChoice(mode), frozenset(names)
+    if kind in BUILT_IN_TOOLS:
+        raise InvalidRequest(f"'tool_choice' names the built-in tool {kind!r}; localinfer"
+                             " runs none of OpenAI's built-in tools.")
+    raise InvalidRequest("'tool_choice' must be \"auto\", \"none\", \"required\","
+                         " {\"type\": \"function\", \"name\": ...} or {\"type\":"
+                         " \"allowed_tools\", ...}.")
+
+
+def _text_format(text: Any) -> Grammar | None:
+    """The Responses API's ``text``: ``format`` (text, json_object, or json_schema with the
+    schema beside the type) and ``verbosity`` (only "medium", the default, is kept: a
+    template has no verbosity switch)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise InvalidRequest("'text' must be an object: {\"format\": {...}}.")
+    verbosity = text.get("verbosity")
+    if verbosity not in (None, "medium"):
+        raise InvalidRequest("'text.verbosity': only \"medium\" is supported (no template"
+                             " has a verbosity switch); ask for brevity in the prompt.")
+    unknown = set(text) - {"format", "verbosity"}
+    if unknown:
+        raise InvalidRequest(f"'text.{sorted(unknown)[0]}' is not a field localinfer"
+                             " implements.")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise InvalidRequest("'text.format.schema' must be a JSON schema object.")
+        return json_grammar(fmt["schema"])
+    if kind in ("text", "json_object"):
+        return _response_format({"type": kind})
+    raise InvalidRequest("'text.format.type' must be \"text\", \"json_object\" or"
+                         " \"json_schema\".")
 
 
 OPENAI_OUTPUT_FIELDS = ("response_format", "json_schema", "grammar")

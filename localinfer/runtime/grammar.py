@@ -200,9 +200,9 @@ def number_range(schema: dict[str, Any]) -> str:
     range and any fraction, the top bound only as itself. Other bounds are refused
     (ValueError), never dropped."""
     low, high = schema.get("minimum"), schema.get("maximum")
-    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
-    if (not whole or "exclusiveMinimum" in schema or "exclusiveMaximum" in schema
-            or low < 0 or high < low):
+    if (not isinstance(low, int) or not isinstance(high, int) or isinstance(low, bool)
+            or isinstance(high, bool) or "exclusiveMinimum" in schema
+            or "exclusiveMaximum" in schema or low < 0 or high < low):
         raise ValueError("bounds on a 'number' can be enforced only as a whole, non-negative"
                          " minimum and maximum; use an integer or leave them out")
     fraction = '("." [0-9]{1,15})?'
