@@ -215,7 +215,7 @@ BAD = [
     ({"container": "c1"}, "container"),
     ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "budget_tokens"),
     ({"thinking": {"type": "enabled", "budget_tokens": 4096}}, "max_tokens"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
     ({"stop": ["x"]}, "stop"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"output_config": {"effort": "extreme"}}, "effort"),

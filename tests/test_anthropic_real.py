@@ -128,3 +128,52 @@ def test_a_plain_message_streams(tool_daemon):
     assert text.strip() and final.content[0].text == text
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert 0 < final.usage.output_tokens <= 24
+
+
+# The schema shapes of Claude Code 2.1's tools that llama.cpp's grammar could not take: a
+# script bounded by 524,288 characters (its nested expansion overflowed llama.cpp's parser's
+# stack: the daemon crashed), a property of annotations alone (any value), counts bounded by
+# JavaScript's largest safe integer, and a 0..600000 number.
+AGENT_TOOL = {"name": "run_script", "description": "Run a script", "input_schema": {
+    "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+    "properties": {
+        "script": {"type": "string", "maxLength": 524288, "description": "the script"},
+        "args": {"description": "any JSON value, passed to the script"},
+        "offset": {"type": "integer", "minimum": 0, "maximum": 9007199254740991},
+        "delta": {"type": "integer", "minimum": -9007199254740991,
+                  "maximum": 9007199254740991},
+        "timeout": {"type": "number", "minimum": 0, "maximum": 600000}},
+    "required": ["script", "offset"], "additionalProperties": False}}
+
+
+def test_claude_codes_tool_schemas_make_a_grammar_and_a_valid_call(tool_daemon):
+    """And a system turn among the messages, as Claude Code 2.1 sends with its
+    mid-conversation-system beta."""
+    reply = _client(tool_daemon).messages.create(
+        model=MODEL, max_tokens=200, tools=[AGENT_TOOL], tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": "Run the tests."},
+                  {"role": "system", "content": "Agents available: none."}], **GREEDY)
+    calls = [b for b in reply.content if b.type == "tool_use"]
+    assert calls and all(c.name == "run_script" for c in calls)
+    for call in calls:
+        jsonschema.validate(call.input, AGENT_TOOL["input_schema"])
+    with tool_daemon.tcp() as http:
+        assert http.get("/health").status_code == 200
+
+
+def test_a_grammar_nested_past_what_llama_cpp_parses_is_a_400_not_a_crash(tool_daemon):
+    """A client's own GBNF is checked by the daemon; a schema's by runtime/llama/sampling.py
+    (test_tools.py: the nesting it counts)."""
+    deep = "root ::= " + "(" * 5000 + '"a"' + ")" * 5000 + "\n"
+    with tool_daemon.tcp() as http:
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 4, "grammar": deep,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "nested" in r.json()["error"]["message"]
+        many = {"type": "array", "items": {"type": "integer"}, "maxItems": 5000}
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "n", "schema": many}}})
+        assert r.status_code == 400 and "nests groups" in r.json()["error"]["message"]
+        assert http.get("/health").status_code == 200

@@ -331,3 +331,11 @@ def test_number_bounds_from_zero_admit_the_numbers_in_range(high, value):
     text = f"{value:.3f}"
     assert bool(re.fullmatch(pattern, text)) == (float(text) <= high), (high, text)
     assert not re.fullmatch(pattern, "-1") and not re.fullmatch(pattern, f"0{high}")
+
+
+def test_grammar_nesting_counts_groups_outside_quotes_classes_and_comments():
+    from localinfer.runtime.llama.sampling import _nesting
+
+    assert _nesting('root ::= (a (b (c)?)?)? "((((" [(((] # (((((\nx ::= (\n y\n)') == 3
+    assert _nesting("root ::= " + "(" * 1001 + '"a"' + ")" * 1001) == 1001
+    assert _nesting(schema_rules({"type": "string", "maxLength": 524288}, "s")) < 5

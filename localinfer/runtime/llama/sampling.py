@@ -116,6 +116,11 @@ class Sampling(LlamaHandles):
             if len(self._gbnf) > 64:  # a few schemas are in use at once; forget the rest
                 self._gbnf.clear()
             self._gbnf[grammar] = gbnf
+        depth = _nesting(gbnf)
+        if depth > MAX_GRAMMAR_NESTING:  # llama.cpp parses groups recursively: a crash
+            raise InvalidRequest(f"the grammar nests groups {depth} deep (a repeated bound such"
+                                 " as a large maxItems writes one group per item); llama.cpp"
+                                 f" parses at most {MAX_GRAMMAR_NESTING}: lower the bound")
         if grammar.triggers:
             patterns = (ctypes.c_char_p * len(grammar.triggers))(
                 *(p.encode() for p in grammar.triggers))
@@ -280,11 +285,63 @@ _ANNOTATIONS = {"description", "title", "default", "examples", "$comment", "$sch
 any JSON value (Claude Code's tools have such properties)."""
 
 
+MAX_GRAMMAR_NESTING = 1000
+"""Groups nested deeper than this are refused before llama.cpp parses them: its recursive
+parser refused 4,096 levels and overflowed the stack (a crash) at 65,536."""
+
+
+def _nesting(gbnf: str) -> int:
+    """How deep the grammar's parenthesised groups nest (outside quotes and classes)."""
+    depth = deepest = 0
+    quoted = bracketed = escaped = comment = False
+    for ch in gbnf:
+        if comment:
+            comment = ch != "\n"
+        elif escaped:
+            escaped = False
+        elif ch == "\\" and (quoted or bracketed):
+            escaped = True
+        elif quoted:
+            quoted = ch != '"'
+        elif bracketed:
+            bracketed = ch != "]"
+        elif ch == '"':
+            quoted = True
+        elif ch == "[":
+            bracketed = True
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth = max(depth - 1, 0)
+        elif ch == "#":
+            comment = True
+    return deepest
+
+
+def _plain_string_with_length(schema: dict[str, Any]) -> bool:
+    """A string schema bounded only by its length (annotations aside)."""
+    lengths = [schema.get(k) for k in ("minLength", "maxLength") if k in schema]
+    return (schema.get("type") == "string" and bool(lengths)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths)
+            and set(schema) <= _ANNOTATIONS | {"type", "minLength", "maxLength"})
+
+
 class _SchemaConverter(SchemaConverter):
     """The shipped converter, plus the numeric bounds it would silently ignore, and a schema
     of annotations alone (any value), which it refuses."""
 
     def visit(self, schema: Any, name: str) -> str:
+        if isinstance(schema, dict) and _plain_string_with_length(schema):
+            # The shipped converter writes a length bound as one nested group per character,
+            # which llama.cpp parses recursively: a maxLength of 65,536 overflowed its stack
+            # (Claude Code's tools bound a script by 524,288). GBNF's own count does not nest.
+            low = int(schema.get("minLength", 0))
+            high = schema.get("maxLength")
+            count = f"{{{low},{'' if high is None else int(high)}}}"
+            char = self._add_primitive("char", PRIMITIVE_RULES["char"])
+            return str(self._add_rule(name or "string-length",
+                                      f'"\\"" {char}{count} "\\"" space'))
         if isinstance(schema, dict) and schema and set(schema) <= _ANNOTATIONS:
             return str(self._add_rule(name or "any-value", self._add_primitive(
                 "value", PRIMITIVE_RULES["value"])))
