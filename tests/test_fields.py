@@ -166,6 +166,24 @@ def test_every_documented_field_has_a_rule(route):
     assert not set(DOCUMENTED[route]) - known
 
 
+def test_the_documented_openai_fields_are_the_sdks():
+    """Chat completions, completions and embeddings as the openai SDK documents them today:
+    a field added upstream gets a rule (honoured, ignored with a reason, or refused)."""
+    from openai.types import completion_create_params, embedding_create_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    for route, types in (
+            ("/v1/chat/completions", (chat_params.CompletionCreateParamsBase,
+                                      chat_params.CompletionCreateParamsStreaming)),
+            ("/v1/completions", (completion_create_params.CompletionCreateParamsBase,
+                                 completion_create_params.CompletionCreateParamsStreaming)),
+            ("/v1/embeddings", (embedding_create_params.EmbeddingCreateParams,))):
+        rule = ROUTES[route]
+        known = {*rule.honoured, *rule.elsewhere, *rule.ignored, *rule.refused}
+        sdk = {name for t in types for name in t.__annotations__}
+        assert sdk - known == set(), route
+
+
 def test_the_documented_responses_fields_are_the_sdks():
     sdk = {*params.ResponseCreateParamsBase.__annotations__,
            *params.ResponseCreateParamsStreaming.__annotations__}

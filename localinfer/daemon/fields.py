@@ -80,6 +80,10 @@ _OPENAI_IGNORED = {
     "safety_identifier": "an end user's id for abuse monitoring; nothing is monitored locally",
     "prompt_cache_key": "prompt caching is automatic: each request reuses the longest"
                         " cached prefix",
+    "prompt_cache_retention": "prompt caching is automatic: cached prefixes stay while memory"
+                              " holds them",
+    "prompt_cache_options": "prompt caching is automatic: each request reuses the longest"
+                            " cached prefix",
     "cache_prompt": "llama-server's switch; prompt caching is always on",
     "service_tier": "there is one tier",
 }
@@ -96,6 +100,7 @@ _OPENAI_REFUSED = {
                           " prompt by itself (prompt-lookup speculation)."),
     "web_search_options": Refused("there is no web search (localinfer runs offline)."),
     "verbosity": Refused("not supported; ask for brevity in the prompt."),
+    "moderation": Refused("no moderation model runs here."),
 }
 
 V1_CHAT = RouteFields(
@@ -130,10 +135,8 @@ V1_RESPONSES = RouteFields(
         "user": _OPENAI_IGNORED["user"],
         "safety_identifier": _OPENAI_IGNORED["safety_identifier"],
         "prompt_cache_key": _OPENAI_IGNORED["prompt_cache_key"],
-        "prompt_cache_retention": "prompt caching is automatic: cached prefixes stay while"
-                                  " memory holds them",
-        "prompt_cache_options": "prompt caching is automatic: each request reuses the longest"
-                                " cached prefix",
+        "prompt_cache_retention": _OPENAI_IGNORED["prompt_cache_retention"],
+        "prompt_cache_options": _OPENAI_IGNORED["prompt_cache_options"],
         "service_tier": _OPENAI_IGNORED["service_tier"],
         "max_tool_calls": "caps calls to OpenAI's built-in tools; none runs here",
         "stream_options": "its include_obfuscation pads stream events against network side"
@@ -154,7 +157,7 @@ V1_RESPONSES = RouteFields(
                           " 'instructions' and 'input'."),
         "context_management": Refused("server-side compaction is not supported; a"
                                       " conversation longer than the context is a 400."),
-        "moderation": Refused("no moderation model runs here."),
+        "moderation": _OPENAI_REFUSED["moderation"],
         "image": Refused("this model server makes no images."),
         "access_programs": Refused("OpenAI's access programs do not apply to a local model."),
     },
