@@ -48,6 +48,14 @@ def test_file_then_environment(home):
     ("port = -1", ["port must be positive"]),
     ('flash_attn = "yes"', ['flash_attn must be "auto", "on" or "off"']),
     ('kv_type = "q4_0"', ['kv_type must be "f16" or "q8_0"']),
+    ('[models."a:1b"]\ncolour = 1', ["[models.\"a:1b\"]", "unknown setting 'colour'",
+                                      "known: ctx, kv_type, temperature"]),
+    ('[models."a:1b"]\nctx = 0', ["ctx must be positive"]),
+    ('[models."a:1b"]\nkv_type = "q4_0"', ['kv_type must be "f16" or "q8_0"']),
+    ('[models."a:1b"]\ntemperature = -1', ["temperature must be 0 or more"]),
+    ('[models."a:1b"]\ntop_k = 0.5', ["top_k must be int"]),
+    ("models = 3", ["models must be tables"]),
+    ('[models]\n"a:1b" = 3', ["must be a table of settings"]),
 ])
 def test_bad_config_file(home, text, words):
     paths = get_paths()
@@ -105,23 +113,3 @@ def test_per_model_settings(home):
     gemma = config.for_model("gemma3:270m-q4_k_m", "gemma3:270m")  # no ctx of its own
     assert (gemma.ctx, gemma.kv_type) == (4096, "f16")
     assert config.model_settings("gemma3:270m") is None  # the key names the quant
-
-
-@pytest.mark.parametrize("text, words", [
-    ('[models."a:1b"]\ncolour = 1', ["[models.\"a:1b\"]", "unknown setting 'colour'",
-                                      "known: ctx, kv_type, temperature"]),
-    ('[models."a:1b"]\nctx = 0', ["ctx must be positive"]),
-    ('[models."a:1b"]\nkv_type = "q4_0"', ['kv_type must be "f16" or "q8_0"']),
-    ('[models."a:1b"]\ntemperature = -1', ["temperature must be 0 or more"]),
-    ('[models."a:1b"]\ntop_k = 0.5', ["top_k must be int"]),
-    ("models = 3", ["models must be tables"]),
-    ('[models]\n"a:1b" = 3', ["must be a table of settings"]),
-])
-def test_bad_per_model_settings(home, text, words):
-    paths = get_paths()
-    paths.config_dir.mkdir(parents=True)
-    paths.config_file.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_config(environ={})
-    for word in words:
-        assert word in str(info.value)
