@@ -220,6 +220,15 @@ BAD = [
     ({"max_tokens": 0}, "max_tokens"),
     ({"output_config": {"effort": "extreme"}}, "effort"),
     ({"output_config": {"task_budget": 5}}, "task_budget"),
+    # Not strings where a name is expected: a 400, not a 500 (a list cannot be looked up).
+    ({"messages": [{"role": "user", "content": [{"type": [1]}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                 "content": [{"type": {}}]}]}]},
+     "messages[0].content[0].content[0]"),
+    ({"tool_choice": {"type": [1]}}, "tool_choice"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+      "tool_choice": {"type": "tool", "name": [1]}}, "tool_choice.name"),
+    ({"output_config": {"effort": [1]}}, "output_config.effort"),
 ]
 
 

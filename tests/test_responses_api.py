@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 
 import openai
 import pytest
@@ -219,6 +221,8 @@ REFUSED = [
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input_image"),
+    ({"input": [{"type": "message", "role": [1], "content": "x"}]}, "input[0].role"),
+    ({"input": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}, "input[0]"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
     ({"input": [{"role": "critic", "content": "x"}]}, "input[0].role"),
     ({"metadata": {"k": 1}}, "metadata"),
@@ -356,6 +360,18 @@ def test_the_store_is_bounded(tmp_path):
     small.put("resp_a", {"response": {"x": "a" * 80}, "conversation": []})
     small.put("resp_b", {"response": {"x": "b" * 80}, "conversation": []})
     assert [p.stem for p in (tmp_path / "small").glob("resp_*.json")] == ["resp_b"]
+
+
+
+def test_a_write_cut_off_by_a_crash_is_cleaned_up(tmp_path):
+    store = ResponseStore(tmp_path)
+    torn = tmp_path / ".resp_x.json.abc123.tmp"
+    fresh = tmp_path / ".resp_y.json.def456.tmp"
+    torn.write_text("{")
+    fresh.write_text("{")  # another writer's, under way
+    os.utime(torn, (time.time() - 600, time.time() - 600))
+    store.put("resp_a", {"response": {"id": "resp_a"}, "conversation": []})
+    assert not torn.exists() and fresh.exists()
 
 
 # Codex 0.171.0's request, as recorded from `codex exec` against a stub server (texts and

@@ -171,7 +171,7 @@ def _messages(raw: Any) -> list[Message]:
         calls: list[ToolCall] = []
         for j, block in enumerate(content):
             where = f"messages[{i}].content[{j}]"
-            kind = block.get("type") if isinstance(block, dict) else None
+            kind = _kind(block)
             if kind == "text":
                 texts.append(_text(block, where))
             elif kind in _NO_VISION:
@@ -197,6 +197,12 @@ def _messages(raw: Any) -> list[Message]:
     return out
 
 
+def _kind(block: Any) -> str | None:
+    """A content block's ``type``, where it is a string (else None: refused as unknown)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
     f = Fields(block, f"{where}.")
     arguments = block.get("input")
@@ -214,7 +220,7 @@ def _tool_result(block: dict[str, Any], where: str, names: dict[str, str]) -> Me
     if isinstance(content, list):
         parts = []
         for k, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
+            kind = _kind(part)
             if kind in _NO_VISION:
                 raise InvalidRequest(f"'{where}.content[{k}]' is {'an' if kind == 'image' else 'a'}"
                                      f" {kind}: this model server has no vision support; send"

@@ -5,6 +5,7 @@ x-api-key header), and oversized bodies."""
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 
 from starlette.datastructures import Headers
@@ -69,7 +70,8 @@ class Guard:
             # its ANTHROPIC_AUTH_TOKEN, like every OpenAI client, as a bearer token.
             auth = headers.get("authorization", "")
             api_key = headers.get("x-api-key", "")
-            if auth != f"Bearer {settings.api_key}" and api_key != settings.api_key:
+            if not (_same(auth, f"Bearer {settings.api_key}")
+                    or _same(api_key, settings.api_key)):
                 return await self._reject(
                     scope, receive, send, 401,
                     "missing or wrong API key: send 'Authorization: Bearer <key>' or"
@@ -110,3 +112,8 @@ class Guard:
         body = error_body(scope["path"], status, message, code or {
             401: "invalid_api_key", 403: "forbidden", 413: "request_too_large"}.get(status))
         await JSONResponse(body, status)(scope, receive, send)
+
+
+def _same(given: str, key: str) -> bool:
+    """Compared in constant time: how long a wrong key took says nothing of the right one."""
+    return hmac.compare_digest(given.encode(), key.encode())

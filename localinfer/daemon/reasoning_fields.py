@@ -131,7 +131,7 @@ def anthropic_think(value: Any, max_tokens: int | None, effort: Any = None
     it to the model's template; ``output_config.effort`` is the reasoning effort of a
     template that takes one (above "high", high). The second value: whether to send the
     reasoning's text (``display: "omitted"`` sends empty thinking blocks)."""
-    if effort is not None and effort not in _ANTHROPIC_EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in _ANTHROPIC_EFFORTS):
         raise InvalidRequest("'output_config.effort' must be one of"
                              f" {', '.join(_ANTHROPIC_EFFORTS)}; got {effort!r}.")
     level = _ANTHROPIC_EFFORTS.get(effort) if effort is not None else None

@@ -10,10 +10,12 @@ that a request naming it as its ``previous_response_id`` continues from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,13 @@ class ResponseStore:
                 raise ResponseNotFound(f"no stored response with id {ident!r}.") from None
 
     def _prune(self) -> None:
-        """Remove the oldest files past the bounds (the newest one always stays)."""
+        """Remove the oldest files past the bounds (the newest one always stays), and what a
+        write cut off by a crash left (a temporary file older than a minute)."""
+        stale = time.time() - 60
+        for path in self.root.glob(".resp_*.tmp"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < stale:
+                    path.unlink()
         files = []
         for path in self.root.glob("resp_*.json"):
             try:

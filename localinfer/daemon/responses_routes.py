@@ -300,7 +300,7 @@ def conversation_messages(items: list[dict[str, Any]]) -> list[Message]:
         kind = item["type"]
         if kind == "message":
             role = item.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:
                 raise InvalidRequest(f"'{where}.role' must be user, assistant, system or"
                                      f" developer, got {role!r}.")
             messages.append(Message(_ROLES[role], _text(item.get("content"),

@@ -393,11 +393,12 @@ def anthropic_constraints(body: dict[str, Any]) -> Constraints:
     choice, parallel = ToolChoice("auto"), True
     if raw is not None:
         kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind not in _ANTHROPIC_CHOICES:
+        if not isinstance(kind, str) or kind not in _ANTHROPIC_CHOICES:
             raise InvalidRequest("'tool_choice' must be {\"type\": \"auto\"}, {\"type\": \"any\"},"
                                  " {\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}.")
         name = raw.get("name", "") if kind == "tool" else ""
-        if kind == "tool" and name not in {t.name for t in tools}:
+        if kind == "tool" and (not isinstance(name, str)
+                               or name not in {t.name for t in tools}):
             raise InvalidRequest(f"'tool_choice.name' must name one of 'tools', got {name!r}.")
         if kind in ("any", "tool") and not tools:
             raise InvalidRequest("'tool_choice' asks for a tool call but 'tools' is empty.")

@@ -269,8 +269,8 @@ def _bound(schema: dict[str, Any], inclusive: str, exclusive: str,
         value, key = schema[exclusive], exclusive
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
-            not math.isfinite(value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise ValueError(f"'{key}' must be a number")
     bound = to_int(value)
     if key == exclusive and bound == value:

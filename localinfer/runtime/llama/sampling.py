@@ -110,7 +110,8 @@ class Sampling(LlamaHandles):
         if gbnf is None:
             try:
                 gbnf = to_gbnf(grammar, schema_rules)
-            except (ValueError, KeyError, TypeError, AssertionError, RecursionError) as exc:
+            except (ValueError, KeyError, TypeError, AssertionError, RecursionError,
+                    OverflowError) as exc:
                 raise InvalidRequest(f"the JSON schema cannot be turned into a grammar: {exc}"
                                      ) from None
             if len(self._gbnf) > 64:  # a few schemas are in use at once; forget the rest
