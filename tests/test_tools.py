@@ -338,7 +338,7 @@ def test_number_bounds_from_zero_admit_the_numbers_in_range(high, value):
 
 
 def test_grammar_nesting_counts_groups_outside_quotes_classes_and_comments():
-    from localinfer.runtime.llama.sampling import _nesting
+    from localinfer.runtime.grammar import gbnf_nesting as _nesting
 
     assert _nesting('root ::= (a (b (c)?)?)? "((((" [(((] # (((((\nx ::= (\n y\n)') == 3
     assert _nesting("root ::= " + "(" * 1001 + '"a"' + ")" * 1001) == 1001

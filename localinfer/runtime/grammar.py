@@ -85,6 +85,15 @@ def gbnf_grammar(text: str) -> Grammar:
     can parse the rest is the backend's check."""
     if not text.strip():
         raise ValueError("the grammar is empty")
+    if gbnf_nesting(text) > MAX_GBNF_NESTING:
+        raise ValueError(f"its groups are nested more than {MAX_GBNF_NESTING} deep")
+    return Grammar(gbnf=text)
+
+
+def gbnf_nesting(text: str) -> int:
+    """How deep ``text``'s parenthesised groups nest (outside literals, classes and
+    comments). Raises ValueError for what llama.cpp's grammar sampler aborts the process on:
+    a token reference (``<[id]>``, ``<name>``), a NUL character in a literal."""
     depth = deepest = 0
     closer = ""  # the character that ends the literal or class being read, if any
     escaped = comment = False
@@ -114,9 +123,7 @@ def gbnf_grammar(text: str) -> Grammar:
             deepest = max(deepest, depth)
         elif char == ")":
             depth -= 1
-    if deepest > MAX_GBNF_NESTING:
-        raise ValueError(f"its groups are nested more than {MAX_GBNF_NESTING} deep")
-    return Grammar(gbnf=text)
+    return deepest
 
 
 SchemaRules = Callable[[Any, str], str]

@@ -15,7 +15,7 @@ import numpy as np
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, SchemaConverter
 
 from ...errors import InvalidRequest, LocalInferError
-from ..grammar import Grammar, integer_range, number_range, to_gbnf
+from ..grammar import Grammar, gbnf_nesting, integer_range, number_range, to_gbnf
 from ..shortlist import Truncation, best_allowed
 from ..types import SamplingParams
 from .native import LlamaHandles, _llama_said
@@ -110,6 +110,12 @@ class Sampling(LlamaHandles):
         if gbnf is None:
             try:
                 gbnf = to_gbnf(grammar, schema_rules)
+                depth = gbnf_nesting(gbnf)  # once per grammar: the text is cached below
+                if depth > MAX_GRAMMAR_NESTING:  # llama.cpp parses groups recursively: a crash
+                    raise ValueError(f"the grammar nests groups {depth} deep (a repeated bound"
+                                     " such as a large maxItems writes one group per item);"
+                                     f" llama.cpp parses at most {MAX_GRAMMAR_NESTING}: lower"
+                                     " the bound")
             except (ValueError, KeyError, TypeError, AssertionError, RecursionError,
                     OverflowError) as exc:
                 raise InvalidRequest(f"the JSON schema cannot be turned into a grammar: {exc}"
@@ -117,11 +123,6 @@ class Sampling(LlamaHandles):
             if len(self._gbnf) > 64:  # a few schemas are in use at once; forget the rest
                 self._gbnf.clear()
             self._gbnf[grammar] = gbnf
-        depth = _nesting(gbnf)
-        if depth > MAX_GRAMMAR_NESTING:  # llama.cpp parses groups recursively: a crash
-            raise InvalidRequest(f"the grammar nests groups {depth} deep (a repeated bound such"
-                                 " as a large maxItems writes one group per item); llama.cpp"
-                                 f" parses at most {MAX_GRAMMAR_NESTING}: lower the bound")
         if grammar.triggers:
             patterns = (ctypes.c_char_p * len(grammar.triggers))(
                 *(p.encode() for p in grammar.triggers))
@@ -289,35 +290,6 @@ any JSON value (Claude Code's tools have such properties)."""
 MAX_GRAMMAR_NESTING = 1000
 """Groups nested deeper than this are refused before llama.cpp parses them: its recursive
 parser refused 4,096 levels and overflowed the stack (a crash) at 65,536."""
-
-
-def _nesting(gbnf: str) -> int:
-    """How deep the grammar's parenthesised groups nest (outside quotes and classes)."""
-    depth = deepest = 0
-    quoted = bracketed = escaped = comment = False
-    for ch in gbnf:
-        if comment:
-            comment = ch != "\n"
-        elif escaped:
-            escaped = False
-        elif ch == "\\" and (quoted or bracketed):
-            escaped = True
-        elif quoted:
-            quoted = ch != '"'
-        elif bracketed:
-            bracketed = ch != "]"
-        elif ch == '"':
-            quoted = True
-        elif ch == "[":
-            bracketed = True
-        elif ch == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch == ")":
-            depth = max(depth - 1, 0)
-        elif ch == "#":
-            comment = True
-    return deepest
 
 
 def _plain_string_with_length(schema: dict[str, Any]) -> bool:
