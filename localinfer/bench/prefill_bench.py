@@ -23,13 +23,16 @@ from typing import Any
 from .. import gguf
 from ..config import Config
 from ..hardware import probe
-from ..loading import load_engine, options_for
+from ..hardware.load import LoadWindow
+from ..loading import attention_for, load_engine, options_for
+from ..planner import Candidate, attention, physical_batch
 from ..runtime.engine import Engine
 from ..runtime.types import SamplingParams
 from ..store import ModelStore
 from .engine_bench import _PARAGRAPH, Progress
 
-LENGTHS = (1024, 4096, 16384, 32768)
+LENGTHS = (1024, 4096, 16384, 32000)
+"""32,000 rather than 32,768: the prompt and the token it generates fit a 32k-trained model."""
 QUICK_LENGTHS = (1024, 4096)
 
 
@@ -65,6 +68,7 @@ def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = 
     base = options_for(header, config.replace(ctx=n_ctx), n_slots=1, hardware=hardware,
                        name=model.name)
     rows: list[dict[str, Any]] = []
+    window = LoadWindow()  # other processes skew one set-up more than another
     total = len(setups) * len(usable)
     done = 0
     for setup in setups:
@@ -84,9 +88,24 @@ def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = 
                              **read_fresh(engine, filler, n)})
         finally:
             engine.close()
+    load = window.finish()
+    choice = None
+    if not base.n_gpu_layers and not base.rpc_servers:  # the CPU's set-ups: what loads use
+        attention.record(hardware, model.path, model.name, rows, busy_share=load.busy_share)
+        rule = physical_batch(base.n_batch, Candidate.from_header(header, name=model.name),
+                              cpu_only=True)
+        choice = attention_for(model.path, hardware, base, rule)
+    if choice is not None:
+        verdict = f"loads of {model.name} on this CPU now take {choice.reason}"
+    elif load.busy_share > attention.BUSY_LIMIT:
+        verdict = (f"measured under load ({load.describe()}): kept, not used by loads; run it"
+                   " again on a quieter machine")
+    else:
+        verdict = "loads keep their default set-up (flash attention off on the CPU)"
     return {"model": model.name, "machine": hardware.cpu.model or "unknown CPU",
             "threads": base.n_threads or hardware.cpu.runtime_threads,
-            "trained_ctx": trained, "rows": rows}
+            "trained_ctx": trained, "load": load.describe(), "verdict": verdict,
+            "rows": rows}
 
 
 def read_fresh(engine: Engine, filler: list[int], n: int) -> dict[str, Any]:
@@ -131,4 +150,5 @@ def report(result: dict[str, Any]) -> str:
             mark = "*" if best[n] is row else " "
             cells.append(f"{row['prefill_tps']:>9.0f} ({row['ttft_ms'] / 1000:5.1f}){mark}")
         lines.append(f"  {Setup(*setup).label:<36}" + "".join(cells))
+    lines += ["", f"  {result['load']}: {result['verdict']}"]
     return "\n".join(lines)

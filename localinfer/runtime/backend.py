@@ -43,6 +43,9 @@ class LoadOptions:
     n_ubatch: int = 512
     """Rows llama.cpp computes in one step (its physical batch, at most n_batch; it sizes the
     compute buffer), as the plan counts memory (planner.physical_batch)."""
+    measured_ubatch: int = 0
+    """The physical batch this machine measured fastest for this model on the CPU
+    (planner.attention), which the planner's rule then does not replace; 0: the rule's."""
     cpu_window_ubatch: int = 0
     """The physical batch instead of n_ubatch where the load turns out CPU-only (no GPU
     layer, no RPC worker, no flash attention: known only as the model loads), for a model
