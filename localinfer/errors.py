@@ -157,6 +157,14 @@ class WorkerLost(WorkerError):
     title = "worker lost"
 
 
+class StepInterrupted(LocalInferError):
+    """A decode stopped before its end because the engine asked (``Backend.interrupt``): its
+    requests were all cancelled, or a more urgent one came. The KV cache holds what the
+    decode had finished (``Backend.seq_length``)."""
+
+    title = "step interrupted"
+
+
 class Cancelled(LocalInferError):
     title = "cancelled"
     exit_code = 130

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from localinfer.errors import ContextOverflow, InvalidModelFile, InvalidRequest
 from localinfer.loading import load_engine
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.engine import CHECKPOINT_MIN_TOKENS, REREAD_TAIL
-from localinfer.runtime.types import Message, SamplingParams, Token
+from localinfer.runtime.types import Message, Priority, SamplingParams, Token
 
 pytestmark = pytest.mark.model
 
@@ -427,3 +428,32 @@ def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_pat
             assert cold.done is not None and again.done.text == cold.done.text
     finally:
         engine.close()
+
+
+def test_a_long_prompt_chunk_yields_to_an_urgent_request_and_reads_on(real_engine):
+    """llama.cpp stops the decode in flight (its abort callback) when an interactive request
+    comes during a background prompt's chunk; the background prompt goes on from the
+    micro-batches it finished and answers as a cold read does (up to a near-tie)."""
+    from localinfer.bench.engine_bench import _PARAGRAPH
+
+    params = SamplingParams(temperature=0, max_tokens=12, speculative=False)
+    prompt = "Summarise: " + _PARAGRAPH * 14  # about 1,300 tokens: three 512-token chunks
+    real_engine.clear_cache()
+    cold = real_engine.complete(prompt, params)
+    cold.result()
+    real_engine.clear_cache()
+    before = real_engine.stats().interrupted_steps_total
+    background = real_engine.complete(prompt, params, priority=Priority.BACKGROUND)
+    deadline = time.monotonic() + 60
+    while real_engine._in_step_prompt_rows < 64:  # its first chunk is being read
+        assert time.monotonic() < deadline and background.done is None
+        time.sleep(0.001)
+    urgent = real_engine.complete("Hi", SamplingParams(temperature=0, max_tokens=2),
+                                  priority=Priority.INTERACTIVE)
+    assert urgent.result().finish_reason == "length"
+    assert background.done is None  # the urgent request did not wait for the long prompt
+    done = background.result()
+    assert real_engine.stats().interrupted_steps_total > before
+    assert done.usage.prompt_tokens == cold.result().usage.prompt_tokens
+    divergence = first_divergence(real_engine, cold, background)
+    assert divergence is None or divergence.near_tie, divergence

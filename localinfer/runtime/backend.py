@@ -133,6 +133,22 @@ class Backend(Protocol):
         """Evaluate one batch; entries with ``outputs[i]`` can then be sampled at index i."""
         ...
 
+    def interrupt(self) -> None:
+        """Ask the decode in flight to stop at llama.cpp's next check (between two nodes of its
+        graph): it then raises ``StepInterrupted``, the cache holding what it finished. Safe
+        from any thread, and when no decode runs: it stays asked until ``clear_interrupt``.
+        A backend that cannot stop a decode lets it finish."""
+        ...
+
+    def clear_interrupt(self) -> None:
+        """Let the next decode run to its end (the engine calls it before each step)."""
+        ...
+
+    def seq_length(self, seq_id: int) -> int:
+        """How many positions of sequence ``seq_id`` the KV cache holds (its largest + 1; 0
+        when it holds none): after an interrupted decode, how far its prompt was read."""
+        ...
+
     def new_sampler(self, params: SamplingParams, seed: int) -> Any:
         """A native sampler chain for one sequence (constrained by ``params.grammar``)."""
         ...

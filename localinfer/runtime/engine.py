@@ -34,6 +34,7 @@ from ..errors import (
     InvalidRequest,
     LocalInferError,
     ModelLoadError,
+    StepInterrupted,
     WorkerLost,
 )
 from .backend import Backend
@@ -68,6 +69,11 @@ log = logging.getLogger(__name__)
 # While other sequences are decoding, a prompt is read in chunks this small so that their
 # streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
 PREFILL_CHUNK_WHILE_DECODING = 64
+YIELDING_PROMPT_ROWS = 64
+"""A step reading at least this many prompt tokens, all of requests less urgent than one that
+arrives meanwhile, is interrupted (``Backend.interrupt``) so that the new one starts now, not
+after the chunk: a 512-token chunk takes the starter about a second on a 2-core CPU, a larger
+model several. What the step had read stays in the cache (whole micro-batches)."""
 READ_AHEAD_IDLE_S = 0.3
 """After a chat reply, once the engine has been idle this long, the chat template's opening of
 the next user turn (Gemma: ``<end_of_turn>\n<start_of_turn>user\n``, 5 tokens) is read into
@@ -118,6 +124,11 @@ class Engine:
         self._drafted_total = 0
         self._accepted_total = 0
         self._preemptions_total = 0
+        self._interrupted_total = 0
+        self._in_step: list[Request] = []
+        """The requests the decode in flight serves, and how many of its rows read prompts
+        (under ``_cv``): whom a cancellation or an urgent arrival interrupts."""
+        self._in_step_prompt_rows = 0
         self._last_decode_tps = 0.0
         self.thread_tuner = ThreadTuner(backend.adaptive_threads, backend.set_threads)
         """Each step's thread count, following the machine's load (see threads.py)."""
@@ -297,6 +308,9 @@ class Engine:
                 )
             heapq.heappush(self._pending, request)
             self._requests_total += 1
+            if self._in_step_prompt_rows >= YIELDING_PROMPT_ROWS and all(
+                    r.priority > request.priority for r in self._in_step):
+                self.backend.interrupt()  # a long prompt chunk yields to the urgent one
             self._cv.notify()
         return generation
 
@@ -325,6 +339,7 @@ class Engine:
                 accepted_tokens_total=self._accepted_total,
                 preemptions_total=self._preemptions_total,
                 read_ahead_tokens_total=self._read_ahead_total,
+                interrupted_steps_total=self._interrupted_total,
             )
 
     def run_on_worker(self, fn: Callable[[], T], timeout: float | None = None) -> T:
@@ -431,6 +446,8 @@ class Engine:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
                 generation._emit(done_event(request, "cancelled", time.perf_counter()))
+            if self._in_step and all(r.generation.cancelled for r in self._in_step):
+                self.backend.interrupt()  # nobody waits for the step in flight: stop it
             self._cv.notify()
 
     # --- the worker thread ----------------------------------------------------------------
@@ -643,6 +660,9 @@ class Engine:
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
         prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.running)
+        if prefilling:  # the most urgent prompts are read first, alone
+            first = prefilling[0].running.priority
+            prefilling = [s for s in prefilling if s.running.priority == first]
         chunks: list[tuple[Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)
@@ -669,9 +689,19 @@ class Engine:
         for slot, _ in chunks:
             if not slot.running.t_read:
                 slot.running.t_read = started
+        with self._cv:
+            self.backend.clear_interrupt()
+            self._in_step = [s.running for s in decoding] + [s.running for s, _ in chunks]
+            self._in_step_prompt_rows = sum(n for _, n in chunks)
+            if all(r.generation.cancelled for r in self._in_step):
+                self.backend.interrupt()  # cancelled since the batch was built
         try:
             with self.thread_tuner.step(len(tokens)):
                 self.backend.decode(tokens, positions, seq_ids, outputs)
+        except StepInterrupted:
+            self._interrupted_total += 1
+            self._after_interrupt(decoding, chunks)
+            return
         except LocalInferError as exc:
             log.error("decode failed: %s", exc)
             for slot in decoding + [s for s, _ in chunks]:
@@ -680,6 +710,9 @@ class Engine:
                 raise  # the model's process is gone: stop (``failed``), the owner reloads it
             return
 
+        finally:
+            with self._cv:
+                self._in_step, self._in_step_prompt_rows = [], 0
         now = time.perf_counter()
         self._steps += 1
         for slot in decoding + [s for s, _ in chunks]:
@@ -697,6 +730,36 @@ class Engine:
                 token = self._sample_or_abort(slot, slot.batch_index)
                 if token is not None:
                     self._on_token(slot, token, now)
+
+    def _after_interrupt(self, decoding: list[Slot], chunks: list[tuple[Slot, int]]) -> None:
+        """A step stopped part way (``StepInterrupted``): a prompt being read keeps the
+        micro-batches the step finished; a decoding sequence drops what the step wrote of it
+        and feeds its next token again (or, where the cache cannot be cut there, reads back
+        what it lost, as a preempted request does). The requests whose clients left end at
+        the loop's top; the rest go on."""
+        for slot in decoding:
+            slot.draft = []
+            kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
+            if kept < len(slot.cached):
+                del slot.cached[kept:]
+                request = slot.running
+                request.target = request.prompt + request.generated
+                slot.next_token = None
+        for slot, _ in chunks:
+            start = len(slot.cached)
+            target = slot.running.target
+            read = self.backend.seq_length(slot.seq_id)
+            # The prompt's last token is read again: its logits, which sample the first
+            # token, went with the step.
+            keep = min(read, len(target) - 1)
+            if keep != read:
+                read = self.backend.seq_trim(slot.seq_id, keep)
+            if start < read:
+                slot.cached.extend(target[start:read])
+                self._kept.take_due(slot)
+            elif read < start:  # not what a stopped read leaves: keep what is certain
+                kept = self.backend.seq_trim(slot.seq_id, read)
+                del slot.cached[kept:]
 
     def _stepping(self, decoding: list[Slot]) -> list[Slot]:
         """The decoding slots that take this step: all, or those that waited longest where

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InvalidRequest, LocalInferError
+from ..errors import InvalidRequest, LocalInferError, StepInterrupted
 from .chat_template import BUILTIN_TEMPLATES
 from .grammar import Grammar
 from .speculate import graph_rows
@@ -117,6 +117,9 @@ class FakeBackend:
         """(n_threads, n_threads_batch) as last set."""
         self.thread_changes: list[tuple[int, int]] = []
         self.step_delay_s = step_delay_s
+        self._interrupt = threading.Event()
+        self.interrupted_calls = 0
+        """Decodes stopped by ``interrupt``."""
         self.step_cost_s = step_cost_s
         """Seconds a graph of n decode rows (a token of each sequence and the drafts being
         verified) takes, on top of the delays above: a step of decode rows alone is split into
@@ -207,6 +210,15 @@ class FakeBackend:
         return "".join(self._pieces[t] for t in tokens)
 
     # --- decoding ---------------------------------------------------------------------------
+    def interrupt(self) -> None:
+        self._interrupt.set()
+
+    def clear_interrupt(self) -> None:
+        self._interrupt.clear()
+
+    def seq_length(self, seq_id: int) -> int:
+        return len(self._seqs.get(seq_id, []))
+
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
         self.threads = (n_threads, n_threads_batch)
         self.thread_changes.append(self.threads)
@@ -232,8 +244,11 @@ class FakeBackend:
                 delay += self.step_cost_s(len(tokens) - n_prompt)
             else:
                 delay += sum(self.step_cost_s(rows) for rows in split)
-        if delay:
-            time.sleep(delay)
+        # Interruptible as llama.cpp's decode is: it stops within its delay, keeping nothing of
+        # this step (as llama.cpp drops the micro-batch it stopped in).
+        if self._interrupt.wait(delay) if delay else self._interrupt.is_set():
+            self.interrupted_calls += 1
+            raise StepInterrupted("fake decode: interrupted")
         self._outputs.clear()
         for i, (token, pos, seq) in enumerate(zip(tokens, positions, seq_ids, strict=True)):
             if not 0 <= seq < self.info.n_slots:

@@ -182,6 +182,18 @@ class IsolatedBackend:
             eog = self._eog[token] = self._call("is_eog", token)
         return eog
 
+    # A decode runs in the child, whose abort flag this process cannot set between two of
+    # its graph's nodes: here a step always runs to its end.
+    def interrupt(self) -> None:
+        pass
+
+    def clear_interrupt(self) -> None:
+        pass
+
+    def seq_length(self, seq_id: int) -> int:
+        length: int = self._call("seq_length", seq_id)
+        return length
+
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
         self._call("set_threads", n_threads, n_threads_batch)
 

@@ -397,4 +397,7 @@ class EngineStats:
     accepted_tokens_total: int = 0
     preemptions_total: int = 0
     read_ahead_tokens_total: int = 0
+    interrupted_steps_total: int = 0
+    """Decodes stopped part way: every request in them cancelled, or a long prompt chunk
+    yielding to a more urgent request."""
     """Tokens of next turns' openings read while idle (engine.READ_AHEAD_IDLE_S)."""

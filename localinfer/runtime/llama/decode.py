@@ -5,13 +5,14 @@ separate sequences and read their pooled vectors."""
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp as L
 import numpy as np
 
-from ...errors import LocalInferError
+from ...errors import LocalInferError, StepInterrupted
 from ...gguf import GGUFHeader
 from .native import LlamaHandles, _llama_said, _set
 
@@ -26,6 +27,26 @@ EMBED_CTX_GENERATIVE = 512
 kept small (a 512-token cache and micro-batch) so that it costs little memory."""
 
 
+def _flag_reader() -> int | None:
+    """The address of a C function that reads a flag without Python: libc's ``strlen``, on a
+    two-byte buffer (``b"\\0"``: 0, go on; ``b"x"``: 1, stop), as llama.cpp's abort callback
+    (``bool (*)(void *)``; a bool is returned in the low byte of the return register, where
+    strlen leaves 0 or 1). ggml's CPU backend calls it between every two nodes of a graph on
+    its first thread: a Python callback there would take the GIL a thousand times a step.
+    None where no C library is found (the decode then always runs to its end)."""
+    for name in (None, ctypes.util.find_library("c"), "msvcrt"):
+        try:
+            address = ctypes.cast(ctypes.CDLL(name).strlen, ctypes.c_void_p).value
+        except (OSError, AttributeError, TypeError):
+            continue
+        if address:
+            return int(address)
+    return None
+
+
+_FLAG_READER = _flag_reader()
+
+
 class Decoding(LlamaHandles):
     """LlamaBackend's decode steps and embeddings."""
 
@@ -35,6 +56,8 @@ class Decoding(LlamaHandles):
     _embed_ctx: Any
     _embed_batch: Any
     _threads: tuple[int, int]
+    _interrupt_flag: Any
+    _abort_callback: Any
 
     def warm_up(self) -> None:
         """Decode one token and forget it, as llama.cpp's own tools do: the first decode
@@ -48,6 +71,25 @@ class Decoding(LlamaHandles):
             return
         self.decode([bos if bos >= 0 else 0], [0], [0], [True])
         L.llama_memory_clear(self._mem, True)
+
+    def enable_interrupt(self) -> None:
+        """Give llama.cpp the abort callback that ``interrupt`` sets (called once the context
+        exists; kept referenced here, as llama.cpp holds only the pointers)."""
+        self._interrupt_flag = ctypes.create_string_buffer(2)
+        self._abort_callback = None
+        if _FLAG_READER is not None:
+            self._abort_callback = L.ggml_abort_callback(_FLAG_READER)
+            L.llama_set_abort_callback(self._ctx, self._abort_callback,
+                                       ctypes.cast(self._interrupt_flag, ctypes.c_void_p))
+
+    def interrupt(self) -> None:
+        self._interrupt_flag[0] = b"x"
+
+    def clear_interrupt(self) -> None:
+        self._interrupt_flag[0] = b"\0"
+
+    def seq_length(self, seq_id: int) -> int:
+        return max(0, int(L.llama_memory_seq_pos_max(self._mem, seq_id)) + 1)
 
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
         # Two fields of the context, read by the next llama_decode: cheap between steps.
@@ -68,6 +110,8 @@ class Decoding(LlamaHandles):
             seq[i][0] = seq_ids[i]
             logits[i] = outputs[i]
         rc = L.llama_decode(self._ctx, batch)
+        if rc == 2 and self._interrupt_flag[0] != b"\0":
+            raise StepInterrupted("the step was interrupted")
         if rc != 0:
             reason = {1: "no room left in the KV cache", 2: "aborted"}.get(rc, f"error {rc}")
             raise LocalInferError(f"llama_decode failed: {reason}{_llama_said()}")

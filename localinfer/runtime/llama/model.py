@@ -175,6 +175,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
                 f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
             )
         self._mem = L.llama_get_memory(self._ctx)
+        self.enable_interrupt()
         self.n_batch = options.n_batch
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.fim_spm = options.fim_spm
