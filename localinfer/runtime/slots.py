@@ -36,6 +36,9 @@ class Slot:
         is saved into its memory (``Backend.seq_checkpoint``)."""
         self.checkpoint_at: int | None = None
         """Where to take the next checkpoint, once the cache holds this many tokens."""
+        self.save_at: list[int] = []
+        """Where to save the cache to the prefix cache on disk, ascending, once it holds
+        that many tokens of the running request (see disk_cache.py)."""
         self.turn_start = 0
         """Where the last request in this slot began reading (its cached tokens)."""
         self.supersede: str | None = None
@@ -55,6 +58,12 @@ class Slot:
     @property
     def prefilling(self) -> bool:
         return self.req is not None and len(self.cached) < len(self.req.target)
+
+    def chunk_end(self, start: int) -> int | None:
+        """Where a prompt chunk starting at ``start`` must end: the next checkpoint or save to
+        disk planned past it (None: anywhere)."""
+        stops = [n for n in (self.checkpoint_at, *self.save_at) if n is not None and n > start]
+        return min(stops, default=None)
 
     def exchange(self, other: Slot) -> None:
         """Trade everything but the sequence id with ``other``, whose cache has traded places
