@@ -76,10 +76,10 @@ def prefix_store(config: Config) -> PrefixStore | None:
     it is off."""
     if config.prefix_cache_gb <= 0:
         return None
-    return open_store(get_paths().cache_dir / "prefix-kv", int(config.prefix_cache_gb * 1e9))
+    return open_store(get_paths().prefix_cache_dir, int(config.prefix_cache_gb * 1e9))
 
 
-def prefix_cache(config: Config | None, path: str | Path, backend: Backend
+def prefix_cache(config: Config | None, path: str | Path, backend: Backend, name: str
                  ) -> PrefixCache | None:
     """One loaded model's view of the prefix cache (None: off, or a backend that saves no
     state, or no settings given)."""
@@ -93,7 +93,7 @@ def prefix_cache(config: Config | None, path: str | Path, backend: Backend
         return None
     return PrefixCache(store, identity(model_id, backend.state_format),
                        min_tokens=config.prefix_cache_min_tokens if config else 1024,
-                       reread_tail=REREAD_TAIL)
+                       reread_tail=REREAD_TAIL, label=name)
 
 
 def load_engine(
@@ -143,11 +143,11 @@ def load_engine(
                                    answers=worker_answers)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
                       chat_checkpoints=CHAT_CHECKPOINTS,
-                      prefix_cache=prefix_cache(config, path, isolated))
+                      prefix_cache=prefix_cache(config, path, isolated, name))
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS,
-                  prefix_cache=prefix_cache(config, path, backend))
+                  prefix_cache=prefix_cache(config, path, backend, name))
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:

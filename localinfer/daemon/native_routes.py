@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -31,6 +31,7 @@ from ..protocol import (
     loaded_model_json,
     status_json,
 )
+from ..runtime.disk_cache import open_stores
 from ..runtime.types import Done, SamplingParams
 from .bridge import BridgeResponse, start_generation
 from .error_replies import guarded
@@ -78,6 +79,8 @@ def routes(state: DaemonState) -> list[Route]:
                            loading=manager.loading, loaded=loaded,
                            hardware=await _hardware(state))
         body["memory"] = await manager.memory_json()
+        stores = open_stores()  # the serving process opened its own (loading.prefix_store)
+        body["prefix_cache"] = await asyncio.to_thread(stores[0].status) if stores else None
         return JSONResponse(body)
 
     async def generate(request: Request) -> Response:
@@ -202,7 +205,9 @@ def _params(f: Fields) -> SamplingParams:
         max_tokens = None  # until the context is full
     else:
         max_tokens = f.integer("max_tokens", SamplingParams.max_tokens, low=1)
-    return sampling(f, max_tokens=max_tokens)
+    # Save the prompt's prefixes to the prefix cache on disk at their first reading.
+    return replace(sampling(f, max_tokens=max_tokens),
+                   cache_prompt=f.boolean("cache_prompt", False))
 
 
 def _metrics(state: DaemonState) -> str:

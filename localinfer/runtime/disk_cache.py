@@ -155,6 +155,18 @@ class PrefixStore:
     def size(self) -> int:
         return sum(e.size for e in self.entries())
 
+    def label(self, entry: Entry) -> str:
+        """The model name a file's header gives ("?" where it cannot be read)."""
+        try:
+            with open(entry.path, "rb") as f:
+                head = f.read(len(MAGIC) + 4)
+                (n_header,) = struct.unpack("<I", head[len(MAGIC):])
+                if head[:len(MAGIC)] != MAGIC or n_header > 65536:
+                    return "?"
+                return str(json.loads(f.read(n_header)).get("model") or "?")
+        except (OSError, ValueError, struct.error):
+            return "?"
+
     def read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> np.ndarray | None:
         """The state saved in ``entry`` for ``tokens`` (its first ``entry.n_tokens``), checked
         whole; None, with a warning and the file removed, where it is not that."""
@@ -199,9 +211,10 @@ class PrefixStore:
         return state
 
     # --- writing ------------------------------------------------------------------------------
-    def save(self, ident: str, tokens: Sequence[int], state: Any) -> bool:
+    def save(self, ident: str, tokens: Sequence[int], state: Any, label: str = "") -> bool:
         """Write ``state`` (a buffer the caller no longer touches) for ``tokens``, on the
-        writer thread; False when too many saves wait already (it is dropped)."""
+        writer thread; False when too many saves wait already (it is dropped). ``label``: the
+        model's name, for ``localinfer cache``."""
         with self._lock:
             if self._pending >= MAX_PENDING:
                 return False
@@ -211,7 +224,7 @@ class PrefixStore:
                                                 name="localinfer-prefix-cache")
                 self._writer.start()
         tokens = list(tokens)
-        self._queue.put(lambda: self._write(ident, tokens, state))
+        self._queue.put(lambda: self._write(ident, tokens, state, label))
         return True
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -234,12 +247,13 @@ class PrefixStore:
                 with self._lock:
                     self._pending -= 1
 
-    def _write(self, ident: str, tokens: list[int], state: Any) -> None:
+    def _write(self, ident: str, tokens: list[int], state: Any, label: str) -> None:
         data = token_bytes(tokens)
         view = memoryview(state).cast("B")
         header = json.dumps({
             "identity": ident, "n_tokens": len(tokens), "state_bytes": view.nbytes,
             "crc32": zlib.crc32(view, zlib.crc32(data)), "created": time.time(),
+            "model": label,
         }).encode()
         name = f"{ident[:16]}-{len(tokens)}-{prefix_hash(ident, tokens)}{SUFFIX}"
         total = len(MAGIC) + 4 + len(header) + len(data) + view.nbytes
@@ -362,8 +376,9 @@ class PrefixCache:
     requests to save and restore."""
 
     def __init__(self, store: PrefixStore, ident: str, *, min_tokens: int,
-                 reread_tail: int) -> None:
+                 reread_tail: int, label: str = "") -> None:
         self.store = store
+        self.label = label
         self.identity = ident
         self.model = ident[:16]
         self.min_tokens = max(1, min_tokens)
@@ -419,4 +434,4 @@ class PrefixCache:
         return chosen
 
     def save(self, tokens: Sequence[int], state: Any) -> bool:
-        return self.store.save(self.identity, tokens, state)
+        return self.store.save(self.identity, tokens, state, self.label)
