@@ -6,6 +6,7 @@ engine serving and the directory holding only whole files."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -214,3 +215,61 @@ def test_two_stores_on_one_directory_write_the_same_prefixes_at_once(tmp_path):
         state = reader.read(entry, ident, list(range(entry.n_tokens)))
         assert state is not None and state.tobytes() == states[entry.n_tokens]
     assert reader.counters.bad_files == 0
+
+
+def test_the_daemon_serves_past_a_foreign_file_and_ps_and_cache_show_it(home, monkeypatch):
+    """Through the daemon and the real openai SDK: a file of another model under this
+    model's name is skipped and removed (the reply is a 200), the prompt read again is saved
+    anew; ``ps`` and /localinfer/status show the cache's size and hit rate, and
+    ``localinfer cache`` lists and clears it."""
+    from daemon_util import install_fake_models, openai_client, serve
+    from localinfer.paths import get_paths
+    from localinfer.runtime.disk_cache import open_store
+    from test_cli_daemon import cli
+
+    monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+    install_fake_models("fake:1b-f16")
+    store = open_store(get_paths().prefix_cache_dir, 10**9)
+
+    def factory(model, num_ctx, progress=None):
+        backend = FakeBackend(reply="Fine.", name=model.name)
+        cache = PrefixCache(store, identity("fake-file", backend.state_format),
+                            min_tokens=64, reread_tail=REREAD_TAIL, label=model.name)
+        return Engine(backend, prefix_cache=cache)
+
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Now?"}]
+    with serve(factory) as d:
+        client = openai_client(d)
+
+        def ask():
+            reply = client.chat.completions.create(model="fake:1b", messages=messages,
+                                                   max_tokens=4, temperature=0)
+            store.flush()
+            return reply
+
+        n = ask().usage.prompt_tokens
+        ask()  # read again: saved
+        (path,) = files(store.directory)
+        path.write_bytes(path.read_bytes().replace(b'"identity": "', b'"identity": "0', 1))
+        # As after a restart: nothing in memory.
+        d.daemon.state.manager.loaded["fake:1b-f16"].engine.clear_cache()
+        assert ask().usage.prompt_tokens_details.cached_tokens == 0  # served, from scratch
+        assert store.counters.bad_files == 1
+        ask()  # read again: saved whole
+        d.daemon.state.manager.loaded["fake:1b-f16"].engine.clear_cache()
+        assert ask().usage.prompt_tokens_details.cached_tokens == n - REREAD_TAIL  # from disk
+        with d.uds() as http:
+            cache = http.get("/localinfer/status").json()["prefix_cache"]
+        assert cache["hits"] >= 1 and cache["entries"] == 1 and cache["bad_files"] == 1
+        out = cli("ps")
+        assert out.returncode == 0, out.stderr
+        line = next(line for line in out.stdout.splitlines() if line.startswith("prefix cache"))
+        assert "in 1 prefixes" in line and "lookups hit" in line and "tokens restored" in line
+    listed = cli("cache")
+    assert listed.returncode == 0, listed.stderr
+    assert "in 1 saved prefix " in listed.stdout and "fake:1b-f16" in listed.stdout
+    assert f"{n - REREAD_TAIL:,}" in listed.stdout
+    assert json.loads(cli("cache", "--json").stdout)["entries"][0]["tokens"] == n - REREAD_TAIL
+    cleared = cli("cache", "clear")
+    assert cleared.returncode == 0 and "removed 1 saved prefix " in cleared.stdout
+    assert files(store.directory) == []
