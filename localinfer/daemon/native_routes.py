@@ -247,6 +247,18 @@ def _metrics(state: DaemonState) -> str:
            ([(f'{{model="{manager.loading}",state="loading"}}', 1)] if manager.loading else []))
     metric("model_size_bytes", "gauge", "Weight bytes of each loaded model.",
            [(f'{{model="{e.name}"}}', e.engine.info.size_bytes) for e in manager.loaded.values()])
+    stores = open_stores()
+    if stores:
+        cache = stores[0].status()
+        for name, help_text in (
+                ("bytes", "Bytes the prefix cache holds on disk."),
+                ("entries", "Prompt prefixes saved in the prefix cache on disk."),
+                ("lookups", "Requests that looked for a saved prefix."),
+                ("hits", "Requests that restored a saved prefix."),
+                ("restored_tokens", "Prompt tokens restored from the prefix cache on disk."),
+                ("saves", "Prefixes this daemon saved to disk.")):
+            metric(f"prefix_cache_{name}", "gauge" if name in ("bytes", "entries")
+                   else "counter", help_text, [("", cache[name])])
     try:
         import psutil
 

@@ -126,6 +126,9 @@ class PrefixStore:
         self._pending = 0
         self._writer: threading.Thread | None = None
         self._swept = False
+        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """The prefixes read in this process (their hashes, which name the model), the most
+        recent last: a model unloaded and loaded again still knows what it read."""
 
     # --- reading ------------------------------------------------------------------------------
     def entries(self, model: str | None = None) -> list[Entry]:
@@ -259,6 +262,8 @@ class PrefixStore:
         total = len(MAGIC) + 4 + len(header) + len(data) + view.nbytes
         self._sweep()
         if total > self.max_bytes:
+            log.info("prefix cache: a %d-token prefix (%d bytes) is larger than the cache's"
+                     " bound; not saved", len(tokens), total)
             return
         self.evict(self.max_bytes - total)
         tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
@@ -383,7 +388,6 @@ class PrefixCache:
         self.model = ident[:16]
         self.min_tokens = max(1, min_tokens)
         self.reread_tail = reread_tail
-        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def lookup(self, target: Sequence[int], at_least: int) -> tuple[int, np.ndarray] | None:
         """The longest saved prefix of ``target`` longer than ``at_least`` tokens that
@@ -413,22 +417,27 @@ class PrefixCache:
         its end less the tail read again) long enough and read before (or ``marked``), not
         saved yet. Every point is remembered as read."""
         limit = len(prompt) - self.reread_tail
+        if max(limit, len(prompt)) < self.min_tokens:
+            return []
         points = [i + 1 for i, t in enumerate(prompt) if t == turn_end] \
             if turn_end is not None else []
         points.append(limit)
+        points = sorted({n for n in points if n >= self.min_tokens})
+        if not points:
+            return []
         chosen = []
         saved = {(e.n_tokens, e.digest) for e in self.store.entries(self.model)}
-        for n in sorted(set(points)):
-            if n < self.min_tokens:
-                continue
-            digest = prefix_hash(self.identity, prompt[:n])
-            seen = digest in self._seen
-            self._seen[digest] = None
-            self._seen.move_to_end(digest)
-            if n <= limit and (seen or marked) and (n, digest) not in saved:
-                chosen.append(n)
-        while len(self._seen) > SEEN_CAPACITY:
-            self._seen.popitem(last=False)
+        seen_before = self.store.seen
+        with self.store._lock:
+            for n in points:
+                digest = prefix_hash(self.identity, prompt[:n])
+                seen = digest in seen_before
+                seen_before[digest] = None
+                seen_before.move_to_end(digest)
+                if n <= limit and (seen or marked) and (n, digest) not in saved:
+                    chosen.append(n)
+            while len(seen_before) > SEEN_CAPACITY:
+                seen_before.popitem(last=False)
         if len(chosen) > SAVES_PER_REQUEST:
             chosen = [chosen[0], chosen[-1]]
         return chosen
