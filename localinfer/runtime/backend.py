@@ -52,7 +52,9 @@ class LoadOptions:
     """None: off on the CPU, llama.cpp's choice on a GPU (see runtime.llama.flash_attn_type)."""
     use_mmap: bool = True
     kv_type: str = "f16"
-    """KV cache element type: "f16", or "q8_0" (half the memory; needs flash attention)."""
+    """KV cache element type: "f16", "q8_0" (half the memory) or "q4_0" (a quarter) for K and
+    V, or "K,V" for each its own (runtime.types.kv_cache_types); quantized needs flash
+    attention."""
     chat_template: str | None = None
     """Jinja template used when the GGUF has none."""
     base_model: bool = False
