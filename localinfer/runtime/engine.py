@@ -653,9 +653,7 @@ class Engine:
             n = min(len(target) - start, budget, chunk_cap)
             if n <= 0:
                 break
-            stop = slot.chunk_end(start)  # a checkpoint or a save to disk planned there
-            if stop is not None:
-                n = min(n, stop - start)
+            n = slot.chunk_limit(start, n)  # it ends at a checkpoint or save planned there
             last = start + n == len(target)
             tokens.extend(target[start : start + n])
             positions.extend(range(start, start + n))

@@ -59,11 +59,11 @@ class Slot:
     def prefilling(self) -> bool:
         return self.req is not None and len(self.cached) < len(self.req.target)
 
-    def chunk_end(self, start: int) -> int | None:
-        """Where a prompt chunk starting at ``start`` must end: the next checkpoint or save to
-        disk planned past it (None: anywhere)."""
-        stops = [n for n in (self.checkpoint_at, *self.save_at) if n is not None and n > start]
-        return min(stops, default=None)
+    def chunk_limit(self, start: int, n: int) -> int:
+        """How many of ``n`` prompt tokens from ``start`` one chunk reads: it ends at the next
+        checkpoint or save to disk planned past ``start``."""
+        stops = [at for at in (self.checkpoint_at, *self.save_at) if at is not None and at > start]
+        return min(n, min(stops) - start) if stops else n
 
     def exchange(self, other: Slot) -> None:
         """Trade everything but the sequence id with ``other``, whose cache has traded places
