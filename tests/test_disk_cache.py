@@ -239,6 +239,7 @@ def test_the_daemon_serves_past_a_foreign_file_and_ps_and_cache_show_it(home, mo
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Now?"}]
     with serve(factory) as d:
+        d.daemon.state.prefix_cache = store  # as `serve` hands it over
         client = openai_client(d)
 
         def ask():
@@ -264,7 +265,7 @@ def test_the_daemon_serves_past_a_foreign_file_and_ps_and_cache_show_it(home, mo
         out = cli("ps")
         assert out.returncode == 0, out.stderr
         line = next(line for line in out.stdout.splitlines() if line.startswith("prefix cache"))
-        assert "in 1 prefixes" in line and "lookups hit" in line and "tokens restored" in line
+        assert "in 1 prefix" in line and "lookups hit" in line and "tokens restored" in line
     listed = cli("cache")
     assert listed.returncode == 0, listed.stderr
     assert "in 1 saved prefix " in listed.stdout and "fake:1b-f16" in listed.stdout

@@ -4,12 +4,14 @@ says so: its cached tokens came from disk, and the prompt tokens read are the la
 
 from __future__ import annotations
 
+import contextlib
+
 import anthropic
 import pytest
 
 from daemon_util import openai_client, serve
 from localinfer.config import Config
-from localinfer.loading import engine_factory
+from localinfer.loading import engine_factory, prefix_store
 from localinfer.paths import get_paths
 from localinfer.runtime.checkpoints import REREAD_TAIL
 from localinfer.runtime.disk_cache import PrefixStore
@@ -31,8 +33,11 @@ def empty_cache(starter_path):
     store.clear()
 
 
+@contextlib.contextmanager
 def daemon():
-    return serve(engine_factory(CONFIG, n_slots=1))
+    with serve(engine_factory(CONFIG, n_slots=1)) as d:
+        d.daemon.state.prefix_cache = prefix_store(CONFIG)  # as `serve` hands it over
+        yield d
 
 
 def status(d) -> dict:

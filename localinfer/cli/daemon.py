@@ -122,9 +122,8 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
         max_loaded=args.max_loaded, settings=settings)
     if args.max_loaded is not None and args.max_loaded < 1:
         raise DaemonError(f"--max-loaded must be at least 1, got {args.max_loaded}.")
-    prefix_store(config)  # opened now: `ps` shows it before a model loads
     daemon = Daemon(options, engine_factory(config, max_queue=args.max_queue),
-                    memory=MemoryPlan.for_machine(config))
+                    memory=MemoryPlan.for_machine(config), prefix_cache=prefix_store(config))
     daemon.start()
     if options.tcp and not host_is_loopback(host):
         print(f"localinfer serve: warning: {host} is not a loopback address; the API is"
@@ -260,7 +259,8 @@ def prefix_cache_text(cache: dict) -> str:
     rate = f"{cache['hits']} of {lookups} lookups hit ({100 * cache['hit_rate']:.0f}%)" \
         if lookups else "no lookups yet"
     return (f"prefix cache: {human_bytes(cache['bytes'])} of {human_bytes(cache['max_bytes'])}"
-            f" on disk in {cache['entries']} prefixes; {rate},"
+            f" on disk in {cache['entries']} prefix{'' if cache['entries'] == 1 else 'es'};"
+            f" {rate},"
             f" {cache['restored_tokens']:,} tokens restored, {cache['saves']} saved")
 
 

@@ -31,7 +31,6 @@ from ..protocol import (
     loaded_model_json,
     status_json,
 )
-from ..runtime.disk_cache import open_stores
 from ..runtime.types import Done, SamplingParams
 from .bridge import BridgeResponse, start_generation
 from .error_replies import guarded
@@ -79,8 +78,8 @@ def routes(state: DaemonState) -> list[Route]:
                            loading=manager.loading, loaded=loaded,
                            hardware=await _hardware(state))
         body["memory"] = await manager.memory_json()
-        stores = open_stores()  # the serving process opened its own (loading.prefix_store)
-        body["prefix_cache"] = await asyncio.to_thread(stores[0].status) if stores else None
+        cache = state.prefix_cache
+        body["prefix_cache"] = await asyncio.to_thread(cache.status) if cache else None
         return JSONResponse(body)
 
     async def generate(request: Request) -> Response:
@@ -247,9 +246,8 @@ def _metrics(state: DaemonState) -> str:
            ([(f'{{model="{manager.loading}",state="loading"}}', 1)] if manager.loading else []))
     metric("model_size_bytes", "gauge", "Weight bytes of each loaded model.",
            [(f'{{model="{e.name}"}}', e.engine.info.size_bytes) for e in manager.loaded.values()])
-    stores = open_stores()
-    if stores:
-        cache = stores[0].status()
+    if state.prefix_cache is not None:
+        cache = state.prefix_cache.status()
         for name, help_text in (
                 ("bytes", "Bytes the prefix cache holds on disk."),
                 ("entries", "Prompt prefixes saved in the prefix cache on disk."),

@@ -371,11 +371,6 @@ def open_store(directory: Path, max_bytes: int) -> PrefixStore:
         return store
 
 
-def open_stores() -> list[PrefixStore]:
-    with _stores_lock:
-        return list(_stores.values())
-
-
 class PrefixCache:
     """One loaded model's view of a ``PrefixStore``: its identity, and which prefixes of its
     requests to save and restore."""
