@@ -274,3 +274,20 @@ def test_the_daemon_serves_past_a_foreign_file_and_ps_and_cache_show_it(home, mo
     cleared = cli("cache", "clear")
     assert cleared.returncode == 0 and "removed 1 saved prefix " in cleared.stdout
     assert files(store.directory) == []
+
+
+def test_a_state_llama_cpp_refuses_is_removed_and_the_prompt_read(tmp_path, caplog):
+    """A whole file of the right model whose state the backend refuses (a build whose
+    format changed under the same version): removed, the request read from scratch."""
+    directory = tmp_path / "kv"
+    with engine_with(directory) as engine:
+        tokens = engine.chat_tokens(CHAT)
+        n = len(tokens) - REREAD_TAIL
+        disk = engine._kept.disk
+        disk.save(tokens[:n], b"too\x00few\x00cells")
+        disk.store.flush()
+        assert len(files(directory)) == 1
+        done = ask(engine)
+        assert done.usage.cached_tokens == 0 and engine.backend.loaded == []
+        assert files(directory) == [] and disk.store.counters.bad_files == 1
+    assert "refused its state" in caplog.text

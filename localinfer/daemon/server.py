@@ -228,6 +228,8 @@ class Daemon:
             housekeeping.cancel()
             manager.cancel_all()
             await manager.close()
+            if self.prefix_cache is not None:  # the saves still queued are written first
+                await asyncio.to_thread(self.prefix_cache.flush)
 
     def _end_streams(self) -> None:
         PullJob.cancel_all()  # each pull stops within a chunk, its partial file kept

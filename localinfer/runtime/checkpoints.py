@@ -129,7 +129,8 @@ class CacheKeeper:
             log.warning("prefix cache: cannot look up saved prefixes: %s", exc)
             found = None
         if found is not None:
-            n, state = found
+            entry, state = found
+            n = entry.n_tokens
             if self.backend.seq_load(slot.seq_id, state, n):
                 disk.restored(n)
                 slot.cached[:] = target[:n]
@@ -138,7 +139,7 @@ class CacheKeeper:
                     request.n_restored = n
                 n_keep = n
             else:  # refused by llama.cpp: the cache is empty now
-                log.warning("prefix cache: llama.cpp refused a saved %d-token prefix", n)
+                disk.store.discard(entry, "llama.cpp refused its state")
                 slot.cached.clear()
                 slot.checkpoints, slot.spare = [], None
                 n_keep = 0

@@ -24,6 +24,7 @@ the slot, when the request is admitted; the file is written on a thread of its o
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import errno
@@ -260,14 +261,14 @@ class PrefixStore:
         }).encode()
         name = f"{ident[:16]}-{len(tokens)}-{prefix_hash(ident, tokens)}{SUFFIX}"
         total = len(MAGIC) + 4 + len(header) + len(data) + view.nbytes
-        self._sweep()
         if total > self.max_bytes:
             log.info("prefix cache: a %d-token prefix (%d bytes) is larger than the cache's"
                      " bound; not saved", len(tokens), total)
             return
-        self.evict(self.max_bytes - total)
         tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         try:
+            self._sweep()
+            self.evict(self.max_bytes - total)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with open(fd, "wb") as f:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)
@@ -321,6 +322,14 @@ class PrefixStore:
                         self.counters.evicted += 1
                 total -= entry.size
 
+    def discard(self, entry: Entry, why: str) -> None:
+        """Remove a file llama.cpp refused (``why``), with a warning."""
+        log.warning("prefix cache: %s: %s; removing it", entry.path.name, why)
+        with self._lock:
+            self.counters.bad_files += 1
+        with contextlib.suppress(OSError):
+            entry.path.unlink()
+
     def clear(self, model: str | None = None) -> tuple[int, int]:
         """Remove every saved prefix (of one model): how many files, how many bytes."""
         entries = self.entries(model)
@@ -367,6 +376,8 @@ def open_store(directory: Path, max_bytes: int) -> PrefixStore:
         store = _stores.get(directory)
         if store is None:
             store = _stores[directory] = PrefixStore(directory, max_bytes)
+            # The saves still queued when the process ends are written first.
+            atexit.register(store.flush, 30.0)
         store.max_bytes = max_bytes
         return store
 
@@ -384,9 +395,9 @@ class PrefixCache:
         self.min_tokens = max(1, min_tokens)
         self.reread_tail = reread_tail
 
-    def lookup(self, target: Sequence[int], at_least: int) -> tuple[int, np.ndarray] | None:
+    def lookup(self, target: Sequence[int], at_least: int) -> tuple[Entry, np.ndarray] | None:
         """The longest saved prefix of ``target`` longer than ``at_least`` tokens that
-        leaves the tail every request reads again: (its length, its state), or None."""
+        leaves the tail every request reads again: (its file, its state), or None."""
         limit = len(target) - self.reread_tail
         if limit < self.min_tokens or limit <= at_least:
             return None
@@ -399,7 +410,7 @@ class PrefixCache:
                 continue
             state = self.store.read(entry, self.identity, target)
             if state is not None:
-                return entry.n_tokens, state
+                return entry, state
         return None
 
     def restored(self, n_tokens: int) -> None:
