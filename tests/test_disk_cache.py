@@ -75,6 +75,30 @@ def test_a_prompt_read_twice_is_saved_and_restored_after_a_restart(tmp_path):
         assert status["hits"] == 1 and status["restored_tokens"] == again.usage.cached_tokens
 
 
+def test_read_before_holds_across_restarts(tmp_path):
+    """Read once in one process, once in the next: saved then (the directory's ledger says
+    it was read before), restored in the third."""
+    directory = tmp_path / "kv"
+    with engine_with(directory) as engine:
+        ask(engine)
+    assert files(directory) == []
+    with engine_with(directory) as engine:
+        assert ask(engine).usage.cached_tokens == 0
+    assert len(files(directory)) == 1
+    with engine_with(directory) as engine:
+        assert ask(engine).timings.restored_tokens == len_prompt(engine) - REREAD_TAIL
+
+
+def test_the_ledger_takes_other_processes_lines_and_a_torn_last_line(tmp_path):
+    directory = tmp_path / "kv"
+    one, two = PrefixStore(directory, 10**9), PrefixStore(directory, 10**9)
+    assert one.remember(["a" * 32, "b" * 32]) == set()
+    assert two.remember(["b" * 32, "c" * 32]) == {"b" * 32}
+    with open(directory / "read-prefixes", "a") as ledger:
+        ledger.write("d" * 16)  # a line another process is still writing
+    assert one.remember(["c" * 32, "d" * 32]) == {"c" * 32}
+
+
 def len_prompt(engine: Engine) -> int:
     return len(engine.chat_tokens(CHAT))
 
@@ -159,7 +183,8 @@ def test_a_full_disk_leaves_no_file_and_the_engine_serving(tmp_path, monkeypatch
     with engine_with(directory) as engine:
         first = ask(engine, MARKED)
         assert engine._kept.disk.store.counters.failed_saves == 1
-        assert [p.name for p in directory.iterdir()] == [".lock"]  # no file, whole or torn
+        # No file, whole or torn (the lock, the ledger of prefixes read).
+        assert sorted(p.name for p in directory.iterdir()) == [".lock", "read-prefixes"]
         assert "the disk is full" in caplog.text
         monkeypatch.setattr(os, "fsync", real_fsync)  # room again
         assert ask(engine).text == first.text  # still serving, and saving

@@ -16,8 +16,9 @@ leaves no file and the engine goes on.
 Which prefixes are saved (``PrefixCache.plan``): the points of a prompt where a later prompt is
 likely to part from it, the end of each turn and the end of the prompt (less the tail every
 request reads again, checkpoints.REREAD_TAIL), that are at least ``min_tokens`` long and either
-were in an earlier request's prompt (read at least once before) or belong to a request that
-asked for it (Anthropic's ``cache_control``: ``SamplingParams.cache_prompt``). The engine saves
+were in an earlier request's prompt (read at least once before, in any process of the home:
+the directory keeps a ledger of their hashes) or belong to a request that asked for it
+(Anthropic's ``cache_control``: ``SamplingParams.cache_prompt``). The engine saves
 one where its reading reaches it (the prompt's chunk ends there) or, read before and still in
 the slot, when the request is admitted; the file is written on a thread of its own.
 """
@@ -57,7 +58,10 @@ DEFAULT_MIN_TOKENS = 1024
 """The shortest prefix saved (``prefix_cache_min_tokens``): shorter ones are read again in
 less time than a file costs to write and keep."""
 SEEN_CAPACITY = 4096
-"""Prefixes remembered as read (by hash), per process."""
+"""Prefixes remembered as read (by hash): the ledger keeps the newest (33 bytes each)."""
+LEDGER = "read-prefixes"
+"""The ledger of prefixes read, in the directory: "read at least once before" holds across
+restarts and between the daemons (and ``localinfer run``) of a home."""
 MAX_PENDING = 2
 """Saves waiting for the writer at most; a save beyond them is skipped (their states are
 held in memory until written)."""
@@ -127,9 +131,11 @@ class PrefixStore:
         self._pending = 0
         self._writer: threading.Thread | None = None
         self._swept = False
-        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """The prefixes read in this process (their hashes, which name the model), the most
-        recent last: a model unloaded and loaded again still knows what it read."""
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """The prefixes read (their hashes, which name the model), the most recent last: in
+        this process, and as the ledger file says (``remember``)."""
+        self._ledger_at = 0
+        self._ledger_lock = threading.Lock()
 
     # --- reading ------------------------------------------------------------------------------
     def entries(self, model: str | None = None) -> list[Entry]:
@@ -213,6 +219,61 @@ class PrefixStore:
         with contextlib.suppress(OSError):
             os.utime(entry.path)  # recently used
         return state
+
+    def remember(self, digests: Sequence[str]) -> set[str]:
+        """Record prefixes as read, in memory and in the directory's ledger (``LEDGER``: one
+        hash a line, appended; other processes' lines are read as they come): which of them
+        were read before. A ledger that cannot be read or written leaves memory alone."""
+        with self._ledger_lock:
+            self._read_ledger()
+            before = {d for d in digests if d in self._seen}
+            for digest in digests:
+                self._seen[digest] = None
+                self._seen.move_to_end(digest)
+            while len(self._seen) > SEEN_CAPACITY:
+                self._seen.popitem(last=False)
+            new = [d for d in digests if d not in before]
+            if new:
+                self._append_ledger(new)
+            return before
+
+    def _read_ledger(self) -> None:
+        path = self.directory / LEDGER
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self._ledger_at:  # compacted by another process: read it all
+                    self._ledger_at = 0
+                f.seek(self._ledger_at)
+                data = f.read()
+        except OSError:
+            return
+        whole = data[:data.rfind(b"\n") + 1]  # a line still being appended: next time
+        self._ledger_at += len(whole)
+        for line in whole.split():
+            digest = line.decode("ascii", "replace")
+            self._seen[digest] = None
+            self._seen.move_to_end(digest)
+
+    def _append_ledger(self, digests: list[str]) -> None:
+        path = self.directory / LEDGER
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, "".join(f"{d}\n" for d in digests).encode())
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            self._ledger_at = size  # what this process appended is already in memory
+            if size > 2 * SEEN_CAPACITY * 33:
+                kept = "".join(f"{d}\n" for d in self._seen).encode()
+                tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+                tmp.write_bytes(kept)
+                os.replace(tmp, path)
+                self._ledger_at = len(kept)
+        except OSError as exc:
+            log.debug("prefix cache: the ledger of read prefixes is not written: %s", exc)
 
     # --- writing ------------------------------------------------------------------------------
     def save(self, ident: str, tokens: Sequence[int], state: Any, label: str = "") -> bool:
@@ -431,19 +492,11 @@ class PrefixCache:
         points = sorted({n for n in points if n >= self.min_tokens})
         if not points:
             return []
-        chosen = []
         saved = {(e.n_tokens, e.digest) for e in self.store.entries(self.model)}
-        seen_before = self.store.seen
-        with self.store._lock:
-            for n in points:
-                digest = prefix_hash(self.identity, prompt[:n])
-                seen = digest in seen_before
-                seen_before[digest] = None
-                seen_before.move_to_end(digest)
-                if n <= limit and (seen or marked) and (n, digest) not in saved:
-                    chosen.append(n)
-            while len(seen_before) > SEEN_CAPACITY:
-                seen_before.popitem(last=False)
+        digests = [prefix_hash(self.identity, prompt[:n]) for n in points]
+        before = self.store.remember(digests)
+        chosen = [n for n, digest in zip(points, digests, strict=True)
+                  if n <= limit and (digest in before or marked) and (n, digest) not in saved]
         if len(chosen) > SAVES_PER_REQUEST:
             chosen = [chosen[0], chosen[-1]]
         return chosen
