@@ -110,6 +110,11 @@ class Config:
     layer_split: str | None = None
     """Layers per device with workers, instead of the planner's split: "6,6,6" = this
     machine's CPU, then each worker device in order (``serve --layer-split``)."""
+    prefix_cache_gb: float = 4.0
+    """Most disk space the prefix cache (the KV cache of long prompt prefixes, kept across
+    restarts; ``localinfer cache``) takes, in GB; 0 turns it off."""
+    prefix_cache_min_tokens: int = 1024
+    """The shortest prompt prefix the prefix cache saves, in tokens."""
     models: dict[str, ModelSettings] = field(default_factory=dict)
     """Per-model settings (``[models."NAME"]``), by lower-case model name."""
 
@@ -220,13 +225,17 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
             value = str(value)
     if not isinstance(value, expected) or (expected != (bool,) and isinstance(value, bool)):
         raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
-    if key in ("ctx", "threads", "slots", "port") and isinstance(value, int) and value <= 0:
+    if key in ("ctx", "threads", "slots", "port", "prefix_cache_min_tokens") and \
+            isinstance(value, int) and value <= 0:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")
     if key == "kv_type":
         try:
             kv_cache_types(str(value))
         except ValueError as exc:
             raise ConfigError(f"{where}: kv_type: {exc}.") from None
+    if key == "prefix_cache_gb" and isinstance(value, (int, float)) and \
+            not 0 <= value < float("inf"):
+        raise ConfigError(f"{where}: {key} must be 0 (off) or more GB, got {value}.")
     if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and value < 0:
         raise ConfigError(f"{where}: {key} must be 0 or more, got {value}.")
     if key == "flash_attn" and value not in FLASH_ATTN:

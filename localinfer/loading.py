@@ -18,6 +18,7 @@ from .errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTo
 from .hardware import probe
 from .hardware.profile import HardwareProfile
 from .hardware.rpc import parse_endpoints, probe_workers, worker_answers
+from .paths import get_paths
 from .planner import (
     CHAT_CHECKPOINTS,
     Candidate,
@@ -29,8 +30,10 @@ from .planner import (
     shrinks_window_cache,
 )
 from .planner.attention import AttentionChoice
-from .runtime.backend import LoadOptions, ProgressCallback
+from .runtime.backend import Backend, LoadOptions, ProgressCallback
 from .runtime.chat_template import BUILTIN_TEMPLATES
+from .runtime.checkpoints import REREAD_TAIL
+from .runtime.disk_cache import PrefixCache, PrefixStore, identity, model_file_id, open_store
 from .runtime.engine import Engine
 from .selection import plan_prefs
 from .store import CopyProgress, ModelStore, ResolvedModel
@@ -70,6 +73,31 @@ def is_embedding_only(name: str, catalog: Catalog | None = None) -> bool:
     return spec.embedding_only
 
 
+def prefix_store(config: Config) -> PrefixStore | None:
+    """The prefix cache on disk as config.toml bounds it (``prefix_cache_gb``), or None when
+    it is off."""
+    if config.prefix_cache_gb <= 0:
+        return None
+    return open_store(get_paths().prefix_cache_dir, int(config.prefix_cache_gb * 1e9))
+
+
+def prefix_cache(config: Config | None, path: str | Path, backend: Backend, name: str
+                 ) -> PrefixCache | None:
+    """One loaded model's view of the prefix cache (None: off, or a backend that saves no
+    state, or no settings given)."""
+    store = prefix_store(config) if config is not None else None
+    if store is None or not backend.state_format:
+        return None
+    try:
+        model_id = model_file_id(path)
+    except OSError as exc:
+        log.warning("prefix cache off for %s: %s", path, exc)
+        return None
+    return PrefixCache(store, identity(model_id, backend.state_format),
+                       min_tokens=config.prefix_cache_min_tokens if config else 1024,
+                       reread_tail=REREAD_TAIL, label=name)
+
+
 def load_engine(
     path: str | Path,
     options: LoadOptions,
@@ -79,8 +107,10 @@ def load_engine(
     progress: ProgressCallback | None = None,
     header: gguf.GGUFHeader | None = None,
     max_queue: int = 64,
+    config: Config | None = None,
 ) -> Engine:
-    """Load the GGUF at ``path`` with llama.cpp and return a running engine."""
+    """Load the GGUF at ``path`` with llama.cpp and return a running engine (with the prefix
+    cache on disk that ``config`` sets, if given)."""
     header = header or gguf.read_header(path)  # a bad file fails here, clearly, not in C++
     trained = header.context_length
     if options.n_ctx <= 0:
@@ -114,10 +144,12 @@ def load_engine(
         isolated = IsolatedBackend(path, options, name=name, progress=progress,
                                    answers=worker_answers)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
-                      chat_checkpoints=CHAT_CHECKPOINTS)
+                      chat_checkpoints=CHAT_CHECKPOINTS,
+                      prefix_cache=prefix_cache(config, path, isolated, name))
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
-                  chat_checkpoints=CHAT_CHECKPOINTS)
+                  chat_checkpoints=CHAT_CHECKPOINTS,
+                  prefix_cache=prefix_cache(config, path, backend, name))
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:
@@ -300,7 +332,7 @@ def open_engine(
     options = options_for(header, config, n_slots=n_slots, name=model.name, path=model.path)
     options = on_workers(options, header, config, model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
-                       progress=on_load, header=header)
+                       progress=on_load, header=header, config=config)
 
 
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
@@ -316,7 +348,8 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
                               path=model.path)
         options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
-                           header=header, max_queue=max_queue, progress=progress)
+                           header=header, max_queue=max_queue, progress=progress,
+                           config=config)
 
     return load
 

@@ -45,6 +45,11 @@ class Paths:
     def chats_dir(self) -> Path:
         return self.data_dir / "chats"
 
+    @property
+    def prefix_cache_dir(self) -> Path:
+        """The prefix cache's saved KV states (runtime/disk_cache.py)."""
+        return self.cache_dir / "prefix-kv"
+
 
 def get_paths() -> Paths:
     """The directories for this process, read from the environment on every call."""

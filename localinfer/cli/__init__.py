@@ -9,6 +9,7 @@ Each area keeps its sub-commands in its own module with a ``register(subparsers)
     chat.py     chat                         the terminal chat UI
     models.py   pull, list, show, rm, add    the model store
     worker.py   worker                       lend this machine's devices over llama.cpp RPC
+    cache.py    cache                        the prefix cache on disk: list, clear
     common.py   the flags and output helpers several areas share
 
 Building the parser loads none of the engine, the daemon, Textual or the store: each command
@@ -29,11 +30,11 @@ from collections.abc import Sequence
 from .. import __version__, errors
 from ..config import load_config
 from ..errors import Cancelled, LocalInferError
-from . import bench, chat, daemon, models, plan, run, worker
+from . import bench, cache, chat, daemon, models, plan, run, worker
 
 INTERNAL_ERROR = 70
 
-AREAS = (run, daemon, plan, bench, chat, models, worker)
+AREAS = (run, daemon, plan, bench, chat, models, cache, worker)
 """In the order their commands are listed in ``--help``."""
 
 

@@ -99,7 +99,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from ..daemon.residency import MemoryPlan
     from ..daemon.server import Daemon, ServeOptions
     from ..daemon.state import DaemonSettings
-    from ..loading import engine_factory
+    from ..loading import engine_factory, prefix_store
 
     config = load_settings(config, args).replace(slots=args.slots, workers=args.workers,
                                                  layer_split=args.layer_split)
@@ -123,7 +123,7 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     if args.max_loaded is not None and args.max_loaded < 1:
         raise DaemonError(f"--max-loaded must be at least 1, got {args.max_loaded}.")
     daemon = Daemon(options, engine_factory(config, max_queue=args.max_queue),
-                    memory=MemoryPlan.for_machine(config))
+                    memory=MemoryPlan.for_machine(config), prefix_cache=prefix_store(config))
     daemon.start()
     if options.tcp and not host_is_loopback(host):
         print(f"localinfer serve: warning: {host} is not a loopback address; the API is"
@@ -225,6 +225,8 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
     shared = status.get("memory") or {}
     if shared.get("budget"):
         print(_budget_text(shared))
+    if status.get("prefix_cache"):
+        print(prefix_cache_text(status["prefix_cache"]))
     if status.get("loading"):
         print(f"loading {status['loading']}...")
     if not status["loaded"]:
@@ -249,6 +251,17 @@ def cmd_ps(args: argparse.Namespace, config: Config) -> int:
             print(f"{entry['info']['name']} settings (config.toml):"
                   f" {settings_text(entry['settings'])}")
     return 0
+
+
+def prefix_cache_text(cache: dict) -> str:
+    """One line: the prefix cache's size on disk and this daemon's hit rate."""
+    lookups = cache["lookups"]
+    rate = f"{cache['hits']} of {lookups} lookups hit ({100 * cache['hit_rate']:.0f}%)" \
+        if lookups else "no lookups yet"
+    return (f"prefix cache: {human_bytes(cache['bytes'])} of {human_bytes(cache['max_bytes'])}"
+            f" on disk in {cache['entries']} prefix{'' if cache['entries'] == 1 else 'es'};"
+            f" {rate},"
+            f" {cache['restored_tokens']:,} tokens restored, {cache['saves']} saved")
 
 
 def settings_text(settings: dict) -> str:

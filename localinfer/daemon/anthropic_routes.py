@@ -42,7 +42,7 @@ def routes(state: DaemonState) -> list[Route]:
         max_tokens = f.integer("max_tokens", low=1)
         prompt = _Prompt(body, max_tokens)
         params = replace(sampling(f, max_tokens=max_tokens),
-                         stop=f.stop("stop_sequences"))
+                         stop=f.stop("stop_sequences"), cache_prompt=asks_caching(body))
         entry, events, stack = await start_generation(
             state.manager, f.string("model"), prompt.encode,
             prompt.constraints.sampling(params), priority_of(request, body))
@@ -116,10 +116,28 @@ class _Prompt:
         return counted
 
 
+def asks_caching(body: dict[str, Any]) -> bool:
+    """Whether the request has a ``cache_control`` (its own, or on a system, tool or message
+    block): its prompt's prefixes are then saved to the prefix cache on disk on their first
+    reading, not only once read before (runtime/disk_cache.py)."""
+    if body.get("cache_control"):
+        return True
+    blocks: list[Any] = []
+    for key in ("system", "tools"):
+        if isinstance(body.get(key), list):
+            blocks += body[key]
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            blocks += content
+            blocks += [part for block in content if isinstance(block, dict)
+                       and isinstance(block.get("content"), list) for part in block["content"]]
+    return any(isinstance(block, dict) and block.get("cache_control") for block in blocks)
+
+
 def _system(value: Any, where: str = "system") -> list[Message]:
     """``system`` (or a system turn among the messages, ``where``): a string or text blocks
-    (their ``cache_control`` asks for nothing: every request reuses the longest cached
-    prefix)."""
+    (their ``cache_control``: ``asks_caching``)."""
     if value is None:
         return []
     if isinstance(value, str):

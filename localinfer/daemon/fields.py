@@ -256,8 +256,8 @@ EMBED_OPTIONS = RouteFields(
     ignored={name: why for name, why in API_OPTIONS.ignored.items() if name != "num_keep"})
 
 _ANTHROPIC_IGNORED = {
-    "cache_control": "prompt caching is automatic: each request reuses the longest cached"
-                     " prefix (cache_control on blocks is accepted the same way)",
+    "cache_control": "counting reads no cache; on /v1/messages it (or one on any block)"
+                     " saves the prompt's prefixes to the prefix cache on disk at once",
     "speed": "there is one speed, the machine's",
     "inference_geo": "inference runs on this machine",
     "user_profile_id": "an Anthropic account's setting; there is one local user",
@@ -277,14 +277,14 @@ _ANTHROPIC_REFUSED = {
 
 V1_MESSAGES = RouteFields(
     honoured=("model", "max_tokens", "messages", "system", "stream", "stop_sequences",
-              "temperature", "top_p", "top_k", "thinking", *_LOCALINFER),
+              "temperature", "top_p", "top_k", "thinking", "cache_control", *_LOCALINFER),
     elsewhere=("tools", "tool_choice", "output_config", "output_format"),
     ignored={
         "metadata": "its user_id is for abuse monitoring; nothing is monitored locally",
         "service_tier": "there is one tier",
         "billing_policy": "nothing is billed locally",
         "fallback_credit_token": "nothing is billed locally",
-        **_ANTHROPIC_IGNORED,
+        **{name: why for name, why in _ANTHROPIC_IGNORED.items() if name != "cache_control"},
     },
     refused={
         **_ANTHROPIC_REFUSED,

@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -78,6 +78,8 @@ def routes(state: DaemonState) -> list[Route]:
                            loading=manager.loading, loaded=loaded,
                            hardware=await _hardware(state))
         body["memory"] = await manager.memory_json()
+        cache = state.prefix_cache
+        body["prefix_cache"] = await asyncio.to_thread(cache.status) if cache else None
         return JSONResponse(body)
 
     async def generate(request: Request) -> Response:
@@ -202,7 +204,9 @@ def _params(f: Fields) -> SamplingParams:
         max_tokens = None  # until the context is full
     else:
         max_tokens = f.integer("max_tokens", SamplingParams.max_tokens, low=1)
-    return sampling(f, max_tokens=max_tokens)
+    # Save the prompt's prefixes to the prefix cache on disk at their first reading.
+    return replace(sampling(f, max_tokens=max_tokens),
+                   cache_prompt=f.boolean("cache_prompt", False))
 
 
 def _metrics(state: DaemonState) -> str:
@@ -242,6 +246,17 @@ def _metrics(state: DaemonState) -> str:
            ([(f'{{model="{manager.loading}",state="loading"}}', 1)] if manager.loading else []))
     metric("model_size_bytes", "gauge", "Weight bytes of each loaded model.",
            [(f'{{model="{e.name}"}}', e.engine.info.size_bytes) for e in manager.loaded.values()])
+    if state.prefix_cache is not None:
+        cache = state.prefix_cache.status()
+        for name, help_text in (
+                ("bytes", "Bytes the prefix cache holds on disk."),
+                ("entries", "Prompt prefixes saved in the prefix cache on disk."),
+                ("lookups", "Requests that looked for a saved prefix."),
+                ("hits", "Requests that restored a saved prefix."),
+                ("restored_tokens", "Prompt tokens restored from the prefix cache on disk."),
+                ("saves", "Prefixes this daemon saved to disk.")):
+            metric(f"prefix_cache_{name}", "gauge" if name in ("bytes", "entries")
+                   else "counter", help_text, [("", cache[name])])
     try:
         import psutil
 

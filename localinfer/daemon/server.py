@@ -33,6 +33,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from ..errors import DaemonError
 from ..instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from ..paths import Paths, get_paths
+from ..runtime.disk_cache import PrefixStore
 from .bridge import PullJob
 from .error_replies import error_body
 from .http_app import create_app
@@ -158,9 +159,12 @@ class Daemon:
 
     def __init__(self, options: ServeOptions, factory: EngineFactory, *,
                  paths: Paths | None = None, manager: ModelManager | None = None,
-                 memory: MemoryPlan | None = None) -> None:
+                 memory: MemoryPlan | None = None, prefix_cache: PrefixStore | None = None
+                 ) -> None:
         self.options = options
         self.memory = memory
+        self.prefix_cache = prefix_cache
+        """The prefix cache on disk the factory's engines use, for the status (or None)."""
         self.paths = paths or get_paths()
         self.factory = factory
         self._manager = manager
@@ -208,6 +212,7 @@ class Daemon:
             self.factory, keep_alive_s=self.options.keep_alive_s,
             max_loaded=self.options.max_loaded, memory=self.memory)
         state = DaemonState(manager, self.options.settings)
+        state.prefix_cache = self.prefix_cache
         self.state = state
         app = create_app(state)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
@@ -223,6 +228,8 @@ class Daemon:
             housekeeping.cancel()
             manager.cancel_all()
             await manager.close()
+            if self.prefix_cache is not None:  # the saves still queued are written first
+                await asyncio.to_thread(self.prefix_cache.flush)
 
     def _end_streams(self) -> None:
         PullJob.cancel_all()  # each pull stops within a chunk, its partial file kept

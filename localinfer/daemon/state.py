@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..runtime.disk_cache import PrefixStore
 from ..runtime.types import Done
 from .manager import ModelManager
 
@@ -70,6 +71,8 @@ class DaemonState:
         self.generations: dict[str, Cancellable] = {}
         """Streams of /localinfer/generate by id, for /localinfer/cancel."""
         self.hardware: dict[str, Any] | None = None
+        self.prefix_cache: PrefixStore | None = None
+        """The prefix cache on disk, for /localinfer/status, ps and /metrics (or None)."""
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()

@@ -378,9 +378,9 @@ def ollama_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
 
 _ANTHROPIC_TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict",
                         "eager_input_streaming"}
-"""A custom tool's keys: ``cache_control`` asks for nothing (prompt caching is automatic),
-``strict`` is always so (the grammar follows the schema), and ``eager_input_streaming`` changes
-no reply (the input is streamed once it is whole)."""
+"""A custom tool's keys: ``cache_control`` saves the prompt to the prefix cache on disk
+(anthropic_routes.asks_caching), ``strict`` is always so (the grammar follows the schema),
+and ``eager_input_streaming`` changes no reply (the input is streamed once it is whole)."""
 
 _ANTHROPIC_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 

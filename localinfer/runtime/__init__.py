@@ -11,6 +11,7 @@ handed (loading.py, above it, plans the load): it imports no planner, store or p
     checkpoints.py    which slot a request takes, what its cache reuses and keeps for the next
     prompts.py        chats, completions, infills, embedding inputs to tokens
     prompt_cache.py   tokenizing a prompt that starts like a recent one: only the new part
+    disk_cache.py     the prefix cache on disk: long prefixes' KV state, kept across restarts
     chat_template.py  rendering a conversation with the model's Jinja template
     fim.py            fill-in-the-middle prompts, as llama-server's /infill builds them
     speculate.py      prompt-lookup drafts, and which drafts and sequences a step takes

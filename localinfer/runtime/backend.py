@@ -205,6 +205,23 @@ class Backend(Protocol):
         back; both are then empty. A ``LocalInferError`` leaves both as they were."""
         ...
 
+    state_format: str
+    """What a sequence's state from ``seq_save`` is valid for besides the model file (the
+    build, the load options that shape the KV cache), for the prefix cache on disk; "" where
+    this backend saves none."""
+
+    def seq_save(self, seq_id: int, n_tokens: int) -> Any:
+        """The whole state of sequence ``seq_id``'s cache, which holds exactly its first
+        ``n_tokens`` positions, as a buffer of bytes for ``seq_load`` into this model loaded
+        the same way (``state_format``), here or in a later process; None where it cannot."""
+        ...
+
+    def seq_load(self, seq_id: int, state: Any, n_tokens: int) -> bool:
+        """Empty ``seq_id``'s cache and put back a state ``seq_save`` returned for
+        ``n_tokens`` positions: True when it then holds them; False (it is empty) where
+        the state does not fit this model or context."""
+        ...
+
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """The pooled, unnormalised vector of each input (at most ``n_ctx_embed`` tokens
         each), several inputs per decode."""

@@ -6,8 +6,10 @@ be cut back that far, a checkpoint of the window layers (``Backend.seq_checkpoin
 the right length returns the cache there: where an autocomplete prompt parts from the last one,
 where a chat turn and its reply begin. After a chat reply, once the engine is idle, the
 template's opening of the next user turn is read into the slot ahead of it (``read_ahead``).
-The engine (engine.py) holds one ``CacheKeeper`` and asks it at admission, after each prompt
-chunk, at a reply's end and while idle.
+With a prefix cache on disk (disk_cache.py), a request whose prompt starts with a saved prefix
+longer than what its slot holds gets that prefix's state back, and the prefixes worth keeping
+are saved where its reading reaches them. The engine (engine.py) holds one ``CacheKeeper``
+and asks it at admission, after each prompt chunk, at a reply's end and while idle.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 from ..errors import LocalInferError, WorkerLost
 from .backend import Backend
+from .disk_cache import PrefixCache
 from .generation import Request
 from .prompt_cache import common_prefix
 from .slots import Checkpoint, Slot
@@ -68,8 +71,11 @@ class CacheKeeper:
     """The checkpoints and the read-ahead of one engine's slots."""
 
     def __init__(self, backend: Backend, *, n_ctx: int, chat_checkpoints: int,
-                 turn_marks: Callable[[], tuple[list[int], list[int]] | None]) -> None:
+                 turn_marks: Callable[[], tuple[list[int], list[int]] | None],
+                 disk: PrefixCache | None = None) -> None:
         self.backend = backend
+        self.disk = disk
+        """The prefix cache on disk, or None."""
         self.n_ctx = n_ctx
         self.chat_checkpoints = chat_checkpoints
         """How many checkpoints a chat's slot keeps on a window cache (the plan's)."""
@@ -87,6 +93,9 @@ class CacheKeeper:
         # text as a cold one (see REREAD_TAIL).
         common = common_prefix(slot.cached, target)
         n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
+        slot.save_at = []
+        if self.disk is not None:
+            n_keep = self._from_disk(slot, request, n_keep)
         del slot.cached[n_keep:]
         slot.turn_start = n_keep
         kept: list[Checkpoint] = []
@@ -107,6 +116,60 @@ class CacheKeeper:
             self.take_due(slot)
         return n_keep
 
+    def _from_disk(self, slot: Slot, request: Request, n_keep: int) -> int:
+        """Restore the longest saved prefix of the request's target longer than the slot's
+        ``n_keep`` tokens, and plan the saves of its prompt (on its first admission): how many
+        tokens the slot's cache holds now."""
+        disk = self.disk
+        assert disk is not None  # asked only with a prefix cache
+        target = request.target
+        try:
+            found = disk.lookup(target, n_keep)
+        except OSError as exc:  # an unreadable directory: the request reads its prompt
+            log.warning("prefix cache: cannot look up saved prefixes: %s", exc)
+            found = None
+        if found is not None:
+            entry, state = found
+            n = entry.n_tokens
+            if self.backend.seq_load(slot.seq_id, state, n):
+                disk.restored(n)
+                slot.cached[:] = target[:n]
+                slot.checkpoints, slot.spare = [], None
+                if request.sampler is None:
+                    request.n_restored = n
+                n_keep = n
+            else:  # refused by llama.cpp: the cache is empty now
+                disk.store.discard(entry, "llama.cpp refused its state")
+                slot.cached.clear()
+                slot.checkpoints, slot.spare = [], None
+                n_keep = 0
+        if request.sampler is None:  # its first admission
+            marks = self._turn_marks()
+            try:
+                points = disk.plan(request.prompt, marks[1][0] if marks else None,
+                                   request.params.cache_prompt)
+            except OSError as exc:
+                log.warning("prefix cache: cannot list saved prefixes: %s", exc)
+                points = []
+            if n_keep in points:
+                self._save(slot, request.prompt[:n_keep])
+            slot.save_at = [n for n in points if n > n_keep]
+        return n_keep
+
+    def _save(self, slot: Slot, tokens: list[int]) -> None:
+        """Save the slot's cache, which holds ``tokens``, to the prefix cache on disk."""
+        disk = self.disk
+        assert disk is not None  # asked only with a prefix cache
+        try:
+            state = self.backend.seq_save(slot.seq_id, len(tokens))
+        except WorkerLost:
+            raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except LocalInferError as exc:  # out of memory: the cache goes on without it
+            log.warning("prefix cache: could not copy a sequence's cache: %s", exc)
+            return
+        if state is not None:
+            disk.save(tokens, state)
+
     def _cut(self, slot: Slot, n_keep: int, target: list[int]) -> int:
         """Cut the slot's cache to ``n_keep`` tokens, or to its longest checkpoint within
         them where a sliding window cannot be cut there: how many tokens it keeps."""
@@ -118,7 +181,11 @@ class CacheKeeper:
         return self.backend.seq_trim(slot.seq_id, n_keep)
 
     def take_due(self, slot: Slot) -> None:
-        """Take the checkpoint planned where the slot's cache now ends (``checkpoint_at``)."""
+        """Take the checkpoint planned where the slot's cache now ends (``checkpoint_at``),
+        and the save to disk (``save_at``)."""
+        if slot.save_at and slot.save_at[0] == len(slot.cached):
+            slot.save_at.pop(0)
+            self._save(slot, list(slot.cached))
         if slot.checkpoint_at == len(slot.cached):
             slot.checkpoint_at = None
             if not slot.checkpoints or slot.checkpoints[-1].tokens != slot.cached:

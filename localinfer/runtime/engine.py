@@ -42,6 +42,7 @@ from .chat_template import ChatTemplate
 from .checkpoints import CHECKPOINT_MIN_TOKENS as CHECKPOINT_MIN_TOKENS
 from .checkpoints import DEFAULT_CHAT_CHECKPOINTS, CacheKeeper, slot_score
 from .checkpoints import REREAD_TAIL as REREAD_TAIL
+from .disk_cache import PrefixCache
 from .fim import FimFile
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
@@ -96,6 +97,7 @@ class Engine:
         max_queue: int = 64,
         load_ms: float = 0.0,
         chat_checkpoints: int = DEFAULT_CHAT_CHECKPOINTS,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.backend = backend
         self.info: ModelInfo = backend.info
@@ -108,7 +110,8 @@ class Engine:
         self._slots = [Slot(i) for i in range(self.info.n_slots)]
         self._kept = CacheKeeper(backend, n_ctx=self.info.n_ctx,
                                  chat_checkpoints=chat_checkpoints,
-                                 turn_marks=self.prompt_builder.chat_turn_marks)
+                                 turn_marks=self.prompt_builder.chat_turn_marks,
+                                 disk=prefix_cache)
         """What each slot's cache keeps between requests (checkpoints.py)."""
         self._steps = 0
         self._read_ahead_total = 0
@@ -670,8 +673,7 @@ class Engine:
             n = min(len(target) - start, budget, chunk_cap)
             if n <= 0:
                 break
-            if slot.checkpoint_at is not None and start < slot.checkpoint_at:
-                n = min(n, slot.checkpoint_at - start)  # the chunk ends at the checkpoint
+            n = slot.chunk_limit(start, n)  # it ends at a checkpoint or save planned there
             last = start + n == len(target)
             tokens.extend(target[start : start + n])
             positions.extend(range(start, start + n))

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -141,6 +142,9 @@ class FakeBackend:
         self.restored: list[int] = []  # the positions checkpoints were restored at
         self.checkpoints_reused = 0  # checkpoints saved into the memory of a dropped one
         self.swaps: list[tuple[int, int]] = []  # the sequences whose caches traded places
+        self.state_format = f"fake {name}"
+        self.saved: list[int] = []  # lengths of the states seq_save returned
+        self.loaded: list[int] = []  # lengths of the states seq_load put back
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
@@ -337,6 +341,23 @@ class FakeBackend:
         del cells[n_checkpoint:]
         self.restored.append(n_checkpoint)
         return n_checkpoint
+
+    def seq_save(self, seq_id: int, n_tokens: int) -> bytes | None:
+        # The cells' pieces: another fake of the same name reads them back as its own ids.
+        cells = self._seqs.get(seq_id, [])
+        if len(cells) != n_tokens or not n_tokens:
+            return None
+        self.saved.append(n_tokens)
+        return "\x00".join(self._pieces[t] for t in cells).encode()
+
+    def seq_load(self, seq_id: int, state: Any, n_tokens: int) -> bool:
+        pieces = bytes(state).decode().split("\x00")
+        if len(pieces) != n_tokens:
+            self._seqs[seq_id] = []
+            return False
+        self._seqs[seq_id] = [self._id(p) for p in pieces]
+        self.loaded.append(n_tokens)
+        return True
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """A bag-of-pieces vector: the mean of one fixed pseudo-random vector per token, so

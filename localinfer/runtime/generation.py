@@ -110,6 +110,8 @@ class Request:
     load_ms: float = 0.0
     n_cached: int = 0
     """Prompt tokens found in the KV cache at first admission."""
+    n_restored: int = 0
+    """Of those, the ones read back from the prefix cache on disk."""
     n_drafted: int = 0
     n_accepted: int = 0
     generated: list[int] = field(default_factory=list)
@@ -164,6 +166,7 @@ def done_event(request: Request, reason: FinishReason, now: float) -> Done:
         queue_ms=((request.t_start if started else now) - request.t_submit) * 1000.0,
         prompt_tokens=len(request.prompt),
         cached_tokens=request.n_cached,
+        restored_tokens=request.n_restored,
         prefill_tokens=len(request.prompt) - request.n_cached if first else 0,
         setup_ms=(request.t_read - request.t_start) * 1000.0 if request.t_read else 0.0,
         prefill_ms=(request.t_first - request.t_start) * 1000.0 if first else 0.0,

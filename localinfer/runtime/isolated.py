@@ -86,6 +86,7 @@ class IsolatedBackend:
         self.load_ms: float = reply["load_ms"]
         self.adaptive_threads: int = reply["adaptive_threads"]
         self.max_special_bytes: int = reply["max_special_bytes"]
+        self.state_format: str = reply["state_format"]
         self._special_pieces: dict[int, bytes] = reply["special_pieces"]
 
     @property
@@ -246,6 +247,14 @@ class IsolatedBackend:
         swapped: bool = self._call("seq_swap", a, b)
         return swapped
 
+    def seq_save(self, seq_id: int, n_tokens: int) -> bytes | None:
+        state: bytes | None = self._call("seq_save", seq_id, n_tokens)
+        return state
+
+    def seq_load(self, seq_id: int, state: Any, n_tokens: int) -> bool:
+        loaded: bool = self._call("seq_load", seq_id, bytes(state), n_tokens)
+        return loaded
+
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         vectors: list[list[float]] = self._call("embed", [list(i) for i in inputs])
         return vectors
@@ -297,6 +306,7 @@ class _Child:
                 "load_ms": b.load_ms,
                 "adaptive_threads": b.adaptive_threads,
                 "max_special_bytes": b.max_special_bytes,
+                "state_format": b.state_format,
                 # Every special token's text at once: the prompt tokenizer asks about each
                 # token of a prompt, too many for a call each.
                 "special_pieces": {token: piece for token in range(b.info.n_vocab)
@@ -323,6 +333,13 @@ class _Child:
     def seq_checkpoint(self, seq_id: int) -> bytes:
         state = self.backend.seq_checkpoint(seq_id)
         return ctypes.string_at(state.buffer, state.size)
+
+    def seq_save(self, seq_id: int, n_tokens: int) -> bytes | None:
+        state = self.backend.seq_save(seq_id, n_tokens)
+        return None if state is None else state.tobytes()
+
+    def seq_load(self, seq_id: int, state: bytes, n_tokens: int) -> bool:
+        return self.backend.seq_load(seq_id, np.frombuffer(state, np.uint8), n_tokens)
 
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int, state: bytes) -> int:
         from .llama import SeqState

@@ -36,6 +36,9 @@ class Slot:
         is saved into its memory (``Backend.seq_checkpoint``)."""
         self.checkpoint_at: int | None = None
         """Where to take the next checkpoint, once the cache holds this many tokens."""
+        self.save_at: list[int] = []
+        """Where to save the cache to the prefix cache on disk, ascending, once it holds
+        that many tokens of the running request (see disk_cache.py)."""
         self.turn_start = 0
         """Where the last request in this slot began reading (its cached tokens)."""
         self.supersede: str | None = None
@@ -55,6 +58,12 @@ class Slot:
     @property
     def prefilling(self) -> bool:
         return self.req is not None and len(self.cached) < len(self.req.target)
+
+    def chunk_limit(self, start: int, n: int) -> int:
+        """How many of ``n`` prompt tokens from ``start`` one chunk reads: it ends at the next
+        checkpoint or save to disk planned past ``start``."""
+        stops = [at for at in (self.checkpoint_at, *self.save_at) if at is not None and at > start]
+        return min(n, min(stops) - start) if stops else n
 
     def exchange(self, other: Slot) -> None:
         """Trade everything but the sequence id with ``other``, whose cache has traded places

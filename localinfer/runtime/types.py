@@ -145,6 +145,9 @@ class SamplingParams:
     and want only the newest."""
     grammar: Grammar | None = None
     """What the reply must look like (JSON of a schema, tool calls); None: anything."""
+    cache_prompt: bool = False
+    """The client asked for this prompt's prefix to be cached (Anthropic's
+    ``cache_control``): it is saved to the prefix cache on disk on its first reading."""
 
     def validate(self) -> SamplingParams:
         """Raise InvalidRequest for a value no sampler can use; return self."""
@@ -291,6 +294,8 @@ class Timings:
     reuse and trim, the step other sequences were in. Part of prefill_ms."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    restored_tokens: int = 0
+    """Of the cached tokens, those read back from the prefix cache on disk."""
     prefill_tokens: int = 0
     """Prompt tokens actually evaluated (prompt_tokens - cached_tokens)."""
     prefill_ms: float = 0.0

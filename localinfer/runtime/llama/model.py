@@ -22,7 +22,7 @@ from .decode import EMBED_CTX_GENERATIVE, EMBED_CTX_MAX, EMBED_SEQS, Decoding
 from .ggml_devices import Device, _use_workers, _worker_split, devices, system_info
 from .native import _init, _llama_said, _physical_cores, _recent_log, _set
 from .sampling import Sampling
-from .seq_state import SeqStates
+from .seq_state import SeqStates, build_id
 from .vocab import VocabScan
 
 log = logging.getLogger(__package__)
@@ -205,6 +205,12 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._vocab_ids = None
         self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
                                    offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
+        # What a sequence's state saved on disk is valid for, besides the file (a state
+        # holds one cell list per slot, the KV types and the V layout flash attention picks).
+        self.state_format = "" if self.embedding_only else (
+            f"{build_id()} {system_info()} slots={n_slots} kv={options.kv_type}"
+            f" flash_attn={flash_attn} ubatch={n_ubatch} offloaded={offloaded}"
+            f" rpc={','.join(options.rpc_servers)}")
         repo, sep = L.llama_vocab_fim_rep(self._vocab), L.llama_vocab_fim_sep(self._vocab)
         self.fim_repo = ((self._special_text(repo), self._special_text(sep))
                          if repo >= 0 and sep >= 0 else None)

@@ -1,10 +1,14 @@
 """Sequence state: cutting a sequence's cache back, and saving and restoring it through host
-memory: checkpoints of the sliding-window layers, and two sequences' cells swapped."""
+memory: checkpoints of the sliding-window layers, two sequences' cells swapped, and a whole
+sequence's state for the prefix cache on disk (../disk_cache.py)."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import llama_cpp as L
@@ -23,8 +27,18 @@ class SeqState:
     size: int
 
 
+@functools.cache
+def build_id() -> str:
+    """This llama.cpp build: llama-cpp-python's version and its libraries' sizes and times
+    (a state saved by one build is read by the same build only)."""
+    lib = Path(L.__file__).parent / "lib"
+    files = sorted(lib.glob("*")) if lib.is_dir() else []
+    stats = [(f.name, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if f.is_file()]
+    return f"llama-cpp-python {L.__version__} {stats}"
+
+
 class SeqStates(LlamaHandles):
-    """LlamaBackend's cache cuts, checkpoints and swaps."""
+    """LlamaBackend's cache cuts, checkpoints, swaps, and whole states for the disk."""
 
     _n_swa: int
     _window_cells: int
@@ -105,3 +119,26 @@ class SeqStates(LlamaHandles):
                 return n_checkpoint
         L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         return 0
+
+    def seq_save(self, seq_id: int, n_tokens: int) -> np.ndarray | None:
+        # Every layer's cells of the sequence (a window layer's window), which must hold
+        # exactly positions 0..n_tokens-1.
+        if n_tokens <= 0 or L.llama_memory_seq_pos_max(self._mem, seq_id) != n_tokens - 1:
+            return None
+        size = L.llama_state_seq_get_size_ext(self._ctx, seq_id, 0)
+        state = np.empty(size, np.uint8)
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        if not size or L.llama_state_seq_get_data_ext(self._ctx, pointer, size, seq_id, 0) != size:
+            return None
+        return state
+
+    def seq_load(self, seq_id: int, state: np.ndarray, n_tokens: int) -> bool:
+        L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        data = np.ascontiguousarray(state, dtype=np.uint8)
+        pointer = data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        # llama.cpp checks the cell count, types and layout; a refusal leaves it empty.
+        if L.llama_state_seq_set_data_ext(self._ctx, pointer, data.size, seq_id, 0) == \
+                data.size and L.llama_memory_seq_pos_max(self._mem, seq_id) == n_tokens - 1:
+            return True
+        L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        return False
