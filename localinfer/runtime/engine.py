@@ -490,7 +490,7 @@ class Engine:
                         self._finish(slot, "cancelled", time.perf_counter())
                 with self._cv:
                     self._admit()
-                self._compact()
+                self._kept.compact(self._slots)
                 if self._active():
                     self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
@@ -573,46 +573,6 @@ class Engine:
                     request.lookup = PromptLookup(request.prompt, self.drafts.acceptance)
                 self._prompt_tokens_total += len(request.prompt)
                 self._cached_tokens_total += n_keep
-
-    def _compact(self) -> None:
-        """Keep the running sequences' ids consecutive. With a KV cache split by sequence,
-        llama.cpp computes consecutive sequences' rows in one graph and every other run of
-        them in a graph of its own (speculate.graph_rows), which reads every weight again:
-        four sequences in slots 0, 2, 4 and 6 decode 1.55x slower than in slots 0-3 (starter,
-        2-core AVX2). So a running sequence outside the block trades caches with an idle slot
-        inside it, choosing the block that copies the fewest cached tokens: a copy of each
-        (a few ms for a few thousand tokens), once, and the idle cache is kept."""
-        running = [s.seq_id for s in self._slots if s.req is not None]
-        k = len(running)
-        if k < 2 or running[-1] - running[0] + 1 == k:
-            return
-
-        def copied(start: int) -> int:
-            return sum(len(s.cached) for s in self._slots
-                       if (s.req is not None) != (start <= s.seq_id < start + k))
-
-        start = min(range(len(self._slots) - k + 1), key=copied)
-        outside = [s for s in self._slots
-                   if s.req is not None and not start <= s.seq_id < start + k]
-        holes = [s for s in self._slots if s.req is None and start <= s.seq_id < start + k]
-        for slot, hole in zip(outside, holes, strict=True):
-            try:
-                swapped = self.backend.seq_swap(slot.seq_id, hole.seq_id)
-            except WorkerLost:
-                raise  # the model's process is gone: stop (``failed``), the owner reloads it
-            except LocalInferError as exc:  # nothing moved: the sequences decode apart
-                log.warning("could not move a sequence's cache: %s", exc)
-                return
-            slot.exchange(hole)
-            if not swapped:  # both caches are gone: the request reads its tokens back
-                log.warning("could not move a sequence's cache; reading it again")
-                for lost in (slot, hole):
-                    lost.cached.clear()
-                    lost.checkpoints, lost.spare = [], None
-                    lost.ahead = []
-                request = hole.running
-                request.target = request.prompt + request.generated
-                hole.next_token = None
 
     def _preempt_for(self, waiting: Request) -> None:
         if waiting.priority != Priority.INTERACTIVE:
@@ -702,7 +662,7 @@ class Engine:
                 self.backend.decode(tokens, positions, seq_ids, outputs)
         except StepInterrupted:
             self._interrupted_total += 1
-            self._after_interrupt(decoding, chunks)
+            self._kept.after_interrupt(decoding, chunks)
             return
         except LocalInferError as exc:
             log.error("decode failed: %s", exc)
@@ -732,36 +692,6 @@ class Engine:
                 token = self._sample_or_abort(slot, slot.batch_index)
                 if token is not None:
                     self._on_token(slot, token, now)
-
-    def _after_interrupt(self, decoding: list[Slot], chunks: list[tuple[Slot, int]]) -> None:
-        """A step stopped part way (``StepInterrupted``): a prompt being read keeps the
-        micro-batches the step finished; a decoding sequence drops what the step wrote of it
-        and feeds its next token again (or, where the cache cannot be cut there, reads back
-        what it lost, as a preempted request does). The requests whose clients left end at
-        the loop's top; the rest go on."""
-        for slot in decoding:
-            slot.draft = []
-            kept = self.backend.seq_trim(slot.seq_id, len(slot.cached))
-            if kept < len(slot.cached):
-                del slot.cached[kept:]
-                request = slot.running
-                request.target = request.prompt + request.generated
-                slot.next_token = None
-        for slot, _ in chunks:
-            start = len(slot.cached)
-            target = slot.running.target
-            read = self.backend.seq_length(slot.seq_id)
-            # The prompt's last token is read again: its logits, which sample the first
-            # token, went with the step.
-            keep = min(read, len(target) - 1)
-            if keep != read:
-                read = self.backend.seq_trim(slot.seq_id, keep)
-            if start < read:
-                slot.cached.extend(target[start:read])
-                self._kept.take_due(slot)
-            elif read < start:  # not what a stopped read leaves: keep what is certain
-                kept = self.backend.seq_trim(slot.seq_id, read)
-                del slot.cached[kept:]
 
     def _stepping(self, decoding: list[Slot]) -> list[Slot]:
         """The decoding slots that take this step: all, or those that waited longest where
