@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import gguf
 from .config import Config
-from .errors import DaemonError, LocalInferError, ModelLoadError, ModelNotFound
+from .errors import DaemonError, LocalInferError, ModelLoadError, ModelNotFound, OfflineError
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
 from .progress import human_bytes
@@ -308,7 +308,10 @@ class Launcher:
             return self.store.resolve(model).name
         except ModelNotFound:
             if self.store.offline:
-                raise
+                raise OfflineError(f"{model} is not installed and offline mode is on"
+                                   " (HF_HUB_OFFLINE=1 or --offline): unset it to pull it,"
+                                   " or run a model that is installed (`localinfer list`)."
+                                   ) from None
         target = pull_target(self.store, model, self.config)
         if target.reason:
             progress(LoadStep(f"{model} -> {target.reason}", stage="pull"))

@@ -147,6 +147,8 @@ class Faults:
     """Send this file offset's byte flipped (every time)."""
     down: bool = False
     """Answer every GET with 503."""
+    down_for: set[str] = field(default_factory=set)
+    """Answer GETs of these files (by SHA-256) with 503."""
     rate_bytes_per_s: float | None = None
     """Send no faster than this (to watch a progress bar, or press Ctrl+C by hand)."""
     paused: threading.Event = field(default_factory=threading.Event)
@@ -348,7 +350,7 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
             if entry is None or not served.path.startswith("/cdn/"):
                 return self._error(served, 404, None, "no such blob")
             faults = hub.faults
-            if faults.down and not head:
+            if (faults.down or sha in faults.down_for) and not head:
                 return self._error(served, 503, None, "Service Unavailable")
             start, end = 0, entry.size - 1
             status = 200

@@ -169,7 +169,7 @@ def test_plan_reads_only_headers_for_each_quant(hub_home, local_hub, tiny_quant_
     assert result.returncode == 0, result.stderr
     for quant in FILE_TYPES:
         assert f"{QUANTS}:{quant.lower()}" in result.stdout
-    assert "Choice:" in result.stdout and "Read the GGUF headers of 5 variant(s)" in \
+    assert "Choice:" in result.stdout and "Read the GGUF headers of 5 file(s)" in \
         result.stdout  # Q4_K_M, Q8_0, F16 and both shards of Q2_K
     gets = local_hub.requests("cdn", "GET")
     assert gets and all(r.range and r.range.startswith("bytes=0-") for r in gets)
@@ -253,3 +253,21 @@ def test_gated_repo_with_token(hub_home, local_hub, monkeypatch):
     store = ModelStore()
     model = pull_model(store, f"hf.co/{GATED_REPO}:Q4_K_M")
     assert model.sha256 == STARTER_SHA256
+
+
+def test_a_split_download_that_stopped_resumes_as_one(hub_home, local_hub,
+                                                      tiny_quant_files):
+    second = tiny_quant_files["Q2_K/tiny-Q2_K-00002-of-00002.gguf"]
+    sha = sha256_of(str(second), second.stat().st_mtime_ns)
+    local_hub.faults.down_for.add(sha)  # the first shard comes, the second does not
+    store = ModelStore()
+    with pytest.raises(Exception, match="is kept: run `localinfer pull"):
+        pull_model(store, f"{QUANTS}:Q2_K")
+    [partial] = store.partials()  # the shards are one download
+    assert partial.name == f"{QUANTS}:q2_k" and store.installed() == []
+    local_hub.faults.down_for.clear()
+    local_hub.reset_log()
+    model = pull_model(store, f"{QUANTS}:q2_k")
+    assert model.parts == 2 and store.partials() == [] and no_leftovers(store)
+    # Only the second shard was downloaded again.
+    assert [r.path.rsplit("/", 1)[-1] for r in local_hub.requests("cdn", "GET")] == [sha]

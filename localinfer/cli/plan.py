@@ -17,7 +17,7 @@ import sys
 import time
 
 from ..config import Config
-from ..errors import InvalidRequest, ModelNotFound
+from ..errors import InvalidRequest, ModelNotFound, OfflineError
 from ..hardware import bandwidth, load_profile, probe
 from ..hardware.rpc import parse_endpoints, probe_workers
 from ..paths import get_paths
@@ -280,7 +280,7 @@ def _header_notes(shown, fetch, *, offline: bool, single: bool) -> list[str]:
     """Where the sizes came from: headers read from the Hub, or estimates and why."""
     notes = []
     if fetch.files_read:
-        notes.append(f"Read the GGUF headers of {fetch.files_read} variant(s) from the Hub"
+        notes.append(f"Read the GGUF headers of {fetch.files_read} file(s) from the Hub"
                      f" ({human_bytes(fetch.bytes_read)}, HTTP Range requests; cached).")
     notes += fetch.notes
     estimated = [e.candidate.name for e in shown if e.candidate.estimated]
@@ -337,7 +337,6 @@ def _hub_candidates(store, ref: str, fetch):
     """A Hub model's quants (or the one named), from their GGUF headers: read with Range
     requests before any download and cached; offline, the installed ones only."""
     # The planner's candidates and the Hub listing: not for building the parser.
-    from ..errors import OfflineError
     from ..selection import hub_candidates, installed_candidate
     from ..store import list_repo, no_gguf
     from ..store.hub_names import parse

@@ -66,8 +66,9 @@ def hub_header(paths: Paths, repo: str, files: list[str], name: str, *,
     like ``remote_header``. None when a header can be neither found in the cache nor read;
     ``fetch.notes`` says why."""
     headers = []
-    for file in files:
-        header = _cached(paths, repo, file) or _fetched(paths, repo, file, name, fetch)
+    for number, file in enumerate(files, 1):
+        label = f"{name} (file {number} of {len(files)})" if len(files) > 1 else name
+        header = _cached(paths, repo, file) or _fetched(paths, repo, file, label, fetch)
         if header is None:
             return None
         headers.append(header)
