@@ -265,6 +265,9 @@ def test_a_split_download_that_stopped_resumes_as_one(hub_home, local_hub,
         pull_model(store, f"{QUANTS}:Q2_K")
     [partial] = store.partials()  # the shards are one download
     assert partial.name == f"{QUANTS}:q2_k" and store.installed() == []
+    shards = [tiny_quant_files[f"Q2_K/tiny-Q2_K-0000{i}-of-00002.gguf"] for i in (1, 2)]
+    assert partial.size_bytes == shards[0].stat().st_size
+    assert partial.total_bytes == sum(p.stat().st_size for p in shards)
     local_hub.faults.down_for.clear()
     local_hub.reset_log()
     model = pull_model(store, f"{QUANTS}:q2_k")

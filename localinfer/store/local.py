@@ -242,10 +242,14 @@ class ModelStore:
             total = meta.get("size") if isinstance(meta.get("size"), int) else None
             # A split model's shards are one download: meta["name"] is the model's name.
             name = meta["name"] if isinstance(meta.get("name"), str) else f"{family}:{tag}"
+            model_bytes = meta.get("model_bytes")
+            if isinstance(model_bytes, int) and model_bytes > 0:
+                total = model_bytes  # every shard's bytes, said by each shard's meta
             seen = by_name.get(name)
             if seen is not None:  # another shard of the same model: one entry, added up
-                total = None if seen.total_bytes is None or total is None else \
-                    seen.total_bytes + total
+                if not isinstance(model_bytes, int):
+                    total = None if seen.total_bytes is None or total is None else \
+                        seen.total_bytes + total
                 size += seen.size_bytes
                 data = seen.path
             by_name[name] = PartialDownload(name, data, size, total)

@@ -404,7 +404,8 @@ def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
             described = True
             atomic_write_text(meta_path, json.dumps({
                 "repo": remote.repo, "file": remote.file, "etag": remote.etag,
-                "size": remote.size, "name": name, "commit": remote.commit,
+                "size": remote.size, "name": name, "model_bytes": total,
+                "commit": remote.commit,
                 "sha256": part.expected, "started": time.time()}) + "\n")
         emit(PullProgress("downloading", before + completed, total, name=name,
                           digest=digest, message=f"downloading {name}"))
