@@ -13,9 +13,10 @@ from pathlib import Path
 
 import httpx
 import ollama
+import openai
 import pytest
 
-from daemon_util import fake_factory, serve
+from daemon_util import fake_factory, openai_client, serve
 from hub_server import (
     FILE,
     FILE_TYPES,
@@ -200,6 +201,18 @@ def test_the_daemon_pulls_and_serves_a_hub_name(hub_home, local_hub):
         assert reply.message.content == "hi"
         shown = client.show(f"{QUANTS}:q4_k_m")
         assert shown.details.quantization_level == "Q4_K_M"
+        oa = openai_client(d)
+        assert f"{QUANTS}:q4_k_m" in [m.id for m in oa.models.list()]
+        completion = oa.chat.completions.create(
+            model="localinfer-test/tiny-quants-gguf:Q4_K_M",
+            messages=[{"role": "user", "content": "x"}])
+        assert completion.choices[0].message.content == "hi"
+        with pytest.raises(openai.BadRequestError):
+            oa.chat.completions.create(model="hf.co/a/../../b:Q4_K_M",
+                                       messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.NotFoundError):
+            oa.chat.completions.create(model=f"{QUANTS}:Q8_0",  # not pulled
+                                       messages=[{"role": "user", "content": "x"}])
         for bad in ("hf.co/../../etc:Q4_K_M", "hf.co/a/b/c"):
             with pytest.raises(ollama.ResponseError) as info:
                 client.chat(model=bad, messages=[{"role": "user", "content": "x"}])
