@@ -149,3 +149,10 @@ def test_a_split_file_is_added_shard_by_shard(home, tmp_path):
     assert not any(p.exists() for p in model.paths)
     with pytest.raises(InvalidRequest, match="is a Hub name"):
         store.add(whole, name="hf.co/a/b")
+
+
+def test_a_file_naming_no_quant_gets_a_label_a_name_can_spell():
+    listing = listing_of("u/r", None, [("My--Model..v2 (final)-----------------------.gguf",
+                                        10, None)])
+    [quant] = listing.quant_names()
+    assert parse(f"hf.co/u/r:{quant}").quant == quant

@@ -10,6 +10,7 @@ name asks for, or says which ones exist. Which quant to take when the name gives
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .. import __version__
@@ -148,8 +149,9 @@ def listing_of(repo: str, commit: str | None,
 def _label_of(path: str) -> str:
     """A quant label for a file whose name names none: its name, as a name can spell it."""
     stem = path.rsplit("/", 1)[-1][: -len(".gguf")]
-    clean = "".join(c if c.isalnum() or c in "._-" else "_" for c in stem).strip("._-")
-    return (clean or "GGUF")[:32].upper()
+    clean = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in stem)
+    clean = re.sub(r"\.{2,}", ".", re.sub(r"-{2,}", "-", clean))[:32].strip("._-")
+    return (clean or "GGUF").upper()
 
 
 def no_gguf(listing: RepoListing) -> ModelNotFound:
