@@ -30,10 +30,14 @@ from hub_server import (
     sha256_of,
 )
 from localinfer import gguf
+from localinfer.config import Config
 from localinfer.errors import AccessDenied, InvalidRequest, ModelNotFound, OfflineError
 from localinfer.hardware import load_profile
 from localinfer.planner import PlanPrefs
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend
 from localinfer.selection import pull_target
+from localinfer.session import Launcher
 from localinfer.store import ModelStore, pull_model
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home, split_repo
@@ -287,3 +291,28 @@ def test_a_split_download_that_stopped_resumes_as_one(hub_home, local_hub,
     assert model.parts == 2 and store.partials() == [] and no_leftovers(store)
     # Only the second shard was downloaded again.
     assert [r.path.rsplit("/", 1)[-1] for r in local_hub.requests("cdn", "GET")] == [sha]
+
+
+# --- chat: the launcher the chat UI opens models with ----------------------------------------
+def test_the_chat_launcher_pulls_a_hub_name_on_first_use(hub_home, local_hub, monkeypatch):
+    monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+    opened = []
+
+    def opener(ref, config, *, on_copy=None, on_load=None):
+        opened.append(ref)
+        return Engine(FakeBackend("hi", name=ref))
+
+    launcher = Launcher(Config(), open_engine=opener, if_no_daemon="in_process")
+    steps = []
+    session = launcher.open(f"hf.co/{QUANTS_REPO}:Q8_0", steps.append)
+    try:
+        assert opened == [f"{QUANTS}:q8_0"]  # the installed model, by its canonical name
+        pulls = [s for s in steps if s.stage == "pull"]
+        assert any(s.total_bytes and s.fraction == 1.0 for s in pulls)  # the bytes, for a bar
+        assert "verified against the Hub's SHA-256" in pulls[-1].message
+    finally:
+        session.close()
+        launcher.close()
+    offline = Launcher(Config(offline=True), open_engine=opener, if_no_daemon="in_process")
+    with pytest.raises(OfflineError, match="is not installed and offline mode is on"):
+        offline.open(f"hf.co/{QUANTS_REPO}:F16", steps.append)
