@@ -337,8 +337,75 @@ class GGUFHeader:
 
 
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Read the header of a local GGUF file."""
-    path = Path(path)
+    """Read the header of a local GGUF file. The first shard of a split model
+    (``NAME-00001-of-00003.gguf``, with ``split.count`` in its metadata) gives the whole
+    model's: its metadata and every shard's tensors (``merge_split``), read from the shards
+    beside it, which llama.cpp loads with it."""
+    header = _read_one(Path(path))
+    count = split_count(header)
+    if count <= 1:
+        return header
+    prefix = split_prefix(Path(path), header)
+    shards = [header] + [_read_one(Path(f"{prefix}-{i:05d}-of-{count:05d}.gguf"), shard=True)
+                         for i in range(2, count + 1)]
+    return merge_split(shards, source=str(path))
+
+
+def split_count(header: GGUFHeader) -> int:
+    """How many files the model is split into (``split.count``; 1 when it is not split)."""
+    count = header.metadata.get("split.count", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+
+
+def split_prefix(path: Path, header: GGUFHeader) -> str:
+    """The path of a split model's first shard without ``-00001-of-0000N.gguf``, as llama.cpp
+    finds the others; InvalidModelFile for a later shard or a renamed file."""
+    count = split_count(header)
+    number = header.metadata.get("split.no", 0)
+    if number != 0:
+        raise InvalidModelFile(
+            f"{path} is shard {number + 1 if isinstance(number, int) else number} of a model"
+            f" split into {count} files: give the first, NAME-00001-of-{count:05d}.gguf.")
+    suffix = f"-00001-of-{count:05d}.gguf"
+    if not str(path).endswith(suffix):
+        raise InvalidModelFile(
+            f"{path} is the first of {count} shards of a split model but is not named"
+            f" NAME{suffix}, so llama.cpp cannot find the others: keep the shards' names.")
+    return str(path)[: -len(suffix)]
+
+
+def merge_split(shards: list[GGUFHeader], *, source: str) -> GGUFHeader:
+    """One header for a model split into ``shards`` (in order): the first shard's metadata,
+    every shard's tensors, the files' sizes added up. Checks each shard's ``split.no`` and
+    the tensor count the first declares (``split.tensors.count``)."""
+    count = len(shards)
+    for index, shard in enumerate(shards):
+        if shard.metadata.get("split.no") != index or split_count(shard) != count:
+            raise InvalidModelFile(
+                f"{source}: shard {index + 1} of {count} says it is shard"
+                f" {shard.metadata.get('split.no')!r} of {shard.metadata.get('split.count')!r}"
+                " (a shard from another download?). Download the model again.")
+    tensors = tuple(t for shard in shards for t in shard.tensors)
+    declared = shards[0].metadata.get("split.tensors.count")
+    if isinstance(declared, int) and declared != len(tensors):
+        raise InvalidModelFile(f"{source}: its {count} shards hold {len(tensors)} tensors,"
+                               f" the first declares {declared}. Download the model again.")
+    first = shards[0]
+    return GGUFHeader(version=first.version, alignment=first.alignment,
+                      data_offset=first.data_offset,
+                      file_size=sum(shard.file_size for shard in shards),
+                      metadata=first.metadata, tensors=tensors)
+
+
+def read_file_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """The header of one GGUF file as it is, a shard of a split model not merged."""
+    return _read_one(Path(path))
+
+
+def _read_one(path: Path, *, shard: bool = False) -> GGUFHeader:
+    if shard and not path.is_file():
+        raise InvalidModelFile(f"{path}, a shard of a split model, is missing: download the"
+                               " model again (or put the shard back beside the first).")
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

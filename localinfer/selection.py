@@ -8,6 +8,7 @@ daemon all ask here, so that `plan`, `pull`, the models list and a load answer a
     best_or_smallest(plan)                 the choice, else the smallest file
     pick_model(store, config, hardware)    no model named: which one to open
     pull_target(store, ref, config)        a reference without a quant: which variant to pull
+    hub_candidates(store, ref, listing)    a Hub repo's quants, exact from their headers
 """
 
 from __future__ import annotations
@@ -24,12 +25,21 @@ from .planner import Candidate, Evaluation, Plan, PlanPrefs, plan, smallest_file
 from .store import (
     STARTER_NAME,
     HeaderFetch,
+    HubRef,
+    HubTarget,
     InstalledModel,
     ModelStore,
     PullTarget,
+    RepoListing,
+    hub_header,
+    hub_target,
+    is_hub_name,
+    list_repo,
     lookup,
+    no_gguf,
     remote_header,
 )
+from .store.hub_names import DEFAULT_QUANT, parse
 
 if TYPE_CHECKING:
     from .hardware import HardwareProfile
@@ -77,6 +87,31 @@ def catalog_candidates(store: ModelStore, spec: ModelSpec,
     return out
 
 
+def hub_candidates(store: ModelStore, ref: HubRef, listing: RepoListing, *,
+                   fetch: HeaderFetch | None = None) -> tuple[list[Candidate], list[str]]:
+    """The planner's candidates for a Hub repo's quants (all, or the one ``ref`` names): exact
+    from the file when installed, else from the GGUF header (each shard's of a split model)
+    read with Range requests and cached (over the network only when ``fetch`` allows). A
+    quant whose header cannot be had is left out (a Hub model has no catalog estimate): the
+    second list names them."""
+    installed = {m.name: m for m in store.installed()}
+    quants = [listing.pick(ref.quant)] if ref.quant else list(listing.quants)
+    out, unknown = [], []
+    for quant in quants:
+        name = ref.with_quant(quant.quant).name
+        if name in installed:
+            out.append(installed_candidate(installed[name]))
+            continue
+        header = hub_header(store.paths, listing.repo, [f.path for f in quant.files], name,
+                            fetch=fetch)
+        if header is None:
+            unknown.append(name)
+        else:
+            out.append(Candidate.from_header(header, name=name, model=ref.model,
+                                             installed=False))
+    return out, unknown
+
+
 # --- choosing ----------------------------------------------------------------------------------
 def best_or_smallest(result: Plan) -> Evaluation:
     """The planner's choice; when nothing fits, the variant with the smallest file (the one
@@ -113,11 +148,14 @@ def pick_model(store: ModelStore, config: Config, hardware: HardwareProfile | No
 
 def pull_target(store: ModelStore, ref: str, config: Config | None = None, *,
                 hardware: HardwareProfile | None = None,
-                prefs: PlanPrefs | None = None) -> PullTarget:
+                prefs: PlanPrefs | None = None) -> PullTarget | HubTarget:
     """A pull reference -> one catalog variant. ``family:size-quant`` names it; with no
     quant (``qwen3:1.7b``) or no size (``qwen3``) the planner picks the best variant for
     ``hardware`` (this machine, probed) with ``prefs`` (from ``config``, read when not
-    given), else the smallest, and the target says why."""
+    given), else the smallest, and the target says why. A Hub name (``hf.co/user/repo``)
+    -> its quant: the one named, else Q4_K_M, else the planner's pick among the repo's."""
+    if is_hub_name(ref):
+        return _hub_pull_target(store, ref, config, hardware=hardware, prefs=prefs)
     specs, variant = lookup(store.catalog, ref)
     if variant is not None:
         return PullTarget(specs[0].variant_name(variant), specs[0], variant)
@@ -139,3 +177,36 @@ def pull_target(store: ModelStore, ref: str, config: Config | None = None, *,
     spec, variant = store.catalog.lookup(chosen.name)
     assert variant is not None
     return PullTarget(chosen.name, spec, variant, reason=reason)
+
+
+def _hub_pull_target(store: ModelStore, ref: str, config: Config | None, *,
+                     hardware: HardwareProfile | None, prefs: PlanPrefs | None) -> HubTarget:
+    parsed = parse(ref)
+    listing = list_repo(parsed.repo, offline=store.offline)
+    if not listing.quants:
+        raise no_gguf(listing)
+    if parsed.quant is not None or listing.find(DEFAULT_QUANT) is not None:
+        return hub_target(parsed, listing=listing)
+    # No Q4_K_M: the planner chooses among the quants, from their headers (a few MB each).
+    candidates, unknown = hub_candidates(store, parsed, listing, fetch=HeaderFetch())
+    if not candidates:
+        raise LocalInferError(
+            f"{parsed.model} has no {DEFAULT_QUANT} and none of its GGUF headers could be read"
+            f" to choose another ({', '.join(unknown)}); name a quant:"
+            f" {', '.join(listing.quant_names())}.")
+    from .hardware import probe
+    from .planner.calibration import load_ratios
+
+    hardware = hardware or probe()
+    if prefs is None:
+        prefs = plan_prefs(config or load_config(store.paths),
+                           load_ratios(hardware, store.paths.cache_dir))
+    result = plan(hardware, candidates, prefs)
+    chosen = best_or_smallest(result).candidate
+    reason = f"no {DEFAULT_QUANT} in hf.co/{listing.repo}; {result.summary}"
+    if result.choice is None:
+        reason += (f" Pulling the smallest, {chosen.name}, anyway; name another quant to"
+                   " choose it.")
+    quant = chosen.name.rsplit(":", 1)[1]
+    target = hub_target(parsed.with_quant(quant), listing=listing)
+    return HubTarget(target.ref, target.repo, target.quant, reason=reason)

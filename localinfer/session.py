@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import gguf
 from .config import Config
-from .errors import DaemonError, LocalInferError, ModelLoadError
+from .errors import DaemonError, LocalInferError, ModelLoadError, ModelNotFound, OfflineError
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
 from .progress import human_bytes
@@ -41,8 +41,17 @@ from .selection import (
     installed_candidate,
     pick_model,
     plan_prefs,
+    pull_target,
 )
-from .store import InstalledModel, ModelStore, PullCallback, looks_like_path, pull_model
+from .store import (
+    InstalledModel,
+    ModelStore,
+    PullCallback,
+    PullProgress,
+    is_hub_name,
+    looks_like_path,
+    pull_model,
+)
 
 if TYPE_CHECKING:  # the client loads httpx, the engine jinja2, numpy and llama.cpp
     from .client import ClientGeneration, DaemonClient
@@ -72,7 +81,8 @@ class LoadStep:
     """0..1, or None when the step cannot say how far it is."""
     stage: str = ""
     """"starter" (copying the starter model into the store; ``total_bytes`` is its size),
-    "daemon" (starting it), "load" (fraction: of the load) or "loaded" (in process)."""
+    "pull" (downloading a Hub model named hf.co/...; ``total_bytes`` is its size), "daemon"
+    (starting it), "load" (fraction: of the load) or "loaded" (in process)."""
     total_bytes: int = 0
 
 
@@ -280,13 +290,43 @@ class Launcher:
 
     # --- opening ------------------------------------------------------------------------
     def open(self, model: str, progress: Progress) -> Session:
-        """Get ``model`` ready (install the starter, start the daemon, load) and return a
-        session on it. Raises LocalInferError subclasses with a message for the user."""
+        """Get ``model`` ready (pull a Hub model named hf.co/... on first use, install the
+        starter, start the daemon, load) and return a session on it. Raises LocalInferError
+        subclasses with a message for the user."""
+        if is_hub_name(model) and not looks_like_path(model):
+            model = self._pulled(model, progress)
         if not self.no_daemon and not looks_like_path(model):
             client = self.client(progress)
             if client is not None:
                 return self._open_in_daemon(client, model, progress)
         return self._open_in_process(model, progress)
+
+    def _pulled(self, model: str, progress: Progress) -> str:
+        """A Hub name, installed: pulled now (as ``ollama run hf.co/...`` does) unless it is
+        there already. Returns the installed model's name."""
+        try:
+            return self.store.resolve(model).name
+        except ModelNotFound:
+            if self.store.offline:
+                raise OfflineError(f"{model} is not installed and offline mode is on"
+                                   " (HF_HUB_OFFLINE=1 or --offline): unset it to pull it,"
+                                   " or run a model that is installed (`localinfer list`)."
+                                   ) from None
+        target = pull_target(self.store, model, self.config)
+        if target.reason:
+            progress(LoadStep(f"{model} -> {target.reason}", stage="pull"))
+
+        said: list[str] = []
+
+        def pulled(step: PullProgress) -> None:
+            if step.status == "downloading" and step.total:  # bytes, for a bar
+                progress(LoadStep(step.message, step.completed / step.total, "pull",
+                                  step.total))
+            elif step.status in ("verifying", "success") and step.status not in said:
+                said.append(step.status)  # once each, in words
+                progress(LoadStep(step.message, None, "pull"))
+
+        return pull_model(self.store, target, progress=pulled).name
 
     def _open_in_daemon(self, client: DaemonClient, model: str, progress: Progress
                         ) -> Session:

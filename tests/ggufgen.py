@@ -46,12 +46,14 @@ def gguf(kvs: list[bytes], tensors: list[tuple[str, tuple[int, ...], int, int]],
     return body + b"\0" * pad + data
 
 
-def tiny_model(n_layers: int = 2, embd: int = 64, vocab: int = 32) -> bytes:
-    """A structurally valid llama-style header with F32 tensors and zeroed data."""
+def tiny_model(n_layers: int = 2, embd: int = 64, vocab: int = 32, *,
+               file_type: int = 0) -> bytes:
+    """A structurally valid llama-style header with F32 tensors and zeroed data.
+    ``file_type``: what general.file_type says (llama.cpp's LLAMA_FTYPE: 15 = Q4_K_M)."""
     kvs = [
         kv("general.architecture", STRING, "llama"),
         kv("general.name", STRING, "tiny"),
-        kv("general.file_type", U32, 0),
+        kv("general.file_type", U32, file_type),
         kv("llama.block_count", U32, n_layers),
         kv("llama.embedding_length", U32, embd),
         kv("llama.attention.head_count", U32, 4),
@@ -74,3 +76,75 @@ def tiny_model(n_layers: int = 2, embd: int = 64, vocab: int = 32) -> bytes:
         tensors.append((name, shape, 0, offset))
         offset += n + (-n) % 32
     return gguf(kvs, tensors, b"\0" * offset)
+
+
+def _skip_value(buf: bytes, pos: int, vtype: int) -> int:
+    """The offset after one metadata value of type ``vtype`` starting at ``pos``."""
+    sizes = {U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, F32: 4, BOOL: 1, U64: 8, I64: 8,
+             F64: 8}
+    if vtype == STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return pos + 8 + n
+    if vtype == ARRAY:
+        item_type, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item_type in sizes:
+            return pos + count * sizes[item_type]
+        for _ in range(count):
+            pos = _skip_value(buf, pos, item_type)
+        return pos
+    return pos + sizes[vtype]
+
+
+def split_gguf(source, folder, stem: str, n_shards: int) -> list:
+    """Split the GGUF file ``source`` into ``n_shards`` files in ``folder`` as llama.cpp's
+    gguf-split does: ``{stem}-0000i-of-0000n.gguf``, the first with all the metadata, each
+    with split.no (u16), split.count (u16) and split.tensors.count (i32), and the tensors
+    shared out in order, each shard's data laid out afresh. Returns the paths."""
+    from pathlib import Path
+
+    from localinfer import gguf as reader
+
+    source, folder = Path(source), Path(folder)
+    header = reader.read_header(source)
+    align = header.alignment
+    with open(source, "rb") as f:
+        head = f.read(min(header.data_offset, source.stat().st_size))
+    (n_kv,) = struct.unpack_from("<Q", head, 16)
+    pos = 24
+    for _ in range(n_kv):
+        (n,) = struct.unpack_from("<Q", head, pos)
+        pos += 8 + n
+        (vtype,) = struct.unpack_from("<I", head, pos)
+        pos = _skip_value(head, pos + 4, vtype)
+    metadata = head[24:pos]
+    tensors = list(header.tensors)
+    per = -(-len(tensors) // n_shards)
+    paths = []
+    with open(source, "rb") as src:
+        for i in range(n_shards):
+            mine = tensors[i * per:(i + 1) * per]
+            split = [kv("split.no", U16, i), kv("split.count", U16, n_shards),
+                     kv("split.tensors.count", I32, len(tensors))]
+            kvs = ([metadata] if i == 0 else []) + split
+            n_keys = (n_kv if i == 0 else 0) + len(split)
+            infos, offset = [], 0
+            for t in mine:
+                infos.append(tensor_info(t.name, t.shape, _type_id(t.type_name), offset))
+                offset += t.n_bytes + (-t.n_bytes) % align
+            body = (b"GGUF" + struct.pack("<IQQ", header.version, len(mine), n_keys)
+                    + b"".join(kvs) + b"".join(infos))
+            path = folder / f"{stem}-{i + 1:05d}-of-{n_shards:05d}.gguf"
+            with open(path, "wb") as out:
+                out.write(body + b"\0" * ((-len(body)) % align))
+                for t in mine:
+                    src.seek(header.data_offset + t.offset)
+                    out.write(src.read(t.n_bytes) + b"\0" * ((-t.n_bytes) % align))
+            paths.append(path)
+    return paths
+
+
+def _type_id(type_name: str) -> int:
+    from localinfer.gguf import GGML_TYPES
+
+    return next(i for i, (name, _, _) in GGML_TYPES.items() if name == type_name)

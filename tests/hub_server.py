@@ -3,7 +3,10 @@
 Two loopback HTTP servers, like the real thing: the Hub answers ``HEAD/GET
 /<org>/<repo>/resolve/<revision>/<file>`` with a 302 to a CDN URL and the metadata headers
 huggingface_hub reads (X-Repo-Commit, X-Linked-Etag = SHA-256, X-Linked-Size, ETag), or with
-its error codes (X-Error-Code RepoNotFound / EntryNotFound / RevisionNotFound / GatedRepo); the
+its error codes (X-Error-Code RepoNotFound / EntryNotFound / RevisionNotFound / GatedRepo);
+``GET /api/models/<org>/<repo>[/revision/<rev>]`` (``HfApi.model_info``) lists the repo's files,
+with their sizes and LFS SHA-256 when asked (``?blobs=true``), for anyone, gated repos
+included, as the Hub does (only their files need the token); the
 CDN serves the bytes with single ``Range`` requests (206 + Content-Range). Every request is
 recorded with the body bytes actually sent, and the CDN can misbehave on demand: cut the
 connection at an offset, pause there until released, flip a byte, or answer 503.
@@ -12,6 +15,7 @@ connection at an offset, pause there until released, flip a byte, or answer 503.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import socket
 import threading
@@ -28,6 +32,16 @@ CHUNK = 1 << 20
 REPO = "localinfer-test/tiny-gemma-GGUF"
 GATED_REPO = "localinfer-test/gated-gemma-GGUF"
 FILE = "tiny-gemma-270m-Q4_K_M.gguf"
+# Repos for Hub names (hf.co/...): small generated GGUFs (hub_fixtures.tiny_quant_files) in
+# several quants, one of them split; one without Q4_K_M; one with no GGUF at all; and the
+# starter split into two shards (hub_fixtures.split_repo).
+QUANTS_REPO = "localinfer-test/Tiny-Quants-GGUF"
+NO_Q4_REPO = "localinfer-test/tiny-noq4-GGUF"
+NO_GGUF_REPO = "localinfer-test/safetensors-only"
+SPLIT_REPO = "localinfer-test/tiny-gemma-split-GGUF"
+SPLIT_STEM = "tiny-gemma-270m-Q4_K_M"
+FILE_TYPES = {"Q4_K_M": 15, "Q8_0": 7, "F16": 1, "Q2_K": 10}
+"""llama.cpp's file types (general.file_type) of the generated quants."""
 STARTER_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 STARTER_BYTES = 253_113_024
 
@@ -133,6 +147,8 @@ class Faults:
     """Send this file offset's byte flipped (every time)."""
     down: bool = False
     """Answer every GET with 503."""
+    down_for: set[str] = field(default_factory=set)
+    """Answer GETs of these files (by SHA-256) with 503."""
     rate_bytes_per_s: float | None = None
     """Send no faster than this (to watch a progress bar, or press Ctrl+C by hand)."""
     paused: threading.Event = field(default_factory=threading.Event)
@@ -171,6 +187,10 @@ class LocalHub:
             entries[name] = entry
             self.blobs[entry.sha256] = entry
         self.repos[repo] = Repo(entries, gated=gated)
+
+    def repo_id(self, name: str) -> str | None:
+        """The repo ``name`` means: the Hub takes repo ids in any case."""
+        return next((repo for repo in self.repos if repo.lower() == name.lower()), None)
 
     def start(self) -> LocalHub:
         for server in (self._hub, self._cdn):
@@ -215,6 +235,7 @@ class LocalHub:
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
+_INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
 
@@ -240,7 +261,9 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
             # Recorded first, and every field set before the bytes it describes are sent: the
             # client may act on a response before this thread runs another line.
             hub.record(served)
-            if role == "hub":
+            if role == "hub" and served.path.startswith("/api/models/"):
+                self._info(served)
+            elif role == "hub":
                 self._resolve(served)
             else:
                 self._blob(served, head)
@@ -258,9 +281,38 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
             if self.command != "HEAD":
                 self.wfile.write(body)
 
+        def _info(self, served: Served) -> None:
+            match = _INFO.match(served.path)
+            repo_id = hub.repo_id(match["repo"]) if match else None
+            repo = hub.repos.get(repo_id) if repo_id else None
+            if match is None or repo is None:
+                return self._error(served, 404, "RepoNotFound", "Repository not found")
+            if match["rev"] not in (None, "main", repo.commit):
+                return self._error(served, 404, "RevisionNotFound", "Invalid rev id")
+            blobs = "blobs=true" in self.path.lower() or "blobs=1" in self.path.lower()
+            siblings = []
+            for name, entry in sorted(repo.files.items()):
+                sibling: dict = {"rfilename": name}
+                if blobs:
+                    sibling.update(size=entry.size, blobId=entry.sha256[:40], lfs={
+                        "size": entry.size, "sha256": entry.sha256, "pointerSize": 134})
+                siblings.append(sibling)
+            body = json.dumps({"id": repo_id, "modelId": repo_id,
+                               "sha": repo.commit, "private": False,
+                               "gated": "auto" if repo.gated else False,
+                               "siblings": siblings}).encode()
+            served.status = 200
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
         def _resolve(self, served: Served) -> None:
             match = _RESOLVE.match(served.path)
-            repo = hub.repos.get(match["repo"]) if match else None
+            repo_id = hub.repo_id(match["repo"]) if match else None
+            repo = hub.repos.get(repo_id) if repo_id else None
             if match is None or repo is None:
                 # The real Hub says 401 to anonymous callers here; the error code is the same.
                 return self._error(served, 404, "RepoNotFound", "Repository not found")
@@ -298,7 +350,7 @@ def _handler(hub: LocalHub, role: str) -> type[BaseHTTPRequestHandler]:
             if entry is None or not served.path.startswith("/cdn/"):
                 return self._error(served, 404, None, "no such blob")
             faults = hub.faults
-            if faults.down and not head:
+            if (faults.down or sha in faults.down_for) and not head:
                 return self._error(served, 503, None, "Service Unavailable")
             start, end = 0, entry.size - 1
             status = 200

@@ -31,11 +31,14 @@ TEMPLATE_LINES = 8
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "pull", help="download a model from the catalog (resumable, verified)",
+        "pull", help="download a model from the catalog or the Hub (resumable, verified)",
         description="Download MODEL from the Hugging Face Hub into the store. MODEL is"
                     " family:size-quant (qwen3:1.7b-q5_k_m); without the quant (qwen3:1.7b)"
                     " or the size (qwen3) the planner picks the best variant for this machine"
-                    " and says why. Run it again after an interruption to resume. The SHA-256"
+                    " and says why. Any GGUF on the Hub: hf.co/USER/REPO[:QUANT] (also"
+                    " huggingface.co/USER/REPO, USER/REPO:QUANT); without a quant, Q4_K_M,"
+                    " else the planner's pick; a split model's shards come as one model."
+                    " Run it again after an interruption to resume. The SHA-256"
                     " the Hub publishes and the GGUF header are checked before the model is"
                     " listed. Gated repos need HF_TOKEN; HF_ENDPOINT selects a mirror.")
     p.add_argument("model", metavar="MODEL")
@@ -206,7 +209,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     from ..planner.calibration import load_ratios
     from ..runtime.chat_template import BUILTIN_TEMPLATES
     from ..selection import plan_prefs
-    from ..store import looks_like_path
+    from ..store import looks_like_path, validate_name
 
     store = _store(config)
     installed = None
@@ -217,7 +220,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         try:
             installed = store.find_installed(args.model, file_missing_ok=True)
         except ModelNotFound:
-            typed, name = args.model.strip(), args.model.strip().lower()
+            typed, name = args.model.strip(), validate_name(args.model)
             if not _in_catalog(store, name):
                 raise
             raise ModelNotFound(f"{typed} is not installed: `localinfer plan {name}` shows what"
@@ -347,6 +350,11 @@ def _is_base(store: ModelStore, model: InstalledModel) -> bool:
 
 
 def _in_catalog(store, name: str) -> bool:
+    """Whether ``name`` is a model `pull` can fetch: in the catalog, or a Hub name."""
+    from ..store import is_hub_name  # the store: not for building the parser
+
+    if is_hub_name(name):
+        return True
     try:
         store.catalog.lookup(name)
     except KeyError:
@@ -360,7 +368,7 @@ def _params(n: int) -> str:
 
 # --- rm ----------------------------------------------------------------------------------------
 def cmd_rm(args: argparse.Namespace, config: Config) -> int:
-    from ..store import InstalledModel  # the store: not for building the parser
+    from ..store import InstalledModel, validate_name  # the store: not for building the parser
 
     store = _store(config)
     found = []
@@ -368,7 +376,7 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
         try:
             found.append(store.find_installed(ref, file_missing_ok=True))
         except ModelNotFound:
-            name = ref.strip().lower()
+            name = validate_name(ref)
             partial = next((p for p in store.partials() if p.name == name), None)
             if partial is None:
                 raise

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..config import Config
-from ..errors import InvalidRequest, ModelNotFound
+from ..errors import InvalidRequest, ModelNotFound, OfflineError
 from ..hardware import bandwidth, load_profile, probe
 from ..hardware.rpc import parse_endpoints, probe_workers
 from ..paths import get_paths
@@ -74,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan", help="which model variant fits and how fast it runs",
         description="Plan MODEL (gemma3:4b, gemma3:4b-q8_0), a FAMILY (qwen3), a .gguf PATH,"
+                    " a Hub model (hf.co/USER/REPO[:QUANT]: each quant the repo offers, from"
+                    " its GGUF header read with HTTP Range requests, before any download),"
                     " or the whole catalog: memory per device, GPU/CPU layer split, context,"
                     " predicted prefill and decode speed, and the choice with its reasons.",
         epilog=PROFILE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -333,10 +335,13 @@ def _attention_notes(hw, shown, config: Config) -> list[str]:
 
 
 def _names_one_model(ref: str | None) -> bool:
-    from ..store import ModelStore, looks_like_path  # the store: not for building the parser
+    # The store: not for building the parser.
+    from ..store import ModelStore, is_hub_name, looks_like_path
 
     if ref is None or looks_like_path(ref):
         return False
+    if is_hub_name(ref):
+        return True
     try:
         ModelStore().catalog.lookup(ref.strip().lower())
     except KeyError:
@@ -348,7 +353,7 @@ def _header_notes(shown, fetch, *, offline: bool, single: bool) -> list[str]:
     """Where the sizes came from: headers read from the Hub, or estimates and why."""
     notes = []
     if fetch.files_read:
-        notes.append(f"Read the GGUF headers of {fetch.files_read} variant(s) from the Hub"
+        notes.append(f"Read the GGUF headers of {fetch.files_read} file(s) from the Hub"
                      f" ({human_bytes(fetch.bytes_read)}, HTTP Range requests; cached).")
     notes += fetch.notes
     estimated = [e.candidate.name for e in shown if e.candidate.estimated]
@@ -371,7 +376,7 @@ def _candidates(ref: str | None, fetch=None):
     from .. import gguf
     from ..planner import Candidate
     from ..selection import catalog_candidates
-    from ..store import HeaderFetch, ModelStore, looks_like_path
+    from ..store import HeaderFetch, ModelStore, is_hub_name, looks_like_path
 
     store = ModelStore()
     catalog = store.catalog
@@ -379,6 +384,8 @@ def _candidates(ref: str | None, fetch=None):
         model = store.resolve(ref)
         header = gguf.read_header(model.path)
         return [(model.name, [Candidate.from_header(header, name=model.name)])]
+    if ref is not None and is_hub_name(ref):
+        return [_hub_candidates(store, ref, fetch or HeaderFetch(enabled=False))]
     cached_only = HeaderFetch(enabled=False)
 
     if ref is None:
@@ -397,6 +404,34 @@ def _candidates(ref: str | None, fetch=None):
     families = ", ".join(sorted(catalog.families))
     raise ModelNotFound(f"unknown model or family {ref!r}: the catalog has {families}; give"
                         " family:size (gemma3:4b), family:size-quant, or a .gguf path.")
+
+
+def _hub_candidates(store, ref: str, fetch):
+    """A Hub model's quants (or the one named), from their GGUF headers: read with Range
+    requests before any download and cached; offline, the installed ones only."""
+    # The planner's candidates and the Hub listing: not for building the parser.
+    from ..selection import hub_candidates, installed_candidate
+    from ..store import list_repo, no_gguf
+    from ..store.hub_names import parse
+
+    parsed = parse(ref)
+    if not fetch.enabled:  # offline: what is installed of it
+        have = [m for m in store.installed()
+                if m.model == parsed.model and (parsed.quant is None or m.name == parsed.name)]
+        if not have:
+            raise OfflineError(f"{parsed.name} is not installed and offline mode is on: its"
+                               " quants cannot be listed without the Hub.")
+        return parsed.model, [installed_candidate(m) for m in have]
+    listing = list_repo(parsed.repo)
+    if not listing.quants:
+        raise no_gguf(listing)
+    candidates, unknown = hub_candidates(store, parsed, listing, fetch=fetch)
+    if not candidates:
+        raise ModelNotFound(f"none of the GGUF headers of {parsed.name} could be read: "
+                            + " ".join(fetch.notes))
+    if unknown:
+        fetch.notes.append(f"Not planned (header unreadable): {', '.join(unknown)}.")
+    return parsed.model, candidates
 
 
 def _gib(n: int) -> str:

@@ -111,9 +111,26 @@ class _LoadDisplay:
         self.quiet = quiet
         self.started = time.monotonic()
         self.starter: TerminalProgress | None = None
+        self.pulling: TerminalProgress | None = None
         self.load: TerminalProgress | None = None
 
     def __call__(self, step: LoadStep) -> None:
+        if step.stage == "pull":  # a Hub model named hf.co/...: downloaded on first use
+            if not step.total_bytes:  # a choice, a verification, the end: said in words
+                if self.pulling is not None and step.fraction is None:
+                    self.pulling.finish()
+                    self.pulling = None
+                if step.fraction is None and not self.quiet:
+                    print(step.message, file=sys.stderr)
+                return
+            if self.pulling is None:
+                self.pulling = TerminalProgress(f"Pulling {self.model}", total=step.total_bytes)
+            self.pulling.update(round((step.fraction or 0.0) * step.total_bytes),
+                                step.total_bytes)
+            return
+        if self.pulling is not None:
+            self.pulling.finish()
+            self.pulling = None
         if step.stage == "starter":
             if self.starter is None:
                 self.starter = TerminalProgress("Installing the starter model",

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from ..errors import Cancelled
 from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
-from ..store import ModelStore, PullProgress, PullTarget, pull_model
+from ..store import HubTarget, ModelStore, PullProgress, PullTarget, pull_model
 from .error_replies import ClientLeft
 from .guard import RECEIVED_AT
 from .manager import LoadedModel, ModelManager
@@ -123,7 +123,7 @@ class PullJob:
     running: ClassVar[set[PullJob]] = set()
     """Pulls whose thread has not finished."""
 
-    def __init__(self, store: ModelStore, target: PullTarget) -> None:
+    def __init__(self, store: ModelStore, target: PullTarget | HubTarget) -> None:
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._listeners: list[PullListener] = []
@@ -134,7 +134,7 @@ class PullJob:
         PullJob.running.add(self)
 
     @classmethod
-    def follow(cls, store: ModelStore, target: PullTarget) -> PullListener:
+    def follow(cls, store: ModelStore, target: PullTarget | HubTarget) -> PullListener:
         """Listen to the running pull of ``target``, or start one (in the event loop)."""
         for job in list(cls.running):
             if job.target.name == target.name:

@@ -36,7 +36,7 @@ from ..config import Config, ModelSettings, load_config
 from ..errors import ContextOverflow, InvalidRequest
 from ..runtime.engine import Engine
 from ..selection import pull_target
-from ..store import ModelStore, PullTarget, ResolvedModel, looks_like_path
+from ..store import HubTarget, ModelStore, PullTarget, ResolvedModel, looks_like_path
 from .residency import Footprint, MemoryPlan
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class ModelManager:
                 return loaded.model
         return await asyncio.to_thread(self.store.resolve, name)
 
-    def pull_target(self, ref: str) -> PullTarget:
+    def pull_target(self, ref: str) -> PullTarget | HubTarget:
         """What /api/pull downloads for ``ref`` (blocking: it may probe this machine)."""
         return pull_target(self.store, ref, self.config)
 

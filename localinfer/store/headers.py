@@ -1,6 +1,7 @@
-"""The GGUF headers of catalog variants that are not installed, to plan with exact sizes before
-a download: read from the Hub with HTTP Range requests (a few MB, not the model), and cached
-under ``<cache>/gguf-headers/`` so that planning them again, even offline, needs no network."""
+"""The GGUF headers of catalog variants and Hub models that are not installed, to plan with
+exact sizes before a download: read from the Hub with HTTP Range requests (a few MB, not the
+model; each shard's of a split model), and cached under ``<cache>/gguf-headers/`` so that
+planning them again, even offline, needs no network."""
 
 from __future__ import annotations
 
@@ -50,6 +51,38 @@ def remote_header(paths: Paths, spec: ModelSpec, variant: Variant, *,
     repo, file = variant.repo or spec.repo, variant.file
     if not file:
         return None
+    cached = _cached(paths, repo, file)
+    if cached is not None:
+        return cached
+    if variant.source == f"pypi:{starter.STARTER_PACKAGE}":
+        return starter.packaged_header()  # on this machine already: no network
+    return _fetched(paths, repo, file, spec.variant_name(variant), fetch)
+
+
+def hub_header(paths: Paths, repo: str, files: list[str], name: str, *,
+               fetch: HeaderFetch | None = None) -> gguf.GGUFHeader | None:
+    """The GGUF header of a Hub model: one file, or the shards of a split model (each
+    shard's header read, then merged as ``gguf.read_header`` merges local shards); cached
+    like ``remote_header``. None when a header can be neither found in the cache nor read;
+    ``fetch.notes`` says why."""
+    headers = []
+    for number, file in enumerate(files, 1):
+        label = f"{name} (file {number} of {len(files)})" if len(files) > 1 else name
+        header = _cached(paths, repo, file) or _fetched(paths, repo, file, label, fetch)
+        if header is None:
+            return None
+        headers.append(header)
+    if len(headers) == 1:
+        return headers[0]
+    try:
+        return gguf.merge_split(headers, source=f"{repo}/{files[0]}")
+    except LocalInferError as exc:
+        if fetch is not None:
+            fetch.notes.append(f"{name}: {exc.one_line()}")
+        return None
+
+
+def _cached(paths: Paths, repo: str, file: str) -> gguf.GGUFHeader | None:
     data_path, meta_path = _cache_files(paths, repo, file)
     meta = read_json_object(meta_path) or None
     if meta is not None and data_path.is_file():
@@ -58,11 +91,14 @@ def remote_header(paths: Paths, spec: ModelSpec, variant: Variant, *,
                                      source=f"{repo}/{file}")
         except (LocalInferError, gguf.NeedMoreData, KeyError, TypeError, ValueError):
             log.warning("ignoring the broken cached header %s", data_path)
-    if variant.source == f"pypi:{starter.STARTER_PACKAGE}":
-        return starter.packaged_header()  # on this machine already: no network
+    return None
+
+
+def _fetched(paths: Paths, repo: str, file: str, name: str, fetch: HeaderFetch | None
+             ) -> gguf.GGUFHeader | None:
+    """Read ``repo``/``file``'s header from the Hub when ``fetch`` allows, and cache it."""
     if fetch is None or not fetch.enabled:
         return None
-    name = spec.variant_name(variant)
     if fetch.announce is not None:
         fetch.announce(name)
     try:
@@ -76,6 +112,7 @@ def remote_header(paths: Paths, spec: ModelSpec, variant: Variant, *,
         return None
     fetch.bytes_read += received
     fetch.files_read += 1
+    data_path, meta_path = _cache_files(paths, repo, file)
     ensure_dir(data_path.parent)
     tmp = data_path.with_name(data_path.name + ".tmp")
     tmp.write_bytes(prefix)

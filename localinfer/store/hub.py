@@ -59,6 +59,11 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
+def has_token() -> bool:
+    """Whether a Hub token is set (HF_TOKEN, or the older HUGGING_FACE_HUB_TOKEN)."""
+    return bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+
+
 def offline() -> bool:
     """``HF_HUB_OFFLINE`` is set, read now (huggingface_hub reads it at import)."""
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
@@ -278,7 +283,7 @@ def translate(exc: BaseException, *, repo: str, file: str) -> LocalInferError | 
         return exc
     hub = endpoint()
     page = f"{hub}/{repo}"
-    token = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+    token = has_token()
     status = getattr(getattr(exc, "response", None), "status_code", None)
     server = (getattr(exc, "server_message", None) or "").strip().rstrip(".")
     if isinstance(exc, OfflineModeIsEnabled):

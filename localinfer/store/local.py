@@ -26,13 +26,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 
 from .. import gguf
 from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
 from ..errors import InvalidModelFile, InvalidRequest, ModelNotFound, StoreError
 from ..paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
-from . import hub
+from . import hub, hub_names
 from .starter import (
     STARTER_NAME,
     STARTER_PACKAGE,
@@ -67,15 +68,23 @@ class InstalledModel:
     """True when the store only points at a file elsewhere (``add --link``)."""
     revision: str | None = None
     """The Hub commit the file was downloaded from (``pull``)."""
+    parts: int = 1
+    """Files of a split model (``path`` is the first, ``NAME-00001-of-0000N.gguf``; llama.cpp
+    finds the others beside it); 1 for one file."""
 
     @property
     def family(self) -> str:
         return self.name.split(":", 1)[0]
 
     @property
+    def paths(self) -> list[Path]:
+        """Every file of the model: ``path``, and a split model's other shards."""
+        return shard_paths(Path(self.path), self.parts)
+
+    @property
     def file_missing(self) -> bool:
-        """True when the file the manifest names is gone (a linked file moved or deleted)."""
-        return not Path(self.path).is_file()
+        """True when a file the manifest names is gone (a linked file moved or deleted)."""
+        return not all(path.is_file() for path in self.paths)
 
     def missing_file_error(self) -> ModelNotFound:
         """What using a model whose file is gone says, and what to do about it."""
@@ -99,6 +108,16 @@ class PartialDownload:
     total_bytes: int | None
 
 
+def shard_paths(first: Path, parts: int) -> list[Path]:
+    """The files of a model split into ``parts`` whose first shard is ``first``
+    (``NAME-00001-of-0000N.gguf``); ``[first]`` for one file."""
+    suffix = f"-00001-of-{parts:05d}.gguf"
+    if parts <= 1 or not first.name.endswith(suffix):
+        return [first]
+    stem = first.name[: -len(suffix)]
+    return [first.with_name(hub_names.shard_name(stem, i, parts)) for i in range(1, parts + 1)]
+
+
 def disk_free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
@@ -117,7 +136,11 @@ class ResolvedModel:
 
 
 def validate_name(name: str) -> str:
-    """Lower-case ``name`` and check it cannot reach outside the store."""
+    """Lower-case ``name`` and check it cannot reach outside the store. A Hub name
+    (``hf.co/user/repo:quant``, ``huggingface.co/...``, ``user/repo:quant``) becomes its
+    canonical form (``hub_names``)."""
+    if hub_names.is_hub_name(name):
+        return hub_names.canonical(name)
     clean = name.strip().lower()
     if not NAME_RE.match(clean) or ".." in clean:
         raise InvalidRequest(
@@ -129,7 +152,10 @@ def validate_name(name: str) -> str:
 
 def looks_like_path(ref: str) -> bool:
     """Whether ``ref`` means a file rather than a model name: it has a directory part, ends
-    in .gguf, starts with ~ or ., or names a file that exists (``README.md``)."""
+    in .gguf, starts with ~ or ., or names a file that exists (``README.md``). A Hub name
+    (``hf.co/user/repo``, ``user/repo:quant``) is a name unless such a file exists."""
+    if hub_names.is_hub_name(ref) and not os.path.isfile(ref):
+        return False
     return (
         "/" in ref or os.sep in ref or ref.endswith(".gguf") or ref.startswith(("~", "."))
         or os.path.isfile(ref)
@@ -187,8 +213,7 @@ class ModelStore:
         name = validate_name(name)
         if ":" not in name:
             return None
-        family, tag = name.split(":", 1)
-        model = self._read_manifest(self.root / family / f"{tag}.json")
+        model = self._read_manifest(self._manifest_path(name))
         return model if model is not None and not model.file_missing else None
 
     def _read_manifest(self, path: Path) -> InstalledModel | None:
@@ -207,15 +232,28 @@ class ModelStore:
         found: list[PartialDownload] = []
         if not self.root.is_dir():
             return found
+        by_name: dict[str, PartialDownload] = {}
         for meta_path in sorted(self.root.glob("*/*.gguf.partial.meta")):
-            family = meta_path.parent.name
+            family = hub_names.family_of_folder(meta_path.parent.name)
             tag = meta_path.name[: -len(".gguf.partial.meta")]
             data = meta_path.with_name(meta_path.name[: -len(".meta")])
             meta = read_json_object(meta_path)
             size = data.stat().st_size if data.exists() else 0
             total = meta.get("size") if isinstance(meta.get("size"), int) else None
-            found.append(PartialDownload(f"{family}:{tag}", data, size, total))
-        return found
+            # A split model's shards are one download: meta["name"] is the model's name.
+            name = meta["name"] if isinstance(meta.get("name"), str) else f"{family}:{tag}"
+            model_bytes = meta.get("model_bytes")
+            if isinstance(model_bytes, int) and model_bytes > 0:
+                total = model_bytes  # every shard's bytes, said by each shard's meta
+            seen = by_name.get(name)
+            if seen is not None:  # another shard of the same model: one entry, added up
+                if not isinstance(model_bytes, int):
+                    total = None if seen.total_bytes is None or total is None else \
+                        seen.total_bytes + total
+                size += seen.size_bytes
+                data = seen.path
+            by_name[name] = PartialDownload(name, data, size, total)
+        return list(by_name.values())
 
     # --- resolving a reference ------------------------------------------------------------
     def resolve(self, ref: str, *, progress: CopyProgress | None = None) -> ResolvedModel:
@@ -274,7 +312,7 @@ class ModelStore:
             in_catalog = True
         except KeyError:
             in_catalog = bool(self.catalog.in_family(name))
-        if in_catalog:
+        if in_catalog or hub_names.is_hub_name(name):
             return ModelNotFound(
                 f"{ref} is not installed (installed: {have}). Download it with"
                 f" `localinfer pull {name}`."
@@ -318,19 +356,25 @@ class ModelStore:
                 raise
             self._remove_partial(partial.name)
             return partial
-        family, tag = model.name.split(":", 1)
-        (self.root / family / f"{tag}.json").unlink(missing_ok=True)
+        manifest = self._manifest_path(model.name)
+        manifest.unlink(missing_ok=True)
         if not model.linked:
-            Path(model.path).unlink(missing_ok=True)
+            for path in model.paths:
+                path.unlink(missing_ok=True)
         self._remove_partial(model.name)
         with contextlib.suppress(OSError):
-            (self.root / family).rmdir()  # only when empty
+            manifest.parent.rmdir()  # only when empty
         return model
 
     def _remove_partial(self, name: str) -> None:
+        """Every partial file of ``name`` (a split model's shards too) and their metas."""
         partial, meta_path = self.partial_paths(name)
         partial.unlink(missing_ok=True)
         meta_path.unlink(missing_ok=True)
+        stem = self.file_for(name).name[: -len(".gguf")]
+        for path in partial.parent.glob(f"{glob_escape(stem)}-*-of-*.gguf.partial*"):
+            if hub_names.shard_of(path.name.split(".gguf", 1)[0] + ".gguf"):
+                path.unlink(missing_ok=True)
 
     def add(self, path: str | os.PathLike[str], name: str | None = None, link: bool = False,
             *, progress: CopyProgress | None = None) -> InstalledModel:
@@ -347,9 +391,28 @@ class ModelStore:
             raise InvalidRequest(f"{name} is already installed; choose another name with"
                                  " --name, or remove it first with `localinfer rm`.")
         model = name.rsplit("-", 1)[0]
+        parts = gguf.split_count(header)  # a split model: read_header found every shard
         if link:
             return self.register(name=name, model=model, quant=quant, path=source,
-                                 sha256=None, source=f"local:{source}", linked=True)
+                                 sha256=None, source=f"local:{source}", linked=True,
+                                 parts=parts)
+        if parts > 1:  # each shard under the name llama.cpp finds it by; the first's SHA-256
+            sources = shard_paths(source, parts)
+            self.check_space(self.file_for(name).parent,
+                             sum(p.stat().st_size for p in sources))
+            copies, digests = [], []
+            try:
+                for number, shard in enumerate(sources, 1):
+                    tmp, digest = self.copy_in([shard], name, progress)
+                    copies.append(self.shard_file_for(name, number, parts))
+                    os.replace(tmp, copies[-1])
+                    digests.append(digest)
+            except BaseException:
+                for copy in copies:
+                    copy.unlink(missing_ok=True)
+                raise
+            return self.register(name=name, model=model, quant=quant, path=copies[0],
+                                 sha256=digests[0], source=f"local:{source}", parts=parts)
         tmp, sha256 = self.copy_in([source], name, progress)
         target = self.file_for(name)
         os.replace(tmp, target)
@@ -361,6 +424,9 @@ class ModelStore:
         quant = header.quant.lower()
         size = _slug(str(header.metadata.get("general.size_label") or "")) or \
             _param_label(header.parameter_count)
+        if name and hub_names.is_hub_name(name):
+            raise InvalidRequest(f"{name!r} is a Hub name (hf.co/USER/REPO:QUANT), which only"
+                                 " `localinfer pull` gives; name an added file family:size.")
         if name:
             clean = validate_name(name)
             if ":" not in clean:
@@ -386,7 +452,16 @@ class ModelStore:
     def file_for(self, name: str) -> Path:
         """Where the model ``name`` (``family:size-quant``) is kept in the store."""
         family, tag = validate_name(name).split(":", 1)
-        return self.root / family / f"{tag}.gguf"
+        return self.root / hub_names.folder(family) / f"{tag}.gguf"
+
+    def shard_file_for(self, name: str, number: int, count: int) -> Path:
+        """Where shard ``number`` of ``count`` of the split model ``name`` is kept: named as
+        llama.cpp looks for the shards beside the first."""
+        first = self.file_for(name)
+        return first.with_name(hub_names.shard_name(first.name[: -len(".gguf")], number, count))
+
+    def _manifest_path(self, name: str) -> Path:
+        return self.file_for(name).with_suffix(".json")
 
     def partial_paths(self, name: str) -> tuple[Path, Path]:
         """The partial download of ``name`` and the file saying what it is a download of."""
@@ -405,19 +480,19 @@ class ModelStore:
         return _copy_hashed(sources, directory, progress, total)
 
     def register(self, *, name: str, model: str, quant: str, path: Path, sha256: str | None,
-                 source: str, linked: bool = False, revision: str | None = None
-                 ) -> InstalledModel:
+                 source: str, linked: bool = False, revision: str | None = None,
+                 parts: int = 1) -> InstalledModel:
         """Write the manifest that makes a file in (or linked from) the store an installed
-        model. Called last, after the file is complete and verified."""
+        model. Called last, after the file (every shard of a split model, ``path`` the
+        first) is complete and verified."""
         name = validate_name(name)
-        family, tag = name.split(":", 1)
         entry = InstalledModel(
             name=name, model=model, quant=quant, path=str(path),
-            size_bytes=path.stat().st_size, sha256=sha256, source=source,
-            added=time.time(), linked=linked, revision=revision,
+            size_bytes=sum(p.stat().st_size for p in shard_paths(path, parts)),
+            sha256=sha256, source=source, added=time.time(), linked=linked,
+            revision=revision, parts=parts,
         )
-        atomic_write_text(self.root / family / f"{tag}.json",
-                          json.dumps(asdict(entry), indent=2) + "\n")
+        atomic_write_text(self._manifest_path(name), json.dumps(asdict(entry), indent=2) + "\n")
         return entry
 
     def check_space(self, directory: Path, needed: int) -> None:

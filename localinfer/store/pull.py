@@ -1,10 +1,12 @@
-"""Pulling a catalog variant from the Hugging Face Hub into the store (blocking).
+"""Pulling a catalog variant, or a Hub model by name (``hf.co/user/repo:quant``: one file, or
+the shards of a split model), from the Hugging Face Hub into the store (blocking).
 
-The bytes go to the variant's partial file, resumed when pulled again; the free disk space is
-checked first; the SHA-256 the Hub publishes and the GGUF header are checked before the model
-is listed (its manifest is written last). One pull of a model runs at a time, across processes
-(the CLI and the daemon). Which variant a reference without a quant means is chosen above the
-store, by ``selection.pull_target``.
+The bytes go to the variant's partial file (one per shard), resumed when pulled again; the
+free disk space is checked first; the SHA-256 the Hub publishes and the GGUF header are checked
+before the model is listed (its manifest is written last). One pull of a model runs at a time,
+across processes (the CLI and the daemon). Which variant a reference without a quant means is
+chosen above the store, by ``selection.pull_target`` (for a Hub name: Q4_K_M, else the
+planner's choice).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import gguf
 from ..catalog import Catalog, ModelSpec, Variant
@@ -33,7 +36,8 @@ from ..errors import (
 )
 from ..paths import atomic_write_text, ensure_dir, read_json_object
 from ..progress import human_bytes
-from . import hub
+from . import hub, hub_names
+from .hub_repo import QuantFiles, RepoListing, list_repo, no_gguf
 from .local import InstalledModel, ModelStore, install_starter, looks_like_path, validate_name
 from .starter import STARTER_PACKAGE, package_installed
 
@@ -60,6 +64,46 @@ class PullProgress:
 
 
 PullCallback = Callable[[PullProgress], None]
+
+
+@dataclass(frozen=True)
+class HubTarget:
+    """What a Hub name (``hf.co/user/repo[:quant]``) resolved to: one quant's file, or the
+    shards of a split model, and why it was chosen."""
+
+    ref: hub_names.HubRef
+    """The name with the chosen quant."""
+    repo: str
+    """The repo id as the Hub spells it."""
+    quant: QuantFiles
+    reason: str = ""
+    """Why this quant; empty when the name gave it."""
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    @property
+    def planned(self) -> bool:
+        return bool(self.reason)
+
+
+def hub_target(ref: str | hub_names.HubRef, *, offline: bool = False,
+               listing: RepoListing | None = None) -> HubTarget:
+    """The quant a Hub name names, or its default (Q4_K_M) when it names none; InvalidRequest
+    when the repo has no Q4_K_M (``selection.pull_target`` then asks the planner)."""
+    parsed = hub_names.parse(ref) if isinstance(ref, str) else ref
+    listing = listing or list_repo(parsed.repo, offline=offline)
+    if not listing.quants:
+        raise no_gguf(listing)
+    if parsed.quant is None:
+        if listing.find(hub_names.DEFAULT_QUANT) is None:
+            raise InvalidRequest(
+                f"{parsed.model} has no {hub_names.DEFAULT_QUANT}; name a quant"
+                f" ({', '.join(listing.quant_names())}), or let `localinfer pull"
+                f" {parsed.model}` choose one for this machine.")
+        parsed = parsed.with_quant(hub_names.DEFAULT_QUANT)
+    return HubTarget(parsed, listing.repo, listing.pick(parsed.quant or ""))
 
 
 @dataclass(frozen=True)
@@ -133,7 +177,7 @@ def _unknown_to_pull(catalog: Catalog, name: str) -> ModelNotFound:
 
 
 # --- pulling -------------------------------------------------------------------------------------
-def pull_model(store: ModelStore, target: PullTarget | str, *,
+def pull_model(store: ModelStore, target: PullTarget | HubTarget | str, *,
                progress: PullCallback | None = None,
                cancel: threading.Event | None = None) -> InstalledModel:
     """Download a catalog variant from the Hugging Face Hub into ``store`` (blocking).
@@ -145,8 +189,11 @@ def pull_model(store: ModelStore, target: PullTarget | str, *,
     download within a chunk and raises ``Cancelled``, keeping the partial file. Raises
     ModelNotFound, AccessDenied, DownloadError, OfflineError or StoreError."""
     if isinstance(target, str):
-        target = named_target(store.catalog, target)
+        target = hub_target(target, offline=store.offline) if hub_names.is_hub_name(target) \
+            else named_target(store.catalog, target)
     emit = progress or (lambda step: None)
+    if isinstance(target, HubTarget):
+        return _pull_hub(store, target, emit, cancel)
     name = target.name
     emit(PullProgress("resolving", message=target.reason or f"pulling {name}", name=name))
     installed = store.get(name)
@@ -184,6 +231,50 @@ def pull_model(store: ModelStore, target: PullTarget | str, *,
         return _download(store, target, remote, expected, emit, cancel)
 
 
+def _pull_hub(store: ModelStore, target: HubTarget, emit: PullCallback,
+              cancel: threading.Event | None) -> InstalledModel:
+    """A Hub model: each file's metadata (its SHA-256), then the files, verified together."""
+    name = target.name
+    files = target.quant.files
+    emit(PullProgress("resolving", message=target.reason or f"pulling {name}", name=name))
+    installed = store.get(name)
+    if store.offline:
+        if installed is not None:
+            emit(PullProgress("success", message=f"{name} is installed (offline: not"
+                              " checked against the Hub)", name=name))
+            return installed
+        raise OfflineError(
+            f"cannot download {name}: offline mode is on (HF_HUB_OFFLINE=1 or --offline)."
+            " Unset it to download, or copy the .gguf file here and run `localinfer add"
+            " PATH`.")
+    emit(PullProgress("resolving", message=f"asking {hub.endpoint()}/{target.repo} for"
+                      f" {', '.join(f.path for f in files)}", name=name))
+    remotes = [hub.file_info(target.repo, f.path, retry=False) for f in files]
+    expected = []
+    for listed, remote in zip(files, remotes, strict=True):
+        if listed.sha256 and remote.sha256 and listed.sha256 != remote.sha256:
+            raise DownloadError(f"{target.repo}/{listed.path} changed on the Hub while it was"
+                                " being pulled; run the pull again.")
+        expected.append(remote.sha256 or listed.sha256)
+    if installed is not None and expected[0] and installed.sha256 == expected[0] and \
+            installed.parts == len(files):
+        emit(PullProgress("success", message=f"{name} is up to date", name=name,
+                          digest=expected[0]))
+        return installed
+    count = len(files)
+    parts = []
+    for number, (remote, sha) in enumerate(zip(remotes, expected, strict=True), 1):
+        final = store.file_for(name) if count == 1 else store.shard_file_for(name, number,
+                                                                              count)
+        partial = final.with_name(final.name + ".partial")
+        parts.append(_Part(remote, sha, partial, partial.with_name(partial.name + ".meta"),
+                           final))
+    with _pull_lock(store, name):
+        _fetch(store, name, parts, emit, cancel)
+        return _verify_and_install(store, name, parts, emit, cancel, model=target.ref.model,
+                                   quant=target.quant.quant)
+
+
 def _pull_starter(store: ModelStore, target: PullTarget, installed: InstalledModel | None,
                   emit: PullCallback) -> InstalledModel | None:
     """The starter comes from its PyPI package when that is installed: no network."""
@@ -216,7 +307,8 @@ def _pull_lock(store: ModelStore, name: str) -> Iterator[None]:
     # In the cache, and never deleted: removing a lock file could let two processes
     # hold "the" lock; kept out of the store, it never looks like a leftover there.
     locks = ensure_dir(store.paths.cache_dir / "locks")
-    lock = FileLock(str(locks / (validate_name(name).replace(":", "--") + ".lock")),
+    lock = FileLock(str(locks / (validate_name(name).replace(":", "--").replace("/", "--")
+                                 + ".lock")),
                     timeout=0)
     try:
         lock.acquire()
@@ -229,47 +321,93 @@ def _pull_lock(store: ModelStore, name: str) -> Iterator[None]:
         lock.release()
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One file of a pull: where its bytes go, and the Hub's word on it."""
+
+    remote: hub.RemoteFile
+    expected: str | None
+    """The SHA-256 the Hub publishes (or the catalog pins)."""
+    partial: Path
+    meta_path: Path
+    final: Path
+
+
 def _download(store: ModelStore, target: PullTarget, remote: hub.RemoteFile,
               expected: str | None, emit: PullCallback, cancel: threading.Event | None
               ) -> InstalledModel:
     name = target.name
-    path = store.file_for(name)
     partial, meta_path = store.partial_paths(name)
+    part = _Part(remote, expected, partial, meta_path, store.file_for(name))
+    _fetch(store, name, [part], emit, cancel)
+    return _verify_and_install(store, name, [part], emit, cancel, model=target.spec.name,
+                               quant=target.variant.quant)
+
+
+def _fetch(store: ModelStore, name: str, parts: list[_Part], emit: PullCallback,
+           cancel: threading.Event | None) -> None:
+    """Download every part into its partial file, resuming each where it stopped; the
+    progress counts the bytes of all parts together."""
+    prepared = [_prepare(store, name, part) for part in parts]
+    total = sum(part.remote.size or 0 for part in parts)
+    done = sum(prepared)
+    # Nothing is written before the pull can start (space, then the first byte): a pull that
+    # fails before leaves no partial download behind.
+    store.check_space(parts[0].partial.parent, max(total - done, 0))
+    digest = parts[0].expected or ""
+    split = f" ({len(parts)} files)" if len(parts) > 1 else ""
+    emit(PullProgress("downloading", done, total, name=name, digest=digest,
+                      message=(f"resuming {name} at {_mb(done)} of {_mb(total)}" if done
+                               else f"downloading {name} ({_mb(total)}){split}")))
+    resume = f"run `localinfer pull {name}` again to resume."
+    before = 0
+    for part, had in zip(parts, prepared, strict=True):
+        _fetch_part(name, part, had, before, total, emit, cancel, resume, digest)
+        before += part.remote.size or 0
+
+
+def _prepare(store: ModelStore, name: str, part: _Part) -> int:
+    """Keep a partial file that is a download of the same bytes (else start again); the
+    bytes it already has."""
+    remote, partial, meta_path = part.remote, part.partial, part.meta_path
     wanted = {"repo": remote.repo, "file": remote.file, "etag": remote.etag,
               "size": remote.size}
     meta = read_json_object(meta_path) or None
     if meta is not None and {k: meta.get(k) for k in wanted} != wanted:
         log.info("%s changed on the Hub since the partial download; starting again", name)
         meta = None
-    if meta is not None and not partial.exists() and path.exists() and \
+    if meta is not None and not partial.exists() and part.final.exists() and \
             store.get(name) is None:
         # Stopped after the verified file was moved in, before its manifest was written.
-        os.replace(path, partial)
+        os.replace(part.final, partial)
     if meta is None:
         partial.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
     done = partial.stat().st_size if partial.exists() else 0
-    total = remote.size or 0
     if remote.size is not None and done > remote.size:
         partial.unlink()
         done = 0
-    # Nothing is written before the pull can start (space, then the first byte): a pull that
-    # fails before leaves no partial download behind.
-    store.check_space(partial.parent, max(total - done, 0))
-    digest = expected or ""
-    emit(PullProgress("downloading", done, total, name=name, digest=digest,
-                      message=(f"resuming {name} at {_mb(done)} of {_mb(remote.size)}" if done
-                               else f"downloading {name} ({_mb(remote.size)})")))
+    return done
 
-    described = meta is not None
+
+def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
+                emit: PullCallback, cancel: threading.Event | None, resume: str,
+                digest: str) -> None:
+    remote, partial, meta_path = part.remote, part.partial, part.meta_path
+    if remote.size is not None and had == remote.size:
+        return  # this part arrived whole before: verified with the others
+    described = meta_path.exists()
 
     def on_bytes(completed: int, size: int) -> None:
         nonlocal described
         if not described and completed > 0:  # the first bytes: say what they are of
             described = True
-            atomic_write_text(meta_path, json.dumps({**wanted, "commit": remote.commit,
-                                                     "sha256": expected,
-                                                     "started": time.time()}) + "\n")
-        emit(PullProgress("downloading", completed, size or total, name=name,
+            atomic_write_text(meta_path, json.dumps({
+                "repo": remote.repo, "file": remote.file, "etag": remote.etag,
+                "size": remote.size, "name": name, "model_bytes": total,
+                "commit": remote.commit,
+                "sha256": part.expected, "started": time.time()}) + "\n")
+        emit(PullProgress("downloading", before + completed, total, name=name,
                           digest=digest, message=f"downloading {name}"))
 
     def kept() -> str:
@@ -277,73 +415,93 @@ def _download(store: ModelStore, target: PullTarget, remote: hub.RemoteFile,
         if size == 0:  # nothing to resume: no phantom partial download in `list`
             partial.unlink(missing_ok=True)
             meta_path.unlink(missing_ok=True)
-        return human_bytes(size)
+        return human_bytes(before + size)
 
-    resume = f"run `localinfer pull {name}` again to resume."
     ensure_dir(partial.parent)
     try:
         hub.download(remote, partial, on_bytes=on_bytes, cancel=cancel)
     except Cancelled:
-        raise Cancelled(f"stopped the download of {name} at {kept()} of {_mb(remote.size)};"
+        raise Cancelled(f"stopped the download of {name} at {kept()} of {_mb(total)};"
                         f" {resume}") from None
     except (DownloadError, StoreError) as exc:
-        raise type(exc)(f"{exc.message} {kept()} of {_mb(remote.size)} is kept: {resume}",
+        raise type(exc)(f"{exc.message} {kept()} of {_mb(total)} is kept: {resume}",
                         title=exc.title) from None
-    return _verify_and_install(store, target, remote, expected, emit, cancel)
 
 
-def _verify_and_install(store: ModelStore, target: PullTarget, remote: hub.RemoteFile,
-                        expected: str | None, emit: PullCallback,
-                        cancel: threading.Event | None) -> InstalledModel:
-    name = target.name
-    partial, meta_path = store.partial_paths(name)
-    size = partial.stat().st_size
-    source = f"{remote.repo}/{remote.file}"
+def _verify_and_install(store: ModelStore, name: str, parts: list[_Part],
+                        emit: PullCallback, cancel: threading.Event | None, *, model: str,
+                        quant: str, source_repo: str | None = None) -> InstalledModel:
+    """Check every part's size, SHA-256 and GGUF header (a split model's headers merged, as
+    llama.cpp will load them), move them into place, then write the manifest."""
 
     def reject(title: str, problem: str) -> StoreError:
-        partial.unlink(missing_ok=True)
-        meta_path.unlink(missing_ok=True)
+        for part in parts:
+            part.partial.unlink(missing_ok=True)
+            part.meta_path.unlink(missing_ok=True)
         return StoreError(f"{problem}; the download was removed. Run `localinfer pull"
                           f" {name}` to download it again.", title=title)
 
-    if remote.size is not None and size != remote.size:
-        raise reject("download incomplete", f"{source} should be {remote.size} bytes but"
-                                            f" {size} arrived")
-    emit(PullProgress("verifying", 0, size, name=name, digest=expected or "",
+    sizes = []
+    for part in parts:
+        size = part.partial.stat().st_size
+        if part.remote.size is not None and size != part.remote.size:
+            raise reject("download incomplete", f"{_source(part)} should be"
+                                                f" {part.remote.size} bytes but {size} arrived")
+        sizes.append(size)
+    total = sum(sizes)
+    first_expected = parts[0].expected or ""
+    emit(PullProgress("verifying", 0, total, name=name, digest=first_expected,
                       message=f"verifying the SHA-256 of {name}"))
-    digest = hashlib.sha256()
     done = 0
-    with open(partial, "rb") as f:
-        while block := f.read(8 << 20):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(f"stopped while verifying {name}; the download is complete:"
-                                f" run `localinfer pull {name}` again to verify it.")
-            digest.update(block)
-            done += len(block)
-            emit(PullProgress("verifying", done, size, name=name, digest=expected or "",
-                              message=f"verifying the SHA-256 of {name}"))
-    actual = digest.hexdigest()
-    if expected and actual != expected:
-        raise reject("checksum mismatch", f"{source} arrived with SHA-256 {actual}, but the"
-                                          f" Hub publishes {expected}")
+    actual = []
+    for part in parts:
+        digest = hashlib.sha256()
+        with open(part.partial, "rb") as f:
+            while block := f.read(8 << 20):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"stopped while verifying {name}; the download is"
+                                    f" complete: run `localinfer pull {name}` again to verify"
+                                    " it.")
+                digest.update(block)
+                done += len(block)
+                emit(PullProgress("verifying", done, total, name=name, digest=first_expected,
+                                  message=f"verifying the SHA-256 of {name}"))
+        actual.append(digest.hexdigest())
+        if part.expected and actual[-1] != part.expected:
+            raise reject("checksum mismatch", f"{_source(part)} arrived with SHA-256"
+                                              f" {actual[-1]}, but the Hub publishes"
+                                              f" {part.expected}")
     try:
-        gguf.read_header(partial)
+        headers = [gguf.read_file_header(part.partial) for part in parts]
+        if len(parts) > 1:
+            gguf.merge_split(headers, source=_source(parts[0]))
+        elif gguf.split_count(headers[0]) > 1:
+            raise InvalidModelFile(f"it is one shard of a model split into"
+                                   f" {gguf.split_count(headers[0])} files")
     except InvalidModelFile as exc:
-        raise reject("invalid model file", f"{source} is not a usable GGUF file"
+        raise reject("invalid model file", f"{_source(parts[0])} is not a usable GGUF file"
                                            f" ({exc.message.rstrip('.')})") from None
-    emit(PullProgress("writing", size, size, name=name, digest=actual,
+    emit(PullProgress("writing", total, total, name=name, digest=actual[0],
                       message=f"writing the manifest of {name}"))
-    path = store.file_for(name)
-    os.replace(partial, path)
-    entry = store.register(name=name, model=target.spec.name, quant=target.variant.quant,
-                           path=path, sha256=actual, source=f"hf:{source}",
-                           revision=remote.commit)
-    meta_path.unlink(missing_ok=True)
-    verified = "verified against the Hub's SHA-256" if expected else \
+    for part in parts:
+        os.replace(part.partial, part.final)
+    first = parts[0].remote
+    entry = store.register(name=name, model=model, quant=quant, path=parts[0].final,
+                           sha256=actual[0], source=f"hf:{_source(parts[0])}",
+                           revision=first.commit, parts=len(parts))
+    for part in parts:
+        part.meta_path.unlink(missing_ok=True)
+    published = all(part.expected for part in parts)
+    verified = "verified against the Hub's SHA-256" if published else \
         "the Hub publishes no SHA-256 for it: checked its size and GGUF header"
-    emit(PullProgress("success", size, size, name=name, digest=actual,
-                      message=f"pulled {name} ({_mb(size)}); {verified}"))
+    split = f" in {len(parts)} files" if len(parts) > 1 else ""
+    emit(PullProgress("success", total, total, name=name, digest=actual[0],
+                      message=f"pulled {name} ({_mb(total)}{split}); {verified}"))
     return entry
+
+
+def _source(part: _Part) -> str:
+    return f"{part.remote.repo}/{part.remote.file}"
 
 
 def _mb(n: int | None) -> str:
