@@ -28,9 +28,9 @@ from .planner import (
     shrinks_window_cache,
 )
 from .runtime.backend import LoadOptions, ProgressCallback
-from .runtime.chat_template import BUILTIN_TEMPLATES
+from .runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 from .runtime.engine import Engine
-from .selection import plan_prefs
+from .selection import model_settings, plan_prefs
 from .store import CopyProgress, ModelStore, ResolvedModel
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,10 @@ def load_engine(
     progress: ProgressCallback | None = None,
     header: gguf.GGUFHeader | None = None,
     max_queue: int = 64,
+    chat_template: str | None = None,
 ) -> Engine:
-    """Load the GGUF at ``path`` with llama.cpp and return a running engine."""
+    """Load the GGUF at ``path`` with llama.cpp and return a running engine; its chats are
+    rendered with ``chat_template`` (a preset's) when given, else the model's own."""
     header = header or gguf.read_header(path)  # a bad file fails here, clearly, not in C++
     trained = header.context_length
     if options.n_ctx <= 0:
@@ -114,8 +116,17 @@ def load_engine(
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
                       chat_checkpoints=CHAT_CHECKPOINTS)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
+    template = None
+    if chat_template is not None:
+        try:
+            template = ChatTemplate(chat_template, bos_token=backend.info.bos_text,
+                                    eos_token=backend.info.eos_text)
+        except Exception as exc:  # a Jinja syntax error: the preset's, named
+            backend.close()
+            raise InvalidRequest(f"the chat template of {name} cannot be read: {exc}"
+                                 ) from None
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
-                  chat_checkpoints=CHAT_CHECKPOINTS)
+                  chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template)
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:
@@ -210,9 +221,10 @@ AGENT_CTX because no memory estimate backs it."""
 
 
 def model_config(config: Config, model: ResolvedModel) -> Config:
-    """The settings ``model`` loads with: the global ones with its ``[models."NAME"]`` table
-    over them (by its name with the quant, then without)."""
-    return config.for_model(model.name, model.installed.model if model.installed else None)
+    """The settings ``model`` loads with: the global ones with its own over them (its
+    ``[models."NAME"]`` table, a preset's parameters: ``selection.model_settings``)."""
+    own = model_settings(config, model)
+    return config if own is None else config.replace(ctx=own.ctx, kv_type=own.kv_type)
 
 
 def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None = 1,
@@ -273,7 +285,8 @@ def open_engine(
     options = options_for(header, config, n_slots=n_slots, name=model.name)
     options = on_workers(options, header, config, model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
-                       progress=on_load, header=header)
+                       progress=on_load, header=header,
+                       chat_template=model.preset.template if model.preset else None)
 
 
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
@@ -288,7 +301,8 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
                               n_slots=n_slots or config.slots, name=model.name)
         options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
-                           header=header, max_queue=max_queue, progress=progress)
+                           header=header, max_queue=max_queue, progress=progress,
+                           chat_template=model.preset.template if model.preset else None)
 
     return load
 

@@ -93,7 +93,8 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/v1/chat/completions", body)
         f = Fields(body)
-        messages = parse_messages(body.get("messages"))
+        messages = await state.manager.with_preset(f.string("model"),
+                                                   parse_messages(body.get("messages")))
         thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
         constraints = openai_constraints(body)
         params = replace(_params(f), logprobs=top_logprobs(f, asked=f.boolean("logprobs",

@@ -186,7 +186,12 @@ class Backend(Protocol):
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """The pooled, unnormalised vector of each input (at most ``n_ctx_embed`` tokens
-        each), several inputs per decode."""
+        each), several inputs per decode; a reranker's is its score (one number)."""
+        ...
+
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        """A (query, document) pair as a reranker reads it (llama-server's layout: BOS,
+        query, EOS, SEP, document, EOS, as the vocabulary asks for each)."""
         ...
 
     def warm_up(self) -> None:

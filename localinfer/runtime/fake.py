@@ -323,6 +323,10 @@ class FakeBackend:
         self.restored.append(n_checkpoint)
         return n_checkpoint
 
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        return [*self.tokenize(query, add_special=True), self._id("<sep>"),
+                *self.tokenize(document, add_special=False)]
+
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """A bag-of-pieces vector: the mean of one fixed pseudo-random vector per token, so
         that equal texts get equal vectors and texts sharing words point the same way."""

@@ -107,7 +107,10 @@ class Decoding(LlamaHandles):
         batch = self._embed_batch
         assert batch is not None  # made with the context
         mem = L.llama_get_memory(ctx)
-        n_embd = L.llama_model_n_embd(self._model)
+        # A reranker's pooled output is its classifier's scores, not a hidden state.
+        n_embd = (L.llama_model_n_cls_out(self._model)
+                  if L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_RANK
+                  else L.llama_model_n_embd(self._model))
         vectors: list[list[float]] = []
         i = 0
         while i < len(inputs):

@@ -13,7 +13,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-from ...catalog import is_embedding_header
+from ...catalog import is_embedding_header, is_reranker_header
 from ...errors import InvalidRequest, ModelLoadError
 from ...gguf import GGUFHeader
 from ..backend import LoadOptions, ProgressCallback
@@ -250,6 +250,8 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
             add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
             fim=self._fim_texts(),
             embedding_only=self.embedding_only,
+            reranker=self.embedding_only and is_reranker_header(
+                header.arch_value("pooling_type")),
             split=self._split,
         )
 
