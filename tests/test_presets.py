@@ -19,7 +19,7 @@ from localinfer.cli import main
 from localinfer.cli.common import add_sampling_flags, sampling_params
 from localinfer.config import ModelSettings
 from localinfer.errors import InvalidModelFile, InvalidRequest, StoreError
-from localinfer.runtime.types import Message
+from localinfer.runtime.types import Message, SamplingParams
 from localinfer.store import ModelStore
 from localinfer.store.create import create_preset
 from localinfer.store.presets import CreateRequest, Preset, parse_modelfile
@@ -275,3 +275,53 @@ def test_api_create_streams_the_quantizers_progress(f32_model):
     progress = [item for item in lines if "total" in item]
     assert progress and progress[-1]["completed"] == progress[-1]["total"]
     assert ModelStore().presets.get("tinyq").model == "tinyrank:1m-q8_0"
+
+
+def test_a_presets_system_and_seed_turns_reach_generate_and_messages(home):
+    install_fake_models("fake:1b-f16")
+    seen: list = []
+    with serve(_recording_factory(seen)) as d:
+        client = ollama_client(d)
+        client.create(model="mario", from_="fake:1b", system="S",
+                      messages=[{"role": "user", "content": "u0"},
+                                {"role": "assistant", "content": "a0"}])
+        client.generate(model="mario", prompt="q", options={"num_predict": 2})
+        with d.uds() as c:
+            reply = c.post("/v1/messages", json={
+                "model": "mario", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "q"}]})
+            assert reply.status_code == 200, reply.text
+            own = c.post("/v1/messages", json={
+                "model": "mario", "max_tokens": 2, "system": "mine",
+                "messages": [{"role": "user", "content": "q"}]})
+            assert own.status_code == 200, own.text
+    chats = [item[1] for item in seen if item[0] == "messages"]
+    seeded = [("system", "S"), ("user", "u0"), ("assistant", "a0"), ("user", "q")]
+    assert chats == [seeded, seeded,
+                     [("system", "mine"), ("user", "u0"), ("assistant", "a0"), ("user", "q")]]
+
+
+def test_show_prints_a_modelfile_that_makes_the_preset_again(home, tmp_path, capsys):
+    install_fake_models("fake:1b-f16")
+    (tmp_path / "Modelfile").write_text(MODELFILE)
+    assert main(["create", "mario", "-f", str(tmp_path / "Modelfile")]) == 0
+    capsys.readouterr()
+    assert main(["show", "mario", "--modelfile"]) == 0
+    printed = capsys.readouterr().out
+    again = parse_modelfile(printed, tmp_path, "mario2")
+    first = parse_modelfile(MODELFILE, tmp_path, "mario")
+    assert again.source == "fake:1b-f16"
+    assert (again.system, again.parameters, again.messages, again.license) == (
+        first.system, first.parameters, first.messages, first.license)
+
+
+def test_a_session_on_a_preset_puts_its_turns_first(fake_engine):
+    from localinfer.session import EngineSession, PresetSession
+
+    engine = fake_engine()
+    session = PresetSession(EngineSession(engine), Preset(
+        name="p", model="fake:1b-f16", system="S", parameters={"stop": ["<x>"]}))
+    with_system = session.count_tokens([Message("user", "q")])
+    without = EngineSession(engine).count_tokens([Message("user", "q")])
+    assert with_system > without
+    assert session._params(SamplingParams()).stop == ("<x>",)

@@ -52,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     " and the plan for this machine of an installed MODEL (or a .gguf PATH).")
     p.add_argument("model", metavar="MODEL|PATH")
     p.add_argument("--template", action="store_true", help="print the whole chat template")
+    p.add_argument("--modelfile", action="store_true",
+                   help="print a Modelfile that makes it (`localinfer create -f`)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_show)
 
@@ -230,6 +232,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         if args.template and preset.template is not None:
             print(preset.template)
             return 0
+        if args.modelfile:
+            print(preset.modelfile(), end="")
+            return 0
         _print_preset(preset, model_settings(config, store.resolve_preset(preset)))
         args.model = preset.model
     if looks_like_path(args.model):
@@ -248,6 +253,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         if installed.file_missing:
             raise installed.missing_file_error()
         path, name = installed.path, installed.name
+    if args.modelfile:
+        print(f"# Modelfile of {name}\nFROM {name if installed else path}")
+        return 0
     header = gguf.read_header(path)
     catalog = store.catalog
     family = catalog.family_for(installed.family if installed else header.architecture)
