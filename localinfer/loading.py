@@ -14,7 +14,13 @@ from pathlib import Path
 from . import gguf
 from .catalog import Catalog, load_catalog
 from .config import FLASH_ATTN, Config
-from .errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
+from .errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    LocalInferError,
+    ModelNotFound,
+    ModelTooLarge,
+)
 from .hardware import probe
 from .hardware.profile import HardwareProfile
 from .hardware.rpc import parse_endpoints, probe_workers, worker_answers
@@ -78,9 +84,11 @@ def load_engine(
     header: gguf.GGUFHeader | None = None,
     max_queue: int = 64,
     chat_template: str | None = None,
+    lora: tuple[str, ...] = (),
 ) -> Engine:
     """Load the GGUF at ``path`` with llama.cpp and return a running engine; its chats are
-    rendered with ``chat_template`` (a preset's) when given, else the model's own."""
+    rendered with ``chat_template`` (a preset's) when given, else the model's own, and the
+    LoRA adapters ``lora`` (a preset's) are applied to its weights."""
     header = header or gguf.read_header(path)  # a bad file fails here, clearly, not in C++
     trained = header.context_length
     if options.n_ctx <= 0:
@@ -92,6 +100,12 @@ def load_engine(
         )
     if options.chat_template is None:
         options = replace(options, chat_template=fallback_template(header, family))
+    if lora:
+        missing = [p for p in lora if not Path(p).is_file()]
+        if missing:
+            raise ModelNotFound(f"the LoRA adapter {missing[0]} of {name} is gone; put it back"
+                                " or make the preset again without it.")
+        options = replace(options, lora_adapters=tuple(lora))
     if not options.base_model:
         options = replace(options, base_model=is_base_model(name))
     if not options.embedding_only:
@@ -286,7 +300,8 @@ def open_engine(
     options = on_workers(options, header, config, model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header,
-                       chat_template=model.preset.template if model.preset else None)
+                       chat_template=model.preset.template if model.preset else None,
+                       lora=model.preset.adapters if model.preset else ())
 
 
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
@@ -302,7 +317,8 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
         options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue, progress=progress,
-                           chat_template=model.preset.template if model.preset else None)
+                           chat_template=model.preset.template if model.preset else None,
+                       lora=model.preset.adapters if model.preset else ())
 
     return load
 

@@ -151,3 +151,29 @@ def reranker_model(*, embd: int = 32, n_layers: int = 2, n_ctx: int = 128,
         data += values.tobytes()
         data += b"\0" * ((-len(data)) % 32)
     return gguf(kvs, tensors, bytes(data))
+
+
+def lora_adapter(*, architecture: str = "bert", embd: int = 32, n_layers: int = 2,
+                 rank: int = 4, alpha: float = 8.0, seed: int = 1) -> bytes:
+    """A LoRA adapter GGUF for ``reranker_model``'s attention (``lora_a``/``lora_b`` of
+    each layer's attn_q and attn_v, random F32), as llama.cpp's convert_lora_to_gguf.py
+    writes one: ``general.type`` adapter, ``adapter.type`` lora, ``adapter.lora.alpha``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    kvs = [
+        kv("general.architecture", STRING, architecture),
+        kv("general.type", STRING, "adapter"),
+        kv("adapter.type", STRING, "lora"),
+        kv("adapter.lora.alpha", F32, alpha),
+    ]
+    tensors = []
+    data = bytearray()
+    for i in range(n_layers):
+        for part in ("attn_q", "attn_v"):
+            for suffix, shape in (("lora_a", (embd, rank)), ("lora_b", (rank, embd))):
+                values = (rng.standard_normal(embd * rank) * 0.5).astype("<f4")
+                tensors.append((f"blk.{i}.{part}.weight.{suffix}", shape, 0, len(data)))
+                data += values.tobytes()
+                data += b"\0" * ((-len(data)) % 32)
+    return gguf(kvs, tensors, bytes(data))

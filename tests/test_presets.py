@@ -325,3 +325,35 @@ def test_a_session_on_a_preset_puts_its_turns_first(fake_engine):
     without = EngineSession(engine).count_tokens([Message("user", "q")])
     assert with_system > without
     assert session._params(SamplingParams()).stop == ("<x>",)
+
+
+# --- LoRA adapters (llama.cpp's adapter API, on the tiny reranker the tests write) -----------
+def test_an_adapter_changes_the_models_output_and_a_wrong_one_is_refused(home, tmp_path,
+                                                                          capsys):
+    from localinfer.config import Config
+    from localinfer.loading import engine_factory
+
+    model = tmp_path / "tiny-reranker.gguf"
+    model.write_bytes(ggufgen.reranker_model())
+    ModelStore().add(model, name="tinyrank:1m")
+    (tmp_path / "lora.gguf").write_bytes(ggufgen.lora_adapter())
+    (tmp_path / "llama-lora.gguf").write_bytes(ggufgen.lora_adapter(architecture="llama"))
+    (tmp_path / "Modelfile").write_text("FROM tinyrank:1m\nADAPTER ./lora.gguf\n")
+    assert main(["create", "tuned", "-f", str(tmp_path / "Modelfile")]) == 0
+    assert ModelStore().presets.get("tuned").adapters == (str(tmp_path / "lora.gguf"),)
+    (tmp_path / "Wrong").write_text("FROM tinyrank:1m\nADAPTER ./llama-lora.gguf\n")
+    assert main(["create", "wrong", "-f", str(tmp_path / "Wrong")]) == InvalidRequest.exit_code
+    assert "for 'llama' models, and the model is 'bert'" in capsys.readouterr().err
+    (tmp_path / "NotLora").write_text("FROM tinyrank:1m\nADAPTER ./tiny-reranker.gguf\n")
+    assert main(["create", "notlora", "-f", str(tmp_path / "NotLora")]) == \
+        InvalidModelFile.exit_code
+    assert "is not a LoRA adapter" in capsys.readouterr().err
+    body = {"query": "where is the cat", "documents": ["the cat sat", "the dog ran"]}
+    with serve(engine_factory(Config()), max_loaded=2) as d, d.uds() as c:
+        base = c.post("/v1/rerank", json={"model": "tinyrank:1m", **body}).json()
+        tuned = c.post("/v1/rerank", json={"model": "tuned", **body}).json()
+        loaded = sorted(c.get("/api/ps").json()["models"], key=lambda m: m["name"])
+    scores = {name: {r["index"]: r["relevance_score"] for r in reply["results"]}
+              for name, reply in (("base", base), ("tuned", tuned))}
+    assert all(abs(scores["base"][i] - scores["tuned"][i]) > 1e-3 for i in (0, 1))
+    assert [m["name"] for m in loaded] == ["tinyrank:1m-f32", "tuned"]  # it loads apart

@@ -17,8 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "create", help="make a preset from a Modelfile (and quantize)",
         description="Make NAME from a Modelfile (Ollama's syntax: FROM, PARAMETER, SYSTEM,"
-                    " TEMPLATE, MESSAGE, LICENSE): a preset over an installed model, kept as"
-                    " data (no copy of the weights); `show`, `list` and `rm` know it. With"
+                    " TEMPLATE, MESSAGE, LICENSE, ADAPTER): a preset over an installed model,"
+                    " kept as data (no copy of the weights); `show`, `list` and `rm` know it."
+                    " With"
                     " --quantize, the model is first quantized by llama.cpp into a new file.")
     p.add_argument("name", metavar="NAME")
     p.add_argument("-f", "--file", metavar="MODELFILE", default="Modelfile",

@@ -308,9 +308,10 @@ API_CREATE = RouteFields(
     honoured=("model", "name", "from", "files", "system", "template", "parameters", "messages",
               "license", "quantize", "stream", "modelfile"),
     refused={
-        "adapters": Refused("LoRA adapters are not supported by localinfer's presets yet;"
-                            " merge the adapter into the weights (llama.cpp's"
-                            " llama-export-lora) and add the merged GGUF.", _empty, "empty"),
+        "adapters": Refused("adapters over the API are blobs pushed to /api/blobs, which"
+                            " localinfer does not take; name the adapter's file in a"
+                            " Modelfile's ADAPTER line and run `localinfer create`.", _empty,
+                            "empty"),
         "renderer": Refused("localinfer renders chats with the model's Jinja chat template;"
                             " give 'template' instead.", _empty, "empty"),
         "parser": Refused("localinfer reads tool calls and thinking with the model's own"

@@ -62,6 +62,8 @@ class LoadOptions:
     """The catalog lists the model as an embedding model (the GGUF header may say so too)."""
     fim_spm: bool = False
     """The family was trained with fill-in-the-middle prompts in suffix-prefix-middle order."""
+    lora_adapters: tuple[str, ...] = ()
+    """LoRA adapter GGUFs (a preset's ADAPTER lines) applied at scale 1 to every context."""
     rpc_servers: tuple[str, ...] = ()
     """RPC workers ("HOST:PORT", each probed by hardware.rpc first) whose devices take the
     ``n_gpu_layers`` offloaded layers; the local CPU keeps the rest."""

@@ -1,6 +1,8 @@
 """``localinfer create`` and ``/api/create``: a preset (presets.py) over an installed model,
 made from a Modelfile's instructions or the API's fields, and, with ``quantize``, a new GGUF
-file made from the model by llama.cpp's quantizer first.
+file made from the model by llama.cpp's quantizer first. A Modelfile's ADAPTER is checked to
+be a LoRA adapter GGUF for the model's architecture and kept where it is (llama.cpp applies it
+when the preset loads).
 
 A FROM that names a .gguf file on this machine (a Modelfile only: the API takes no paths) is
 linked into the store as ``add --link`` does: no weights are copied. A quantized file is
@@ -50,12 +52,10 @@ def create_preset(store: ModelStore, request: CreateRequest, *, from_api: bool,
     if request.source is None:
         raise InvalidRequest("'from' is required: the installed model (or preset) the new"
                              " one is over.")
-    if request.adapters:
-        raise InvalidRequest(
-            "ADAPTER / 'adapters': LoRA adapters are not supported by localinfer's presets"
-            " yet (llama.cpp would have to apply them to every context of the shared model);"
-            " merge the adapter into the weights (llama.cpp's llama-export-lora) and add the"
-            " merged GGUF.")
+    if request.adapters and from_api:
+        raise InvalidRequest("'adapters': adapters over the API are blobs pushed to"
+                             " /api/blobs, which localinfer does not take; name the adapter's"
+                             " file in a Modelfile's ADAPTER line and run `localinfer create`.")
     if request.template is not None and _GO_TEMPLATE.search(request.template):
         raise InvalidRequest(
             "TEMPLATE is written in Ollama's Go template syntax ({{ .Prompt }}, {{ if .System"
@@ -73,6 +73,8 @@ def create_preset(store: ModelStore, request: CreateRequest, *, from_api: bool,
         if resolved.installed is None:
             raise ModelNotFound(f"{request.source} is not an installed model.")
         model = resolved.installed
+    for path in request.adapters:
+        _check_adapter(Path(path), gguf.read_header(model.path).architecture)
     say("reading model metadata")  # the first status: the request has checked out
     if request.quantize:
         model = quantize_model(store, model, request.quantize, allow_requantize=allow_requantize,
@@ -90,6 +92,23 @@ def _check_free(store: ModelStore, name: str) -> None:
     if taken:
         raise InvalidRequest(f"{name} is the name of the installed model {taken[0]}; choose"
                              " another name for the preset.")
+
+
+def _check_adapter(path: Path, architecture: str) -> None:
+    """An ADAPTER file is a LoRA adapter GGUF for the model's architecture."""
+    if not path.is_file():
+        raise ModelNotFound(f"ADAPTER {path}: no such file.")
+    if _magic(path) != gguf.GGUF_MAGIC:
+        raise InvalidModelFile(f"ADAPTER {path} is not a GGUF file; convert a LoRA with"
+                               " llama.cpp's convert_lora_to_gguf.py.")
+    meta = gguf.read_header(path).metadata
+    if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
+        raise InvalidModelFile(f"ADAPTER {path} is not a LoRA adapter (its general.type is"
+                               f" {meta.get('general.type')!r}, adapter.type"
+                               f" {meta.get('adapter.type')!r}).")
+    if meta.get("general.architecture") != architecture:
+        raise InvalidRequest(f"ADAPTER {path} is for {meta.get('general.architecture')!r}"
+                             f" models, and the model is {architecture!r}.")
 
 
 def _linked(store: ModelStore, path: Path, name: str) -> InstalledModel:

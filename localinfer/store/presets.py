@@ -70,6 +70,8 @@ class Preset:
     """(role, content) turns every chat starts with, after the system prompt."""
     license: tuple[str, ...] = ()
     created: float = 0.0
+    adapters: tuple[str, ...] = ()
+    """LoRA adapter GGUFs (absolute paths, not copied) applied to the model's weights."""
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -77,9 +79,9 @@ class Preset:
 
     @property
     def own_engine(self) -> bool:
-        """Whether it loads apart from its model (its own template): otherwise it shares the
-        loaded model, and only its prompt and sampling differ."""
-        return self.template is not None
+        """Whether it loads apart from its model (its own template or LoRA adapters):
+        otherwise it shares the loaded model, and only its prompt and sampling differ."""
+        return self.template is not None or bool(self.adapters)
 
     def apply(self, messages: Sequence[Message]) -> list[Message]:
         """A chat's messages with the preset's system prompt (unless the chat has one) and
@@ -96,6 +98,7 @@ class Preset:
     def modelfile(self) -> str:
         """The preset as a Modelfile (what `show --modelfile` and /api/show print)."""
         lines = [f"# Modelfile of the localinfer preset {self.name}", f"FROM {self.model}"]
+        lines += [f"ADAPTER {path}" for path in self.adapters]
         if self.template is not None:
             lines.append(f'TEMPLATE """{self.template}"""')
         if self.system is not None:
@@ -111,6 +114,7 @@ class Preset:
         data = asdict(self)
         data["messages"] = [{"role": r, "content": c} for r, c in self.messages]
         data["license"] = list(self.license)
+        data["adapters"] = list(self.adapters)
         return data
 
 
@@ -292,6 +296,7 @@ class PresetStore:
             data = json.loads(path.read_text(encoding="utf-8"))
             data["messages"] = tuple((m["role"], m["content"]) for m in data["messages"])
             data["license"] = tuple(data.get("license") or ())
+            data["adapters"] = tuple(data.get("adapters") or ())
             return Preset(**data)
         except FileNotFoundError:
             return None
@@ -324,7 +329,7 @@ class PresetStore:
 
 def make_preset(request: CreateRequest, model: str, over: Preset | None = None) -> Preset:
     """The preset ``request`` describes over the installed ``model``; a preset made FROM
-    another preset (``over``) starts from that one's settings."""
+    another preset (``over``) starts from that one's settings (its adapters, then these)."""
     params = dict(over.parameters) if over else {}
     params.update(request.parameters)
     return Preset(
@@ -335,4 +340,5 @@ def make_preset(request: CreateRequest, model: str, over: Preset | None = None) 
         parameters=params,
         messages=tuple(request.messages) or (over.messages if over else ()),
         license=tuple(request.license) or (over.license if over else ()),
-        created=time.time())
+        created=time.time(),
+        adapters=(over.adapters if over else ()) + tuple(request.adapters))

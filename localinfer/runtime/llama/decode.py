@@ -34,6 +34,7 @@ class Decoding(LlamaHandles):
     _batch: Any
     _embed_ctx: Any
     _embed_batch: Any
+    _lora: Any
     _threads: tuple[int, int]
 
     def warm_up(self) -> None:
@@ -97,6 +98,8 @@ class Decoding(LlamaHandles):
             if not ctx:
                 raise LocalInferError(f"llama.cpp could not create a context for embeddings"
                                       f"{_llama_said()}")
+            if self._lora is not None:  # the same weights as the generation's context
+                L.llama_set_adapters_lora(ctx, *self._lora)
             self._embed_ctx = ctx
         if self._embed_batch is None:
             self._embed_batch = L.llama_batch_init(self.n_ctx_embed, 0, 1)

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
@@ -91,6 +92,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._batch = None
         self._embed_ctx = None
         self._embed_batch = None
+        self._lora: tuple[Any, int, Any] | None = None
         gpu = ([d for d in devices() if d.kind in ("gpu", "igpu")]
                if L.llama_supports_gpu_offload() else [])
         # Checked before the weights load: a bad combination fails at once.
@@ -174,6 +176,15 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
                 f"llama.cpp could not create a context of {options.n_ctx} tokens x {n_slots}"
                 f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
             )
+        try:
+            self._lora = _lora_adapters(self._model, options.lora_adapters)
+        except ModelLoadError:
+            self.close()
+            raise
+        if self._lora is not None and L.llama_set_adapters_lora(self._ctx, *self._lora) != 0:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not apply the LoRA adapters"
+                                 f" {', '.join(options.lora_adapters)}{_llama_said()}")
         self._mem = L.llama_get_memory(self._ctx)
         self.n_batch = options.n_batch
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
@@ -271,6 +282,24 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
+
+
+def _lora_adapters(model, paths: tuple[str, ...]) -> tuple[Any, int, Any] | None:
+    """The adapters at ``paths`` loaded for ``model``, as llama_set_adapters_lora takes them
+    (array, count, scales); kept by the backend: llama.cpp reads them. None without any.
+    The model frees them when it is freed."""
+    if not paths:
+        return None
+    adapters = []
+    for path in paths:
+        adapter = L.llama_adapter_lora_init(model, os.fsencode(path))
+        if not adapter:
+            raise ModelLoadError(f"llama.cpp could not load the LoRA adapter {path}"
+                                 f"{_llama_said()}")
+        adapters.append(adapter)
+    array = (L.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
+    scales = (ctypes.c_float * len(adapters))(*[1.0] * len(adapters))
+    return array, len(adapters), scales
 
 
 def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_threads: int,
