@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import gguf
-from .config import Config
+from .config import Config, ModelSettings
 from .errors import DaemonError, LocalInferError, ModelLoadError
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
@@ -208,6 +208,14 @@ class PresetSession:
         if self.preset.stop and not params.stop:
             return replace(params, stop=self.preset.stop)
         return params
+
+    def with_defaults(self, params: SamplingParams, given: Iterable[str]) -> SamplingParams:
+        """``params`` with the preset's default sampling in the fields not in ``given`` (the
+        ones its front end set itself: the chat UI's temperature)."""
+        own = ModelSettings.from_parameters(self.preset.parameters).sampling()
+        chosen = set(given)
+        changes: dict[str, Any] = {k: v for k, v in own.items() if k not in chosen}
+        return replace(params, **changes)
 
     def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
         return self.inner.chat(self.preset.apply(messages), self._params(params))

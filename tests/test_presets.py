@@ -357,3 +357,13 @@ def test_an_adapter_changes_the_models_output_and_a_wrong_one_is_refused(home, t
               for name, reply in (("base", base), ("tuned", tuned))}
     assert all(abs(scores["base"][i] - scores["tuned"][i]) > 1e-3 for i in (0, 1))
     assert [m["name"] for m in loaded] == ["tinyrank:1m-f32", "tuned"]  # it loads apart
+
+
+def test_the_chat_ui_keeps_its_temperature_and_takes_the_presets_other_sampling(fake_engine):
+    from localinfer.session import EngineSession, PresetSession
+
+    session = PresetSession(EngineSession(fake_engine()), Preset(
+        name="p", model="m", parameters={"temperature": 0.2, "top_k": 7}))
+    params = session.with_defaults(SamplingParams(temperature=0.9, max_tokens=9),
+                                   ("temperature", "max_tokens"))
+    assert (params.temperature, params.top_k, params.max_tokens) == (0.9, 7, 9)
