@@ -367,3 +367,14 @@ def test_the_chat_ui_keeps_its_temperature_and_takes_the_presets_other_sampling(
     params = session.with_defaults(SamplingParams(temperature=0.9, max_tokens=9),
                                    ("temperature", "max_tokens"))
     assert (params.temperature, params.top_k, params.max_tokens) == (0.9, 7, 9)
+
+
+def test_a_model_presets_are_over_is_not_removed_under_them(home):
+    install_fake_models("fake:1b-f16")
+    store = ModelStore()
+    create_preset(store, CreateRequest(name="mario", source="fake:1b"), from_api=False)
+    with pytest.raises(InvalidRequest, match="presets mario are over"):
+        store.remove("fake:1b-f16")
+    store.presets.remove("mario")
+    store.remove("fake:1b-f16")
+    assert store.installed() == []

@@ -346,6 +346,11 @@ class ModelStore:
                 raise
             self._remove_partial(partial.name)
             return partial
+        using = self.presets.using(model.name)
+        if using:
+            names = ", ".join(p.name for p in using)
+            raise InvalidRequest(f"{model.name} is what the presets {names} are over; remove"
+                                 " them first (`localinfer rm NAME`).")
         family, tag = model.name.split(":", 1)
         (self.root / family / f"{tag}.json").unlink(missing_ok=True)
         if not model.linked:
