@@ -235,20 +235,7 @@ class Engine:
     def rank(self, query: str, documents: Sequence[str]) -> Ranking:
         """A reranker's score of each document for ``query`` (higher: more relevant), read
         as (query, document) pairs several to a decode, between two generation steps."""
-        if not self.info.reranker:
-            raise InvalidRequest(
-                f"{self.info.name} is not a reranker: its GGUF declares no rank pooling. Use a"
-                " reranker model (e.g. bge-reranker-v2-m3 or qwen3-reranker).")
-        if not documents:
-            raise InvalidRequest("there is nothing to rank: send at least one document.")
-        inputs = [self.backend.rank_tokens(query, doc) for doc in documents]
-        limit = self.backend.n_ctx_embed
-        for i, tokens in enumerate(inputs):
-            if len(tokens) > limit:
-                raise InvalidRequest(
-                    f"the query and documents[{i}] are {len(tokens)} tokens together; this"
-                    f" reranker reads at most {limit} at once: shorten the document (or the"
-                    " query).")
+        inputs = self.prompt_builder.rank_inputs(query, documents)
         started = time.perf_counter()
         scores = self._between_steps(lambda: [v[0] for v in self.backend.embed(inputs)])
         return Ranking(scores=scores, prompt_tokens=sum(len(t) for t in inputs),
