@@ -126,6 +126,7 @@ def test_open_webuis_create_makes_a_preset_that_api_chat_uses(home):
                     options={"num_predict": 2})
         show = client.show("mario")
         tags = [m.model for m in client.list().models]
+        v1_models = [m.id for m in openai_client(d).models.list()]
         loaded = [m.model for m in client.ps().models]
     mario = [("system", "You are Mario."), ("user", "hi")]
     assert seen == [("messages", mario), ("params", 0.2, 40, ("<eot>",)),
@@ -135,6 +136,7 @@ def test_open_webuis_create_makes_a_preset_that_api_chat_uses(home):
     assert 'PARAMETER temperature 0.2' in show.modelfile and "FROM fake:1b-f16" in show.modelfile
     assert show.details.parent_model == "fake:1b-f16"
     assert "mario" in tags and "fake:1b-f16" in tags
+    assert "mario" in v1_models and "fake:1b-f16" in v1_models
     assert loaded == ["fake:1b-f16"]  # the preset shares its model's engine
 
 
