@@ -74,11 +74,16 @@ def _fim_order(r: _Reader) -> str:
 
 
 def is_embedding_header(architecture: str, pooling_type: object) -> bool:
-    """Whether a GGUF holds an embedding model: an encoder architecture, or a declared pooling
-    (``<arch>.pooling_type``, which converters write for embedding models, e.g.
-    Qwen3-Embedding's last token)."""
+    """Whether a GGUF holds a model that generates no text: an encoder architecture, or a
+    declared pooling (``<arch>.pooling_type``, which converters write for embedding models,
+    e.g. Qwen3-Embedding's last token, and for rerankers: rank, ``is_reranker_header``)."""
     return architecture in EMBEDDING_ARCHITECTURES or (
-        isinstance(pooling_type, int) and pooling_type not in (0, POOLING_RANK))
+        isinstance(pooling_type, int) and pooling_type != 0)
+
+
+def is_reranker_header(pooling_type: object) -> bool:
+    """Whether a GGUF holds a reranker: its pooling is rank (a score per pair, no vector)."""
+    return pooling_type == POOLING_RANK
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$")
 

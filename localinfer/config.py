@@ -62,6 +62,19 @@ class ModelSettings:
         return {name: value for name in SAMPLING_SETTINGS
                 if (value := getattr(self, name)) is not None}
 
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any]) -> ModelSettings:
+        """A preset's parameters (Ollama's names: num_ctx, temperature...) as settings."""
+        return cls(ctx=parameters.get("num_ctx"),
+                   **{name: parameters.get(name) for name in SAMPLING_SETTINGS})
+
+    def over(self, other: ModelSettings | None) -> ModelSettings:
+        """These settings, with ``other``'s where these set none."""
+        if other is None:
+            return self
+        return ModelSettings(**{f.name: getattr(other, f.name) if getattr(self, f.name) is None
+                                else getattr(self, f.name) for f in fields(self)})
+
     def to_json(self) -> dict[str, Any]:
         """The settings it sets (what `plan`, `ps` and /api/show print)."""
         return {f.name: getattr(self, f.name) for f in fields(self)

@@ -14,7 +14,13 @@ from pathlib import Path
 from . import gguf
 from .catalog import Catalog, load_catalog
 from .config import FLASH_ATTN, Config
-from .errors import BackendUnavailable, InvalidRequest, LocalInferError, ModelTooLarge
+from .errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    LocalInferError,
+    ModelNotFound,
+    ModelTooLarge,
+)
 from .hardware import probe
 from .hardware.profile import HardwareProfile
 from .hardware.rpc import parse_endpoints, probe_workers, worker_answers
@@ -31,11 +37,11 @@ from .planner import (
 )
 from .planner.attention import AttentionChoice
 from .runtime.backend import Backend, LoadOptions, ProgressCallback
-from .runtime.chat_template import BUILTIN_TEMPLATES
+from .runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 from .runtime.checkpoints import REREAD_TAIL
 from .runtime.disk_cache import PrefixCache, PrefixStore, identity, model_file_id, open_store
 from .runtime.engine import Engine
-from .selection import plan_prefs
+from .selection import model_settings, plan_prefs
 from .store import CopyProgress, ModelStore, ResolvedModel
 
 log = logging.getLogger(__name__)
@@ -108,9 +114,13 @@ def load_engine(
     header: gguf.GGUFHeader | None = None,
     max_queue: int = 64,
     config: Config | None = None,
+    chat_template: str | None = None,
+    lora: tuple[str, ...] = (),
 ) -> Engine:
     """Load the GGUF at ``path`` with llama.cpp and return a running engine (with the prefix
-    cache on disk that ``config`` sets, if given)."""
+    cache on disk that ``config`` sets, if given); its chats are rendered with
+    ``chat_template`` (a preset's) when given, else the model's own, and the LoRA adapters
+    ``lora`` (a preset's) are applied to its weights."""
     header = header or gguf.read_header(path)  # a bad file fails here, clearly, not in C++
     trained = header.context_length
     if options.n_ctx <= 0:
@@ -122,6 +132,12 @@ def load_engine(
         )
     if options.chat_template is None:
         options = replace(options, chat_template=fallback_template(header, family))
+    if lora:
+        missing = [p for p in lora if not Path(p).is_file()]
+        if missing:
+            raise ModelNotFound(f"the LoRA adapter {missing[0]} of {name} is gone; put it back"
+                                " or make the preset again without it.")
+        options = replace(options, lora_adapters=tuple(lora))
     if not options.base_model:
         options = replace(options, base_model=is_base_model(name))
     if not options.embedding_only:
@@ -147,8 +163,17 @@ def load_engine(
                       chat_checkpoints=CHAT_CHECKPOINTS,
                       prefix_cache=prefix_cache(config, path, isolated, name))
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
+    template = None
+    if chat_template is not None:
+        try:
+            template = ChatTemplate(chat_template, bos_token=backend.info.bos_text,
+                                    eos_token=backend.info.eos_text)
+        except Exception as exc:  # a Jinja syntax error: the preset's, named
+            backend.close()
+            raise InvalidRequest(f"the chat template of {name} cannot be read: {exc}"
+                                 ) from None
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
-                  chat_checkpoints=CHAT_CHECKPOINTS,
+                  chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template,
                   prefix_cache=prefix_cache(config, path, backend, name))
 
 
@@ -247,9 +272,10 @@ AGENT_CTX because no memory estimate backs it."""
 
 
 def model_config(config: Config, model: ResolvedModel) -> Config:
-    """The settings ``model`` loads with: the global ones with its ``[models."NAME"]`` table
-    over them (by its name with the quant, then without)."""
-    return config.for_model(model.name, model.installed.model if model.installed else None)
+    """The settings ``model`` loads with: the global ones with its own over them (its
+    ``[models."NAME"]`` table, a preset's parameters: ``selection.model_settings``)."""
+    own = model_settings(config, model)
+    return config if own is None else config.replace(ctx=own.ctx, kv_type=own.kv_type)
 
 
 def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None = 1,
@@ -332,7 +358,9 @@ def open_engine(
     options = options_for(header, config, n_slots=n_slots, name=model.name, path=model.path)
     options = on_workers(options, header, config, model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
-                       progress=on_load, header=header, config=config)
+                       progress=on_load, header=header, config=config,
+                       chat_template=model.preset.template if model.preset else None,
+                       lora=model.preset.adapters if model.preset else ())
 
 
 def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int = 64):
@@ -349,7 +377,9 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
         options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue, progress=progress,
-                           config=config)
+                           config=config,
+                           chat_template=model.preset.template if model.preset else None,
+                           lora=model.preset.adapters if model.preset else ())
 
     return load
 

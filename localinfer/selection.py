@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from . import gguf
 from .catalog import ModelSpec, Variant
-from .config import Config, load_config
+from .config import Config, ModelSettings, load_config
 from .errors import LocalInferError
 from .planner import Candidate, Evaluation, Plan, PlanPrefs, plan, smallest_file
 from .store import (
@@ -31,6 +31,7 @@ from .store import (
     ModelStore,
     PullTarget,
     RepoListing,
+    ResolvedModel,
     hub_header,
     hub_target,
     is_hub_name,
@@ -59,6 +60,20 @@ def plan_prefs(config: Config, calibration: Mapping[str, float] | None = None, *
 
 
 # --- candidates --------------------------------------------------------------------------------
+def model_settings(config: Config, model: ResolvedModel) -> ModelSettings | None:
+    """A model's own settings: a preset's ``[models."NAME"]`` table in config.toml, over the
+    preset's parameters, over the table of the model it is over (by its name with the quant,
+    then without); None when none sets anything."""
+    base = config.model_settings(model.installed.name if model.installed else model.name,
+                                 model.installed.model if model.installed else None)
+    preset = model.preset
+    if preset is None:
+        return base
+    own = ModelSettings.from_parameters(preset.parameters).over(base)
+    table = config.model_settings(preset.name)
+    return table.over(own) if table is not None else own
+
+
 def installed_candidate(model: InstalledModel) -> Candidate:
     """The planner's view of an installed model, exact from its header."""
     return Candidate.from_header(gguf.read_header(model.path), name=model.name,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import gguf
-from .config import Config
+from .config import Config, ModelSettings
 from .errors import DaemonError, LocalInferError, ModelLoadError, ModelNotFound, OfflineError
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
@@ -52,6 +52,7 @@ from .store import (
     looks_like_path,
     pull_model,
 )
+from .store.presets import Preset
 
 if TYPE_CHECKING:  # the client loads httpx, the engine jinja2, numpy and llama.cpp
     from .client import ClientGeneration, DaemonClient
@@ -199,6 +200,50 @@ class DaemonSession:
         self.client.close()
 
 
+class PresetSession:
+    """A session on a preset: its system prompt and seed turns go before every chat's
+    (``Preset.apply``), and its stop strings where a request gives none. Its default sampling
+    is the front end's to merge (``selection.model_settings``): a session cannot tell the
+    values a user chose from the defaults."""
+
+    def __init__(self, inner: Session, preset: Preset) -> None:
+        self.inner = inner
+        self.preset = preset
+        self.info = inner.info
+        self.in_process = inner.in_process
+        self.where = inner.where
+        self.model = preset.name
+
+    def _params(self, params: SamplingParams) -> SamplingParams:
+        if self.preset.stop and not params.stop:
+            return replace(params, stop=self.preset.stop)
+        return params
+
+    def with_defaults(self, params: SamplingParams, given: Iterable[str]) -> SamplingParams:
+        """``params`` with the preset's default sampling in the fields not in ``given`` (the
+        ones its front end set itself: the chat UI's temperature)."""
+        own = ModelSettings.from_parameters(self.preset.parameters).sampling()
+        chosen = set(given)
+        changes: dict[str, Any] = {k: v for k, v in own.items() if k not in chosen}
+        return replace(params, **changes)
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
+        return self.inner.chat(self.preset.apply(messages), self._params(params))
+
+    def complete(self, prompt: str, params: SamplingParams) -> Generation:
+        return self.inner.complete(prompt, self._params(params))
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return self.inner.count_tokens(self.preset.apply(messages))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _with_preset(session: Session, preset: Preset | None) -> Session:
+    return session if preset is None else PresetSession(session, preset)
+
+
 class _InfoTracking:
     """A daemon generation that updates the session's ModelInfo from its start event (the
     daemon may have reloaded the model with other settings since)."""
@@ -330,6 +375,11 @@ class Launcher:
 
     def _open_in_daemon(self, client: DaemonClient, model: str, progress: Progress
                         ) -> Session:
+        session = self._open_in_daemon_as_is(client, model, progress)
+        return _with_preset(session, self.store.presets.get(model))
+
+    def _open_in_daemon_as_is(self, client: DaemonClient, model: str, progress: Progress
+                              ) -> Session:
         # Resolve here, with progress: the starter is copied into the store on first use,
         # and an unknown name fails before the daemon is asked.
         resolved = self.store.resolve(model, progress=_copy_progress(progress))
@@ -357,7 +407,8 @@ class Launcher:
                         on_load=lambda f: progress(LoadStep(label, f, "load")))
         engine.wait_ready()
         progress(LoadStep(f"Loaded {engine.info.name}", 1.0, "loaded"))
-        return EngineSession(engine, priority=self.priority)
+        preset = None if looks_like_path(model) else self.store.presets.get(model)
+        return _with_preset(EngineSession(engine, priority=self.priority), preset)
 
     def client(self, progress: Progress | None = None) -> DaemonClient | None:
         """The daemon's client: the running daemon, or one started now (detached, with an

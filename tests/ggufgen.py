@@ -148,3 +148,104 @@ def _type_id(type_name: str) -> int:
     from localinfer.gguf import GGML_TYPES
 
     return next(i for i, (name, _, _) in GGML_TYPES.items() if name == type_name)
+RERANK_WORDS = ("the", "cat", "sat", "on", "mat", "dog", "ran", "in", "park", "a", "what",
+                "where", "is", "did", "sun", "hot", "cold", "paris", "france", "capital")
+"""The whole words of ``reranker_model``'s vocabulary (anything else reads as [UNK])."""
+
+
+def reranker_model(*, embd: int = 32, n_layers: int = 2, n_ctx: int = 128,
+                   seed: int = 0) -> bytes:
+    """A tiny BERT cross-encoder llama.cpp loads and runs: a WordPiece vocabulary, random F32
+    weights, a classification head with one output, and ``pooling_type`` rank (4), as
+    bge-reranker's GGUF has. Its scores mean nothing; they only differ from pair to pair."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokens = specials + ["\u2581" + w for w in RERANK_WORDS] + list("abcdefghijklmnopqrstuvwxyz?.,")
+    ffn = 2 * embd
+    kvs = [
+        kv("general.architecture", STRING, "bert"),
+        kv("general.name", STRING, "tiny-reranker"),
+        kv("general.file_type", U32, 0),
+        kv("bert.context_length", U32, n_ctx),
+        kv("bert.embedding_length", U32, embd),
+        kv("bert.feed_forward_length", U32, ffn),
+        kv("bert.block_count", U32, n_layers),
+        kv("bert.attention.head_count", U32, 4),
+        kv("bert.attention.layer_norm_epsilon", F32, 1e-12),
+        kv("bert.attention.causal", BOOL, False),
+        kv("bert.pooling_type", U32, 4),
+        kv("tokenizer.ggml.model", STRING, "bert"),
+        kv("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
+        kv("tokenizer.ggml.token_type", ARRAY, (I32, [3] * len(specials)
+                                                + [1] * (len(tokens) - len(specials)))),
+        kv("tokenizer.ggml.token_type_count", U32, 2),
+        kv("tokenizer.ggml.padding_token_id", U32, 0),
+        kv("tokenizer.ggml.unknown_token_id", U32, 1),
+        kv("tokenizer.ggml.bos_token_id", U32, 2),
+        kv("tokenizer.ggml.cls_token_id", U32, 2),
+        kv("tokenizer.ggml.seperator_token_id", U32, 3),
+        kv("tokenizer.ggml.eos_token_id", U32, 3),
+        kv("tokenizer.ggml.mask_token_id", U32, 4),
+        kv("tokenizer.ggml.add_bos_token", BOOL, True),
+        kv("tokenizer.ggml.add_eos_token", BOOL, True),
+    ]
+    shapes: list[tuple[str, tuple[int, ...]]] = [
+        ("token_embd.weight", (embd, len(tokens))),
+        ("token_types.weight", (embd, 2)),
+        ("position_embd.weight", (embd, n_ctx)),
+        ("token_embd_norm.weight", (embd,)), ("token_embd_norm.bias", (embd,)),
+    ]
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            shapes += [(b + part + ".weight", (embd, embd)), (b + part + ".bias", (embd,))]
+        shapes += [(b + "attn_output_norm.weight", (embd,)),
+                   (b + "attn_output_norm.bias", (embd,)),
+                   (b + "ffn_up.weight", (embd, ffn)), (b + "ffn_up.bias", (ffn,)),
+                   (b + "ffn_down.weight", (ffn, embd)), (b + "ffn_down.bias", (embd,)),
+                   (b + "layer_output_norm.weight", (embd,)),
+                   (b + "layer_output_norm.bias", (embd,))]
+    shapes += [("cls.weight", (embd, embd)), ("cls.bias", (embd,)),
+               ("cls.output.weight", (embd, 1)), ("cls.output.bias", (1,))]
+    tensors = []
+    data = bytearray()
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        if name.endswith("norm.weight"):
+            values = np.ones(n, dtype="<f4")
+        elif name.endswith("norm.bias"):
+            values = np.zeros(n, dtype="<f4")
+        else:
+            values = (rng.standard_normal(n) * 0.5).astype("<f4")
+        tensors.append((name, shape, 0, len(data)))
+        data += values.tobytes()
+        data += b"\0" * ((-len(data)) % 32)
+    return gguf(kvs, tensors, bytes(data))
+
+
+def lora_adapter(*, architecture: str = "bert", embd: int = 32, n_layers: int = 2,
+                 rank: int = 4, alpha: float = 8.0, seed: int = 1) -> bytes:
+    """A LoRA adapter GGUF for ``reranker_model``'s attention (``lora_a``/``lora_b`` of
+    each layer's attn_q and attn_v, random F32), as llama.cpp's convert_lora_to_gguf.py
+    writes one: ``general.type`` adapter, ``adapter.type`` lora, ``adapter.lora.alpha``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    kvs = [
+        kv("general.architecture", STRING, architecture),
+        kv("general.type", STRING, "adapter"),
+        kv("adapter.type", STRING, "lora"),
+        kv("adapter.lora.alpha", F32, alpha),
+    ]
+    tensors = []
+    data = bytearray()
+    for i in range(n_layers):
+        for part in ("attn_q", "attn_v"):
+            for suffix, shape in (("lora_a", (embd, rank)), ("lora_b", (rank, embd))):
+                values = (rng.standard_normal(embd * rank) * 0.5).astype("<f4")
+                tensors.append((f"blk.{i}.{part}.weight.{suffix}", shape, 0, len(data)))
+                data += values.tobytes()
+                data += b"\0" * ((-len(data)) % 32)
+    return gguf(kvs, tensors, bytes(data))

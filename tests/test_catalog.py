@@ -78,7 +78,8 @@ def test_catalog_covers_the_families_people_run_locally():
                  "mistral:7b", "mistral-nemo:12b", "gpt-oss:20b"):
         assert name in catalog.models, name
     for fam in catalog.families.values():
-        assert fam.chat_template in BUILTIN_TEMPLATES or fam.use == ("embedding",), fam.id
+        assert fam.chat_template in BUILTIN_TEMPLATES or fam.use in (("embedding",),
+                                                                     ("rerank",)), fam.id
     for spec in catalog.models.values():
         assert spec.kv_heads <= spec.heads and spec.context > 0 and spec.layers > 0
         quants = {v.quant for v in spec.variants}

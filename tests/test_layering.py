@@ -38,7 +38,8 @@ def test_only_runtime_imports_llama_cpp():
     offenders = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                        if "llama_cpp" in imported_modules(p))
     assert offenders == [f"runtime/llama/{name}.py" for name in (
-        "__init__", "decode", "ggml_devices", "model", "native", "sampling", "seq_state", "vocab")]
+        "__init__", "decode", "ggml_devices", "model", "native", "quantize", "sampling",
+        "seq_state", "vocab")]
 
 
 def test_core_source_imports_no_front_end_library():

@@ -33,6 +33,7 @@ CHECKED_REPOS = {
     "unsloth/Qwen3-0.6B-GGUF", "unsloth/Qwen3-4B-GGUF", "ggml-org/gpt-oss-20b-GGUF",
     "ggml-org/embeddinggemma-300M-GGUF", "nomic-ai/nomic-embed-text-v1.5-GGUF",
     "leliuga/all-MiniLM-L6-v2-GGUF", "Qwen/Qwen3-Embedding-0.6B-GGUF",
+    "gpustack/bge-reranker-v2-m3-GGUF", "ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF",
 }
 
 
@@ -46,6 +47,16 @@ def expected_file(repo: str, quant: str) -> str:
     if publisher == "bartowski":  # upper-case quants, lower-case full-precision types
         return f"{base}-{quant.lower() if quant in ('F16', 'BF16') else quant}.gguf"
     if publisher == "unsloth":
+        return f"{base}-{quant}.gguf"
+    if publisher == "ggml-org" and base.endswith(f"-{quant}"):
+        # A one-quant repo (gguf-my-repo's naming): its file is the repo's base in lower case,
+        # Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf, in the same qmd file
+        # as below (tobi/qmd src/llm.ts).
+        return f"{base.lower()}.gguf"
+    if publisher == "gpustack":  # upper-case quants after a dash
+        # bge-reranker-v2-m3-GGUF/bge-reranker-v2-m3-Q4_K_M.gguf:
+        # sinjab/ollama-reranker-test MODEL_SETUP.md; -Q8_0.gguf: a pinned download of
+        # .../bge-reranker-v2-m3-GGUF/resolve/3093af03b1a635e67b084b1d8c03c5f5e020fd05/
         return f"{base}-{quant}.gguf"
     if publisher == "ggml-org":  # upper-case quants (Q8_0), lower-case mxfp4
         # embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf and

@@ -8,6 +8,7 @@ Each area keeps its sub-commands in its own module with a ``register(subparsers)
     bench.py    bench                        measured speed against the limits
     chat.py     chat                         the terminal chat UI
     models.py   pull, list, show, rm, add    the model store
+    presets.py  create                       presets from Modelfiles, quantizing
     worker.py   worker                       lend this machine's devices over llama.cpp RPC
     cache.py    cache                        the prefix cache on disk: list, clear
     common.py   the flags and output helpers several areas share
@@ -30,11 +31,11 @@ from collections.abc import Sequence
 from .. import __version__, errors
 from ..config import load_config
 from ..errors import Cancelled, LocalInferError
-from . import bench, cache, chat, daemon, models, plan, run, worker
+from . import bench, cache, chat, daemon, models, plan, presets, run, worker
 
 INTERNAL_ERROR = 70
 
-AREAS = (run, daemon, plan, bench, chat, models, cache, worker)
+AREAS = (run, daemon, plan, bench, chat, models, presets, cache, worker)
 """In the order their commands are listed in ``--help``."""
 
 

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from ..config import Config
+from ..config import SAMPLING_SETTINGS, Config, ModelSettings
 from ..errors import ConfigError
 from ..hardware.probe import probe_build
-from ..runtime.types import KV_CACHE_TYPES, SamplingParams, kv_cache_types
+from ..runtime.types import DEFAULT_SAMPLING, KV_CACHE_TYPES, SamplingParams, kv_cache_types
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
@@ -91,28 +91,30 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("-n", "--max-tokens", type=int, default=256, metavar="N",
                    help="most tokens to generate (default 256)")
-    g.add_argument("-t", "--temperature", type=float, default=0.8, metavar="T",
-                   help="0 = greedy (default 0.8)")
-    g.add_argument("--top-p", type=float, default=0.95, metavar="P")
-    g.add_argument("--top-k", type=int, default=40, metavar="K")
-    g.add_argument("--min-p", type=float, default=0.05, metavar="P")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="X")
+    # Left out, each is the model's own default (a preset's, config.toml's), else llama.cpp's.
+    g.add_argument("-t", "--temperature", type=float, default=None, metavar="T",
+                   help="0 = greedy (default: the model's, else 0.8)")
+    g.add_argument("--top-p", type=float, default=None, metavar="P", help="(default 0.95)")
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="(default 40)")
+    g.add_argument("--min-p", type=float, default=None, metavar="P", help="(default 0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=None, metavar="X",
+                   help="(default 1.0)")
     g.add_argument("--seed", type=int, default=None, metavar="S")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop before this text (repeatable)")
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest)."""
+def sampling_params(args: argparse.Namespace, own: ModelSettings | None = None
+                    ) -> SamplingParams:
+    """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest);
+    a flag left out takes the model's own default (``own``: a preset's parameters, its
+    config.toml table), else llama.cpp's."""
+    defaults = own.sampling() if own is not None else {}
+    chosen = {name: getattr(args, name) if getattr(args, name) is not None
+              else defaults.get(name, getattr(DEFAULT_SAMPLING, name))
+              for name in SAMPLING_SETTINGS}
     return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop),
+        max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop), **chosen,
     ).validate()
 
 

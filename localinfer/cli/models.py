@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     " and the plan for this machine of an installed MODEL (or a .gguf PATH).")
     p.add_argument("model", metavar="MODEL|PATH")
     p.add_argument("--template", action="store_true", help="print the whole chat template")
+    p.add_argument("--modelfile", action="store_true",
+                   help="print a Modelfile that makes it (`localinfer create -f`)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_show)
 
@@ -173,7 +175,9 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print(json.dumps([{**asdict(m), "base_model": _is_base(store, m),
                            "file_missing": m in missing}
-                          for m in sorted(models + missing, key=lambda m: m.name)], indent=2))
+                          for m in sorted(models + missing, key=lambda m: m.name)]
+                         + [{**p.to_json(), "preset": True} for p in store.presets.all()],
+                         indent=2))
         return 0
     if not models and not missing:
         print("No models installed. `localinfer run gemma3:270m \"Hello\"` installs the starter"
@@ -189,6 +193,16 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
         print_table(rows)
         if any(_is_base(store, m) for m in models):
             print("A base model continues text; it does not follow instructions.")
+    presets = store.presets.all()
+    if presets:
+        print()
+        preset_rows: list[tuple[str, str, str]] = [("PRESET", "OVER", "SETS")]
+        for preset in presets:
+            sets = [k for k, v in (("system", preset.system), ("template", preset.template),
+                                   ("messages", preset.messages)) if v]
+            sets += [f"{k} {v}" for k, v in preset.parameters.items()]
+            preset_rows.append((preset.name, preset.model, ", ".join(sets) or "-"))
+        print_table(preset_rows)
     for m in missing:
         print(m.missing_file_error().message)
     for partial in store.partials():
@@ -208,11 +222,24 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     from ..planner import Candidate, plan
     from ..planner.calibration import load_ratios
     from ..runtime.chat_template import BUILTIN_TEMPLATES
-    from ..selection import plan_prefs
+    from ..selection import model_settings, plan_prefs
     from ..store import looks_like_path, validate_name
 
     store = _store(config)
     installed = None
+    preset = None if looks_like_path(args.model) else store.presets.get(args.model)
+    if preset is not None:  # the preset, then the model it is over
+        if args.json:
+            print(json.dumps({"preset": preset.to_json()}, indent=2))
+            return 0
+        if args.template and preset.template is not None:
+            print(preset.template)
+            return 0
+        if args.modelfile:
+            print(preset.modelfile(), end="")
+            return 0
+        _print_preset(preset, model_settings(config, store.resolve_preset(preset)))
+        args.model = preset.model
     if looks_like_path(args.model):
         resolved = store.resolve(args.model)
         path, name = resolved.path, resolved.name
@@ -229,6 +256,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         if installed.file_missing:
             raise installed.missing_file_error()
         path, name = installed.path, installed.name
+    if args.modelfile:
+        print(f"# Modelfile of {name}\nFROM {name if installed else path}")
+        return 0
     header = gguf.read_header(path)
     catalog = store.catalog
     family = catalog.family_for(installed.family if installed else header.architecture)
@@ -343,6 +373,23 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _print_preset(preset, own) -> None:
+    """A preset's own settings, as `show` prints them before its model's."""
+    print(f"{preset.name}: a preset over {preset.model}")
+    if preset.system is not None:
+        print(f"  {'system':<15} {preset.system!r}")
+    if own is not None and own.to_json():
+        print(f"  {'parameters':<15} " + ", ".join(f"{k} {v}" for k, v in
+                                                   own.to_json().items()))
+    if preset.stop:
+        print(f"  {'stop':<15} " + ", ".join(repr(s) for s in preset.stop))
+    for role, content in preset.messages:
+        print(f"  {'message':<15} {role}: {content!r}")
+    if preset.template is not None:
+        print(f"  {'template':<15} its own (`show {preset.name} --template` prints it)")
+    print()
+
+
 def _is_base(store: ModelStore, model: InstalledModel) -> bool:
     """Whether an installed model is a base model, as its catalog entry says."""
     spec = store.catalog.models.get(model.model)
@@ -372,7 +419,13 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
 
     store = _store(config)
     found = []
-    for ref in args.models:
+    for ref in list(args.models):
+        preset = store.presets.get(ref)
+        if preset is not None:  # a preset: its JSON only, never the file it is over
+            store.presets.remove(preset.name)
+            print(f"removed the preset {preset.name} ({preset.model} is kept)")
+            args.models.remove(ref)
+            continue
         try:
             found.append(store.find_installed(ref, file_missing_ok=True))
         except ModelNotFound:
@@ -381,6 +434,8 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
             if partial is None:
                 raise
             found.append(partial)
+    if not found:
+        return 0
     loaded = _loaded_in_daemon()
     for item in found:
         if isinstance(item, InstalledModel) and (item.name in loaded or item.path in loaded):

@@ -51,19 +51,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
     # The session (the store, the planner, the daemon's client): not for building the parser.
+    from ..selection import model_settings
     from ..session import Launcher
 
-    params = sampling_params(args)  # bad flags fail before a model is loaded
+    sampling_params(args)  # bad flags fail before a model is loaded
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     messages = None
-    if args.chat or args.system:
-        messages = ([Message("system", args.system)] if args.system else []) + [
-            Message("user", prompt)]
     # The daemon when one runs (one copy of the model for the whole machine), else this
     # process; loading flags need a load of their own, so they mean this process.
     launcher = Launcher(load_settings(config, args),
                         no_daemon=args.no_daemon or load_flags_given(args),
                         if_no_daemon="in_process", priority=Priority.NORMAL)
+    # A preset's defaults (or the model's config.toml table) under the flags given; a preset
+    # with a system prompt or seed turns is a chat (the session puts them first).
+    preset = launcher.store.presets.get(args.model)
+    own = (model_settings(config, launcher.store.resolve_preset(preset)) if preset
+           else config.model_settings(args.model))
+    params = sampling_params(args, own)
+    if preset is not None and (preset.system or preset.messages):
+        args.chat = True
+    if args.chat or args.system:
+        messages = ([Message("system", args.system)] if args.system else []) + [
+            Message("user", prompt)]
     display = _LoadDisplay(args.model, launcher, quiet=args.json)
     session = None
     try:

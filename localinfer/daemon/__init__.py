@@ -12,7 +12,8 @@ served over a Unix socket and loopback TCP in the OpenAI, Anthropic and Ollama w
     ollama_routes.py     /api/version, tags, ps, show, chat, generate, pull, delete
     native_routes.py     /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
     llama_routes.py      llama-server's /infill for editor autocomplete plugins
-    embedding_routes.py  /api/embed, /api/embeddings, /v1/embeddings
+    embedding_routes.py  /api/embed, /api/embeddings, /v1/embeddings; /v1/rerank, /rerank
+    preset_routes.py     /api/create (presets, quantizing), /api/copy; /api/push refused
     autocomplete.py      a FIM request's interactive priority; the next keystroke cancels it
     requests.py          reading request bodies: typed fields, errors naming the field
     fields.py            each route's honoured, ignored and refused fields (docs/api.md's table)

@@ -41,6 +41,9 @@ def routes(state: DaemonState) -> list[Route]:
         f = Fields(body)
         max_tokens = f.integer("max_tokens", low=1)
         prompt = _Prompt(body, max_tokens)
+        # A preset's system prompt and seed turns (the encoder reads the list when it runs).
+        prompt.messages[:] = await state.manager.with_preset(f.string("model"),
+                                                             prompt.messages)
         params = replace(sampling(f, max_tokens=max_tokens),
                          stop=f.stop("stop_sequences"), cache_prompt=asks_caching(body))
         entry, events, stack = await start_generation(

@@ -229,6 +229,13 @@ async def start_generation(
     queue, fails here, before any response is sent. Closing the returned stack gives the model
     back."""
     received_at = RECEIVED_AT.get()
+    # A preset's own settings (its parameters over the model's), and its context as a
+    # request's num_ctx when the request names none (as Ollama merges a model's options).
+    requested = await manager.resolve(name)
+    own = manager.settings_of(requested)
+    stop = requested.preset.stop if requested.preset is not None else ()
+    if num_ctx is None and requested.preset is not None:
+        num_ctx = requested.preset.parameters.get("num_ctx")
     stack = contextlib.AsyncExitStack()
     entry = await stack.enter_async_context(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
@@ -246,8 +253,8 @@ async def start_generation(
             tokens = await asyncio.to_thread(encode, engine)  # the encoder may hold engine state
         # A grammar can depend on the model (its tool-call format): then params is a function.
         chosen = params(engine) if callable(params) else params
-        # The model's default sampling from config.toml, where the request set none.
-        chosen = with_model_defaults(chosen, manager.settings_of(entry.model))
+        # The model's default sampling (config.toml, a preset), where the request set none.
+        chosen = with_model_defaults(chosen, own, stop=stop)
         events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
                                                         sink=sink, received_at=received_at))
     except BaseException:

@@ -1,6 +1,10 @@
-"""Embedding routes: Ollama's ``/api/embed`` (and its legacy ``/api/embeddings``) and OpenAI's
-``/v1/embeddings``. They only translate: the engine tokenizes, batches the inputs into shared
-decodes and pools (runtime/engine.py ``embed``).
+"""Embedding and reranking routes: Ollama's ``/api/embed`` (and its legacy
+``/api/embeddings``), OpenAI's ``/v1/embeddings``, and llama-server's ``/v1/rerank`` (also
+``/rerank``, ``/v1/reranking``) on a reranker: ``query`` and ``documents`` in, ``results``
+(``index``, ``relevance_score``: the model's raw score, higher is more relevant) out, sorted,
+cut to ``top_n``, each with its ``document`` text when ``return_documents`` is true. They
+only translate: the engine tokenizes, batches the inputs into shared decodes and pools
+(runtime/engine.py ``embed`` and ``rank``).
 
 ``/api/embed`` and ``/v1/embeddings`` return unit vectors (L2-normalised, as Ollama and
 llama-server do), cut first to ``dimensions`` when asked; the legacy ``/api/embeddings`` returns
@@ -31,6 +35,18 @@ MAX_INPUTS = 2048
 """The most inputs one request may embed (OpenAI's limit)."""
 
 EmbedInput = str | list[int]
+
+MAX_DOCUMENTS = 1000
+"""The most documents one rerank request may score (each is a whole pass of the reranker:
+a bounded request keeps the daemon answering others)."""
+
+
+def _only_reranker(state: DaemonState) -> str:
+    """The model a rerank request without ``model`` means: the one reranker loaded."""
+    rerankers = [e.name for e in state.manager.loaded.values() if e.engine.info.reranker]
+    if len(rerankers) != 1:
+        raise InvalidRequest("'model' is required: name the reranker (e.g. bge-reranker-v2-m3).")
+    return rerankers[0]
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -86,7 +102,41 @@ def routes(state: DaemonState) -> list[Route]:
                       "total_tokens": result.prompt_tokens},
         })
 
+    async def rerank(request: Request) -> Response:
+        body = await read_json(request)
+        audit("/v1/rerank and /rerank", body)
+        f = Fields(body)
+        name = f.string("model", None) or _only_reranker(state)
+        query = f.string("query")
+        documents = body.get("documents")
+        if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+            raise InvalidRequest("'documents' must be a list of strings.")
+        if len(documents) > MAX_DOCUMENTS:
+            raise InvalidRequest(f"at most {MAX_DOCUMENTS} documents per request, got"
+                                 f" {len(documents)}: rank them in several requests.")
+        top_n = f.integer("top_n", None, low=1)
+        with_text = f.boolean("return_documents", False)
+        async with state.manager.lease(name) as entry:
+            engine = entry.engine
+            ranking = await asyncio.to_thread(engine.rank, query, documents)
+        order = sorted(range(len(documents)), key=lambda i: -ranking.scores[i])
+        results = []
+        for i in order[:top_n]:
+            item: dict[str, Any] = {"index": i, "relevance_score": ranking.scores[i]}
+            if with_text:
+                item["document"] = documents[i]  # llama-server's shape: the text itself
+            results.append(item)
+        return JSONResponse({
+            "model": entry.name, "object": "list",
+            "usage": {"prompt_tokens": ranking.prompt_tokens,
+                      "total_tokens": ranking.prompt_tokens},
+            "results": results,
+        })
+
     return [
+        Route("/v1/rerank", guarded(state, "v1/rerank", rerank), methods=["POST"]),
+        Route("/rerank", guarded(state, "rerank", rerank), methods=["POST"]),
+        Route("/v1/reranking", guarded(state, "v1/rerank", rerank), methods=["POST"]),
         Route("/api/embed", guarded(state, "api/embed", api_embed), methods=["POST"]),
         Route("/api/embeddings", guarded(state, "api/embeddings", api_embeddings),
               methods=["POST"]),
@@ -108,6 +158,9 @@ async def _embed(state: DaemonState, name: str, inputs: list[EmbedInput], f: Fie
     was_loaded = (await manager.resolve(name)).name in manager.loaded
     async with manager.lease(name, keep_alive_s=keep_alive, num_ctx=num_ctx) as entry:
         engine = entry.engine
+        if engine.info.reranker:
+            raise InvalidRequest(f"{entry.name} is a reranker: it scores (query, document)"
+                                 " pairs and makes no embeddings. Use /v1/rerank.")
 
         def run() -> Embeddings:
             tokens = [engine.embedding_tokens(item, truncate=truncate) if isinstance(item, str)

@@ -304,6 +304,33 @@ V1_COUNT_TOKENS = RouteFields(
              if name in ("mcp_servers", "context_management")},
 )
 
+API_CREATE = RouteFields(
+    honoured=("model", "name", "from", "files", "system", "template", "parameters", "messages",
+              "license", "quantize", "stream", "modelfile"),
+    refused={
+        "adapters": Refused("adapters over the API are blobs pushed to /api/blobs, which"
+                            " localinfer does not take; name the adapter's file in a"
+                            " Modelfile's ADAPTER line and run `localinfer create`.", _empty,
+                            "empty"),
+        "renderer": Refused("localinfer renders chats with the model's Jinja chat template;"
+                            " give 'template' instead.", _empty, "empty"),
+        "parser": Refused("localinfer reads tool calls and thinking with the model's own"
+                          " format; there is no parser to choose.", _empty, "empty"),
+        "requires": Refused("localinfer checks no Ollama version.", _empty, "empty"),
+        "path": Refused("paths are not accepted over the API; use `localinfer create -f"
+                        " Modelfile` on this machine."),
+    },
+)
+
+RERANK = RouteFields(
+    honoured=("model", "query", "documents", "top_n", "return_documents"),
+    ignored={"user": "an end user's id for abuse monitoring; nothing is monitored locally"},
+    refused={"rank_fields": Refused("documents must be strings."),
+             "texts": Refused("TEI's rerank format is not served; send 'documents'."),
+             "return_text": Refused("TEI's rerank format is not served; use"
+                                    " 'return_documents'.")},
+)
+
 ROUTES: dict[str, RouteFields] = {
     "/v1/chat/completions": V1_CHAT,
     "/v1/completions": V1_COMPLETIONS,
@@ -318,6 +345,8 @@ ROUTES: dict[str, RouteFields] = {
     "/api/embed": API_EMBED,
     "/api/embeddings": API_EMBEDDINGS,
     "/api/embed and /api/embeddings: options": EMBED_OPTIONS,
+    "/api/create": API_CREATE,
+    "/v1/rerank and /rerank": RERANK,
 }
 
 _OPTIONS = {"/api/chat": API_OPTIONS, "/api/generate": API_OPTIONS,

@@ -19,6 +19,7 @@ from . import (
     native_routes,
     ollama_routes,
     openai_routes,
+    preset_routes,
     responses_routes,
 )
 from .error_replies import handle_error
@@ -30,7 +31,7 @@ def create_app(state: DaemonState) -> Starlette:
     routes = [*native_routes.routes(state), *openai_routes.routes(state),
               *anthropic_routes.routes(state), *responses_routes.routes(state),
               *ollama_routes.routes(state), *embedding_routes.routes(state),
-              *llama_routes.routes(state)]
+              *llama_routes.routes(state), *preset_routes.routes(state)]
     middleware = [Middleware(Guard, settings=state.settings)]
     if state.settings.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,7 +36,8 @@ import anyio
 from ..config import Config, ModelSettings, load_config
 from ..errors import ContextOverflow, InvalidRequest
 from ..runtime.engine import Engine
-from ..selection import pull_target
+from ..runtime.types import Message
+from ..selection import model_settings, pull_target
 from ..store import HubTarget, ModelStore, PullTarget, ResolvedModel, looks_like_path
 from .residency import Footprint, MemoryPlan
 
@@ -115,9 +117,16 @@ class ModelManager:
             )
         for loaded in self.loaded.values():  # fast path: no disk access for a loaded model
             if name.lower() in (loaded.name, loaded.model.installed and
-                                loaded.model.installed.model):
+                                loaded.model.installed.model) and (
+                    loaded.model.preset is None or loaded.model.preset.name == name.lower()):
                 return loaded.model
         return await asyncio.to_thread(self.store.resolve, name)
+
+    async def with_preset(self, name: str, messages: list[Message]) -> list[Message]:
+        """A chat's ``messages`` with the system prompt and seed turns of the preset ``name``
+        names (unchanged for a model that is no preset)."""
+        model = await self.resolve(name)
+        return model.preset.apply(messages) if model.preset is not None else messages
 
     def pull_target(self, ref: str) -> PullTarget | HubTarget:
         """What /api/pull downloads for ``ref`` (blocking: it may probe this machine)."""
@@ -137,6 +146,8 @@ class ModelManager:
                 await self._release(entry, keep_alive_s)
 
     async def _acquire(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
+        if model.preset is not None and not model.preset.own_engine:
+            model = dataclasses.replace(model, preset=None)  # it shares its model's engine
         entry = self.loaded.get(model.name)
         if entry is not None and model.name not in self._evicting and self._serves(
                 entry, num_ctx):
@@ -165,10 +176,9 @@ class ModelManager:
             return self._take(entry)
 
     def settings_of(self, model: ResolvedModel) -> ModelSettings | None:
-        """``model``'s own settings (``[models."NAME"]`` in config.toml, by its name with the
-        quant, then without), or None."""
-        return self.config.model_settings(
-            model.name, model.installed.model if model.installed else None)
+        """``model``'s own settings (``[models."NAME"]`` in config.toml, a preset's parameters:
+        ``selection.model_settings``), or None."""
+        return model_settings(self.config, model)
 
     async def context_for(self, entry: LoadedModel, n_prompt: int) -> int:
         """The context to reload ``entry``'s model with for a prompt of ``n_prompt`` tokens

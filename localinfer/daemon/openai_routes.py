@@ -24,7 +24,7 @@ from ..errors import InvalidRequest, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, Priority, SamplingParams, TokenLogprob
-from ..store import InstalledModel
+from ..store import InstalledModel, ModelStore
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
@@ -61,13 +61,22 @@ def model_json(m: InstalledModel, request: Request) -> dict[str, Any]:
     return {"id": m.name, "object": "model", "created": int(m.added), "owned_by": "localinfer"}
 
 
+def listed_models(store: ModelStore) -> list[InstalledModel]:
+    """What /v1/models lists: the available models, then each preset under its own name
+    (described as the model it is over)."""
+    installed = available_models(store)
+    by_name = {m.name: m for m in installed}
+    return installed + [replace(by_name[p.model], name=p.name, model=p.name, added=p.created)
+                        for p in store.presets.all() if p.model in by_name]
+
+
 def finish_reason(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
 
 def routes(state: DaemonState) -> list[Route]:
     async def list_models(request: Request) -> Response:
-        installed = await asyncio.to_thread(available_models, state.manager.store)
+        installed = await asyncio.to_thread(listed_models, state.manager.store)
         data = [model_json(m, request) for m in installed]
         if "anthropic-version" in request.headers:  # Anthropic's page of models: all of them
             return JSONResponse({"data": data, "has_more": False,
@@ -79,7 +88,7 @@ def routes(state: DaemonState) -> list[Route]:
         """OpenAI's model object for an installed model: by its full name, or by the name
         without the quant (``gemma3:270m``) as requests may give it."""
         model_id = request.path_params["model_id"]
-        installed = await asyncio.to_thread(available_models, state.manager.store)
+        installed = await asyncio.to_thread(listed_models, state.manager.store)
         wanted = model_id.strip().lower()
         found = next((m for m in installed if m.name == wanted), None) or next(
             (m for m in installed if m.model == wanted), None)
@@ -93,7 +102,8 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/v1/chat/completions", body)
         f = Fields(body)
-        messages = parse_messages(body.get("messages"))
+        messages = await state.manager.with_preset(f.string("model"),
+                                                   parse_messages(body.get("messages")))
         thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
         constraints = openai_constraints(body)
         params = replace(_params(f), logprobs=top_logprobs(f, asked=f.boolean("logprobs",

@@ -261,14 +261,19 @@ def sampling(f: Fields, *, max_tokens: Any, defaults: SamplingParams = DEFAULT_S
     ).validate()
 
 
-def with_model_defaults(params: SamplingParams, own: ModelSettings | None) -> SamplingParams:
-    """``params`` with a model's default sampling (its ``[models."NAME"]`` settings) in the
-    fields the request did not set itself (``RequestSampling.given``)."""
-    if own is None:
+def with_model_defaults(params: SamplingParams, own: ModelSettings | None,
+                        stop: tuple[str, ...] = ()) -> SamplingParams:
+    """``params`` with a model's default sampling (its ``[models."NAME"]`` settings, a
+    preset's parameters) in the fields the request did not set itself
+    (``RequestSampling.given``), and a preset's ``stop`` strings when it gave none."""
+    if own is None and not stop:
         return params
     given = params.given if isinstance(params, RequestSampling) else frozenset()
-    changes: dict[str, Any] = {name: value for name, value in own.sampling().items()
+    changes: dict[str, Any] = {name: value for name, value in
+                               (own.sampling() if own is not None else {}).items()
                                if name not in given}
+    if stop and not params.stop:
+        changes["stop"] = stop
     return dataclasses.replace(params, **changes).validate() if changes else params
 
 

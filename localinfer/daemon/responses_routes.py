@@ -80,6 +80,8 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
         if previous is not None:
             history = (await asyncio.to_thread(responses.get, previous))["conversation"]
         ask = read_request(body, history)
+        ask.messages = await state.manager.with_preset(Fields(body).string("model"),
+                                                       ask.messages)
         entry, events, stack = await start_generation(
             state.manager, Fields(body).string("model"),
             ask.constraints.encoder(ask.messages, ask.thinking),

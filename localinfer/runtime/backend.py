@@ -67,6 +67,8 @@ class LoadOptions:
     """The catalog lists the model as an embedding model (the GGUF header may say so too)."""
     fim_spm: bool = False
     """The family was trained with fill-in-the-middle prompts in suffix-prefix-middle order."""
+    lora_adapters: tuple[str, ...] = ()
+    """LoRA adapter GGUFs (a preset's ADAPTER lines) applied at scale 1 to every context."""
     rpc_servers: tuple[str, ...] = ()
     """RPC workers ("HOST:PORT", each probed by hardware.rpc first) whose devices take the
     ``n_gpu_layers`` offloaded layers; the local CPU keeps the rest."""
@@ -224,7 +226,12 @@ class Backend(Protocol):
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """The pooled, unnormalised vector of each input (at most ``n_ctx_embed`` tokens
-        each), several inputs per decode."""
+        each), several inputs per decode; a reranker's is its score (one number)."""
+        ...
+
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        """A (query, document) pair as a reranker reads it (llama-server's layout: BOS,
+        query, EOS, SEP, document, EOS, as the vocabulary asks for each)."""
         ...
 
     def warm_up(self) -> None:

@@ -61,6 +61,7 @@ from .types import (
     Message,
     ModelInfo,
     Priority,
+    Ranking,
     SamplingParams,
     Token,
 )
@@ -244,6 +245,15 @@ class Engine:
         vectors = self._between_steps(lambda: self.backend.embed(inputs))
         return Embeddings(vectors=vectors, prompt_tokens=sum(len(t) for t in inputs),
                           total_ms=(time.perf_counter() - started) * 1000.0)
+
+    def rank(self, query: str, documents: Sequence[str]) -> Ranking:
+        """A reranker's score of each document for ``query`` (higher: more relevant), read
+        as (query, document) pairs several to a decode, between two generation steps."""
+        inputs = self.prompt_builder.rank_inputs(query, documents)
+        started = time.perf_counter()
+        scores = self._between_steps(lambda: [v[0] for v in self.backend.embed(inputs)])
+        return Ranking(scores=scores, prompt_tokens=sum(len(t) for t in inputs),
+                       total_ms=(time.perf_counter() - started) * 1000.0)
 
     def _between_steps(self, fn: Callable[[], T]) -> T:
         future: Future[T] = Future()

@@ -358,6 +358,9 @@ class FakeBackend:
         self._seqs[seq_id] = [self._id(p) for p in pieces]
         self.loaded.append(n_tokens)
         return True
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        return [*self.tokenize(query, add_special=True), self._id("<sep>"),
+                *self.tokenize(document, add_special=False)]
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """A bag-of-pieces vector: the mean of one fixed pseudo-random vector per token, so

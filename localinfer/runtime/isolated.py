@@ -168,6 +168,10 @@ class IsolatedBackend:
         result: list[int] = self._call("tokenize", text, add_special)
         return result
 
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        result: list[int] = self._call("rank_tokens", query, document)
+        return result
+
     def token_bytes(self, token: int) -> bytes:
         piece = self._token_bytes.get(token)
         if piece is None:

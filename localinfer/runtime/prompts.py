@@ -114,6 +114,25 @@ class PromptBuilder:
                 n_prompt=len(tokens), n_ctx=n_max)
         return tokens[:n_max]
 
+    def rank_inputs(self, query: str, documents: Sequence[str]) -> list[list[int]]:
+        """Each (query, document) pair as a reranker reads it; a refusal for a model that is
+        no reranker, no documents, or a pair longer than it reads at once."""
+        if not self.info.reranker:
+            raise InvalidRequest(
+                f"{self.info.name} is not a reranker: its GGUF declares no rank pooling. Use a"
+                " reranker model (e.g. bge-reranker-v2-m3 or qwen3-reranker).")
+        if not documents:
+            raise InvalidRequest("there is nothing to rank: send at least one document.")
+        inputs = [self.backend.rank_tokens(query, doc) for doc in documents]
+        limit = self.backend.n_ctx_embed
+        for i, tokens in enumerate(inputs):
+            if len(tokens) > limit:
+                raise InvalidRequest(
+                    f"the query and documents[{i}] are {len(tokens)} tokens together; this"
+                    f" reranker reads at most {limit} at once: shorten the document (or the"
+                    " query).")
+        return inputs
+
     def tool_format(self) -> ToolFormat:
         """How this model writes a tool call; InvalidRequest (a clear 400) for a model whose
         template has no tools, or writes them in a format localinfer does not parse."""

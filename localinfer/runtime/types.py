@@ -86,6 +86,9 @@ class ModelInfo:
     """Fill-in-the-middle token texts (prefix, suffix, middle) for code models that have them."""
     embedding_only: bool = False
     """An embedding model: it returns vectors and generates no text."""
+    reranker: bool = False
+    """A reranker (its GGUF's pooling is rank): it scores (query, document) pairs, one number
+    each, and generates no text (``embedding_only`` too)."""
     split: tuple[tuple[str, int], ...] = ()
     """Where the layers are when RPC workers hold some: (device, layers) for the local CPU,
     then each worker's device ("HOST:PORT #0"); the output layer counts as one. Empty on one
@@ -359,6 +362,16 @@ class Done:
 
 
 Event = Token | Done
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A reranker's score of each document for one query, in the documents' order."""
+
+    scores: list[float]
+    prompt_tokens: int
+    """Tokens read, all pairs together."""
+    total_ms: float
 
 
 @dataclass(frozen=True)

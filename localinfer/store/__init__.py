@@ -9,6 +9,8 @@ plans: which model or variant to choose is ``selection.py``'s question.
     hub.py       the Hugging Face Hub over HTTP: metadata, resumable download, Range reads
     hub_names.py Hub names (hf.co/user/repo[:quant]): parsing, canonical form, what file names say
     hub_repo.py  a Hub repo's GGUF files by quant (one listing request), and the quant a name asks
+    presets.py   presets over installed models (system, template, parameters), the Modelfile
+    create.py    create_preset: a preset from a Modelfile or /api/create; quantize_model
 """
 
 from .headers import HeaderFetch, hub_header, remote_header

@@ -34,6 +34,7 @@ from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
 from ..errors import InvalidModelFile, InvalidRequest, ModelNotFound, StoreError
 from ..paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
 from . import hub, hub_names
+from .presets import Preset, PresetStore
 from .starter import (
     STARTER_NAME,
     STARTER_PACKAGE,
@@ -127,12 +128,20 @@ class ResolvedModel:
     """What a model reference points at: a name to show and a file to load."""
 
     name: str
+    """What loads: the installed model's name, or a preset's own when it loads apart."""
     path: Path
     installed: InstalledModel | None = None
+    preset: Preset | None = None
+    """The preset the reference named, over ``installed``."""
 
     @property
     def family(self) -> str | None:
         return self.installed.family if self.installed else None
+
+    @property
+    def ref(self) -> str:
+        """The name to ask for it by: the preset's, else the model's."""
+        return self.preset.name if self.preset is not None else self.name
 
 
 def validate_name(name: str) -> str:
@@ -174,6 +183,8 @@ class ModelStore:
         self._offline = offline
         self.disk_free = disk_free
         """Free bytes on the filesystem of a path (replaceable, to test a full disk)."""
+        self.presets = PresetStore(self.paths.data_dir / "presets")
+        """The presets over the installed models (presets.py)."""
 
     @property
     def offline(self) -> bool:
@@ -268,6 +279,9 @@ class ModelStore:
                 raise InvalidModelFile(f"{ref} is a file but not a GGUF model file (.gguf).")
             return ResolvedModel(name=path.name, path=path.resolve())
         name = validate_name(ref)
+        preset = self.presets.get(name)
+        if preset is not None:
+            return self.resolve_preset(preset, progress=progress)
         installed = self.installed()
         exact = [m for m in installed if m.name == name]
         if exact:
@@ -281,6 +295,20 @@ class ModelStore:
             return self._resolved(install_starter(self, progress))
         self._raise_if_missing(name)
         raise self._not_found(ref, name, installed)
+
+    def resolve_preset(self, preset: Preset, *, progress: CopyProgress | None = None
+                       ) -> ResolvedModel:
+        """The model ``preset`` is over, with the preset: it loads as that model (shared with
+        it) unless it has a template of its own."""
+        try:
+            base = self.resolve(preset.model, progress=progress)
+        except ModelNotFound as exc:
+            raise ModelNotFound(f"the preset {preset.name} is over {preset.model}, which is"
+                                f" not installed any more ({exc.message}) Pull or add it"
+                                f" again, or `localinfer rm {preset.name}`.") from None
+        name = preset.name if preset.own_engine else base.name
+        return ResolvedModel(name=name, path=base.path, installed=base.installed,
+                             preset=preset)
 
     def _resolved(self, model: InstalledModel) -> ResolvedModel:
         return ResolvedModel(name=model.name, path=Path(model.path), installed=model)
@@ -356,6 +384,11 @@ class ModelStore:
                 raise
             self._remove_partial(partial.name)
             return partial
+        using = self.presets.using(model.name)
+        if using:
+            names = ", ".join(p.name for p in using)
+            raise InvalidRequest(f"{model.name} is what the presets {names} are over; remove"
+                                 " them first (`localinfer rm NAME`).")
         manifest = self._manifest_path(model.name)
         manifest.unlink(missing_ok=True)
         if not model.linked:

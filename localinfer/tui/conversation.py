@@ -26,7 +26,7 @@ from ..chats import Chat, ChatMessage, ChatStore, ReplyStats
 from ..errors import ContextOverflow, DaemonError, LocalInferError
 from ..runtime.types import Done, SamplingParams
 from ..runtime.types import Message as ChatTurn
-from ..session import Session
+from ..session import PresetSession, Session
 from .reply import Reply, ReplyDone, ReplyFailed, ReplyStarted, ReplyToken, reply_stats
 from .screens import ChatChoice, ContextFullScreen, ErrorScreen
 from .status import ChatFigures, StatusBar
@@ -108,6 +108,12 @@ class ChatScreen(Screen[None]):
         welcome names the model."""
         if self.context_tokens is None and self.last_stats is not None:
             self.context_tokens = self.last_stats.context_tokens
+        session = self.host.session
+        if isinstance(session, PresetSession) and not self.chat.messages:
+            # A new chat on a preset starts at its temperature (Ctrl+S changes it).
+            temperature = session.preset.parameters.get("temperature")
+            if temperature is not None:
+                self.chat.temperature = temperature
         welcome = self.query("#welcome")
         if welcome:
             welcome.first(Static).update(self._welcome_text())
@@ -268,7 +274,10 @@ class ChatScreen(Screen[None]):
         self.chat.model = session.model
         self.host.show_status()
         self.app.refresh_bindings()
-        self._stream(reply, session, self.chat.prompt_messages(), self.chat.params())
+        params = self.chat.params()
+        if isinstance(session, PresetSession):  # the preset's sampling, but the chat's own
+            params = session.with_defaults(params, ("temperature", "max_tokens"))
+        self._stream(reply, session, self.chat.prompt_messages(), params)
 
     @work(thread=True, exit_on_error=False, group="reply")
     def _stream(self, reply: Reply, session: Session, messages: Sequence[ChatTurn],

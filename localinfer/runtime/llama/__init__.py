@@ -13,6 +13,7 @@ batch. ``LlamaBackend`` is the engine's adapter; each of its concerns is a modul
     vocab.py         tokenizing and spelling tokens; the scan for never-sampled tokens
     ggml_devices.py  the build's devices (local, and RPC workers'); the RPC server
     native.py        process-wide set-up: backend init, llama.cpp's log, the params setter
+    quantize.py      llama.cpp's quantizer (llama_model_quantize), for `create --quantize`
 
 The names outside code uses are re-exported here, loaded on first use (PEP 562): the
 hardware probe imports ``ggml_devices`` alone, without the engine's adapter (``model.py``).

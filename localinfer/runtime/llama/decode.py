@@ -55,6 +55,7 @@ class Decoding(LlamaHandles):
     _batch: Any
     _embed_ctx: Any
     _embed_batch: Any
+    _lora: Any
     _threads: tuple[int, int]
     _interrupt_flag: Any
     _abort_callback: Any
@@ -141,6 +142,8 @@ class Decoding(LlamaHandles):
             if not ctx:
                 raise LocalInferError(f"llama.cpp could not create a context for embeddings"
                                       f"{_llama_said()}")
+            if self._lora is not None:  # the same weights as the generation's context
+                L.llama_set_adapters_lora(ctx, *self._lora)
             self._embed_ctx = ctx
         if self._embed_batch is None:
             self._embed_batch = L.llama_batch_init(self.n_ctx_embed, 0, 1)
@@ -151,7 +154,10 @@ class Decoding(LlamaHandles):
         batch = self._embed_batch
         assert batch is not None  # made with the context
         mem = L.llama_get_memory(ctx)
-        n_embd = L.llama_model_n_embd(self._model)
+        # A reranker's pooled output is its classifier's scores, not a hidden state.
+        n_embd = (L.llama_model_n_cls_out(self._model)
+                  if L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_RANK
+                  else L.llama_model_n_embd(self._model))
         vectors: list[list[float]] = []
         i = 0
         while i < len(inputs):

@@ -9,11 +9,12 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
 
-from ...catalog import is_embedding_header
+from ...catalog import is_embedding_header, is_reranker_header
 from ...errors import InvalidRequest, ModelLoadError
 from ...gguf import GGUFHeader
 from ..backend import LoadOptions, ProgressCallback
@@ -79,6 +80,15 @@ def _use_extra_buffer_types() -> bool:
     return "AMX_INT8 = 1" not in system_info()
 
 
+def _file_stamp(path: str) -> str:
+    """A file as a saved state's validity knows it: its path, size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
 class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
     """A model loaded with llama.cpp, driven by the engine's worker thread: the ``Backend``
     contract, its parts in this package's modules."""
@@ -91,6 +101,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._batch = None
         self._embed_ctx = None
         self._embed_batch = None
+        self._lora: tuple[Any, int, Any] | None = None
         gpu = ([d for d in devices() if d.kind in ("gpu", "igpu")]
                if L.llama_supports_gpu_offload() else [])
         # Checked before the weights load: a bad combination fails at once.
@@ -174,6 +185,15 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
                 f"llama.cpp could not create a context of {options.n_ctx} tokens x {n_slots}"
                 f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
             )
+        try:
+            self._lora = _lora_adapters(self._model, options.lora_adapters)
+        except ModelLoadError:
+            self.close()
+            raise
+        if self._lora is not None and L.llama_set_adapters_lora(self._ctx, *self._lora) != 0:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not apply the LoRA adapters"
+                                 f" {', '.join(options.lora_adapters)}{_llama_said()}")
         self._mem = L.llama_get_memory(self._ctx)
         self.enable_interrupt()
         self.n_batch = options.n_batch
@@ -210,7 +230,9 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self.state_format = "" if self.embedding_only else (
             f"{build_id()} {system_info()} slots={n_slots} kv={options.kv_type}"
             f" flash_attn={flash_attn} ubatch={n_ubatch} offloaded={offloaded}"
-            f" rpc={','.join(options.rpc_servers)}")
+            f" rpc={','.join(options.rpc_servers)}"
+            # A LoRA adapter changes every layer's keys and values: its file is part of it.
+            f" lora={','.join(_file_stamp(p) for p in options.lora_adapters)}")
         repo, sep = L.llama_vocab_fim_rep(self._vocab), L.llama_vocab_fim_sep(self._vocab)
         self.fim_repo = ((self._special_text(repo), self._special_text(sep))
                          if repo >= 0 and sep >= 0 else None)
@@ -257,6 +279,8 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
             add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
             fim=self._fim_texts(),
             embedding_only=self.embedding_only,
+            reranker=self.embedding_only and is_reranker_header(
+                header.arch_value("pooling_type")),
             split=self._split,
         )
 
@@ -276,6 +300,24 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
+
+
+def _lora_adapters(model, paths: tuple[str, ...]) -> tuple[Any, int, Any] | None:
+    """The adapters at ``paths`` loaded for ``model``, as llama_set_adapters_lora takes them
+    (array, count, scales); kept by the backend: llama.cpp reads them. None without any.
+    The model frees them when it is freed."""
+    if not paths:
+        return None
+    adapters = []
+    for path in paths:
+        adapter = L.llama_adapter_lora_init(model, os.fsencode(path))
+        if not adapter:
+            raise ModelLoadError(f"llama.cpp could not load the LoRA adapter {path}"
+                                 f"{_llama_said()}")
+        adapters.append(adapter)
+    array = (L.llama_adapter_lora_p_ctypes * len(adapters))(*adapters)
+    scales = (ctypes.c_float * len(adapters))(*[1.0] * len(adapters))
+    return array, len(adapters), scales
 
 
 def measure_raw_llama(path: str, *, prompt: str, max_tokens: int, n_ctx: int, n_threads: int,

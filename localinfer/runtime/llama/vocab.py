@@ -153,6 +153,22 @@ class VocabScan(LlamaHandles):
             raise LocalInferError(f"tokenization failed ({n})")
         return list(buf[:n])
 
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        vocab = self._vocab
+        eos = L.llama_vocab_eos(vocab)
+        if eos < 0:
+            eos = L.llama_vocab_sep(vocab)
+        tokens = [L.llama_vocab_bos(vocab)] if L.llama_vocab_get_add_bos(vocab) else []
+        tokens += self.tokenize(query, add_special=False)
+        if L.llama_vocab_get_add_eos(vocab):
+            tokens.append(eos)
+        if L.llama_vocab_get_add_sep(vocab):
+            tokens.append(L.llama_vocab_sep(vocab))
+        tokens += self.tokenize(document, add_special=False)
+        if L.llama_vocab_get_add_eos(vocab):
+            tokens.append(eos)
+        return tokens
+
     def token_bytes(self, token: int) -> bytes:
         """The token's text; a control token's is empty, but for the harmony markers of a
         harmony vocabulary (gpt-oss's replies are parsed by them)."""
