@@ -6,4 +6,6 @@ engine (or starts servers), so nothing in the core imports it.
                          speculation and structured output through the engine; calibration
     editor_workload.py   ``bench --editor``: a chat, FIM keystrokes and embeddings at once
                          over HTTP, and the servers and workers it starts and stops
+    rpc_link.py          one RPC worker over shaped links (network namespaces, tc) against
+                         the planner's network cost (bench/rpc_link.py, tests/test_rpc_link.py)
 """

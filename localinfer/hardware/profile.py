@@ -166,6 +166,10 @@ class WorkerProfile:
     """The RPC protocol version the worker speaks, "major.minor.patch"."""
     name: str = ""
     """A label: the worker's host name, when it says."""
+    same_machine: bool = False
+    """The worker says this machine's host name although reached at another address (a
+    container, a network namespace, this machine's LAN address): its CPU and RAM are this
+    machine's, as a loopback worker's are."""
 
     @property
     def host(self) -> str:

@@ -367,7 +367,9 @@ def probe_worker(endpoint: str, *, measure_link: bool = True,
         version = conn.version
     return WorkerProfile(endpoint=endpoint, devices=tuple(devices), rtt_ms=round(rtt_ms, 3),
                          link_gbps=round(link_gbps, 3), protocol=version_text(version),
-                         name=str(described.get("host", "")))
+                         name=str(described.get("host", "")),
+                         same_machine=bool(described.get("host"))
+                         and described.get("host") == socket.gethostname())
 
 
 def probe_workers(endpoints: tuple[str, ...], *, measure_link: bool = True,

@@ -58,6 +58,12 @@ the upper end, so that an unmeasured link is never counted faster than it may be
 LAN_LINK_GBPS = 0.117
 """A link's throughput when its profile gives none: gigabit Ethernet's payload (~117 MB/s),
 the slowest wired link."""
+RPC_HOP_MS = 2.0
+"""Per worker device per decoded token, besides the round trip and the bytes: the client
+serialises and sends the graph_compute command, the worker process wakes, runs the graph on its
+threads and wakes the client again. Fitted to a loopback worker (bench/rpc_split.py: ~2.5 ms a
+token against 0.4-0.5 ms of round trip and bytes); on a machine whose cores are busy each wake
+waits for a time slice and the hop costs several times more (bench/rpc_link.py)."""
 UNKNOWN_REMOTE_GPU_GBPS = 100.0
 """A worker's GPU of unknown bandwidth (a stock ``rpc-server`` does not say): an entry-level
 GPU or an iGPU's LPDDR5, below nearly every discrete GPU."""
@@ -312,7 +318,7 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             budget = max(0, int(dev.memory_free_gib * GIB) - max(minimum, int(fraction * total)))
             note = ""
             if dev.kind == "cpu":
-                if worker.is_loopback:
+                if worker.is_loopback or worker.same_machine:
                     # The same cores and RAM as this process: the same rates, one memory.
                     devices.append(_Device(worker.endpoint, dev.name, "cpu", "CPU",
                                            min(budget, m.ram_budget), "local/ram", cpu_read,
@@ -518,7 +524,9 @@ def _network(c: Candidate, hw: HardwareProfile, devices: Sequence[_Device],
     next device when that is on the same server): one round trip, the activations in
     (n_embd x 4 bytes, unless they come from a device of the same server) with the masks, and
     out the activations for the next machine or, from the last device, the logits
-    (n_vocab x 4 bytes)."""
+    (n_vocab x 4 bytes); and RPC_HOP_MS of serialising and waking. No graph bytes: the veth
+    counters of bench/rpc_link.py show a token moves what is counted here (within a few
+    percent), the graph being cached on the worker."""
     active = [i for i, k in enumerate(counts) if k or i == holder]
     ms, total, trips = 0.0, 0, 0
     act = 4 * c.n_embd
@@ -533,7 +541,7 @@ def _network(c: Candidate, hw: HardwareProfile, devices: Sequence[_Device],
         out = 4 * c.n_vocab if i == holder else (
             0 if nxt is not None and nxt.endpoint == d.endpoint else act)
         rtt, gbps = _link(hw, d.endpoint)
-        ms += rtt + (into + out) / (gbps * 1e9) * 1e3
+        ms += rtt + RPC_HOP_MS + (into + out) / (gbps * 1e9) * 1e3
         total += into + out
         trips += 1
     return ms, total, trips
