@@ -36,9 +36,10 @@ from ..errors import LocalInferError, WorkerError
 from ..hardware.probe import probe
 from ..hardware.rpc import RPCConnection, probe_workers
 from ..loading import load_engine, parse_layer_split, split_options, worker_split
-from ..planner import PlanPrefs, plan, plan_split
+from ..planner import plan, plan_split
 from ..planner.candidate import Candidate
 from ..runtime.backend import LoadOptions
+from ..selection import plan_prefs
 from .editor_workload import start_worker
 
 WORKER_PORT = 50052
@@ -286,7 +287,7 @@ def measure_client(model: Path, endpoint: str, *, layers: str, runs: int, tokens
             decoded += tokens + 1
     # This machine's calibration, as `localinfer run` records it: measured/predicted alone.
     candidate = Candidate.from_header(header, name=model.stem)
-    prefs = PlanPrefs(n_ctx=512, n_threads=threads, min_tps=0, n_gpu_layers=0)
+    prefs = replace(plan_prefs(config), n_ctx=512, min_tps=0, n_gpu_layers=0)
     alone_measured = statistics.median(alone_rates)
     alone = plan(hardware, [candidate], prefs).choice
     ratio = alone_measured / alone.decode_tps if alone else 1.0

@@ -358,6 +358,12 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         ))
     print_table(rows)
     print(f"Choice: {overall.summary}")
+    if overall.choice is not None and not overall.choice.candidate.embedding_only:
+        e = overall.choice
+        (d_low, d_high), (p_low, p_high) = e.decode_range, e.prefill_range
+        print(f"Interval: decode {d_low:.1f}-{d_high:.1f} tok/s, prefill {p_low:.0f}-{p_high:.0f}"
+              f" tok/s (where ~80% of the published {e.interval_backend} llama-bench rows fell"
+              " around the prediction; `localinfer bench` measures this machine).")
     if overall.choice is not None and overall.choice.ctx_reason:
         print(f"Context: {overall.choice.ctx_reason}.")
     # One split: the choice's, else the best pooled candidate's (the one the summary names).

@@ -32,9 +32,11 @@ from .machine import (
     PlanPrefs,
     calibration_ratio,
     gpu_class_for,
+    gpu_read_gbps,
     machine_view,
     matrix_tflops,
     matrix_tflops_for,
+    prefill_quant_factor,
     quant_factor,
 )
 from .memory import (
@@ -348,8 +350,11 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             devices.append(_Device(
                 worker.endpoint, dev.name, "gpu", backend, budget,
                 f"{worker.endpoint}/ram" if unified else f"{worker.endpoint}/{dev.name}",
-                cls.eta * q * bandwidth, cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
-                matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta, bandwidth,
+                gpu_read_gbps(cls, q, bandwidth, matrix_tflops_for(gpu_name, 0.0, bandwidth),
+                              "apple" if unified else vendor),
+                cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
+                matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta
+                * prefill_quant_factor(c.quant, backend), bandwidth,
                 note))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
         raise InvalidRequest(f"the workers offer {len(devices) - 1} devices; a split is planned"
@@ -360,9 +365,11 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
         devices.append(_Device(
             "", m.gpu.name, "gpu", m.gpu_backend or "", m.gpu_budget,
             "local/ram" if m.unified else "local/gpu",
-            cls.eta * q * m.gpu.bandwidth_gbps * ratio, cls.layer_ms / ratio,
+            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu), m.gpu.vendor)
+            * ratio, cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
-            matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta, m.gpu.bandwidth_gbps))
+            matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta
+            * prefill_quant_factor(c.quant, m.gpu_backend), m.gpu.bandwidth_gbps))
     return devices, notes
 
 
