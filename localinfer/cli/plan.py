@@ -66,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
                    help="also list these RPC workers' devices, memory and bandwidth, and the"
                         " link's round trip and throughput (default: config workers)")
+    p.add_argument("--report", action="store_true",
+                   help="print the last `localinfer bench` self-checks of this machine as"
+                        " anonymous JSON lines (device, backend, model, quant, predicted,"
+                        " measured) to paste into an issue")
     p.set_defaults(func=cmd_hw)
 
     p = sub.add_parser(
@@ -100,6 +104,8 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     from ..planner import calibration
 
     cache = get_paths().cache_dir / "hardware"
+    if args.report:
+        return hw_report()
     if args.reset:
         hw = probe(measure_bandwidth=False)  # the build's backends are in the calibration key
         forgot = [what for what, done in (
@@ -117,6 +123,21 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     for label, value in measured_lines(bandwidth.cached(cache, bandwidth.profile_key(hw)),
                                        calibration.history(hw), hw.host_bandwidth_gbps):
         print(f"{label:<10} {value}")
+    return 0
+
+
+def hw_report() -> int:
+    """``hw --report``: this machine's self-checks, one JSON line each, newest last."""
+    from ..planner import selfcheck
+
+    checks = selfcheck.checks(probe(measure_bandwidth=False))
+    if not checks:
+        print("No self-check recorded on this machine yet: run `localinfer bench` (it compares"
+              " its measured decode and prefill with the plan), then `localinfer hw --report`.",
+              file=sys.stderr)
+        return 1
+    for check in checks:
+        print(check.report())
     return 0
 
 

@@ -16,6 +16,8 @@ out, no I/O (but calibration.py, which keeps the measured runs).
     calibration.py  measured over predicted decode per machine, learnt from real runs;
                     after_reply(), which both front ends call after a reply (not loaded here:
                     it probes the hardware and reads GGUF headers)
+    selfcheck.py    `localinfer bench`'s measured decode and prefill against the plan and its
+                    interval, kept per machine; `hw --report`'s anonymous JSON line
 
 This module: ``plan()``, its result (``Plan``, an ``Evaluation`` per candidate) and the choice.
 Every candidate is placed and predicted; with RPC workers in the profile it is also pooled
