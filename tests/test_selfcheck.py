@@ -11,16 +11,15 @@ from localinfer.hardware import load_profile
 from localinfer.hardware.probe import probe
 from localinfer.planner import selfcheck
 from localinfer.planner.machine import DECODE_INTERVAL, PREFILL_INTERVAL
-
 from test_planner import PROFILES
 
 
-def check(hw, **kw):
-    args = dict(backend="CUDA", model="llama3.1:8b-q4_k_m", quant="Q4_K_M",
-                size_bytes=4_920_000_000, n_gpu_layers=33, n_layers=32, threads=8,
-                predicted_decode=100.0, measured_decode=80.0, predicted_prefill=5000.0,
-                measured_prefill=5200.0, prefill_tokens=512, quiet=True)
-    return selfcheck.build(hw, **{**args, **kw})
+def check(hw, *, backend="CUDA", n_gpu_layers=33, measured_decode=80.0, quiet=True):
+    return selfcheck.build(
+        hw, backend=backend, model="llama3.1:8b-q4_k_m", quant="Q4_K_M",
+        size_bytes=4_920_000_000, n_gpu_layers=n_gpu_layers, n_layers=32, threads=8,
+        predicted_decode=100.0, measured_decode=measured_decode, predicted_prefill=5000.0,
+        measured_prefill=5200.0, prefill_tokens=512, quiet=quiet)
 
 
 def test_a_check_says_how_far_off_the_plan_was_and_if_inside_its_interval():
