@@ -49,16 +49,20 @@ SLICES = (
     ("discrete GPUs", lambda o: o.row.kind == "discrete"),
     ("other integrated GPUs", lambda o: o.row.kind == "integrated" and not o.row.apple),
     ("CPUs", lambda o: o.row.kind == "cpu"),
+    ("  of them behind an SBC", lambda o: o.row.sbc_host),
+    ("off Metal, PC hosts", lambda o: not o.row.apple and not o.row.sbc_host),
 )
 
 
-def issue_table(outcomes: Sequence[Outcome], role: str = "held") -> None:
-    """The issue's table on the rows of ``role``: within +-25%, the median error and the share
-    inside the plan's interval."""
-    print(f"\n{role} rows        {'decode ±25%':>12} {'median':>7} {'in int.':>8}"
+def issue_table(outcomes: Sequence[Outcome], role: str = "held", batch: str = "") -> None:
+    """The issue's table on the rows of ``role`` (of ``batch`` only, when given): within +-25%,
+    the median error and the share inside the plan's interval."""
+    title = f"{role} rows" + (f", issue {batch}'s" if batch else "")
+    print(f"\n{title:22} {'decode ±25%':>12} {'median':>7} {'in int.':>8}"
           f"   {'prefill ±25%':>13} {'median':>7} {'in int.':>8}")
     for name, keep in SLICES:
-        rows = [o for o in outcomes if o.row.role == role and keep(o)]
+        rows = [o for o in outcomes if o.row.role == role and keep(o)
+                and (not batch or o.row.batch == batch)]
         pre = [o for o in rows if o.prefill_error is not None]
         if not rows:
             continue
@@ -95,6 +99,7 @@ def main() -> None:
     table(outcomes)
     issue_table(outcomes, "held")
     issue_table(outcomes, "fit")
+    issue_table(outcomes, "held", "38")
     copied = sum(r.verified == "retrieved-copy" for r in rows)
     print(f"\n{len(rows)} rows from {len({r.source for r in rows})} retrieved sources:"
           f" {len(rows) - copied} read in the publication, {copied} in a public copy of it")

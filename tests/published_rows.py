@@ -40,6 +40,8 @@ class Row:
     "retrieved-copy" (read in a public copy at ``source`` of the publication ``note`` names)."""
     source: str
     note: str
+    batch: str
+    """The issue whose work collected it ("16", "38")."""
     machine: HardwareProfile
     candidate: Candidate
 
@@ -130,6 +132,7 @@ def load_rows() -> list[Row]:
             device=r["device"], backend=r["backend"], model=r["model"], quant=r["quant"],
             tg128=float(r["tg128"]), pp512=float(r["pp512"]) if r["pp512"] else None,
             role=r["role"], verified=r["verified"], source=r["source"], note=r["note"],
+            batch=r["batch"],
             machine=_machine(r),
             candidate=Candidate.from_spec(spec, variant)))
     return rows

@@ -5,8 +5,9 @@ in registration order, this machine's GPU (the last layers); the output head on 
 that takes layers. Each worker device is a device like a local one (its free memory less the
 reserve of its kind; its bandwidth, or where unknown this machine's one-core figure for a CPU
 and UNKNOWN_REMOTE_GPU_GBPS for a GPU; a worker on loopback is this machine's cores and RAM),
-and per token it adds one round trip and its activations (4 x n_embd bytes in, out to the next
-machine; from the last device the logits, 4 x n_vocab) and masks over its link. Layers go to
+and per token it adds one round trip, a fixed hop (RPC_HOP_MS) and its activations (4 x n_embd
+bytes in, out to the next machine; from the last device the logits, 4 x n_vocab) and masks over
+its link (bench/rpc_link.py measures them over shaped links). Layers go to
 the device that reads them fastest, as many as its memory takes, then the next; every subset
 of the worker devices is tried and the fastest split wins (``WorkerSplit``).
 """
