@@ -404,7 +404,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
     if pooled:
         notes.append("pooled: decode = each device's bytes / (efficiency x bandwidth) + its"
                      " per-layer costs, in llama.cpp's device order, + per worker device one"
-                     " round trip, a 2 ms hop and its activations (the last: the logits) over the link.")
+                     " round trip, a 2 ms hop and its activations (the last: the logits) over"
+                     " the link.")
     for note in notes:
         print(note, file=sys.stdout)
 
