@@ -13,8 +13,20 @@ import argparse
 import os
 from pathlib import Path
 
-from localinfer.bench.rpc_link import PROFILES, measure_profiles, namespaces_unavailable
+from localinfer.bench.rpc_link import (
+    PROFILES,
+    TIE,
+    LinkResult,
+    measure_profiles,
+    namespaces_unavailable,
+)
 from localinfer.store import ModelStore
+
+
+def _right(r: LinkResult) -> str:
+    if abs(r.measured_tps / r.alone_measured_tps - 1) < TIE:
+        return "tie"
+    return "yes" if r.decision_right else "NO"
 
 
 def main() -> None:
@@ -35,7 +47,7 @@ def main() -> None:
                               threads=args.threads):
         print(f"{r.profile:9} {r.rtt_ms:7.3f} {r.link_gbps:6.3f} {r.measured_tps:9.1f}"
               f" {r.predicted_tps:9.1f} {r.error:+6.0%} {r.alone_measured_tps:6.1f}"
-              f" {'yes' if r.pools else 'no':>5} {'yes' if r.decision_right else 'NO':>5}"
+              f" {'yes' if r.pools else 'no':>5} {_right(r):>5}"
               f" {r.bytes_per_token:9.0f} {r.network_bytes:9.0f}", flush=True)
 
 

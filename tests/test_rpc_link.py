@@ -32,7 +32,7 @@ def results(starter_path):
 
 
 def test_the_namespaces_are_removed(results):
-    _, before, after = results
+    _, before, after, _ = results
     assert not {n for n in after - before if n.startswith(("lic", "liw"))}
 
 
@@ -50,17 +50,22 @@ def test_the_shaped_links_are_what_the_planner_sees(results):
     assert by_name["wifi"].link_gbps < by_name["1gbe"].link_gbps < by_name["10gbe"].link_gbps
 
 
+def skip_when_busy(busy: float, report: object) -> None:
+    # Every hop wakes the worker and the client again: on a machine with more runnable threads
+    # than cores each wake waits for a time slice, which no link model predicts, and two runs
+    # of the same split differ by half.
+    if busy > 1.0:
+        pytest.skip(f"the machine was busy (load {busy:.1f} per core): {report}")
+
+
 def test_plan_workers_decides_right_on_each_link(results):
     report = [(r.profile, round(r.measured_tps, 1), round(r.alone_measured_tps, 1), r.pools)
               for r in results[0]]
+    skip_when_busy(results[3], report)
     assert all(r.decision_right for r in results[0]), report
 
 
 def test_plan_workers_predicts_each_link(results):
     report = [(r.profile, round(r.measured_tps, 1), round(r.predicted_tps, 1)) for r in results[0]]
-    busy = results[3]
-    if busy > 1.0:
-        # Every hop wakes the worker and the client again: on a machine with more runnable
-        # threads than cores each wake waits for a time slice, which no link model predicts.
-        pytest.skip(f"the machine was busy (load {busy:.1f} per core): {report}")
+    skip_when_busy(results[3], report)
     assert all(abs(r.error) <= 0.25 for r in results[0]), report

@@ -2,9 +2,12 @@
 the worker in a network namespace of its own, the client (this module run with ``--client``) in
 another, the two joined by a veth pair shaped with ``tc`` (netem: delay and jitter each way;
 tbf: the rate) to the profiles people pool machines over. Loopback is measured without
-namespaces. Each profile reports the measured decode rate of the split, the planner's
-prediction for the same split with the link it probed, the bytes a token moved over the link
-(the veth's counters) and this machine alone, so that the decision to pool can be checked too.
+namespaces. Each profile reports the split's measured decode rate (the median bare decode
+step, in turns with the model loaded on this machine alone, so that a neighbour's load falls
+on both), the planner's prediction for the same split with the link it probed and this
+machine's calibration (measured/predicted alone, as `localinfer run` records it), the bytes a
+token moved over the link (the veth's counters), and whether the planner, free to choose,
+pools: the decision is checked against the two measured rates.
 
 Needs root (``ip netns``, ``tc``); every address used is loopback or a veth address inside the
 namespaces made here, which are removed on the way out. ``bench/rpc_link.py`` prints the table,
@@ -43,6 +46,8 @@ from ..selection import plan_prefs
 from .editor_workload import start_worker
 
 WORKER_PORT = 50052
+TIE = 0.05
+"""Pooled and alone within 5% of each other: a tie on a shared machine, either call right."""
 SUBNET = "10.231.{}"
 """A /30 per profile inside the namespaces made here: .1 the client's end, .2 the worker's."""
 
@@ -91,7 +96,10 @@ class LinkResult:
 
     @property
     def decision_right(self) -> bool:
-        """Whether the planner's call (pool or not) is the one the measurement supports."""
+        """Whether the planner's call (pool or not) is the one the measurement supports; either
+        is right where the two measured rates are within TIE of each other."""
+        if abs(self.measured_tps / self.alone_measured_tps - 1) < TIE:
+            return True
         return self.pools == (self.measured_tps > self.alone_measured_tps)
 
 
