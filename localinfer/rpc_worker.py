@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__
 from .errors import BackendUnavailable, DaemonError, InvalidRequest
 from .hardware.profile import HardwareProfile
-from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, version_text
+from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, machine_tag, version_text
 from .runtime import llama
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def offered(devices: Sequence[llama.Device], hw: HardwareProfile,
 
 def info_document(devices: Sequence[OfferedDevice], rpc_port: int) -> dict[str, Any]:
     return {"localinfer": __version__, "protocol": version_text(PROTOCOL),
-            "host": socket.gethostname(), "rpc_port": rpc_port,
+            "host": socket.gethostname(), "machine": machine_tag(), "rpc_port": rpc_port,
             "devices": [{"name": d.name, "description": d.description, "kind": d.kind,
                          "bandwidth_gbps": d.bandwidth_gbps} for d in devices]}
 

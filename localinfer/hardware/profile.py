@@ -167,9 +167,9 @@ class WorkerProfile:
     name: str = ""
     """A label: the worker's host name, when it says."""
     same_machine: bool = False
-    """The worker says this machine's host name although reached at another address (a
-    container, a network namespace, this machine's LAN address): its CPU and RAM are this
-    machine's, as a loopback worker's are."""
+    """The worker publishes this machine's tag (``rpc.machine_tag``: a hash of its machine id)
+    although reached at another address (a network namespace, a container sharing the id, this
+    machine's LAN address): its CPU and RAM are this machine's, as a loopback worker's are."""
 
     @property
     def host(self) -> str:
