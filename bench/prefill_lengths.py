@@ -66,6 +66,9 @@ def prompts(model: Path, lengths: list[int]) -> dict[int, str]:
 
 def server_rows(url: str, model_name: str, texts: dict[int, str], http: httpx.Client,
                 ) -> list[dict]:
+    # Loaded and warmed up first (localinfer loads a model on its first request).
+    stream(http, f"{url}/v1/completions", {"model": model_name, "prompt": "Warm up",
+                                           "max_tokens": 1, "temperature": 0})
     rows = []
     for n, text in texts.items():
         reply = stream(http, f"{url}/v1/completions",

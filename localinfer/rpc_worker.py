@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__
 from .errors import BackendUnavailable, DaemonError, InvalidRequest
 from .hardware.profile import HardwareProfile
-from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, version_text
+from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, machine_tag, version_text
 from .runtime import llama
 
 log = logging.getLogger(__name__)
@@ -53,14 +53,19 @@ def choose_devices(names: Sequence[str]) -> list[llama.Device]:
     return gpus or [d for d in available if d.kind == "cpu"][:1]
 
 
-def offered(devices: Sequence[llama.Device], hw: HardwareProfile) -> list[OfferedDevice]:
-    """Each device with its bandwidth: the measured host bandwidth for the CPU, the GPU's
-    own (from the probe, by order) for a GPU."""
+def offered(devices: Sequence[llama.Device], hw: HardwareProfile,
+            n_threads: int | None = None) -> list[OfferedDevice]:
+    """Each device with its bandwidth: for the CPU the measured host bandwidth that
+    ``n_threads`` threads reach (at most n x the one-core figure: a worker started with
+    ``--threads 1`` reads at one core's rate), the GPU's own (from the probe, by order) for a
+    GPU."""
     gpus = iter(hw.gpus)
     out = []
     for d in devices:
         if d.kind == "cpu":
             bandwidth = hw.host_bandwidth_gbps
+            if n_threads and hw.host_bandwidth_1core_gbps:
+                bandwidth = min(bandwidth, n_threads * hw.host_bandwidth_1core_gbps)
         else:
             gpu = next(gpus, None)
             bandwidth = gpu.bandwidth_gbps if gpu else 0.0
@@ -71,7 +76,7 @@ def offered(devices: Sequence[llama.Device], hw: HardwareProfile) -> list[Offere
 
 def info_document(devices: Sequence[OfferedDevice], rpc_port: int) -> dict[str, Any]:
     return {"localinfer": __version__, "protocol": version_text(PROTOCOL),
-            "host": socket.gethostname(), "rpc_port": rpc_port,
+            "host": socket.gethostname(), "machine": machine_tag(), "rpc_port": rpc_port,
             "devices": [{"name": d.name, "description": d.description, "kind": d.kind,
                          "bandwidth_gbps": d.bandwidth_gbps} for d in devices]}
 
@@ -145,7 +150,7 @@ def serve(host: str, port: int, *, device_names: Sequence[str], cache_dir: Path 
         raise BackendUnavailable(llama.RPC_MISSING, title="no RPC support in this build")
     host = ipv4_address(host)
     check_port_free(host, port)
-    devices = offered(choose_devices(device_names), hw)
+    devices = offered(choose_devices(device_names), hw, n_threads)
     try:
         InfoServer(host, port + INFO_PORT_OFFSET, info_document(devices, port))
         info_note = f"its description on port {port + INFO_PORT_OFFSET}"

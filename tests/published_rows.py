@@ -40,6 +40,8 @@ class Row:
     "retrieved-copy" (read in a public copy at ``source`` of the publication ``note`` names)."""
     source: str
     note: str
+    batch: str
+    """The issue whose work collected it ("16", "38")."""
     machine: HardwareProfile
     candidate: Candidate
 
@@ -51,6 +53,20 @@ class Row:
     def apple(self) -> bool:
         return self.backend == "Metal"
 
+    @property
+    def sbc_host(self) -> bool:
+        """A discrete GPU behind a single-board computer's PCIe lane (a Raspberry Pi, a RISC-V
+        board): the host's driver path, which the profile does not describe, bounds it."""
+        return self.note.startswith("host:") and any(
+            board in self.note for board in ("Raspberry Pi", "SiFive"))
+
+    @property
+    def kind(self) -> str:
+        """"cpu", "discrete" or "integrated" (every Apple GPU is integrated)."""
+        if not self.machine.gpus:
+            return "cpu"
+        return self.machine.gpus[0].kind
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -59,6 +75,18 @@ class Outcome:
     prefill_tps: float
     reason: str
     """The plan's words about the backend (an immature backend says so)."""
+    decode_range: tuple[float, float] = (0.0, 0.0)
+    prefill_range: tuple[float, float] = (0.0, 0.0)
+    """The plan's intervals around its figures."""
+
+    @property
+    def decode_inside(self) -> bool:
+        return self.decode_range[0] <= self.row.tg128 <= self.decode_range[1]
+
+    @property
+    def prefill_inside(self) -> bool | None:
+        pp = self.row.pp512
+        return None if not pp else self.prefill_range[0] <= pp <= self.prefill_range[1]
 
     @property
     def decode_error(self) -> float:
@@ -104,6 +132,7 @@ def load_rows() -> list[Row]:
             device=r["device"], backend=r["backend"], model=r["model"], quant=r["quant"],
             tg128=float(r["tg128"]), pp512=float(r["pp512"]) if r["pp512"] else None,
             role=r["role"], verified=r["verified"], source=r["source"], note=r["note"],
+            batch=r["batch"],
             machine=_machine(r),
             candidate=Candidate.from_spec(spec, variant)))
     return rows
@@ -115,4 +144,5 @@ def predict(row: Row) -> Outcome:
     result = plan(row.machine, [row.candidate], PlanPrefs(n_ctx=512, min_tps=0))
     choice = result.choice
     assert choice is not None, result.summary
-    return Outcome(row, choice.decode_tps, choice.prefill_tps, result.summary)
+    return Outcome(row, choice.decode_tps, choice.prefill_tps, result.summary,
+                   choice.decode_range, choice.prefill_range)

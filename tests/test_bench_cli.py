@@ -50,6 +50,19 @@ def test_bench_quick_json(starter_path):
     assert [row["load"] for row in b["rows"]] == ["idle", "one_core_busy"], b
     assert all(row[k] > 0 for row in b["rows"] for k in ("1_thread", "all_threads", "adaptive"))
     assert "bench [10/10] busy machine" in out.stderr  # progress was shown
+    # The self-check: the plan's decode and 512-token prefill against the measured ones, kept
+    # for `hw --report`'s JSON line.
+    assert [line.split(":")[0] for line in r["self_check"][:2]] == [
+        "decode", "prefill (512 tokens)"], r["self_check"]
+    report = subprocess.run([sys.executable, "-m", "localinfer", "hw", "--report"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert report.returncode == 0, report.stderr
+    line = json.loads(report.stdout.strip().splitlines()[-1])
+    assert line["model"] == "gemma3:270m-q4_k_m" and line["backend"] == "CPU"
+    assert line["decode"]["measured"] == pytest.approx(d["decode_tps"], abs=0.01)
+    assert line["decode"]["predicted"] == pytest.approx(d["predicted_tps"], abs=0.01)
+    pp512 = next(p for p in r["prefill"] if p["tokens"] == 512)
+    assert line["prefill"]["measured"] == pytest.approx(pp512["prefill_tps"], abs=0.01)
 
 
 @pytest.mark.timeout(600)

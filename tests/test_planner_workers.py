@@ -102,20 +102,20 @@ def test_laptop_and_rtx4090_desktop_on_1gbe():
     assert split.remote_layers == (63,) and split.local_cpu_layers == 17
     assert_llama_cpp_agrees(split, 1)
     # Decode, ms per token: CPU min(min(30, 4 x 12) x 0.8, 4 x 3.4 GHz x 3.0) = 24 GB/s:
-    # 17 x (300,262,144 / 24e9 + 0.3) = 217.79. RTX 4090 at 0.86 x 1008 = 866.88 GB/s:
-    # 63 x (300,262,144 / 866.88e9 + 0.014) + 500e6 / 866.88e9 = 23.28. Network: one round
-    # trip 0.4 + (20,480 + 1,024 in, 600,000 logits out) / 0.112e9 = 5.95. Launch and
-    # sampling 0.3 + 150,000 x 2 ns = 0.6. Total 247.62 ms: 4.04 tok/s.
+    # 17 x (300,262,144 / 24e9 + 0.3) = 217.79. RTX 4090 at 0.83 x 1008 = 836.64 GB/s:
+    # 63 x (300,262,144 / 836.64e9 + 0.014) + 500e6 / 836.64e9 = 24.09. Network: one round
+    # trip 0.4 + the hop's 2.0 (RPC_HOP_MS) + (20,480 + 1,024 in, 600,000 logits out) /
+    # 0.112e9 = 7.95. Launch and sampling 0.3 + 150,000 x 2 ns = 0.6. Total 250.43 ms: 3.99.
     cpu_ms = 17 * ((300_000_000 + LAYER_READ_AT_64) / 24e9 * 1e3 + 0.3)
-    gpu_ms = 63 * ((300_000_000 + LAYER_READ_AT_64) / 866.88e9 * 1e3 + 0.014) \
-        + 500e6 / 866.88e9 * 1e3
-    network_ms = 0.4 + (20_480 + 1_024 + 600_000) / 0.112e9 * 1e3
+    gpu_ms = 63 * ((300_000_000 + LAYER_READ_AT_64) / 836.64e9 * 1e3 + 0.014) \
+        + 500e6 / 836.64e9 * 1e3
+    network_ms = 0.4 + 2.0 + (20_480 + 1_024 + 600_000) / 0.112e9 * 1e3
     assert split.decode_ms["local"] == pytest.approx(cpu_ms)
     assert split.decode_ms["remote"] == pytest.approx(gpu_ms)
     assert split.decode_ms["network"] == pytest.approx(network_ms)
     assert split.network_bytes == 621_504 and split.round_trips == 1
     assert split.decode_tps == pytest.approx(1000 / (cpu_ms + gpu_ms + network_ms + 0.6))
-    assert 4.0 < split.decode_tps < 4.1
+    assert 3.95 < split.decode_tps < 4.05
     # The laptop alone cannot hold 24 GB: plan() pools, and says nothing fits alone.
     result = plan(hw, [BIG], PlanPrefs(min_tps=2))
     assert result.choice is not None and result.choice.split == split
@@ -145,16 +145,17 @@ def test_two_64gb_macs_on_10gbe():
     assert_llama_cpp_agrees(split, 2)
     # Decode: both GPUs at 0.88 x 400 = 352 GB/s, 0.14 ms per layer: 64 x (700,262,144 /
     # 352e9 + 0.14) + 500e6 / 352e9 = 137.70 ms here, 16 x 2.1294 = 34.07 ms there. The
-    # worker's device is followed by this machine's: activations both ways, one round trip:
-    # 0.15 + (20,480 + 1,024 + 20,480) / 1.1e9 = 0.188 ms. + 0.6: 172.56 ms, 5.80 tok/s.
+    # worker's device is followed by this machine's: activations both ways, one round trip and
+    # the hop (RPC_HOP_MS): 0.15 + 2.0 + (20,480 + 1,024 + 20,480) / 1.1e9 = 2.188 ms. + 0.6:
+    # 174.56 ms, 5.73 tok/s.
     layer = (700_000_000 + LAYER_READ_AT_64) / 352e9 * 1e3 + 0.14
-    network_ms = 0.15 + 41_984 / 1.1e9 * 1e3
+    network_ms = 0.15 + 2.0 + 41_984 / 1.1e9 * 1e3
     assert split.decode_ms["remote"] == pytest.approx(16 * layer)
     assert split.decode_ms["local"] == pytest.approx(64 * layer + 500e6 / 352e9 * 1e3)
     assert split.decode_ms["network"] == pytest.approx(network_ms)
     assert split.decode_tps == pytest.approx(1000 / (80 * layer + 500e6 / 352e9 * 1e3
                                                      + network_ms + 0.6))
-    assert 5.7 < split.decode_tps < 5.9
+    assert 5.7 < split.decode_tps < 5.8
     # A model one Mac holds is not split: the network would only add to it.
     alone = plan_split(BIG, hw, PlanPrefs())
     assert alone.fits and not alone.uses_workers and alone.remote_layers == (0,)
@@ -230,9 +231,9 @@ def test_unknown_bandwidth_round_trip_and_link_are_assumed_and_said():
     assert split.devices[0].n_layers == 28
     assert split.decode_ms["remote"] == pytest.approx(
         52 * ((300_000_000 + LAYER_READ_AT_64) / 9.6e9 * 1e3 + 0.3) + 500e6 / 9.6e9 * 1e3)
-    # Round trip and link unmeasured: 0.5 ms and 0.117 GB/s (gigabit) assumed.
+    # Round trip and link unmeasured: 0.5 ms and 0.117 GB/s (gigabit) assumed; the hop 2.0.
     assert split.decode_ms["network"] == pytest.approx(
-        0.5 + (20_480 + 1_024 + 600_000) / 0.117e9 * 1e3)
+        0.5 + 2.0 + (20_480 + 1_024 + 600_000) / 0.117e9 * 1e3)
     said = " ".join(split.notes)
     assert "round trip not measured, 0.5 ms assumed" in said
     assert "link throughput not measured, 0.117 GB/s assumed" in said
@@ -289,10 +290,11 @@ def test_a_given_split_over_loopback_workers_adds_only_the_network():
     assert_llama_cpp_agrees(split, 2)
     assert any("127.0.0.1:50052 CPU is on this machine" in note for note in split.notes)
     # Loopback workers are this machine's cores: the layers cost what they cost here alone;
-    # only the links add. Two round trips (0.016 ms each); in: 20,480 + 1,024 each, out: the
-    # activations from the first, the logits (600,000) from the second, at 3 GB/s.
+    # only the links add. Two round trips (0.016 ms each) and hops (2.0 each); in: 20,480 +
+    # 1,024 each, out: the activations from the first, the logits (600,000) from the second,
+    # at 3 GB/s.
     alone = predict(model, replace(hw, workers=()), 0, position=64)
-    network_ms = 2 * 0.016 + (2 * 21_504 + 20_480 + 600_000) / 3e9 * 1e3
+    network_ms = 2 * (0.016 + 2.0) + (2 * 21_504 + 20_480 + 600_000) / 3e9 * 1e3
     assert split.decode_ms["network"] == pytest.approx(network_ms)
     assert 1000 / split.decode_tps == pytest.approx(1000 / alone.decode_tps + network_ms)
     # This machine's calibration (measured/predicted 0.5) doubles its devices' time, the

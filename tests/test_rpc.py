@@ -141,8 +141,35 @@ def test_a_localinfer_worker_publishes_names_and_bandwidth():
         worker.close()
     assert (profile.devices[0].name, profile.devices[0].bandwidth_gbps) == ("CPU", 17.5)
     assert profile.name == socket.gethostname()
+    # It publishes this machine's tag: planned as this machine's cores (a worker in a network
+    # namespace or at this machine's LAN address); another machine's tag, or none, is not.
+    assert info["machine"] == rpc.machine_tag()
+    assert profile.same_machine == bool(rpc.machine_tag())
+    worker = FakeWorker()
+    try:
+        other = rpc.probe_worker(worker.endpoint, measure_link=False,
+                                 info=lambda endpoint: {**info, "machine": "0123456789abcdef"})
+    finally:
+        worker.close()
+    assert not other.same_machine
     with pytest.raises(ValueError):
         rpc.parse_worker_info({"devices": [{"name": "CPU", "bandwidth_gbps": -1}]})
+
+
+def test_a_worker_offers_the_bandwidth_its_threads_reach():
+    from types import SimpleNamespace
+
+    from localinfer.rpc_worker import offered
+
+    cpu = SimpleNamespace(name="CPU", kind="cpu", description="x86", memory_free=GIB,
+                          memory_total=2 * GIB)
+    hw = HardwareProfile(ram_total_gib=16, ram_available_gib=12,
+                         cpu=CPUInfo("x86", physical_cores=4, logical_cores=8),
+                         host_bandwidth_gbps=40, host_bandwidth_1core_gbps=15)
+    assert offered([cpu], hw)[0].bandwidth_gbps == 40  # type: ignore[list-item]
+    assert offered([cpu], hw, 1)[0].bandwidth_gbps == 15  # type: ignore[list-item]
+    assert offered([cpu], hw, 2)[0].bandwidth_gbps == 30  # type: ignore[list-item]
+    assert offered([cpu], hw, 4)[0].bandwidth_gbps == 40  # type: ignore[list-item]
 
 
 def test_workers_come_from_the_config_and_environment(home):

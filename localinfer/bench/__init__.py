@@ -8,4 +8,6 @@ engine (or starts servers), so nothing in the core imports it.
                          over HTTP, and the servers and workers it starts and stops
     prefill_bench.py     ``bench --prefill``: prompt reading at agent lengths, flash attention
                          off and on, two physical batch sizes
+    rpc_link.py          one RPC worker over shaped links (network namespaces, tc) against
+                         the planner's network cost (bench/rpc_link.py, tests/test_rpc_link.py)
 """

@@ -31,13 +31,20 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
+from ..planner import selfcheck
 from ..runtime.engine import Engine, Generation
 from ..runtime.grammar import json_grammar
 from ..runtime.tools import FORMATS, ToolChoice, call_grammar, parse_reply, parse_tools
 from ..runtime.types import Done, Message, SamplingParams
+
+if TYPE_CHECKING:
+    from ..hardware.profile import HardwareProfile
+    from ..planner.speed import Prediction
+    from ..runtime.backend import LoadOptions
+    from ..runtime.types import ModelInfo
 
 Progress = Callable[[str, int, int], None]
 """Called with (what is being measured, step number, number of steps)."""
@@ -78,9 +85,31 @@ class BenchResult:
     raw_llama_cpp_python: dict[str, Any] = field(default_factory=dict)
     busy_machine: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
+    self_check: list[str] = field(default_factory=list)
+    """The measured decode and prefill against the plan's prediction and interval, in words
+    (``planner.selfcheck``; ``hw --report`` prints it as JSON)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+
+def _self_check(hardware: HardwareProfile, prediction: Prediction, info: ModelInfo,
+                result: BenchResult, options: LoadOptions, decode_tps: float, *,
+                quiet: bool) -> list[str]:
+    """The plan against this run (``planner.selfcheck``), kept for ``hw --report``: decode,
+    and the 512-token prefill (llama-bench's pp512) when it was measured."""
+    pp = next((p for p in result.prefill if p["tokens"] == 512), None) or (
+        result.prefill[-1] if result.prefill else None)
+    check = selfcheck.build(
+        hardware, backend=prediction.key, model=info.name, quant=info.quant,
+        size_bytes=info.size_bytes, n_gpu_layers=info.n_gpu_layers, n_layers=info.n_layers,
+        threads=options.n_threads or hardware.cpu.runtime_threads,
+        predicted_decode=prediction.decode_tps, measured_decode=decode_tps,
+        predicted_prefill=prediction.prefill_tps,
+        measured_prefill=pp["prefill_tps"] if pp else None,
+        prefill_tokens=int(pp["tokens"]) if pp else 0, quiet=quiet)
+    selfcheck.record(hardware, check)
+    return check.lines()
 
 
 def run_bench(model_ref: str, config: Config, *, quick: bool = False,
@@ -168,6 +197,9 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
             "predicted_tps": prediction.decode_tps,
             "ttft_ms": statistics.median(d.timings.ttft_ms for d in runs),
         }
+
+        result.self_check = _self_check(hardware, prediction, info, result, options,
+                                        decode_tps, quiet=not decode_load.heavy)
 
         rounds = 1 if quick else 3  # of the parts whose figures are medians of rounds
         stage("concurrent streams")

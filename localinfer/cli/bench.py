@@ -227,6 +227,8 @@ def report(r) -> str:
             f" (engine {raw['engine_vs_eval_prefill_512']:.2f}x)")
     elif raw.get("error"):
         lines.append(f"  llama-cpp-python        {raw['error']}")
+    for line in r.self_check:
+        lines.append(f"  self-check: {line}")
     if r.calibration:
         c = r.calibration
         used = ("recorded but not used by `localinfer plan`: taken under load"

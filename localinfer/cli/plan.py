@@ -69,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
                    help="also list these RPC workers' devices, memory and bandwidth, and the"
                         " link's round trip and throughput (default: config workers)")
+    p.add_argument("--report", action="store_true",
+                   help="print the last `localinfer bench` self-checks of this machine as"
+                        " anonymous JSON lines (device, backend, model, quant, predicted,"
+                        " measured) to paste into an issue")
     p.set_defaults(func=cmd_hw)
 
     p = sub.add_parser(
@@ -105,6 +109,8 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     from ..planner import attention, calibration
 
     cache = get_paths().cache_dir / "hardware"
+    if args.report:
+        return hw_report()
     if args.reset:
         hw = probe(measure_bandwidth=False)  # the build's backends are in the calibration key
         forgot = [what for what, done in (
@@ -161,6 +167,19 @@ def remeasure_attention(hw, config: Config) -> None:
             result = prefill_lengths(str(path), config, lengths=QUICK_LENGTHS,
                                      progress=progress)
         bar.finish(f"attention {entry['model']}: {result['verdict']}")
+def hw_report() -> int:
+    """``hw --report``: this machine's self-checks, one JSON line each, newest last."""
+    from ..planner import selfcheck
+
+    checks = selfcheck.checks(probe(measure_bandwidth=False))
+    if not checks:
+        print("No self-check recorded on this machine yet: run `localinfer bench` (it compares"
+              " its measured decode and prefill with the plan), then `localinfer hw --report`.",
+              file=sys.stderr)
+        return 1
+    for check in checks:
+        print(check.report())
+    return 0
 
 
 def measured_lines(figures, runs, host_bandwidth_gbps: float) -> list[tuple[str, str]]:
@@ -466,6 +485,12 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
         ))
     print_table(rows)
     print(f"Choice: {overall.summary}")
+    if overall.choice is not None and not overall.choice.candidate.embedding_only:
+        e = overall.choice
+        (d_low, d_high), (p_low, p_high) = e.decode_range, e.prefill_range
+        print(f"Interval: decode {d_low:.1f}-{d_high:.1f} tok/s, prefill {p_low:.0f}-{p_high:.0f}"
+              f" tok/s (where ~80% of the published {e.interval_backend} llama-bench rows fell"
+              " around the prediction; `localinfer bench` measures this machine).")
     if overall.choice is not None and overall.choice.ctx_reason:
         print(f"Context: {overall.choice.ctx_reason}.")
     # One split: the choice's, else the best pooled candidate's (the one the summary names).
@@ -485,7 +510,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
     if pooled:
         notes.append("pooled: decode = each device's bytes / (efficiency x bandwidth) + its"
                      " per-layer costs, in llama.cpp's device order, + per worker device one"
-                     " round trip and its activations (the last: the logits) over the link.")
+                     " round trip, a 2 ms hop and its activations (the last: the logits) over"
+                     " the link.")
     for note in notes:
         print(note, file=sys.stdout)
 

@@ -166,6 +166,10 @@ class WorkerProfile:
     """The RPC protocol version the worker speaks, "major.minor.patch"."""
     name: str = ""
     """A label: the worker's host name, when it says."""
+    same_machine: bool = False
+    """The worker publishes this machine's tag (``rpc.machine_tag``: a hash of its machine id)
+    although reached at another address (a network namespace, a container sharing the id, this
+    machine's LAN address): its CPU and RAM are this machine's, as a loopback worker's are."""
 
     @property
     def host(self) -> str:

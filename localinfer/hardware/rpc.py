@@ -26,6 +26,7 @@ is unknown (0).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import statistics
@@ -341,6 +342,22 @@ class _Named:
     bandwidth_gbps: float
 
 
+def machine_tag() -> str:
+    """A short hash of this machine's /etc/machine-id ("" where there is none): a worker that
+    publishes the same one runs on this machine (in a network namespace or a container sharing
+    the file, or reached at this machine's LAN address), whatever its host name says. Host names
+    repeat (every Raspberry Pi is "raspberrypi"); machine ids do not."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, "rb") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text:
+            return hashlib.sha256(b"localinfer:" + text).hexdigest()[:16]
+    return ""
+
+
 def probe_worker(endpoint: str, *, measure_link: bool = True,
                  info: Callable[[str], dict[str, Any] | None] = worker_info) -> WorkerProfile:
     """Connect, check the protocol version, list the devices with their memory, and (with
@@ -367,7 +384,9 @@ def probe_worker(endpoint: str, *, measure_link: bool = True,
         version = conn.version
     return WorkerProfile(endpoint=endpoint, devices=tuple(devices), rtt_ms=round(rtt_ms, 3),
                          link_gbps=round(link_gbps, 3), protocol=version_text(version),
-                         name=str(described.get("host", "")))
+                         name=str(described.get("host", "")),
+                         same_machine=bool(machine_tag())
+                         and described.get("machine") == machine_tag())
 
 
 def probe_workers(endpoints: tuple[str, ...], *, measure_link: bool = True,

@@ -19,6 +19,8 @@ out, no I/O (but calibration.py and attention.py, which keep measured figures).
     attention.py    flash attention and the physical batch of a CPU load, from this
                     machine's measurements of each set-up (``bench --prefill``; not loaded
                     here: a cache file, like calibration.py)
+    selfcheck.py    `localinfer bench`'s measured decode and prefill against the plan and its
+                    interval, kept per machine; `hw --report`'s anonymous JSON line
 
 This module: ``plan()``, its result (``Plan``, an ``Evaluation`` per candidate) and the choice.
 Every candidate is placed and predicted; with RPC workers in the profile it is also pooled
@@ -47,6 +49,7 @@ from .machine import (
     PlanPrefs,
     calibration_ratio,
     gpu_class,
+    interval,
     machine_view,
     matrix_tflops,
     memory_budget,
@@ -140,6 +143,28 @@ class Evaluation:
     def n_layers_total(self) -> int:
         return self.candidate.n_layers + 1
 
+    @property
+    def interval_backend(self) -> str:
+        """The backend whose published rows set the intervals: the GPU's when it takes most of
+        a token's time, else the CPU's."""
+        ms = self.decode_ms
+        on_gpu = self.split is not None or ms.get("gpu", 0.0) >= ms.get("cpu", 0.0)
+        if self.gpu_backend and on_gpu:
+            return self.gpu_backend
+        return "CPU"
+
+    @property
+    def decode_range(self) -> tuple[float, float]:
+        """The decode rate's interval (machine.DECODE_INTERVAL: ~80% of the published rows of
+        this backend fell inside it)."""
+        low, high = interval(self.interval_backend, "decode")
+        return self.decode_tps * low, self.decode_tps * high
+
+    @property
+    def prefill_range(self) -> tuple[float, float]:
+        low, high = interval(self.interval_backend, "prefill")
+        return self.prefill_tps * low, self.prefill_tps * high
+
     def to_dict(self) -> dict:
         c = self.candidate
         return {
@@ -153,8 +178,11 @@ class Evaluation:
                      if self.gpu else None),
             "decode_tps": None if c.embedding_only else round(self.decode_tps, 2),
             "decode_tps_full_ctx": None if c.embedding_only else round(self.decode_tps_full, 2),
+            "decode_tps_range": None if c.embedding_only else [
+                round(v, 2) for v in self.decode_range],
             "embedding_only": c.embedding_only,
             "prefill_tps": round(self.prefill_tps, 1),
+            "prefill_tps_range": [round(v, 1) for v in self.prefill_range],
             "decode_ms": {k: round(v, 3) for k, v in self.decode_ms.items()},
             "calibration": self.calibration, "verdict": self.verdict, "reason": self.reason,
             "ctx_max": self.ctx_max or None, "ctx_reason": self.ctx_reason or None,

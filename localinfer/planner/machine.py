@@ -44,53 +44,136 @@ class GPUClass:
 GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
     # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
-    ("CUDA", "discrete"): GPUClass(eta=0.86, layer_ms=0.014, matrix_eta=0.55),
+    # Issue 38: on the fit rows CUDA decode ran a median 4% below 0.86 and prefill 15% below
+    # 0.55 (with PREFILL_QUANT): 0.83 and 0.47.
+    ("CUDA", "discrete"): GPUClass(eta=0.83, layer_ms=0.014, matrix_eta=0.47),
     # DGX Spark (0.8, ggml-org/llama.cpp#15013): LPDDR5X shared with the CPU. (The Jetson AGX
     # Orin row it was also fitted on had no retrieved source and was removed.)
     ("CUDA", "integrated"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.30),
     # ggml-org/llama.cpp#4167 (every M1-M4 chip): 0.85-0.9 of bandwidth; the Ultras lose to a
     # fixed ~4 ms per token; pp512 at ~0.6 of the FP32 rate (= the FP16 rate on Apple GPUs).
     ("Metal", "integrated"): GPUClass(eta=0.88, layer_ms=0.14, matrix_eta=0.62),
-    # Fitted on ggml-org/llama.cpp#15021 rows (RX 7900 XT/XTX, W7900) since removed (no retrieved
-    # source); the retrieved RDNA1-3 rows (PRs #5835, #26284) decode within +10-32%.
+    # RDNA1-2 on HIP (ggml-org/llama.cpp#5835: RX 6700 XT fit, RX 5700 XT held out); RDNA3
+    # has its own rule (GPU_GENERATIONS).
     ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.40),
-    # Radeon 780M, Strix Halo: decode reaches 0.8-0.9 of the LPDDR5(X) bandwidth (unchecked).
-    ("ROCm", "integrated"): GPUClass(eta=0.85, layer_ms=0.05, matrix_eta=0.40),
+    # Strix Halo: decode at ~0.85 of LPDDR5X; prefill through HIP's MMQ kernels far below the
+    # WMMA rate: 574 tok/s on a 3B model (geerlingguy/ai-benchmarks#21, fit), 1300-1500 on 7B
+    # with AMD's tuned branch (held out): 0.05-0.3 of the FP16 rate, the spread in the interval.
+    ("ROCm", "integrated"): GPUClass(eta=0.85, layer_ms=0.05, matrix_eta=0.13),
     # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
     ("Vulkan", "discrete"): GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.35),
-    ("Vulkan", "integrated"): GPUClass(eta=0.80, layer_ms=0.05, matrix_eta=0.35),
+    # Radeon 780M/8060S, Ryzen Z1 (brand-o/normiebench, llm-tracker copies): decode at ~0.8 of
+    # LPDDR5(X); prefill at ~0.2 of the dual-issue FP16 rate.
+    ("Vulkan", "integrated"): GPUClass(eta=0.80, layer_ms=0.05, matrix_eta=0.20),
     ("SYCL", "discrete"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
-    # Arc 140V: SYCL decode reaches ~0.6 of LPDDR5X (issue 16: predicted +27-37% at 0.85).
-    ("SYCL", "integrated"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
+    # Arc 140V (Lunar Lake): SYCL decode reaches ~0.42 of LPDDR5X (issue 38: predicted
+    # +41-54% at 0.6).
+    ("SYCL", "integrated"): GPUClass(eta=0.42, layer_ms=0.05, matrix_eta=0.15),
 }
 DEFAULT_GPU_CLASS = GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.25)
 """Backends with no published rows here (OpenCL, MUSA, CANN)."""
-GPU_GENERATIONS: tuple[tuple[str, str, str, GPUClass], ...] = (
-    # (GPU name pattern, vendor, backend, class): the first match replaces GPU_CLASSES' entry.
+GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
+    # (GPU name pattern, vendor, backend, kind ("" = either), class): the first match replaces
+    # GPU_CLASSES' entry.
+    # NVIDIA laptop GPUs: power limits hold the memory clock below the desktop part's data
+    # sheet (an RTX 2070 Max-Q at 0.58 of 384 GB/s, brand-o/normiebench#39; issue 38: a laptop
+    # RTX 3070 decoded 46% slower than its desktop figure predicts).
+    (r"Laptop|Max-Q|Mobile", "nvidia", "CUDA", "",
+     GPUClass(eta=0.58, layer_ms=0.02, matrix_eta=0.40)),
     # Data-centre NVIDIA (HBM, server hosts): ~2.5 ms per token of launches (A100 191 tok/s,
     # H100 268 on a 3.8 GB file, ggml-org/llama.cpp#15013); pp512 at ~0.2 of the tensor rate.
-    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "CUDA",
+    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "CUDA", "",
      GPUClass(eta=0.90, layer_ms=0.075, matrix_eta=0.20)),
     # Data-centre NVIDIA on Vulkan: an A100 decodes at half its CUDA rate, prefills at 0.65 of
     # it (unchecked: the ggml-org/llama.cpp#17273 rows had no retrieved source).
-    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "Vulkan",
+    (r"\b(A100|H100|H200|H20|B200|GH200|A800|H800)\b", "nvidia", "Vulkan", "",
      GPUClass(eta=0.80, layer_ms=0.17, matrix_eta=0.13,
               immature="llama.cpp's Vulkan backend runs data-centre NVIDIA GPUs at about half"
                        " their CUDA speed")),
     # CDNA and GCN on ROCm: 13-21% of HBM bandwidth (MI300X 233 tok/s at 5.3 TB/s, MI210 125 at
     # 1.6 TB/s, ggml-org/llama.cpp#15021; Radeon VII 54 at 1 TB/s, llm-tracker.info; unchecked:
-    # none of these rows was retrieved, only copies without an address).
-    (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm",
-     GPUClass(eta=0.25, layer_ms=0.03, matrix_eta=0.15,
+    # none of these rows was retrieved, only copies without an address). Issue 38: an MI300X
+    # decoded 31% slower than 0.25 predicts and prefilled at a 1/11th of 0.15: llama.cpp's
+    # HIP kernels use none of CDNA's matrix cores for quantized weights.
+    (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm", "",
+     GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=0.014,
               immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
                        " bandwidth (CDNA/GCN)")),
     # Intel GPUs on Vulkan, fitted on an A770 and a Tiger Lake Xe remembered rather than
     # retrieved; the retrieved ggml-org/llama.cpp#10879 rows: an A770 decodes at 0.4 of its
     # bandwidth and prefills at ~0.1 of its XMX rate (as here), a B580 at 0.6 and 0.07.
-    (r"", "intel", "Vulkan",
+    # RDNA3 on HIP: ~0.6 of GDDR6 (an RX 7900 XTX at 105 tok/s on an 8B Q4_K_M,
+    # ggml-org/llama.cpp#26284); at 0.75 the RDNA3 rows decoded 20-48% slower than predicted
+    # (issue 38).
+    (r"\b(RX 7\d{3}|W7\d{3}|7900)", "amd", "ROCm", "discrete",
+     GPUClass(eta=0.62, layer_ms=0.03, matrix_eta=0.40)),
+    # Turing and older NVIDIA on Vulkan: no cooperative-matrix support, prefill on the shader
+    # cores (an RTX 2080 Ti at 7,094 tok/s on a 1.1B model, geerlingguy/ai-benchmarks#46).
+    (r"\b(RTX 20\d{2}|GTX|TITAN RTX|T4|Quadro RTX)\b", "nvidia", "Vulkan", "",
+     GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.16)),
+    # Battlemage (B580, fit: 70 tok/s at 456 GB/s) reaches 0.65; prefill ~0.07 of XMX.
+    (r"\b(B\d{2,3}|Battlemage)\b", "intel", "Vulkan", "",
+     GPUClass(eta=0.65, layer_ms=0.05, matrix_eta=0.07,
+              immature="llama.cpp's Vulkan backend is immature on Intel GPUs (SYCL is faster)")),
+    (r"", "intel", "Vulkan", "",
      GPUClass(eta=0.40, layer_ms=0.05, matrix_eta=0.12,
               immature="llama.cpp's Vulkan backend is immature on Intel GPUs (SYCL is faster)")),
+    # AMD discrete on Vulkan (RADV): RDNA3/4 stream at ~0.92 of GDDR6 (RX 9070 XT fit, 7900 XTX,
+    # R9700 held out, ggml-org/llama.cpp#10879 copies) with light launches.
+    (r"", "amd", "Vulkan", "discrete",
+     GPUClass(eta=0.92, layer_ms=0.015, matrix_eta=0.35)),
 )
+DECODE_GBPS_PER_TFLOP = 8.0
+"""Off Apple, a GPU dequantizes and multiplies the weights with its shader cores: a small one
+cannot keep up with its memory. Decode reads at most this many GB/s per dense FP16 TFLOPS
+(fitted on a Ryzen Z1's 4 CUs: 47 GB/s of 102, brand-o/normiebench#20)."""
+PREFILL_QUANT = {"legacy": 1.0, "k": 0.80, "iq": 0.65, "float": 0.85}
+"""Prefill off Apple by the weights' type, a share of the legacy quants' rate (Q4_0, Q8_0: the
+int8 MMQ kernels): K-quants unpack more per block, i-quants look up grids, F16/BF16 go through
+BLAS with the activations converted (RTX 3090/4080/4090 rows: Q4_K_M at 0.75-0.9 of F16,
+Q4_0 above it). Metal's kernels dequantize into its matrix units at one rate (its rows fit
+without it)."""
+
+
+def quant_kind(quant: str) -> str:
+    """"float", "legacy", "k" or "iq": how llama.cpp multiplies weights of this type."""
+    q = quant.upper()
+    if q.startswith(("F16", "BF16", "F32")):
+        return "float"
+    if q.startswith("IQ") or q.startswith("TQ"):
+        return "iq"
+    if "_K" in q:
+        return "k"
+    return "legacy"
+
+
+def prefill_quant_factor(quant: str, backend: str | None) -> float:
+    """The share of a GPU's fitted prefill rate that ``quant`` reaches (PREFILL_QUANT); 1 on
+    Metal."""
+    if backend == "Metal":
+        return 1.0
+    return PREFILL_QUANT[quant_kind(quant)]
+
+
+DECODE_INTERVAL: dict[str, tuple[float, float]] = {
+    "Metal": (0.85, 1.05), "CUDA": (0.85, 1.10), "ROCm": (0.85, 1.20), "Vulkan": (0.80, 1.10),
+    "SYCL": (0.75, 1.25), "CPU": (0.80, 1.20)}
+"""Measured/predicted decode of the published rows fitted on, per backend (10th and 90th
+percentiles; SYCL, with no fitted row, and ROCm, with two, widened): the interval a plan shows
+around its figure. bench/planner_published.py reports the share of held-out rows inside."""
+PREFILL_INTERVAL: dict[str, tuple[float, float]] = {
+    "Metal": (0.90, 1.15), "CUDA": (0.80, 1.10), "ROCm": (0.50, 2.50), "Vulkan": (0.45, 1.20),
+    "SYCL": (0.50, 2.00), "CPU": (0.75, 1.25)}
+"""The same for prefill: wider, most of all where builds differ several-fold (Strix Halo on
+HIP: 574 tok/s on a 3B model in one build, 1,300-1,500 on 7B models in another)."""
+DEFAULT_INTERVAL = (0.6, 1.4)
+"""A backend with no published rows here."""
+
+
+def interval(backend: str | None, what: str = "decode") -> tuple[float, float]:
+    """(low, high) factors around a predicted rate on ``backend`` ("CPU" when None)."""
+    table = DECODE_INTERVAL if what == "decode" else PREFILL_INTERVAL
+    return table.get(backend or "CPU", DEFAULT_INTERVAL)
 CPU_LAYER_MS = 0.30
 """Thread barriers between a layer's ~30 graph nodes (~10 us each)."""
 CPU_ETA_MEASURED = 0.80
@@ -116,8 +199,9 @@ GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
     ("H100", 989.4), ("A100", 312.0), ("L40S", 362.1), ("A10", 125.0), ("T4", 65.0),
     ("RX 9070 XT", 195.0), ("RX 7900 XTX", 122.8), ("RX 7900 XT", 103.0), ("W7900", 122.6),
     ("RX 7800 XT", 74.6), ("RX 7600", 43.5), ("RX 6800 XT", 41.5), ("MI300X", 1307.4),
-    ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 8.9),
-    ("Arc B580", 116.0), ("Arc A770", 137.6), ("Arc 140V", 32.0),
+    ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 16.6),
+    ("Arc B580", 116.0), ("Arc A770", 137.6), ("Arc A310", 24.6), ("Arc 140V", 32.0),
+    ("RX 580", 6.2),
     ("M1 Ultra", 21.2), ("M1 Max", 10.4), ("M1 Pro", 5.2), ("M1", 2.6),
     ("M2 Ultra", 27.2), ("M2 Max", 13.6), ("M2 Pro", 6.8), ("M2", 3.6),
     ("M3 Ultra", 28.4), ("M3 Max", 16.4), ("M3 Pro", 7.4), ("M3", 4.1),
@@ -139,11 +223,22 @@ def gpu_class(gpu: GPUInfo, backend: str) -> GPUClass:
 
 
 def gpu_class_for(name: str, vendor: str, kind: str, backend: str) -> GPUClass:
-    for pattern, rule_vendor, on, found in GPU_GENERATIONS:
-        if vendor == rule_vendor and backend == on and re.search(pattern, name):
-            return found
     kind = "integrated" if kind == "integrated" or vendor == "apple" else "discrete"
+    for pattern, rule_vendor, on, rule_kind, found in GPU_GENERATIONS:
+        if (vendor == rule_vendor and backend == on and rule_kind in ("", kind)
+                and re.search(pattern, name)):
+            return found
     return GPU_CLASSES.get((backend, kind), DEFAULT_GPU_CLASS)
+
+
+def gpu_read_gbps(cls: GPUClass, q: float, bandwidth_gbps: float, tflops: float,
+                  vendor: str) -> float:
+    """GB/s a GPU of class ``cls`` streams quantized weights at for decode: eta x q x its
+    bandwidth, off Apple at most DECODE_GBPS_PER_TFLOP x its FP16 rate."""
+    rate = cls.eta * q * bandwidth_gbps
+    if vendor != "apple" and tflops > 0:
+        rate = min(rate, DECODE_GBPS_PER_TFLOP * tflops)
+    return rate
 
 
 def matrix_tflops(gpu: GPUInfo) -> float:

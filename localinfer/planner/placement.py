@@ -5,8 +5,9 @@ in registration order, this machine's GPU (the last layers); the output head on 
 that takes layers. Each worker device is a device like a local one (its free memory less the
 reserve of its kind; its bandwidth, or where unknown this machine's one-core figure for a CPU
 and UNKNOWN_REMOTE_GPU_GBPS for a GPU; a worker on loopback is this machine's cores and RAM),
-and per token it adds one round trip and its activations (4 x n_embd bytes in, out to the next
-machine; from the last device the logits, 4 x n_vocab) and masks over its link. Layers go to
+and per token it adds one round trip, a fixed hop (RPC_HOP_MS) and its activations (4 x n_embd
+bytes in, out to the next machine; from the last device the logits, 4 x n_vocab) and masks over
+its link (bench/rpc_link.py measures them over shaped links). Layers go to
 the device that reads them fastest, as many as its memory takes, then the next; every subset
 of the worker devices is tried and the fastest split wins (``WorkerSplit``).
 """
@@ -32,9 +33,11 @@ from .machine import (
     PlanPrefs,
     calibration_ratio,
     gpu_class_for,
+    gpu_read_gbps,
     machine_view,
     matrix_tflops,
     matrix_tflops_for,
+    prefill_quant_factor,
     quant_factor,
 )
 from .memory import (
@@ -58,6 +61,12 @@ the upper end, so that an unmeasured link is never counted faster than it may be
 LAN_LINK_GBPS = 0.117
 """A link's throughput when its profile gives none: gigabit Ethernet's payload (~117 MB/s),
 the slowest wired link."""
+RPC_HOP_MS = 2.0
+"""Per worker device per decoded token, besides the round trip and the bytes: the client
+serialises and sends the graph_compute command, the worker process wakes, runs the graph on its
+threads and wakes the client again. Fitted to a loopback worker (bench/rpc_split.py: ~2.5 ms a
+token against 0.4-0.5 ms of round trip and bytes); on a machine whose cores are busy each wake
+waits for a time slice and the hop costs several times more (bench/rpc_link.py)."""
 UNKNOWN_REMOTE_GPU_GBPS = 100.0
 """A worker's GPU of unknown bandwidth (a stock ``rpc-server`` does not say): an entry-level
 GPU or an iGPU's LPDDR5, below nearly every discrete GPU."""
@@ -312,7 +321,7 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             budget = max(0, int(dev.memory_free_gib * GIB) - max(minimum, int(fraction * total)))
             note = ""
             if dev.kind == "cpu":
-                if worker.is_loopback:
+                if worker.is_loopback or worker.same_machine:
                     # The same cores and RAM as this process: the same rates, one memory.
                     devices.append(_Device(worker.endpoint, dev.name, "cpu", "CPU",
                                            min(budget, m.ram_budget), "local/ram", cpu_read,
@@ -342,8 +351,11 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             devices.append(_Device(
                 worker.endpoint, dev.name, "gpu", backend, budget,
                 f"{worker.endpoint}/ram" if unified else f"{worker.endpoint}/{dev.name}",
-                cls.eta * q * bandwidth, cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
-                matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta, bandwidth,
+                gpu_read_gbps(cls, q, bandwidth, matrix_tflops_for(gpu_name, 0.0, bandwidth),
+                              "apple" if unified else vendor),
+                cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
+                matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta
+                * prefill_quant_factor(c.quant, backend), bandwidth,
                 note))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
         raise InvalidRequest(f"the workers offer {len(devices) - 1} devices; a split is planned"
@@ -354,9 +366,11 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
         devices.append(_Device(
             "", m.gpu.name, "gpu", m.gpu_backend or "", m.gpu_budget,
             "local/ram" if m.unified else "local/gpu",
-            cls.eta * q * m.gpu.bandwidth_gbps * ratio, cls.layer_ms / ratio,
+            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu), m.gpu.vendor)
+            * ratio, cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
-            matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta, m.gpu.bandwidth_gbps))
+            matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta
+            * prefill_quant_factor(c.quant, m.gpu_backend), m.gpu.bandwidth_gbps))
     return devices, notes
 
 
@@ -518,7 +532,9 @@ def _network(c: Candidate, hw: HardwareProfile, devices: Sequence[_Device],
     next device when that is on the same server): one round trip, the activations in
     (n_embd x 4 bytes, unless they come from a device of the same server) with the masks, and
     out the activations for the next machine or, from the last device, the logits
-    (n_vocab x 4 bytes)."""
+    (n_vocab x 4 bytes); and RPC_HOP_MS of serialising and waking. No graph bytes: the veth
+    counters of bench/rpc_link.py show a token moves what is counted here (within a few
+    percent), the graph being cached on the worker."""
     active = [i for i, k in enumerate(counts) if k or i == holder]
     ms, total, trips = 0.0, 0, 0
     act = 4 * c.n_embd
@@ -533,7 +549,7 @@ def _network(c: Candidate, hw: HardwareProfile, devices: Sequence[_Device],
         out = 4 * c.n_vocab if i == holder else (
             0 if nxt is not None and nxt.endpoint == d.endpoint else act)
         rtt, gbps = _link(hw, d.endpoint)
-        ms += rtt + (into + out) / (gbps * 1e9) * 1e3
+        ms += rtt + RPC_HOP_MS + (into + out) / (gbps * 1e9) * 1e3
         total += into + out
         trips += 1
     return ms, total, trips

@@ -15,9 +15,14 @@ throughput)): with few cores llama.cpp is compute-bound before memory-bound. The
 lists them with their sources; bench/planner_published.py reports the fit) and to this
 project's own measurements.
 
+Off Apple a GPU's read rate is also capped by its shader cores (DECODE_GBPS_PER_TFLOP: a
+4-CU iGPU cannot dequantize as fast as its LPDDR5 delivers).
+
 Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
 FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS) x its class's
-matrix_eta; a CPU's cores x clock x FLOPs per cycle of its ISA.
+matrix_eta (fitted per backend and generation: llama.cpp's quantized matrix kernels, not the
+data sheet, bound it) x the share its weights' type reaches (PREFILL_QUANT: legacy quants,
+K-quants, i-quants, F16); a CPU's cores x clock x FLOPs per cycle of its ISA.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from .machine import (
     TOKEN_MS,
     Machine,
     PlanPrefs,
+    gpu_read_gbps,
     machine_view,
     matrix_tflops,
+    prefill_quant_factor,
     quant_factor,
 )
 from .memory import kv_bytes_per_element
@@ -191,7 +198,9 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int) -> Pr
     ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        ms["gpu"] = gpu_bytes / (m.gpu_class.eta * q * m.gpu.bandwidth_gbps * 1e9) * 1e3
+        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu),
+                             m.gpu.vendor)
+        ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu:
         threads = max(1, m.threads)
@@ -211,7 +220,8 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int) -> Pr
     prefill_s = flops * (1 - share_gpu) / cpu_flops
     if share_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        rate = matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
+        rate = (matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
+                * prefill_quant_factor(c.quant, m.gpu_backend))
         prefill_s += flops * share_gpu / rate
     return Prediction(decode_tps=1000.0 / total_ms, decode_ms=ms,
                       prefill_tps=1.0 / prefill_s if prefill_s > 0 else 0.0, key=key)
