@@ -172,6 +172,10 @@ def measure(target: Target, quick: bool, agent: bool, http: httpx.Client) -> dic
         out[f"{name}_gap_ms"] = statistics.median(r["ttft_ms"] - server_ttft_ms(r)
                                                   for r in replies)
     out["left_cost_ms"] = out["after_left_ttft_ms"] - out["fresh_ttft_ms"]
+    # localinfer's phases of a fresh message's TTFT (its timings; llama-server has none).
+    for phase in ("prepare_ms", "queue_ms", "setup_ms", "prefill_ms"):
+        if all(phase in r["server"] for r in fresh):
+            out[f"fresh_{phase}"] = statistics.median(r["server"][phase] for r in fresh)
     out["fifth_prompt_tokens"] = (fifth[0]["usage"] or {}).get("prompt_tokens")
 
     edit = {"model": target.chat_model, "prompt": CODE_EDIT_PROMPT, "temperature": 0,
@@ -317,6 +321,12 @@ def main() -> int:
                       flush=True)
     ours, theirs = median_of(figures["localinfer"]), median_of(figures["llama-server"])
     print(f"\nmedians of {len(figures['localinfer'])} rounds:\n{table(ours, theirs)}")
+    if "fresh_prefill_ms" in ours:
+        print("localinfer's fresh-message TTFT by phase (ms): "
+              + ", ".join(f"{phase} {ours[f'fresh_{phase}_ms']:.1f}"
+                          for phase in ("prepare", "queue", "setup", "prefill"))
+              + " (prepare: parsing, template, tokenizing; queue: waiting for the engine;"
+                " setup: admission to the first decode, within prefill)")
     for warning in gap_warnings(ours, theirs):
         print(warning)
     if args.json:
