@@ -469,3 +469,27 @@ def test_a_last_assistant_turn_is_continued(home):
             {"role": "assistant", "content": '{"capital": '}])
     assert prompts[-1].endswith('<start_of_turn>model\n{"capital": ')
     assert answer.content[0].text == '"Paris"}'
+
+
+def test_pings_flow_while_a_long_prompt_is_read(home, monkeypatch):
+    """A slow prefill (here 0.6 s, at 0.05 s a ping) sends pings before the first token, so
+    a client's read timeout does not fire while a long prompt is read; the SDK's stream
+    reads through them."""
+    from localinfer.daemon import anthropic_routes
+    monkeypatch.setattr(anthropic_routes, "PING_INTERVAL_S", 0.05)
+    install_fake_models("fake:1b-f16")
+    long_prompt = [{"role": "user", "content": "word " * 60}]
+    with serve(fake_factory(reply=REPLY, prompt_delay_s=0.01)) as d:
+        with d.uds() as http:
+            raw = http.post("/v1/messages", json={"model": "fake:1b", "max_tokens": 64,
+                                                  "messages": long_prompt,
+                                                  "stream": True}).text
+        kinds = [kind for kind, _ in events(raw)]
+        first_block = kinds.index("content_block_start")
+        assert kinds[0] == "message_start"
+        assert kinds[1:first_block] == ["ping"] * (first_block - 1) and first_block - 1 >= 4
+        assert kinds[-1] == "message_stop"
+        c = anthropic.Anthropic(base_url=d.url, api_key="unused", max_retries=0,
+                                timeout=anthropic.Timeout(5.0, read=0.3))
+        with c.messages.stream(model="fake:1b", max_tokens=64, messages=long_prompt) as s:
+            assert s.get_final_message().content[0].text == REPLY

@@ -28,10 +28,15 @@ from .bridge import BridgeResponse, start_generation, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .reasoning_fields import anthropic_think
-from .replies import End, reply_parts, whole_parts
+from .replies import End, Piece, reply_parts, whole_parts
 from .requests import Fields, priority_of, read_json, sampling
 from .state import DaemonState
 from .structured import Constraints, anthropic_constraints
+
+PING_INTERVAL_S = 10.0
+"""A stream that has sent nothing for this long sends a ``ping`` event (as Anthropic's API
+does): a long prompt's prefill (a minute for an agent's 30k tokens on a CPU) would otherwise
+leave the client's read timeout to fire before the first token."""
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -55,8 +60,11 @@ def routes(state: DaemonState) -> list[Route]:
             yield reply.start()
             yield _event("ping", {"type": "ping"})
             try:
-                async for part in reply_parts(state, events, prompt.thinking,
-                                              prompt.constraints):
+                async for part in _with_pings(reply_parts(state, events, prompt.thinking,
+                                                          prompt.constraints)):
+                    if part is None:
+                        yield _event("ping", {"type": "ping"})
+                        continue
                     for event in reply.part(part.reasoning, part.content):
                         yield event
                     if isinstance(part, End):
@@ -86,6 +94,24 @@ def routes(state: DaemonState) -> list[Route]:
         Route("/v1/messages/{rest:path}", guarded(state, "v1/messages/other", unknown),
               methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
+
+
+async def _with_pings(parts: AsyncIterator[Piece | End]) -> AsyncIterator[Piece | End | None]:
+    """``parts``, with a None each time ``PING_INTERVAL_S`` passes without one (the wait
+    for the next part goes on: it is not cancelled)."""
+    iterator = aiter(parts)
+    while True:
+        following = asyncio.ensure_future(anext(iterator))
+        try:
+            while not (await asyncio.wait({following}, timeout=PING_INTERVAL_S))[0]:
+                yield None
+        except BaseException:
+            following.cancel()
+            raise
+        try:
+            yield following.result()
+        except StopAsyncIteration:
+            return
 
 
 class _Prompt:
