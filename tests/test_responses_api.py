@@ -466,3 +466,50 @@ def test_a_call_to_a_namespaced_tool_names_its_namespace(qwen3):
     assert (call.type, call.name, call.namespace) == ("function_call", "spawn_agent",
                                                       "multi_agent_v1")
     assert json.loads(call.arguments) == {"message": "go"}
+
+
+def test_input_tokens_counts_what_the_response_reads(qwen3):
+    """client.responses.input_tokens.count: the same tokens as the response's
+    usage.input_tokens, with tools, reasoning and a stored previous response."""
+    client = openai_client(qwen3)
+    ask = {"model": "qwen3:1b", "input": "Weather in Paris?", "tools": [WEATHER],
+           "instructions": "Use tools.", "reasoning": {"effort": "high"}}
+    first = client.responses.create(**ask)
+    counted = client.responses.input_tokens.count(**ask)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == first.usage.input_tokens
+    assert client.responses.input_tokens.count(model="qwen3:1b", input="Weather in Paris?"
+                                               ).input_tokens < counted.input_tokens
+    output = [{"type": "function_call_output", "call_id": first.output[-1].call_id,
+               "output": "12 C"}]
+    follow = {"model": "qwen3:1b", "previous_response_id": first.id, "tools": [WEATHER],
+              "input": output}
+    final = client.responses.create(**follow)
+    assert client.responses.input_tokens.count(**follow).input_tokens == \
+        final.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(**{**follow, "previous_response_id": "resp_no"})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.input_tokens.count(**ask, truncation="auto")
+    assert "'truncation'" in caught.value.body["message"]
+
+
+def test_cancel_and_compact_are_400s_that_say_why(daemon):
+    """No background responses run here: cancelling a stored response is a 400 naming that
+    (an unknown one a 404), and 'background: true' is refused by name; compaction is a
+    400 naming it."""
+    client = openai_client(daemon)
+    stored = client.responses.create(model="fake:1b", input="hi")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.cancel(stored.id)
+    body = caught.value.body
+    assert body["type"] == "invalid_request_error" and "background" in body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nope")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="fake:1b", input="hi", background=True)
+    assert "'background'" in caught.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.compact(model="fake:1b", input="hi")
+    assert "compaction is not supported" in caught.value.body["message"]
+    assert client.responses.retrieve(stored.id).status == "completed"

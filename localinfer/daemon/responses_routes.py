@@ -1,5 +1,7 @@
 """OpenAI's Responses API, what Codex speaks: ``POST /v1/responses``, ``GET`` and ``DELETE
-/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, on the chat route's engine,
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST
+/v1/responses/input_tokens`` (the prompt's tokens, counted as a response would read them), on
+the chat route's engine,
 templates, tool grammar (structured.py) and thinking split (reasoning_fields.py).
 
 The request's ``input`` items (messages, function and custom tool calls and their outputs;
@@ -9,6 +11,9 @@ item with the model's reasoning text, a ``message`` with ``output_text``, and a
 ``function_call`` (or ``custom_tool_call``) per call, streamed as the documented events, each
 with its ``sequence_number``. ``store`` (default true, as OpenAI's) keeps the response and
 its conversation on disk (response_store.py) for ``previous_response_id``, GET and DELETE.
+``POST /v1/responses/{id}/cancel`` and ``POST /v1/responses/compact`` are answered with a 400
+that says why: there are no background responses to cancel, and OpenAI's compaction item is
+an encrypted summary only its servers read.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .state import DaemonState
 from .structured import Constraints, responses_constraints
 
 ROUTE = "/v1/responses"
+INPUT_TOKENS_ROUTE = "/v1/responses/input_tokens"
 
 INCLUDES = {
     "message.output_text.logprobs": "honoured: each output_text part carries its tokens'"
@@ -72,14 +78,17 @@ class Ask:
 def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route]:
     responses = store if store is not None else ResponseStore()
 
+    async def history(body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The stored conversation ``previous_response_id`` continues (404 if none)."""
+        previous = Fields(body).string("previous_response_id", None)
+        if previous is None:
+            return []
+        return list((await asyncio.to_thread(responses.get, previous))["conversation"])
+
     async def create(request: Request) -> Response:
         body = await read_json(request)
         audit(ROUTE, body)
-        previous = Fields(body).string("previous_response_id", None)
-        history: list[dict[str, Any]] = []
-        if previous is not None:
-            history = (await asyncio.to_thread(responses.get, previous))["conversation"]
-        ask = read_request(body, history)
+        ask = read_request(body, await history(body))
         entry, events, stack = await start_generation(
             state.manager, Fields(body).string("model"),
             ask.constraints.encoder(ask.messages, ask.thinking),
@@ -143,8 +152,42 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
         await asyncio.to_thread(responses.delete, ident)
         return JSONResponse({"id": ident, "object": "response", "deleted": True})
 
+    async def input_tokens(request: Request) -> Response:
+        """The request's prompt in tokens: the same messages, tools and thinking variables,
+        rendered by the same template, as POST /v1/responses would read (its
+        ``usage.input_tokens``)."""
+        body = await read_json(request)
+        audit(INPUT_TOKENS_ROUTE, body)
+        ask = read_request(body, await history(body))
+        encode = ask.constraints.encoder(ask.messages, ask.thinking)
+        async with state.manager.lease(Fields(body).string("model")) as entry:
+            tokens = await asyncio.to_thread(encode, entry.engine)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": len(tokens)})
+
+    async def cancel(request: Request) -> Response:
+        ident = request.path_params["response_id"]
+        await asyncio.to_thread(responses.get, ident)  # an unknown id is a 404
+        raise InvalidRequest(f"{ident} cannot be cancelled: only a background response can"
+                             " be, and localinfer runs none ('background: true' is refused;"
+                             " every response is made while its request waits). To stop a"
+                             " response being made, close its stream or its request.")
+
+    async def compact(request: Request) -> Response:
+        raise InvalidRequest("POST /v1/responses/compact: server-side compaction is not"
+                             " supported. OpenAI's compaction item is an encrypted summary"
+                             " that only OpenAI's servers read, and a local model has nothing"
+                             " to decrypt it with; compact the conversation on the client"
+                             " (send a summary of it as the next 'input'), or start a new"
+                             " one.")
+
     return [
         Route(ROUTE, guarded(state, "v1/responses", create), methods=["POST"]),
+        Route(INPUT_TOKENS_ROUTE, guarded(state, "v1/responses/input_tokens", input_tokens),
+              methods=["POST"]),
+        Route(ROUTE + "/compact", guarded(state, "v1/responses/compact", compact),
+              methods=["POST"]),
+        Route(ROUTE + "/{response_id}/cancel", guarded(state, "v1/responses/id/cancel",
+                                                       cancel), methods=["POST"]),
         Route(ROUTE + "/{response_id}", guarded(state, "v1/responses/id", retrieve),
               methods=["GET"]),
         Route(ROUTE + "/{response_id}", guarded(state, "v1/responses/id", delete),
