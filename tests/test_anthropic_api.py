@@ -106,10 +106,15 @@ def test_reasoning_then_a_call_whole_and_streamed(qwen3):
     assert call.input == {"city": "Paris"} and reply.stop_reason == "tool_use"
 
     with c.messages.stream(**ask) as s:
-        kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in s]
+        seen = list(s)
         final = s.get_final_message()
+    kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in seen]
     assert ("content_block_delta", "thinking_delta") in kinds
-    assert ("content_block_delta", "input_json_delta") in kinds
+    # The call's input streams as the model writes it: several deltas, which the SDK
+    # accumulates into a growing snapshot of the input.
+    assert kinds.count(("content_block_delta", "input_json_delta")) >= 3
+    snapshots = [e.snapshot for e in seen if e.type == "input_json"]
+    assert len(snapshots) >= 3 and snapshots[-1] == {"city": "Paris"}
     assert [b.type for b in final.content] == ["thinking", "tool_use"]
     assert final.content[1].input == {"city": "Paris"} and final.stop_reason == "tool_use"
 
@@ -493,3 +498,33 @@ def test_pings_flow_while_a_long_prompt_is_read(home, monkeypatch):
                                 timeout=anthropic.Timeout(5.0, read=0.3))
         with c.messages.stream(model="fake:1b", max_tokens=64, messages=long_prompt) as s:
             assert s.get_final_message().content[0].text == REPLY
+
+
+def test_two_calls_stream_their_inputs_piece_by_piece(home):
+    """Parallel calls, each a tool_use block opened once its name is written, its input in
+    several input_json_delta events; the SDK's final message holds both inputs whole."""
+    install_fake_models("qwen3:1b-f16")
+    note = "line one\nline two with {braces} and \"quotes\""
+    calls = "\n".join(
+        "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+        for name, args in (("get_weather", {"city": "Paris"}),
+                           ("write_note", {"path": "a b.txt", "text": note})))
+    note_tool = {"name": "write_note", "input_schema": {"type": "object", "properties": {
+        "path": {"type": "string"}, "text": {"type": "string"}}}}
+    with serve(fake_factory(reply=calls, chat_template=QWEN3_TOOLS)) as d:
+        c = client(d)
+        with c.messages.stream(model="qwen3:1b", max_tokens=500, tools=[WEATHER, note_tool],
+                               messages=HI) as s:
+            seen = list(s)
+            final = s.get_final_message()
+    assert [b.type for b in final.content] == ["tool_use", "tool_use"]
+    assert final.content[0].input == {"city": "Paris"}
+    assert final.content[1].input == {"path": "a b.txt", "text": note}
+    assert final.content[0].id != final.content[1].id and final.stop_reason == "tool_use"
+    per_block = [sum(1 for e in seen if e.type == "content_block_delta" and e.index == i)
+                 for i in (0, 1)]
+    assert per_block[0] >= 3 and per_block[1] >= 8
+    starts = [i for i, e in enumerate(seen) if e.type == "content_block_start"]
+    first_delta_of_1 = next(i for i, e in enumerate(seen)
+                            if e.type == "content_block_delta" and e.index == 1)
+    assert starts[1] < first_delta_of_1

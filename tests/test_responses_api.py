@@ -122,18 +122,23 @@ def test_reasoning_then_a_call_whole_and_streamed(qwen3):
         final = s.get_final_response()
     types = [e.type for e in events]
     n = types.count("response.reasoning_text.delta")
+    m = types.count("response.function_call_arguments.delta")
     assert n > 0 and types == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.content_part.added",
         *["response.reasoning_text.delta"] * n, "response.reasoning_text.done",
         "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.output_item.added", *["response.function_call_arguments.delta"] * m,
         "response.function_call_arguments.done", "response.output_item.done",
         "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [i.type for i in final.output] == ["reasoning", "function_call"]
     done = [e for e in events if e.type == "response.function_call_arguments.done"][0]
     assert json.loads(done.arguments) == {"city": "Paris"}
+    # The arguments stream as the model writes them, several pieces adding up to them.
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert m >= 3 and "".join(deltas) == done.arguments == final.output[1].arguments
+    assert final.output[1].call_id == events[-2].item.call_id
     assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidRequest
 from ..runtime.engine import Engine
+from ..runtime.tools import PartialCall
 from ..runtime.types import Done, Message, ToolCall
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .error_replies import guarded, stream_error_body
@@ -67,6 +68,9 @@ def routes(state: DaemonState) -> list[Route]:
                         continue
                     for event in reply.part(part.reasoning, part.content):
                         yield event
+                    if isinstance(part, Piece):
+                        for event in reply.calls(part.calls):
+                            yield event
                     if isinstance(part, End):
                         for event in reply.end(part.done, part.calls):
                             yield event
@@ -296,6 +300,8 @@ class _Reply:
         self.prompt = prompt
         self.index = -1
         self.open: str | None = None  # the kind of the block being streamed
+        self.streamed: list[int] = []
+        """How much of each call's arguments has been sent, in order (streamed calls)."""
 
     def _message(self, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
                  usage: dict[str, int]) -> dict[str, Any]:
@@ -356,17 +362,34 @@ class _Reply:
                                                    "signature": ""})
             if self.prompt.show_thinking:
                 events.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
-        if content:
+        if content and not self.streamed:  # after the calls begin, none (a cut call's text)
             if self.open != "text":
                 events += self._block("text", {"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": content}))
+        return events
+
+    def calls(self, calls: Sequence[PartialCall]) -> list[str]:
+        """The calls' arguments as the model writes them: a tool_use block per call, opened
+        once its name is written, and an ``input_json_delta`` per piece of its arguments
+        (the calls come in order: the last opened block is the one growing)."""
+        events = []
+        for i, call in enumerate(calls):
+            if i == len(self.streamed):
+                events += self._block("tool_use", {
+                    "type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24],
+                    "name": call.name, "input": {}})
+                self.streamed.append(0)
+            if len(call.arguments) > self.streamed[i]:
+                events.append(self._delta({"type": "input_json_delta",
+                                           "partial_json": call.arguments[self.streamed[i]:]}))
+                self.streamed[i] = len(call.arguments)
         return events
 
     def end(self, done: Done, calls: list[ToolCall]) -> list[str]:
         events = []
         if self.index < 0 and not calls:  # an empty reply still has its text block
             events += self._block("text", {"type": "text", "text": ""})
-        for call in calls:
+        for call in calls[len(self.streamed):]:  # those not streamed: whole
             events += self._block("tool_use", {"type": "tool_use", "id": _tool_id(call),
                                                "name": call.name, "input": {}})
             events.append(self._delta({"type": "input_json_delta",

@@ -22,7 +22,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidRequest, LocalInferError
 from ..protocol import json_line
+from ..runtime.tools import PartialCall, new_call_id
 from ..runtime.types import Done, Message, SamplingParams, Token, TokenLogprob, ToolCall
 from .bridge import BridgeResponse, EventStream, start_generation, unless_disconnected
 from .error_replies import guarded, stream_failure
@@ -419,6 +420,12 @@ class Reply:
         """Log-probabilities of text held back (a possible call), not yet sent."""
         self.reasoning_tokens = 0
         self.usage: dict[str, Any] | None = None
+        self.streamed: list[dict[str, Any]] = []
+        """The function calls streamed as the model wrote them, each's item (its arguments
+        so far) while open, in order."""
+        self.streaming = True
+        """Calls are still streamed: no custom tool's call came first (its input is sent
+        whole, and the calls keep their order)."""
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.sequence += 1
@@ -451,6 +458,8 @@ class Reply:
                         yield e
                 self.pending += event.logprobs if not reasoning else ()
                 for e in self._content(content):
+                    yield e
+                for e in self._streaming(splitter.calls if splitter is not None else []):
                     yield e
                 continue
             state.record(event)
@@ -532,11 +541,57 @@ class Reply:
         self.item = None
         return events
 
+    def _streaming(self, calls: Sequence[PartialCall]) -> list[dict[str, Any]]:
+        """A function call's item as the model writes it: added once its name is written,
+        a ``response.function_call_arguments.delta`` per piece of its arguments, done once
+        they are whole."""
+        events: list[dict[str, Any]] = []
+        for i, call in enumerate(calls[:len(self.streamed) + 1] if self.streaming else ()):
+            if i == len(self.streamed):
+                if call.name in self.custom:
+                    self.streaming = False
+                    break
+                if self.item is not None and self.item["type"] == "message":
+                    self.entries += self.pending
+                events += self._close()
+                item = {"id": "fc_" + uuid.uuid4().hex, "type": "function_call",
+                        "call_id": new_call_id(), "name": call.name, "arguments": "",
+                        "status": "in_progress"}
+                if call.name in self.namespaces:
+                    item["namespace"] = self.namespaces[call.name]
+                self.streamed.append(item)
+                events.append(self._event("response.output_item.added",
+                                          output_index=len(self.output), item=dict(item)))
+            item = self.streamed[i]
+            if item["status"] != "in_progress":
+                continue
+            if len(call.arguments) > len(item["arguments"]):
+                delta = call.arguments[len(item["arguments"]):]
+                item["arguments"] = call.arguments
+                events.append(self._event("response.function_call_arguments.delta",
+                                          item_id=item["id"], output_index=len(self.output),
+                                          delta=delta))
+            if call.complete:
+                events += self._call_done(item, "completed")
+        return events
+
+    def _call_done(self, item: dict[str, Any], status: str) -> list[dict[str, Any]]:
+        item["status"] = status
+        where = {"item_id": item["id"], "output_index": len(self.output)}
+        self.output.append(dict(item))
+        return [self._event("response.function_call_arguments.done", **where,
+                            arguments=item["arguments"], name=item["name"]),
+                self._event("response.output_item.done", output_index=where["output_index"],
+                            item=dict(item))]
+
     def _finish(self, done: Done, calls: list[ToolCall]) -> list[dict[str, Any]]:
         if self.item is not None and self.item["type"] == "message":
             self.entries += self.pending
         events = self._close()
-        for call in calls:
+        for item in self.streamed:  # a call cut off (max_output_tokens) ends incomplete
+            if item["status"] == "in_progress":
+                events += self._call_done(item, "incomplete")
+        for call in calls[len(self.streamed):]:
             events += self._call(call)
         u = done.usage
         self.usage = {"input_tokens": u.prompt_tokens,
