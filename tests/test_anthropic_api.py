@@ -528,3 +528,39 @@ def test_two_calls_stream_their_inputs_piece_by_piece(home):
     first_delta_of_1 = next(i for i, e in enumerate(seen)
                             if e.type == "content_block_delta" and e.index == 1)
     assert starts[1] < first_delta_of_1
+
+
+def _long_thinker(text: str) -> str:
+    """A Qwen3-like model that reasons for 3,000 tokens unless made to stop: once the text
+    so far ends with the closed block, it answers."""
+    if text.endswith("</think>\n\n"):
+        return "The answer."
+    return "<think>\n" + "w " * 1500 + "\n</think>\n\nThe long answer."
+
+
+def test_budget_tokens_closes_the_thinking(home):
+    """thinking.budget_tokens caps the reasoning on its own: after that many reasoning
+    tokens the end of the block is written in the model's place, and the model answers
+    (whole and streamed); a budget the reasoning stays within changes nothing."""
+    install_fake_models("qwen3:1b-f16")
+    with serve(fake_factory(reply=_long_thinker, chat_template=QWEN3_TOOLS,
+                            n_ctx=8192)) as d:
+        c = client(d)
+        ask = {"model": "qwen3:1b", "max_tokens": 6000, "messages": HI,
+               "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        reply = c.messages.create(**ask)
+        assert [b.type for b in reply.content] == ["thinking", "text"]
+        # 1,024 reasoning tokens: the new line after <think>, then 511 "w " and a "w".
+        assert reply.content[0].thinking.split() == ["w"] * 512
+        assert reply.content[1].text == "The answer." and reply.stop_reason == "end_turn"
+        assert reply.usage.output_tokens < 1100
+        with c.messages.stream(**ask) as s:
+            final = s.get_final_message()
+        assert final.content[0].thinking == reply.content[0].thinking
+        assert final.content[1].text == "The answer."
+        roomy = c.messages.create(**{**ask, "thinking": {"type": "enabled",
+                                                         "budget_tokens": 4000}})
+        assert roomy.content[0].thinking.split() == ["w"] * 1500
+        assert roomy.content[1].text == "The long answer."
+        adaptive = c.messages.create(**{**ask, "thinking": {"type": "adaptive"}})
+        assert adaptive.content[1].text == "The long answer."

@@ -70,9 +70,13 @@ class Constraints:
                 assert self.fmt is not None  # set by the encoder, which runs first
                 grammar = call_grammar(self.fmt, self.tools, self.choice,
                                        parallel=self.parallel)
+            # The prompt is rendered (the encoder runs first): the budget knows its tags.
+            budget = self.thinking.reasoning_budget() if self.thinking is not None else None
+            params = base if budget is None else dataclasses.replace(
+                base, reasoning_budget=budget)
             if grammar is None:
-                return base
-            return dataclasses.replace(base, grammar=reasoned(grammar, self.thinking))
+                return params
+            return dataclasses.replace(params, grammar=reasoned(grammar, self.thinking))
         return resolve
 
     def splitter(self) -> CallSplitter | None:

@@ -48,6 +48,7 @@ from .prompts import PromptBuilder
 from .slots import Slot
 from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
+from .thinking import BudgetWatch
 from .threads import ThreadTuner
 from .tools import ToolFormat
 from .types import (
@@ -282,6 +283,9 @@ class Engine:
             assembler=TextAssembler(params.stop, min_indent=params.n_indent),
             target=list(prompt),
         )
+        if params.reasoning_budget is not None:  # counted as it goes; its close, forced
+            request.budget, request.closing = BudgetWatch(params.reasoning_budget), \
+                self.tokenize(params.reasoning_budget.close)
         generation.request = request
         if params.supersede is not None:
             self._supersede(params.supersede)
@@ -768,18 +772,24 @@ class Engine:
             return None
 
     def _sample(self, request: Request, index: int) -> int:
-        """Sample batch entry ``index`` with the request's sampler; with its log-probability
-        when asked for (taken from the logits before sampling: the argmax shortcut and the
-        native chain both leave the model's distribution behind them)."""
-        n_top = request.params.logprobs
-        if n_top is None:
+        """Sample batch entry ``index`` with the request's sampler (or take the token a spent
+        reasoning budget forces); with its log-probability when asked for (taken from the
+        logits before sampling: the argmax shortcut and the native chain both leave the
+        model's distribution behind them)."""
+        n_top, request.was_forced = request.params.logprobs, bool(request.forced)
+        if n_top is None and not request.forced:
             return self.backend.sample(request.sampler, index)
-        row = self.backend.raw_logits(index)
-        distribution = Distribution(row, n_top)
-        token = self.backend.sample(request.sampler, index)
-        if not self.backend.is_eog(token):  # the end of a turn is no part of the reply
-            # The sampled token's own logit is as it was: the argmax shortcut overwrites only
-            # the never-sampled tokens' logits.
+        row = self.backend.raw_logits(index) if n_top is not None else None
+        distribution = Distribution(row, n_top) if row is not None and n_top is not None \
+            else None
+        if request.forced:  # written in the model's place: the sampler takes it as sampled
+            token = request.forced.pop(0)
+            self.backend.force(request.sampler, token)
+        else:
+            token = self.backend.sample(request.sampler, index)
+        if row is not None and distribution and not self.backend.is_eog(token):
+            # The end of a turn is no part of the reply. The sampled token's own logit is as
+            # it was: the argmax shortcut overwrites only the never-sampled tokens' logits.
             request.logprobs.append(distribution.entry(token, float(row[token]),
                                                        self.backend.token_bytes))
         return token
@@ -793,10 +803,14 @@ class Engine:
         if request.n_generated == 1:
             request.t_first = now
         request.t_last = now
-        if self.backend.is_eog(token):
+        if self.backend.is_eog(token) and not request.was_forced:
             self._finish(slot, "stop", now)
             return False
-        text = request.assembler.push(self.backend.token_bytes(token))
+        piece = self.backend.token_bytes(token)
+        if request.budget is not None and not request.was_forced and \
+                request.budget.push(piece):
+            request.forced = list(request.closing)  # the budget is spent: close the block
+        text = request.assembler.push(piece)
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
         limit_ms = request.params.t_max_predict_ms

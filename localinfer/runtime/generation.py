@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .speculate import PromptLookup
 from .text import TextAssembler
+from .thinking import BudgetWatch
 from .types import (
     Done,
     Event,
@@ -118,6 +119,15 @@ class Request:
     """Each generated token's log-probability, when the request asks for them."""
     n_logprobs_sent: int = 0
     """How many of them have gone out with a Token event."""
+    budget: BudgetWatch | None = None
+    """The reasoning budget's count, when the request has one."""
+    closing: list[int] = field(default_factory=list)
+    """The tokens of the budget's ``close`` (tokenized at submission)."""
+    forced: list[int] = field(default_factory=list)
+    """Tokens still to be written in the model's place, one a step (a spent budget's
+    close)."""
+    was_forced: bool = False
+    """The token last taken was forced, not sampled."""
 
     def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
         unsent = tuple(self.logprobs[self.n_logprobs_sent:])

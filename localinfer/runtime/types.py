@@ -75,6 +75,24 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """A cap on a reply's reasoning, as llama-server's reasoning budget: once the reasoning
+    block (opened by ``open_tag`` at the reply's start, or by the prompt) has ``tokens``
+    tokens, ``close`` is written in the model's place (its tokens forced, one a step), so
+    the model goes on with its answer."""
+
+    tokens: int
+    open_tag: str
+    close: str
+    """The text that ends the reasoning (``</think>``, or harmony's move to its final
+    channel), forced when the budget is spent."""
+    close_tag: str
+    """The tag whose writing ends the reasoning (then nothing is forced)."""
+    opened: bool = False
+    """The prompt opened the block: the reply begins inside it."""
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token. Defaults follow llama.cpp's."""
 
@@ -127,6 +145,9 @@ class SamplingParams:
     and want only the newest."""
     grammar: Grammar | None = None
     """What the reply must look like (JSON of a schema, tool calls); None: anything."""
+    reasoning_budget: ReasoningBudget | None = None
+    """The most tokens the reply's reasoning may take (Anthropic's thinking.budget_tokens);
+    None: no cap but max_tokens."""
 
     def validate(self) -> SamplingParams:
         """Raise InvalidRequest for a value no sampler can use; return self."""
