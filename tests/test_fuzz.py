@@ -173,7 +173,11 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
         {"model": model, "prompt": maybe(texts | st.lists(texts, max_size=2))},
         optional={**openai_common, "suffix": values}),
     ("POST", "/api/chat"): st.fixed_dictionaries(
-        {"model": model}, optional={**ollama_common, "messages": messages}),
+        {"model": model}, optional={
+            **ollama_common, "messages": messages, "temperature": values, "top_p": values,
+            "max_output_tokens": maybe(small_ints) | values,
+            "tool_choice": maybe(st.sampled_from(["auto", "none", "required"]))
+            | st.fixed_dictionaries({"type": maybe(texts), "name": maybe(texts)}) | values}),
     ("POST", "/api/generate"): st.fixed_dictionaries(
         {"model": model}, optional={**ollama_common, "prompt": maybe(texts),
                                     "suffix": maybe(texts), "system": maybe(texts),

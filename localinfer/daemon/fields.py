@@ -185,8 +185,10 @@ _OLLAMA_REFUSED = {
 }
 
 API_CHAT = RouteFields(
-    honoured=("messages", *_OLLAMA_HONOURED),
-    elsewhere=("tools", "format"),
+    # temperature, top_p, max_output_tokens: where options leaves them out (the AI SDK's
+    # Ollama provider, Cline's, sends them at the top; ollama_routes.TOP_LEVEL_SAMPLING).
+    honoured=("messages", *_OLLAMA_HONOURED, "temperature", "top_p", "max_output_tokens"),
+    elsewhere=("tools", "tool_choice", "format"),
     refused=_OLLAMA_REFUSED,
 )
 
