@@ -1,18 +1,31 @@
 """localinfer's daemon and llama-server side by side in one run, on the same model with the same
-requests from the same streaming HTTP client (OpenAI's API), alternating which server goes first
+requests from one streaming HTTP client (OpenAI's API), alternating which server goes first
 each round, and the ratios between them.
 
-    python bench/side_by_side.py --llama-server PATH [--model F.gguf] [--quick]
-        [--rounds N] [--json OUT.json] [--llama-server-arg ARG ...]
+    python bench/side_by_side.py --llama-server PATH [--model F.gguf] [--quick] [--agent]
+        [--rounds N] [--json OUT.json] [--llama-server-arg ARG ...] [--localinfer-arg ARG ...]
+
+Both servers run at their own defaults (``localinfer serve``; ``llama-server -m F``, plus the
+chat template localinfer renders the model with when the file has none, so that both read the
+same prompt); ``--llama-server-arg`` / ``--localinfer-arg`` add settings to one side. One
+``httpx.Client`` makes every request to both, each on a new connection (llama-server closes a
+streamed reply's connection), and reads each stream to its end.
 
 Rows: one stream greedy and sampled (decode tok/s), 4 and 8 streams at once (aggregate tok/s:
 completion tokens over the wall time), TTFT of a short fresh message, TTFT of the 5th turn of a
-chat (four turns of about 300 tokens each before it, each reply the server's own) and its ratio
-to the fresh message, and a code edit (repeat a 60-line function with one change, on the
-completions route: where prompt-lookup speculation helps). Each server has 8 slots of 4,096
-tokens: ``localinfer serve --slots 8 --ctx 4096`` and ``llama-server -np 8 -c 32768``, every
-other setting its default. The machine's load average is printed with each server's figures:
-other work skews them.
+chat (four turns of about 300 tokens each before it, each reply the server's own), what a
+request pays when the client before it left its stream after the first token (its TTFT less a
+fresh message's), and a code edit (repeat a 60-line function with one change, on the
+completions route: where prompt-lookup speculation helps). ``--agent`` adds a coding agent's
+request: an ~18k-token system prompt (a repository's source) and a question, read cold, then
+sent again.
+
+Each TTFT row also prints the server's own figure and the client's time less it (the HTTP path,
+JSON, the template, tokenizing: llama-server's ``prompt_ms`` covers only its prompt's
+evaluation, localinfer's ``ttft_ms`` runs from its engine's submit), and warns when the two
+servers' client-minus-server times differ by more than a few ms: a TTFT row is only a fair
+comparison of the engines when that overhead is alike. The machine's load average is printed
+with each server's figures: other work skews them.
 
 llama-server is built from the llama.cpp sources vendored in the llama-cpp-python sdist
 (cmake -DLLAMA_BUILD_SERVER=ON, target llama-server); never built by the tests.
@@ -48,10 +61,10 @@ from localinfer.loading import fallback_template
 from localinfer.store import ModelStore
 from streaming import stream
 
-SLOTS = 8
-CTX_PER_SLOT = 4096
-LOCALINFER_ARGS = ("--slots", str(SLOTS), "--ctx", str(CTX_PER_SLOT))
-LLAMA_SERVER_ARGS = ("-np", str(SLOTS), "-c", str(SLOTS * CTX_PER_SLOT))
+AGENT_SOURCE_CHARS = 64_000
+"""About 18k tokens of this project's own source (Gemma's tokenizer, ~3.5 characters a token
+of Python): a coding agent's system prompt with a repository in it."""
+GAP_WARN_MS = 5.0
 TOPICS = ["the history of the printing press", "how tides work", "baking sourdough bread",
           "the rules of chess"]
 QUESTIONS = ["Now summarise everything we discussed in three sentences.",
@@ -71,29 +84,54 @@ vary by 10-30% (the ratio of the medians of six pairs ranged over 0.98-1.32 in f
 one machine)."""
 
 
-def client(url: str) -> httpx.Client:
-    """A client that opens a connection per request: llama-server closes a streamed reply's
-    connection, and a pooled one would then fail on the next request."""
-    return httpx.Client(base_url=url, timeout=600,
-                        limits=httpx.Limits(max_keepalive_connections=0))
+def client() -> httpx.Client:
+    """The one client both servers get: a new connection per request (llama-server closes a
+    streamed reply's connection, and a pooled one would then fail on the next request)."""
+    return httpx.Client(timeout=1800, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def chat(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def measure(target: Target, quick: bool) -> dict[str, Any]:
+def agent_messages(question: str) -> list[dict[str, str]]:
+    """A coding agent's request: a system prompt with a repository's source, then a question."""
+    root = Path(__file__).resolve().parent.parent / "localinfer"
+    source, size = [], 0
+    for path in sorted(root.rglob("*.py")):
+        text = f"### {path.relative_to(root.parent)}\n{path.read_text()}\n"
+        source.append(text)
+        size += len(text)
+        if size >= AGENT_SOURCE_CHARS:
+            break
+    system = ("You are a coding agent working in this repository. Answer questions about it."
+              "\n\n" + "".join(source)[:AGENT_SOURCE_CHARS])
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def left_after_first_token(http: httpx.Client, url: str, body: dict) -> None:
+    """A stream its client leaves once the first piece of text arrives (as an editor drops a
+    superseded completion): the connection is closed with the reply unread."""
+    with http.stream("POST", url, json={**body, "stream": True}) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and any(
+                    (choice.get("delta") or {}).get("content")
+                    for choice in json.loads(line[6:]).get("choices") or []):
+                break
+
+
+def measure(target: Target, quick: bool, agent: bool, http: httpx.Client) -> dict[str, Any]:
     """Every row against one running server."""
     n_tokens = 32 if quick else 64
-    http = client(target.url)
     greedy = {"model": target.chat_model, "max_tokens": n_tokens, "temperature": 0}
     sampled = {**greedy, "temperature": 0.7, "seed": 1}
     prompts = STORY_PROMPTS[:2 if quick else 3]
+    chat_url = f"{target.url}/v1/chat/completions"
     out: dict[str, Any] = {"load_before": os.getloadavg()[0]}
 
-    def chat_stream(body: dict, messages: list[dict[str, str]],
-                    via: httpx.Client = http) -> dict:
-        return stream(via, "/v1/chat/completions", {**body, "messages": messages})
+    def chat_stream(body: dict, messages: list[dict[str, str]]) -> dict:
+        return stream(http, chat_url, {**body, "messages": messages})
 
     chat_stream({**greedy, "max_tokens": 4}, chat("Warm up"))
     out["greedy_tps"] = statistics.median(chat_stream(greedy, chat(p))["decode_tps"]
@@ -101,15 +139,12 @@ def measure(target: Target, quick: bool) -> dict[str, Any]:
     out["sampled_tps"] = statistics.median(chat_stream(sampled, chat(p))["decode_tps"]
                                            for p in prompts)
     for width in (4, 8):
-        clients = [client(target.url) for _ in range(width)]
         started = time.perf_counter()
-        with ThreadPoolExecutor(width) as pool:  # each stream its own client and thread
-            results = list(pool.map(lambda c, p: chat_stream(greedy, chat(p), c), clients,
+        with ThreadPoolExecutor(width) as pool:  # each stream its own thread, one client
+            results = list(pool.map(lambda p: chat_stream(greedy, chat(p)),
                                     STORY_PROMPTS[:width]))
         wall = time.perf_counter() - started
         out[f"streams{width}_tps"] = sum(r["tokens"] for r in results) / wall
-        for c in clients:
-            c.close()
 
     # A chat: each turn resends the whole conversation with the server's own replies.
     turn = {**greedy, "max_tokens": 48}
@@ -120,25 +155,37 @@ def measure(target: Target, quick: bool) -> dict[str, Any]:
         messages.append({"role": "assistant", "content": reply["text"]})
     first = {**greedy, "max_tokens": 4}
     questions = QUESTIONS[:3] if quick else QUESTIONS
-    fifth, fresh = [], []
+    fifth, fresh, after_left = [], [], []
     for i, q in enumerate(questions):  # interleaved, each first by turns: the load drifts
         pair = [(fifth, messages + chat(q)), (fresh, chat(q))]
         for replies, asked in pair if i % 2 == 0 else pair[::-1]:
             replies.append(chat_stream(first, asked))
-    out["fresh_ttft_ms"] = statistics.median(r["ttft_ms"] for r in fresh)
-    out["fifth_ttft_ms"] = statistics.median(r["ttft_ms"] for r in fifth)
+        left_after_first_token(http, chat_url, {**greedy, "max_tokens": 200,
+                                                "messages": chat(STORY_PROMPTS[i % 4])})
+        after_left.append(chat_stream(first, chat(q + " ")))
+    for name, replies in (("fresh", fresh), ("fifth", fifth), ("after_left", after_left)):
+        out[f"{name}_ttft_ms"] = statistics.median(r["ttft_ms"] for r in replies)
+        # As the server measured it (localinfer: from its engine's submit; llama-server: its
+        # prompt's evaluation): the rest of the client's TTFT is the HTTP path, the template,
+        # tokenizing.
+        out[f"{name}_server_ms"] = statistics.median(server_ttft_ms(r) for r in replies)
+        out[f"{name}_gap_ms"] = statistics.median(r["ttft_ms"] - server_ttft_ms(r)
+                                                  for r in replies)
+    out["left_cost_ms"] = out["after_left_ttft_ms"] - out["fresh_ttft_ms"]
     out["fifth_prompt_tokens"] = (fifth[0]["usage"] or {}).get("prompt_tokens")
-    # As the server measured it (localinfer: from its engine's submit; llama-server: its prompt
-    # processing): the rest of the client's TTFT is the HTTP path, the template, tokenizing.
-    out["fresh_server_ms"] = statistics.median(server_ttft_ms(r) for r in fresh)
-    out["fifth_server_ms"] = statistics.median(server_ttft_ms(r) for r in fifth)
 
     edit = {"model": target.chat_model, "prompt": CODE_EDIT_PROMPT, "temperature": 0,
             "max_tokens": 200 if quick else 600, "stop": ["```"]}
-    code_edit = stream(http, "/v1/completions", edit)
+    code_edit = stream(http, f"{target.url}/v1/completions", edit)
     out["code_edit_tps"] = code_edit["decode_tps"]
     out["code_edit_tokens"] = code_edit["tokens"]
-    http.close()
+    if agent:
+        body = {**greedy, "max_tokens": 8}
+        cold = chat_stream(body, agent_messages("Which module holds the engine's batch loop?"))
+        again = chat_stream(body, agent_messages("Which module holds the engine's batch loop?"))
+        out["agent_prompt_tokens"] = (cold["usage"] or {}).get("prompt_tokens")
+        out["agent_cold_ttft_ms"] = cold["ttft_ms"]
+        out["agent_again_ttft_ms"] = again["ttft_ms"]
     out["load_after"] = os.getloadavg()[0]
     return out
 
@@ -155,9 +202,15 @@ ROWS = [("1 stream, greedy (tok/s)", "greedy_tps"),
         ("TTFT, short fresh message (ms)", "fresh_ttft_ms"),
         ("TTFT, 5th chat turn (ms)", "fifth_ttft_ms"),
         ("5th turn / fresh message", "fifth_ratio"),
-        ("TTFT, fresh / 5th turn, server-side (ms)", "server"),
+        ("the next request after a client left its stream, TTFT added (ms)", "left_cost_ms"),
+        ("TTFT server-side, fresh / 5th turn / after a left stream (ms)", "server"),
+        ("client less server, fresh / 5th turn / after a left stream (ms)", "gap"),
         ("code edit, greedy (tok/s)", "code_edit_tps"),
+        ("agent prompt, cold TTFT (ms)", "agent_cold_ttft_ms"),
+        ("agent prompt again, TTFT (ms)", "agent_again_ttft_ms"),
         ("load average before / after", "load")]
+LOWER_IS_BETTER = ("ttft_ms", "fifth_ratio", "left_cost_ms")
+TRIPLES = {"server": "server_ms", "gap": "gap_ms"}
 
 
 def median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,15 +224,32 @@ def table(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     def show(r: dict[str, Any], key: str) -> str:
         if key == "load":
             return f"{r['load_before']:.1f} / {r['load_after']:.1f}"
-        if key == "server":
-            return f"{r['fresh_server_ms']:.1f} / {r['fifth_server_ms']:.1f}"
+        if key in TRIPLES:
+            return " / ".join(f"{r[f'{name}_{TRIPLES[key]}']:.1f}"
+                              for name in ("fresh", "fifth", "after_left"))
         return f"{r[key]:.2f}" if key == "fifth_ratio" else f"{r[key]:.1f}"
 
     lines = ["| | localinfer | llama-server | ratio |", "|---|---|---|---|"]
     for label, key in ROWS:
-        ratio = "" if key in ("load", "server") else f"{ours[key] / theirs[key]:.2f}x"
+        if key not in TRIPLES and key != "load" and key not in ours:
+            continue  # a row this run did not measure (--agent)
+        plain = key in ("load", "left_cost_ms") or key in TRIPLES
+        ratio = "" if plain or not theirs[key] else f"{ours[key] / theirs[key]:.2f}x"
         lines.append(f"| {label} | {show(ours, key)} | {show(theirs, key)} | {ratio} |")
     return "\n".join(lines)
+
+
+def gap_warnings(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """Where the two servers' client-minus-server times differ by more than GAP_WARN_MS: that
+    row's client-side TTFTs then measure the HTTP paths as much as the engines."""
+    warnings = []
+    for name in ("fresh", "fifth", "after_left"):
+        a, b = ours[f"{name}_gap_ms"], theirs[f"{name}_gap_ms"]
+        if abs(a - b) > GAP_WARN_MS:
+            warnings.append(f"warning: {name}: client less server is {a:.1f} ms for localinfer"
+                            f" and {b:.1f} ms for llama-server: more than {GAP_WARN_MS:.0f} ms"
+                            " apart, so that TTFT row compares more than the engines.")
+    return warnings
 
 
 def main() -> int:
@@ -193,10 +263,14 @@ def main() -> int:
                         help="run both servers this many times, alternating which goes first")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="also write the figures as JSON")
+    parser.add_argument("--agent", action="store_true",
+                        help="add a coding agent's ~18k-token request, cold and again (a minute"
+                             " or more per server on a 2-core CPU)")
     parser.add_argument("--llama-server-arg", action="append", default=[], metavar="ARG",
                         help="one more llama-server argument (repeat for each), e.g."
-                             " --llama-server-arg=-fa --llama-server-arg=off to compare at"
-                             " localinfer's attention on the CPU")
+                             " --llama-server-arg=-np --llama-server-arg=8")
+    parser.add_argument("--localinfer-arg", action="append", default=[], metavar="ARG",
+                        help="one more `localinfer serve` argument (repeat for each)")
     args = parser.parse_args()
     if not shutil.which(str(args.llama_server)):
         print(f"no llama-server at {args.llama_server}", file=sys.stderr)
@@ -205,21 +279,22 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="side-by-side-"))
     # A file without a chat template of its own (the starter): llama-server would fall back to
     # ChatML; give it the template localinfer renders with, so that both read the same prompt.
-    server_args = [*LLAMA_SERVER_ARGS, *args.llama_server_arg]
+    server_args = list(args.llama_server_arg)
     template = fallback_template(gguf.read_header(model), None)
     if template is not None:
         (logs / "chat-template.jinja").write_text(template)
-        server_args += ["--chat-template-file", str(logs / "chat-template.jinja")]
+        server_args += ["--jinja", "--chat-template-file", str(logs / "chat-template.jinja")]
+    serve_args = list(args.localinfer_arg)
 
     cpu = probe_cpu()
-    print(f"model {model}\nlocalinfer serve {' '.join(LOCALINFER_ARGS)};"
+    print(f"model {model}\nlocalinfer serve {' '.join(serve_args)};"
           f" llama-server {' '.join(server_args)}\nCPU {cpu.model}, {cpu.physical_cores}"
           f" cores, AVX-512: {'avx512f' in cpu.flags}; server logs in {logs}", flush=True)
 
     def localinfer(round_: int) -> tuple[list, Target]:
         home = logs / f"localinfer-home-{round_}"
         home.mkdir()
-        return start_localinfer(model, model, home, logs / "localinfer.log", LOCALINFER_ARGS)
+        return start_localinfer(model, model, home, logs / "localinfer.log", serve_args)
 
     def llama_server(round_: int) -> tuple[list, Target]:
         proc, url = start_llama_server_process(args.llama_server, model, server_args,
@@ -229,17 +304,21 @@ def main() -> int:
     servers: dict[str, Callable[[int], tuple[list, Target]]] = {
         "localinfer": localinfer, "llama-server": llama_server}
     figures: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-    for round_ in range(max(1, args.rounds)):
-        order = list(servers) if round_ % 2 == 0 else list(servers)[::-1]
-        for name in order:
-            procs, target = servers[name](round_)
-            try:
-                figures[name].append(measure(target, args.quick))
-            finally:
-                stop(procs)
-            print(f"round {round_ + 1}, {name}: {json.dumps(figures[name][-1])}", flush=True)
+    with client() as http:
+        for round_ in range(max(1, args.rounds)):
+            order = list(servers) if round_ % 2 == 0 else list(servers)[::-1]
+            for name in order:
+                procs, target = servers[name](round_)
+                try:
+                    figures[name].append(measure(target, args.quick, args.agent, http))
+                finally:
+                    stop(procs)
+                print(f"round {round_ + 1}, {name}: {json.dumps(figures[name][-1])}",
+                      flush=True)
     ours, theirs = median_of(figures["localinfer"]), median_of(figures["llama-server"])
     print(f"\nmedians of {len(figures['localinfer'])} rounds:\n{table(ours, theirs)}")
+    for warning in gap_warnings(ours, theirs):
+        print(warning)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

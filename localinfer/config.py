@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .paths import Paths, get_paths
+from .runtime.types import kv_cache_types
 
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 """The flash_attn setting's values, as LoadOptions.flash_attn takes them."""
@@ -43,7 +44,8 @@ class ModelSettings:
     """Context window per sequence in tokens: the model loads with it, and a longer request
     is refused rather than reloaded with more (default: the plan's)."""
     kv_type: str | None = None
-    """KV cache type, "f16" or "q8_0" (default: the global kv_type)."""
+    """KV cache type: "f16", "q8_0" or "q4_0" for K and V, or "K,V" such as "q8_0,q4_0"
+    (default: the global kv_type)."""
     temperature: float | None = None
     """Default sampling temperature of its requests (a request's own value wins)."""
     top_p: float | None = None
@@ -85,7 +87,8 @@ class Config:
     slots: int | None = None
     """Sequences the daemon decodes in parallel (default: from the memory plan)."""
     kv_type: str = "f16"
-    """KV cache type: "f16", or "q8_0" to halve its memory (needs flash attention)."""
+    """KV cache type: "f16", "q8_0" (half the memory) or "q4_0" (a quarter) for K and V, or
+    "K,V" for each its own, e.g. "q8_0,q4_0" (quantized types need flash attention)."""
     flash_attn: str = "auto"
     """Flash attention: "auto" (off on the CPU, where greedy text with speculation is then
     identical to plain decoding; llama.cpp's choice on a GPU), "on" or "off"."""
@@ -219,8 +222,11 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
         raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
     if key in ("ctx", "threads", "slots", "port") and isinstance(value, int) and value <= 0:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")
-    if key == "kv_type" and value not in ("f16", "q8_0"):
-        raise ConfigError(f"{where}: kv_type must be \"f16\" or \"q8_0\", got {value!r}.")
+    if key == "kv_type":
+        try:
+            kv_cache_types(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: kv_type: {exc}.") from None
     if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and value < 0:
         raise ConfigError(f"{where}: {key} must be 0 or more, got {value}.")
     if key == "flash_attn" and value not in FLASH_ATTN:

@@ -22,11 +22,13 @@ from .planner import (
     CHAT_CHECKPOINTS,
     Candidate,
     WorkerSplit,
+    attention,
     physical_batch,
     plan,
     plan_split,
     shrinks_window_cache,
 )
+from .planner.attention import AttentionChoice
 from .runtime.backend import LoadOptions, ProgressCallback
 from .runtime.chat_template import BUILTIN_TEMPLATES
 from .runtime.engine import Engine
@@ -121,6 +123,9 @@ def load_engine(
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:
     """``options`` with the planner's physical batches for this model (``n_ubatch``, and
     ``cpu_window_ubatch`` for a CPU-only load), which the backend picks from as it loads."""
+    if options.measured_ubatch:
+        return replace(options, n_ubatch=min(options.n_batch, options.measured_ubatch),
+                       cpu_window_ubatch=0)
     shape = Candidate.from_header(header, name=name)
     window = shrinks_window_cache(shape, cpu_only=True)
     return replace(options, n_ubatch=physical_batch(options.n_batch, shape, cpu_only=False),
@@ -216,10 +221,13 @@ def model_config(config: Config, model: ResolvedModel) -> Config:
 
 
 def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None = 1,
-                hardware=None, name: str | None = None) -> LoadOptions:
+                hardware=None, name: str | None = None, path: str | Path | None = None,
+                ) -> LoadOptions:
     """Load options from the planner's plan for this file on this machine (``hardware``, or
     a quick probe without the bandwidth measurement), each overridden by the settings:
-    config.ctx, config.gpu_layers, config.threads (and config.slots when n_slots is None)."""
+    config.ctx, config.gpu_layers, config.threads (and config.slots when n_slots is None).
+    On the CPU with flash attention left to ``auto`` and an F16 cache, the attention set-up
+    this machine measured fastest for the file at ``path`` (``attention_for``)."""
     trained = header.context_length or UNPLANNED_CTX
     if hardware is None:
         hardware = probe(measure_bandwidth=False)
@@ -233,7 +241,7 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
         chosen = None
     if chosen is not None and not chosen.fits:
         log.warning("%s may not fit in memory here: %s", name or "the model", chosen.reason)
-    return LoadOptions(
+    options = LoadOptions(
         n_ctx=config.ctx or (chosen.n_ctx if chosen else min(UNPLANNED_CTX, trained)),
         n_slots=slots or (chosen.n_slots if chosen else 1),
         n_gpu_layers=(config.gpu_layers if config.gpu_layers is not None
@@ -243,6 +251,25 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
         kv_type=config.kv_type,
         flash_attn=FLASH_ATTN[config.flash_attn],
     )
+    rule_ubatch = physical_batch(options.n_batch, candidate, cpu_only=True)
+    choice = attention_for(path, hardware, options, rule_ubatch) if path is not None else None
+    if choice is None or (choice.flash_attn, choice.n_ubatch) == (False, rule_ubatch):
+        return options  # the rule's own set-up: its batches, and its checkpoints, stand
+    return replace(options, flash_attn=choice.flash_attn, measured_ubatch=choice.n_ubatch)
+
+
+def attention_for(path: str | Path, hardware: HardwareProfile, options: LoadOptions,
+                  rule_ubatch: int) -> AttentionChoice | None:
+    """The attention set-up this machine measured fastest for the file at ``path``
+    (planner.attention), where ``options`` leave it open: on the CPU (no layer on a GPU, no
+    RPC worker), flash attention ``auto`` and an F16 cache. None: the rule stands."""
+    if options.flash_attn is not None or options.kv_type != "f16" or options.rpc_servers \
+            or (options.n_gpu_layers and hardware.gpus):
+        return None
+    entry = attention.measured(hardware).get(attention.file_key(path))
+    if entry is None:
+        return None
+    return attention.choose(entry, rule=(False, rule_ubatch))
 
 
 def on_workers(options: LoadOptions, header: gguf.GGUFHeader, config: Config,
@@ -270,7 +297,7 @@ def open_engine(
     model = store.resolve(ref, progress=on_copy)
     config = model_config(config, model)
     header = gguf.read_header(model.path)
-    options = options_for(header, config, n_slots=n_slots, name=model.name)
+    options = options_for(header, config, n_slots=n_slots, name=model.name, path=model.path)
     options = on_workers(options, header, config, model.name)
     return load_engine(model.path, options, name=model.name, family=model.family,
                        progress=on_load, header=header)
@@ -285,7 +312,8 @@ def engine_factory(config: Config, *, n_slots: int | None = None, max_queue: int
             num_ctx = min(num_ctx, header.context_length)
         # Slots from the settings, else the plan's (KV memory grows with slots x context).
         options = options_for(header, model_config(config, model).replace(ctx=num_ctx),
-                              n_slots=n_slots or config.slots, name=model.name)
+                              n_slots=n_slots or config.slots, name=model.name,
+                              path=model.path)
         options = on_workers(options, header, config, model.name)
         return load_engine(model.path, options, name=model.name, family=model.family,
                            header=header, max_queue=max_queue, progress=progress)

@@ -50,3 +50,25 @@ def test_bench_quick_json(starter_path):
     assert [row["load"] for row in b["rows"]] == ["idle", "one_core_busy"], b
     assert all(row[k] > 0 for row in b["rows"] for k in ("1_thread", "all_threads", "adaptive"))
     assert "bench [10/10] busy machine" in out.stderr  # progress was shown
+
+
+@pytest.mark.timeout(600)
+def test_bench_prefill_reads_each_length_fresh_with_each_setup(starter_path):
+    out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "gemma3:270m",
+                          "--prefill", "--lengths", "64,300", "--json"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["model"] == "gemma3:270m-q4_k_m" and r["trained_ctx"] == 32768
+    setups = {(row["flash_attn"], row["n_ubatch"]) for row in r["rows"]}
+    assert setups == {(False, 256), (False, 512), (True, 256), (True, 512)}
+    assert sorted(row["tokens"] for row in r["rows"]) == [64] * 4 + [300] * 4
+    # Fresh: nothing of any prompt was in the cache before it.
+    assert all(row["cached_tokens"] == 0 and row["prefill_tps"] > 0 and row["ttft_ms"] > 0
+               for row in r["rows"])
+
+
+def test_bench_prefill_refuses_bad_lengths():
+    out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "--prefill",
+                          "--lengths", "4k"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--lengths must be token counts" in out.stderr

@@ -250,6 +250,24 @@ def kv_engine(request, real_engine, starter_path):
     engine.close()
 
 
+def test_a_q4_0_v_cache_beside_a_q8_0_k_cache_loads_and_generates(starter_path):
+    # K and V of their own types, as llama-server's -ctk q8_0 -ctv q4_0: llama.cpp quantizes V
+    # only with flash attention, which the load then turns on.
+    engine = load_engine(starter_path, LoadOptions(n_ctx=1024, n_slots=1,
+                                                   kv_type="q8_0,q4_0"),
+                         name="gemma3:270m", family="gemma3")
+    try:
+        assert (engine.info.kv_type, engine.info.flash_attn) == ("q8_0,q4_0", True)
+        done = engine.complete("The capital of France is",
+                               SamplingParams(temperature=0, max_tokens=8)).result()
+        assert done.usage.completion_tokens > 0 and done.text.strip()
+    finally:
+        engine.close()
+    with pytest.raises(InvalidRequest, match="needs flash attention"):
+        load_engine(starter_path, LoadOptions(n_ctx=1024, kv_type="f16,q4_0",
+                                              flash_attn=False), name="gemma3:270m")
+
+
 def test_speculation_gives_the_same_greedy_text(kv_engine):
     from localinfer.bench.engine_bench import CODE_EDIT_PROMPT
 

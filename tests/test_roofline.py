@@ -56,8 +56,13 @@ def kv_part(reads, position: int) -> float:
 def test_kv_bytes_per_element_by_cache_type():
     assert kv_bytes_per_element("f16") == 2.0
     assert kv_bytes_per_element("q8_0") == 34 / 32
-    with pytest.raises(InvalidRequest, match="q4_0"):
-        kv_bytes_per_element("q4_0")
+    assert kv_bytes_per_element("q4_0") == 18 / 32
+    # K and V of their own types (llama-server's -ctk/-ctv): as many elements each.
+    assert kv_bytes_per_element("q8_0,q4_0") == (34 / 32 + 18 / 32) / 2
+    assert kv_bytes_per_element("f16, q8_0") == (2.0 + 34 / 32) / 2
+    for bad in ("q5_1", "q8_0,q4_0,f16", "q8_0,", ""):
+        with pytest.raises(InvalidRequest, match="unknown KV cache type"):
+            kv_bytes_per_element(bad)
 
 
 def test_a_q8_0_cache_reads_17_32nds_of_the_f16_bytes_and_the_same_weights():
@@ -131,8 +136,23 @@ def test_the_plan_sizes_and_predicts_a_q8_0_cache():
 
 
 def test_an_unknown_kv_cache_type_is_refused_with_its_name():
-    with pytest.raises(InvalidRequest, match="q4_0"):
-        plan(laptop(), [candidate("llama3.2:1b-q8_0")], PlanPrefs(kv_type="q4_0"))
+    with pytest.raises(InvalidRequest, match="q4_1"):
+        plan(laptop(), [candidate("llama3.2:1b-q8_0")], PlanPrefs(kv_type="q4_1"))
+
+
+def test_the_plan_sizes_a_q4_0_cache_and_k_and_v_apart():
+    c = candidate("llama3.1:8b-q4_k_m")
+    hw = load_profile(PROFILES / "desktop-rtx4090-64gb.json")
+
+    def kv(kv_type: str) -> int:
+        gpu = plan(hw, [c], PlanPrefs(n_ctx=32768, kv_type=kv_type)).evaluations[0].gpu
+        assert gpu is not None
+        return gpu.kv_bytes
+
+    f16 = kv("f16")
+    assert kv("q4_0") == pytest.approx(f16 * (18 / 32) / 2, rel=1e-6)
+    assert kv("q8_0,q4_0") == pytest.approx(f16 * (34 / 32 + 18 / 32) / 4, rel=1e-6)
+    assert kv("q4_0") < kv("q8_0,q4_0") < kv("q8_0") < f16
 
 
 def test_decode_steps_above_the_roofline_ask_for_the_bandwidth_measured_again():

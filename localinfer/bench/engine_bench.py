@@ -110,7 +110,7 @@ def run_bench(model_ref: str, config: Config, *, quick: bool = False,
     header = gguf.read_header(model.path)
     n_slots = 4 if quick else 8
     options = options_for(header, config.replace(ctx=config.ctx or 4096), n_slots=n_slots,
-                          hardware=hardware, name=model.name)
+                          hardware=hardware, name=model.name, path=model.path)
     stage("load")
     started = time.perf_counter()
     engine = load_engine(model.path, options, name=model.name, family=model.family,

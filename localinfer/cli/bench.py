@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " bench/editor_workload.py)")
     p.add_argument("--llama-server", default=None, metavar="PATH",
                    help="with --editor: run the same workload on this llama-server too")
+    p.add_argument("--prefill", action="store_true",
+                   help="instead, prefill rate and TTFT at agent lengths (1k, 4k, 16k and 32k"
+                        " tokens; 1k and 4k with --quick) with flash attention off and on and"
+                        " 256- and 512-row batches: about 25 minutes in full for the starter"
+                        " on a 2-core CPU, 2 with --quick")
+    p.add_argument("--lengths", default=None, metavar="N,N,...",
+                   help="with --prefill: the prompt lengths to read, in tokens")
     add_load_flags(p, ctx_help="context per stream, tokens (default 4096)")
     p.set_defaults(func=cmd_bench)
 
@@ -50,6 +57,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     if args.editor:
         return editor_bench(model, args.llama_server, quick=args.quick, as_json=args.json)
     config = load_settings(config, args)
+    if args.prefill or args.lengths:
+        return prefill_bench(model, config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
 
     def progress(stage: str, step: int, total: int) -> None:
@@ -64,6 +73,39 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
         print(result.to_json())
     else:
         print(report(result))
+    return 0
+
+
+def prefill_bench(model: str, config: Config, args: argparse.Namespace) -> int:
+    """``--prefill``: prompt reading at agent lengths for each attention set-up."""
+    from ..bench.prefill_bench import LENGTHS, QUICK_LENGTHS, prefill_lengths, report
+
+    lengths: tuple[int, ...] = QUICK_LENGTHS if args.quick else LENGTHS
+    if args.lengths:
+        try:
+            lengths = tuple(int(n) for n in args.lengths.split(","))
+        except ValueError:
+            lengths = ()
+        if not lengths or min(lengths) < 16:
+            print(f"localinfer bench: --lengths must be token counts of 16 or more separated by"
+                  f" commas (e.g. 1024,4096), got {args.lengths!r}", file=sys.stderr)
+            return 2
+    bar = TerminalProgress(f"bench --prefill {model}", unit="prompts")
+
+    def progress(stage: str, step: int, total: int) -> None:
+        bar.label = f"prefill {model}: {stage}"
+        bar.update(step - 1, total)
+        if not bar.tty:
+            print(f"bench [{step}/{total}] {stage}...", file=sys.stderr, flush=True)
+
+    try:
+        result = prefill_lengths(model, config, lengths=lengths, progress=progress)
+    except ValueError as exc:
+        bar.finish(f"bench --prefill {model}: stopped")
+        print(f"localinfer bench: {exc}", file=sys.stderr)
+        return 2
+    bar.finish(f"bench --prefill {model}: done in {bar.elapsed_s:.0f} s")
+    print(json.dumps(result, indent=2) if args.json else report(result))
     return 0
 
 

@@ -12,10 +12,19 @@ from typing import TextIO
 from ..config import Config
 from ..errors import ConfigError
 from ..hardware.probe import probe_build
-from ..runtime.types import SamplingParams
+from ..runtime.types import SamplingParams, kv_cache_types
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
+
+
+def kv_type_arg(value: str) -> str:
+    """``--kv-type``'s value, checked (argparse prints the message and exits 2)."""
+    try:
+        kv_cache_types(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def add_load_flags(p: argparse.ArgumentParser, *,
@@ -27,8 +36,9 @@ def add_load_flags(p: argparse.ArgumentParser, *,
     g.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="layers to offload to the GPU (-1 = all)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads")
-    g.add_argument("--kv-type", choices=["f16", "q8_0"], default=None,
-                   help="KV cache type (q8_0 halves its memory; needs flash attention)")
+    g.add_argument("--kv-type", type=kv_type_arg, default=None, metavar="TYPE",
+                   help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter), or"
+                        " K,V such as q8_0,q4_0; quantized types need flash attention")
     g.add_argument("--flash-attn", choices=["auto", "on", "off"], default=None,
                    help="flash attention (auto: off on the CPU, where speculative greedy"
                         " text is then exact; llama.cpp's choice on a GPU)")

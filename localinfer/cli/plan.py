@@ -15,13 +15,14 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 from ..config import Config
 from ..errors import InvalidRequest, ModelNotFound
 from ..hardware import bandwidth, load_profile, probe
 from ..hardware.rpc import parse_endpoints, probe_workers
 from ..paths import get_paths
-from ..progress import human_bytes
+from ..progress import TerminalProgress, human_bytes
 from . import worker
 from .common import gpu_layers_text, print_table
 
@@ -59,10 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remeasure", action="store_true",
                    help="measure the memory bandwidth again and compare with the cached figure"
                         " (a figure taken under load never replaces a quiet one; without"
-                        " this, only a figure not taken on a quiet machine is measured again)")
+                        " this, only a figure not taken on a quiet machine is measured again),"
+                        " and the attention set-ups of each model `bench --prefill` measured"
+                        " (at 1k and 4k tokens: a minute or two each for a small model)")
     p.add_argument("--reset", action="store_true",
-                   help="forget this machine's bandwidth figures and decode calibration, then"
-                        " measure the bandwidth again")
+                   help="forget this machine's bandwidth figures, decode calibration and"
+                        " attention measurements, then measure the bandwidth again")
     p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
                    help="also list these RPC workers' devices, memory and bandwidth, and the"
                         " link's round trip and throughput (default: config workers)")
@@ -96,18 +99,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --- hw ----------------------------------------------------------------------------------------
 def cmd_hw(args: argparse.Namespace, config: Config) -> int:
-    # The planner's cache of measured figures: not for building the parser.
-    from ..planner import calibration
+    # The planner's caches of measured figures: not for building the parser.
+    from ..planner import attention, calibration
 
     cache = get_paths().cache_dir / "hardware"
     if args.reset:
         hw = probe(measure_bandwidth=False)  # the build's backends are in the calibration key
         forgot = [what for what, done in (
             ("bandwidth figures", bandwidth.forget(cache, bandwidth.profile_key(hw))),
-            ("decode calibration", calibration.forget(hw))) if done]
+            ("decode calibration", calibration.forget(hw)),
+            ("attention measurements", attention.forget(hw))) if done]
         print("Forgot this machine's " + (" and ".join(forgot) if forgot else "nothing (none"
                                           " cached)") + ".", file=sys.stderr)
     hw = probe(remeasure=args.remeasure, remeasure_under_load=True)
+    if args.remeasure:
+        remeasure_attention(hw, config)
     hw, worker_rows = worker.probe_for_hw(hw, args.workers or config.workers)
     if args.json:
         print(hw.to_json())
@@ -117,7 +123,42 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
     for label, value in measured_lines(bandwidth.cached(cache, bandwidth.profile_key(hw)),
                                        calibration.history(hw), hw.host_bandwidth_gbps):
         print(f"{label:<10} {value}")
+    for entry in attention.measured(hw).values():
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["at"]))
+        use = ("used by CPU loads" if entry["busy_share"] <= attention.BUSY_LIMIT else
+               f"not used (others kept {entry['busy_share']:.0%} of the cores busy)")
+        lengths = sorted({int(r["tokens"]) for r in entry["rows"]})
+        print(f"{'ATTENTION':<10} {entry['model']}: prefill set-ups at"
+              f" {', '.join(f'{n:,}' for n in lengths)} tokens, {when}; {use}")
     return 0
+
+
+def remeasure_attention(hw, config: Config) -> None:
+    """``hw --remeasure``: the attention set-ups of each model measured here before, again
+    (the quick lengths), where its file is still there."""
+    from ..bench.prefill_bench import QUICK_LENGTHS, prefill_lengths  # loads the engine
+    from ..planner import attention
+
+    for entry in attention.measured(hw).values():
+        path = Path(entry["path"])
+        if not path.is_file():
+            print(f"hw: {entry['model']}: {path} is gone; its attention measurement stays"
+                  " until `hw --reset`.", file=sys.stderr)
+            continue
+        bar = TerminalProgress(f"attention {entry['model']}", unit="prompts")
+
+        def progress(stage: str, step: int, total: int, bar=bar, name=entry["model"]) -> None:
+            bar.update(step - 1, total)
+            if not bar.tty:
+                print(f"hw [{step}/{total}] {name}: {stage}...", file=sys.stderr, flush=True)
+
+        try:  # by its name, so that its record keeps it; else by the file
+            result = prefill_lengths(entry["model"], config, lengths=QUICK_LENGTHS,
+                                     progress=progress)
+        except ModelNotFound:
+            result = prefill_lengths(str(path), config, lengths=QUICK_LENGTHS,
+                                     progress=progress)
+        bar.finish(f"attention {entry['model']}: {result['verdict']}")
 
 
 def measured_lines(figures, runs, host_bandwidth_gbps: float) -> list[tuple[str, str]]:
@@ -242,6 +283,8 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
         shown = list(overall.evaluations)
     notes = _header_notes(shown, fetch, offline=config.offline, single=_names_one_model(
         args.model))
+    if not args.hardware and args.model is not None:
+        notes += _attention_notes(hw, shown, config)
     if args.json:
         data = overall.to_dict()
         data["hardware"] = hw.to_dict()
@@ -257,6 +300,36 @@ def cmd_plan(args: argparse.Namespace, config: Config) -> int:
     for note in notes:
         print(note)
     return 0
+
+
+def _attention_notes(hw, shown, config: Config) -> list[str]:
+    """How a CPU load of each shown model sets up attention here: measured, or by rule."""
+    # The measurement cache and the planner: not for building the parser.
+    from ..planner import N_UBATCH, attention, physical_batch
+
+    if config.flash_attn != "auto" or config.kv_type != "f16":
+        return [f"Attention: flash attention {config.flash_attn}, {config.kv_type} KV cache"
+                " (the settings')."]
+    measured = {entry["model"]: entry for entry in attention.measured(hw).values()}
+    notes = []
+    for e in shown:
+        if e.n_gpu_layers and hw.gpus:
+            continue  # on a GPU llama.cpp chooses
+        entry = measured.get(e.candidate.name)
+        # The rule's batch at the default n_batch (512, as N_UBATCH).
+        rule = (False, physical_batch(N_UBATCH, e.candidate, cpu_only=True))
+        choice = attention.choose(entry, rule=rule) if entry else None
+        if choice is not None:
+            notes.append(f"Attention for {e.candidate.name} on this CPU: {choice.reason}.")
+        elif entry is not None:
+            notes.append(f"Attention for {e.candidate.name} on this CPU: flash attention off"
+                         " (the rule): its measurement was taken under load; run `localinfer"
+                         f" bench --prefill {e.candidate.name}` again on a quieter machine.")
+        else:
+            notes.append(f"Attention for {e.candidate.name} on this CPU: flash attention off"
+                         " (the rule, not measured here: `localinfer bench --prefill"
+                         f" {e.candidate.name}` measures the set-ups at agent lengths).")
+    return notes
 
 
 def _names_one_model(ref: str | None) -> bool:

@@ -28,6 +28,7 @@ from ..runtime.engine import Engine, Generation, Sink
 from ..runtime.types import Done, Event, Priority, SamplingParams
 from ..store import ModelStore, PullProgress, PullTarget, pull_model
 from .error_replies import ClientLeft
+from .guard import RECEIVED_AT
 from .manager import LoadedModel, ModelManager
 from .requests import with_model_defaults
 from .state import DaemonState
@@ -227,6 +228,7 @@ async def start_generation(
     (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
     queue, fails here, before any response is sent. Closing the returned stack gives the model
     back."""
+    received_at = RECEIVED_AT.get()
     stack = contextlib.AsyncExitStack()
     entry = await stack.enter_async_context(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
@@ -247,7 +249,7 @@ async def start_generation(
         # The model's default sampling from config.toml, where the request set none.
         chosen = with_model_defaults(chosen, manager.settings_of(entry.model))
         events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
-                                                        sink=sink))
+                                                        sink=sink, received_at=received_at))
     except BaseException:
         await stack.aclose()
         raise

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import time
+from contextvars import ContextVar
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -15,6 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .error_replies import RequestTooLarge, error_body
 from .state import DaemonSettings
 
+RECEIVED_AT: ContextVar[float] = ContextVar("received_at", default=0.0)
+"""When the request being served arrived (``time.perf_counter()``), for its timings'
+``prepare_ms``: set here, first thing, for every HTTP request."""
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 _TRUSTED_ORIGIN_SCHEMES = ("vscode-webview://", "vscode-file://", "app://", "file://",
                            "tauri://")
@@ -44,6 +49,7 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        RECEIVED_AT.set(time.perf_counter())
         path = scope["path"]
         headers = Headers(scope=scope)
         server = scope.get("server")

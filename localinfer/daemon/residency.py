@@ -148,7 +148,7 @@ class MemoryPlan:
                 num_ctx = min(num_ctx, header.context_length)
             settings = model_config(config, model)
             options = options_for(header, settings.replace(ctx=num_ctx), n_slots=config.slots,
-                                  hardware=machine(), name=model.name)
+                                  hardware=machine(), name=model.name, path=model.path)
             endpoints = parse_endpoints(config.workers)
             split = worker_split(header, endpoints, hardware=machine(), config=settings,
                                  n_ctx=options.n_ctx, n_slots=options.n_slots,

@@ -1,6 +1,6 @@
 """The planner: which model variant fits this machine, how to split it between GPU and CPU (or
 across machines), and how fast it will run, with the reasons in numbers. Pure: data in, data
-out, no I/O (but calibration.py, which keeps the measured runs).
+out, no I/O (but calibration.py and attention.py, which keep measured figures).
 
     plan(hardware, candidates, prefs) -> Plan
 
@@ -16,6 +16,9 @@ out, no I/O (but calibration.py, which keeps the measured runs).
     calibration.py  measured over predicted decode per machine, learnt from real runs;
                     after_reply(), which both front ends call after a reply (not loaded here:
                     it probes the hardware and reads GGUF headers)
+    attention.py    flash attention and the physical batch of a CPU load, from this
+                    machine's measurements of each set-up (``bench --prefill``; not loaded
+                    here: a cache file, like calibration.py)
 
 This module: ``plan()``, its result (``Plan``, an ``Evaluation`` per candidate) and the choice.
 Every candidate is placed and predicted; with RPC workers in the profile it is also pooled

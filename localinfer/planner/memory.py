@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest
+from ..runtime.types import kv_cache_types
 from .machine import MIB, Machine, PlanPrefs
 
 if TYPE_CHECKING:
@@ -70,9 +71,10 @@ CHAT_CHECKPOINTS = 2
 """Checkpoints of its window layers a slot keeps with 256-row batches (runtime/checkpoints.py
 ``CacheKeeper._chat``: where its last turn began and where its reply began), each the cells
 of one window (llama.cpp saves no others)."""
-KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 """Bytes per KV cache element, by cache type (Config.kv_type), as ggml stores it: Q8_0 keeps
-blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements."""
+blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements; Q4_0 32 4-bit values
+with one F16 scale, 18 bytes."""
 MAX_AUTO_SLOTS = 4
 """The most slots a plan gives a model when ``PlanPrefs.n_slots`` is None."""
 AUTO_KV_SHARE = 0.25
@@ -94,12 +96,13 @@ GPU_OVERHEAD = {"CUDA": 400 * MIB, "ROCm": 400 * MIB, "Vulkan": 256 * MIB, "Meta
 
 def kv_bytes_per_element(kv_type: str) -> float:
     """Bytes one element of a ``kv_type`` KV cache takes: the factor of every KV size and of
-    the KV bytes a decoded token reads."""
+    the KV bytes a decoded token reads. With K and V of different types (``"q8_0,q4_0"``),
+    their mean: K and V hold as many elements each in the models the planner reads."""
     try:
-        return KV_ELEMENT_BYTES[kv_type]
-    except KeyError:
-        raise InvalidRequest(f"unknown KV cache type {kv_type!r}; use one of"
-                             f" {', '.join(KV_ELEMENT_BYTES)}.") from None
+        k, v = kv_cache_types(kv_type)
+    except ValueError as exc:
+        raise InvalidRequest(f"{exc}.") from None
+    return (KV_ELEMENT_BYTES[k] + KV_ELEMENT_BYTES[v]) / 2
 
 
 @dataclass(frozen=True)

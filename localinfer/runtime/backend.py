@@ -43,6 +43,9 @@ class LoadOptions:
     n_ubatch: int = 512
     """Rows llama.cpp computes in one step (its physical batch, at most n_batch; it sizes the
     compute buffer), as the plan counts memory (planner.physical_batch)."""
+    measured_ubatch: int = 0
+    """The physical batch this machine measured fastest for this model on the CPU
+    (planner.attention), which the planner's rule then does not replace; 0: the rule's."""
     cpu_window_ubatch: int = 0
     """The physical batch instead of n_ubatch where the load turns out CPU-only (no GPU
     layer, no RPC worker, no flash attention: known only as the model loads), for a model
@@ -52,7 +55,9 @@ class LoadOptions:
     """None: off on the CPU, llama.cpp's choice on a GPU (see runtime.llama.flash_attn_type)."""
     use_mmap: bool = True
     kv_type: str = "f16"
-    """KV cache element type: "f16", or "q8_0" (half the memory; needs flash attention)."""
+    """KV cache element type: "f16", "q8_0" (half the memory) or "q4_0" (a quarter) for K and
+    V, or "K,V" for each its own (runtime.types.kv_cache_types); quantized needs flash
+    attention."""
     chat_template: str | None = None
     """Jinja template used when the GGUF has none."""
     base_model: bool = False

@@ -251,7 +251,10 @@ class Engine:
         *,
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
+        received_at: float = 0.0,
     ) -> Generation:
+        """Queue ``prompt`` for generation. ``received_at`` (a ``time.perf_counter()``) is
+        when the caller got the request, for the timings' ``prepare_ms``."""
         params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
         if params.grammar is not None:
             self.backend.check_grammar(params.grammar)
@@ -280,6 +283,7 @@ class Engine:
             generation=generation,
             seed=seed,
             t_submit=time.perf_counter(),
+            t_received=received_at,
             assembler=TextAssembler(params.stop, min_indent=params.n_indent),
             target=list(prompt),
         )
@@ -666,6 +670,9 @@ class Engine:
         # llama_decode computes (it releases the GIL), not while this thread needs it.
         self._flush()
         started = time.perf_counter()
+        for slot, _ in chunks:
+            if not slot.running.t_read:
+                slot.running.t_read = started
         try:
             with self.thread_tuner.step(len(tokens)):
                 self.backend.decode(tokens, positions, seq_ids, outputs)

@@ -100,7 +100,12 @@ class Request:
     generation: Generation
     seed: int
     t_submit: float
+    t_received: float = 0.0
+    """When the caller received the request (0: at ``t_submit``): the time before submission
+    went to parsing it, the chat template and tokenizing."""
     t_start: float = 0.0
+    t_read: float = 0.0
+    """When the first decode holding its prompt's tokens began (0: not yet)."""
     t_first: float = 0.0
     t_last: float = 0.0
     load_ms: float = 0.0
@@ -164,10 +169,13 @@ def done_event(request: Request, reason: FinishReason, now: float) -> Done:
     first = request.n_generated > 0
     timings = Timings(
         load_ms=request.load_ms,
+        prepare_ms=(request.t_submit - request.t_received) * 1000.0
+        if request.t_received else 0.0,
         queue_ms=((request.t_start if started else now) - request.t_submit) * 1000.0,
         prompt_tokens=len(request.prompt),
         cached_tokens=request.n_cached,
         prefill_tokens=len(request.prompt) - request.n_cached if first else 0,
+        setup_ms=(request.t_read - request.t_start) * 1000.0 if request.t_read else 0.0,
         prefill_ms=(request.t_first - request.t_start) * 1000.0 if first else 0.0,
         ttft_ms=(request.t_first - request.t_submit) * 1000.0 if first else 0.0,
         completion_tokens=request.n_generated,

@@ -33,6 +33,24 @@ class Priority(enum.IntEnum):
     BACKGROUND = 2
 
 
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+"""The KV cache element types a model can load with (llama.cpp's ``type_k``/``type_v``)."""
+
+
+def kv_cache_types(kv_type: str) -> tuple[str, str]:
+    """The K and the V cache types a ``kv_type`` setting names: one type for both
+    (``"q8_0"``) or ``"K,V"`` (``"q8_0,q4_0"``, as llama-server's ``-ctk``/``-ctv``).
+    ValueError, naming the setting's choices, for anything else."""
+    parts = [part.strip() for part in kv_type.split(",")]
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or any(part not in KV_CACHE_TYPES for part in parts):
+        raise ValueError(f"unknown KV cache type {kv_type!r}: use one of"
+                         f" {', '.join(KV_CACHE_TYPES)} for K and V both, or K,V (e.g."
+                         " q8_0,q4_0) for each its own")
+    return parts[0], parts[1]
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """Facts about the loaded model that front ends display."""
@@ -284,8 +302,14 @@ class Timings:
 
     load_ms: float = 0.0
     """Time spent loading the model for this request (0 when it was already loaded)."""
+    prepare_ms: float = 0.0
+    """From the request's arrival to its submission: parsing it, the chat template,
+    tokenizing (0 where the front end does not say when it arrived). Not part of ttft_ms."""
     queue_ms: float = 0.0
     """Time waiting for a free slot."""
+    setup_ms: float = 0.0
+    """From admission to the first decode that reads its prompt: the sampler, the cache's
+    reuse and trim, the step other sequences were in. Part of prefill_ms."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefill_tokens: int = 0

@@ -17,7 +17,7 @@ from ...catalog import is_embedding_header
 from ...errors import InvalidRequest, ModelLoadError
 from ...gguf import GGUFHeader
 from ..backend import LoadOptions, ProgressCallback
-from ..types import ModelInfo
+from ..types import ModelInfo, kv_cache_types
 from .decode import EMBED_CTX_GENERATIVE, EMBED_CTX_MAX, EMBED_SEQS, Decoding
 from .ggml_devices import Device, _use_workers, _worker_split, devices, system_info
 from .native import _init, _llama_said, _physical_cores, _recent_log, _set
@@ -27,7 +27,7 @@ from .vocab import VocabScan
 
 log = logging.getLogger(__package__)
 
-_GGML_KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids
+_GGML_KV_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}  # ggml_type ids
 
 
 def _offloaded_layers(requested: int, n_layers: int, *, gpu_build: bool) -> int:
@@ -162,11 +162,11 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
                  n_seq_max=EMBED_SEQS, kv_unified=True, embeddings=True,
                  pooling_type=self._pooling(header))
         if options.kv_type != "f16":
-            kv = _GGML_KV_TYPES.get(options.kv_type)
-            if kv is None:
-                raise ModelLoadError(f"unknown KV cache type {options.kv_type!r}; use one of"
-                                     f" {', '.join(_GGML_KV_TYPES)}.")
-            _set(cparams, type_k=kv, type_v=kv)
+            try:
+                k, v = kv_cache_types(options.kv_type)
+            except ValueError as exc:
+                raise ModelLoadError(f"{exc}.") from None
+            _set(cparams, type_k=_GGML_KV_TYPES[k], type_v=_GGML_KV_TYPES[v])
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()

@@ -1,0 +1,128 @@
+"""planner/attention.py: the attention set-up of a CPU load, from this machine's measurements
+of each (``bench --prefill``), and loading.options_for taking it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localinfer import gguf
+from localinfer.config import Config
+from localinfer.hardware import load_profile
+from localinfer.loading import options_for, with_batches
+from localinfer.planner import attention
+from localinfer.planner.attention import choose, file_key, forget, measured, record
+
+PROFILES = Path(__file__).parent / "profiles"
+
+
+def rows(rates: dict[tuple[bool, int], dict[int, float]]) -> list[dict]:
+    return [{"flash_attn": fa, "n_ubatch": ub, "tokens": n, "prefill_tps": tps}
+            for (fa, ub), by_length in rates.items() for n, tps in by_length.items()]
+
+
+# Shaped like a 2-core CPU's: flash attention a little slower on short prompts, much faster
+# on long ones.
+RATES = {(False, 256): {1024: 700.0, 16384: 200.0},
+         (False, 512): {1024: 690.0, 16384: 190.0},
+         (True, 256): {1024: 650.0, 16384: 330.0},
+         (True, 512): {1024: 680.0, 16384: 350.0}}
+
+
+def entry(rates=RATES, busy_share=0.0) -> dict:
+    return {"busy_share": busy_share, "rows": rows(rates)}
+
+
+def test_the_set_up_that_reads_the_workload_fastest_wins():
+    choice = choose(entry(), rule=(False, 256))
+    assert choice is not None and (choice.flash_attn, choice.n_ubatch) == (True, 512)
+    assert "flash attention on, 512-row batches: measured here" in choice.reason
+    assert "1.75x at 16,384" in choice.reason and "0.97x at 1,024" in choice.reason
+
+
+def test_the_workload_weighs_each_length_by_its_reading_time():
+    # Only short prompts: the rule (flash attention 3% slower there).
+    choice = choose(entry(), {200: 1.0}, rule=(False, 256))
+    assert choice is not None and (choice.flash_attn, choice.n_ubatch) == (False, 256)
+    # One long prompt in twenty takes more time than the nineteen short ones: flash attention.
+    choice = choose(entry(), {900: 0.95, 20000: 0.05}, rule=(False, 256))
+    assert choice is not None and choice.flash_attn
+
+
+def test_noise_does_not_flip_the_rule():
+    close = {(False, 256): {1024: 700.0, 16384: 200.0},
+             (True, 512): {1024: 700.0, 16384: 202.0}}  # 1% faster: within MIN_GAIN
+    choice = choose(entry(close), rule=(False, 256))
+    assert choice is not None and (choice.flash_attn, choice.n_ubatch) == (False, 256)
+
+
+def test_a_measurement_under_load_or_with_holes_decides_nothing():
+    assert choose(entry(busy_share=0.5), rule=(False, 256)) is None
+    holes = {**RATES, (True, 512): {1024: 680.0}}
+    assert choose(entry(holes), rule=(False, 256)) is None
+
+
+def test_records_per_machine_and_file_survive_a_bad_entry(tmp_path):
+    hw = load_profile(PROFILES / "laptop-8gb-cpu.json")
+    other = load_profile(PROFILES / "raspberry-pi5-8gb.json")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    record(hw, model, "m:1b", rows(RATES), busy_share=0.1, cache_dir=tmp_path)
+    got = measured(hw, tmp_path)
+    assert list(got) == [file_key(model)] and got[file_key(model)]["model"] == "m:1b"
+    assert measured(other, tmp_path) == {}  # another machine's figures are not this one's
+    # A hand-edited or torn entry is skipped, the rest kept.
+    path = tmp_path / "hardware" / attention.FILE
+    data = json.loads(path.read_text())
+    key = next(iter(data))
+    data[key]["broken"] = {"rows": [{"flash_attn": True}], "busy_share": 0, "path": "x"}
+    path.write_text(json.dumps(data))
+    assert list(measured(hw, tmp_path)) == [file_key(model)]
+    path.write_text("{not json")
+    assert measured(hw, tmp_path) == {}
+    record(hw, model, "m:1b", rows(RATES), busy_share=0.1, cache_dir=tmp_path)
+    assert forget(hw, tmp_path) and measured(hw, tmp_path) == {}
+    assert not forget(hw, tmp_path)
+
+
+def test_a_cpu_load_takes_the_measured_set_up(home, starter_path):
+    """options_for on the real starter's header: the rule without a measurement (flash
+    attention off, the window model's 256-row batches and their checkpoints), the measured
+    set-up with one, and the settings' own choice over both."""
+    hw = load_profile(PROFILES / "laptop-8gb-cpu.json")
+    header = gguf.read_header(starter_path)
+    config = Config()
+
+    def load(cfg: Config = config):
+        return with_batches(options_for(header, cfg, hardware=hw, name="gemma3:270m",
+                                        path=starter_path), header, "gemma3:270m")
+
+    rule = load()
+    assert rule.flash_attn is None and rule.n_ubatch == 512 and rule.cpu_window_ubatch == 256
+    record(hw, starter_path, "gemma3:270m", rows(RATES), busy_share=0.0)
+    chosen = load()
+    assert (chosen.flash_attn, chosen.n_ubatch, chosen.cpu_window_ubatch) == (True, 512, 0)
+    # The settings decide where they say: flash attention off, or a quantized cache.
+    assert load(config.replace(flash_attn="off")).flash_attn is False
+    assert load(config.replace(kv_type="q8_0")).measured_ubatch == 0
+    # A measurement that picks the rule's own set-up leaves its batches and checkpoints.
+    slow_fa = {(False, 256): {1024: 700.0, 16384: 300.0}, (True, 512): {1024: 500.0,
+                                                                         16384: 280.0}}
+    record(hw, starter_path, "gemma3:270m", rows(slow_fa), busy_share=0.0)
+    assert load() == rule
+
+
+@pytest.mark.model
+def test_bench_prefill_records_what_loads_then_take(home, starter_path):
+    from localinfer.bench.prefill_bench import Setup, prefill_lengths
+    from localinfer.hardware import probe
+
+    result = prefill_lengths("gemma3:270m", Config(), lengths=(64, 200),
+                             setups=(Setup(False, 256), Setup(True, 512)))
+    assert {(r["flash_attn"], r["n_ubatch"], r["tokens"]) for r in result["rows"]} == {
+        (False, 256, 64), (False, 256, 200), (True, 512, 64), (True, 512, 200)}
+    entry = measured(probe(measure_bandwidth=False)).get(file_key(starter_path))
+    assert entry is not None and len(entry["rows"]) == 4
+    assert result["verdict"]  # which set-up loads take now, or why none
