@@ -12,8 +12,9 @@ file; ``hw --remeasure`` measures them again. A load on the CPU with flash atten
 ``choose`` adds up the seconds each set-up takes to read the workload's prompts, each counted
 at the nearest measured length (by default one prompt of each length, as a coding agent's
 16k-token requests and a chat's short turns both come): a few long prompts can outweigh many
-short ones, as they do in the time a person waits. Without a measurement the rule stays (flash attention off on
-the CPU: see runtime.llama.flash_attn_type), and ``plan`` says how to measure.
+short ones, as they do in the time a person waits. Without a measurement the rule stays
+(flash attention off on the CPU: see runtime.llama.flash_attn_type), and ``plan`` says how to
+measure.
 
 Measurements taken while other processes kept more than ``BUSY_LIMIT`` of the cores busy are
 kept, shown, and never used: a loaded machine skews one set-up more than another. The file is

@@ -48,7 +48,6 @@ from .prompts import PromptBuilder
 from .slots import Slot
 from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
-from .thinking import BudgetWatch
 from .threads import ThreadTuner
 from .tools import ToolFormat
 from .types import (
@@ -286,10 +285,8 @@ class Engine:
             t_received=received_at,
             assembler=TextAssembler(params.stop, min_indent=params.n_indent),
             target=list(prompt),
+            closing=self.tokenize(params.reasoning_budget.close) if params.reasoning_budget else [],
         )
-        if params.reasoning_budget is not None:  # counted as it goes; its close, forced
-            request.budget, request.closing = BudgetWatch(params.reasoning_budget), \
-                self.tokenize(params.reasoning_budget.close)
         generation.request = request
         if params.supersede is not None:
             self._supersede(params.supersede)
@@ -779,22 +776,20 @@ class Engine:
             return None
 
     def _sample(self, request: Request, index: int) -> int:
-        """Sample batch entry ``index`` with the request's sampler (or take the token a spent
-        reasoning budget forces); with its log-probability when asked for (taken from the
-        logits before sampling: the argmax shortcut and the native chain both leave the
-        model's distribution behind them)."""
+        """Sample batch entry ``index`` with the request's sampler (or force a spent reasoning
+        budget's close); with its log-probability when asked for (taken from the logits before
+        sampling: the argmax shortcut and the native chain both leave the model's
+        distribution behind them)."""
         n_top, request.was_forced = request.params.logprobs, bool(request.forced)
         if n_top is None and not request.forced:
             return self.backend.sample(request.sampler, index)
         row = self.backend.raw_logits(index) if n_top is not None else None
-        distribution = Distribution(row, n_top) if row is not None and n_top is not None \
-            else None
+        distribution = None if row is None or n_top is None else Distribution(row, n_top)
         if request.forced:  # written in the model's place: the sampler takes it as sampled
-            token = request.forced.pop(0)
-            self.backend.force(request.sampler, token)
+            self.backend.force(request.sampler, token := request.forced.pop(0))
         else:
             token = self.backend.sample(request.sampler, index)
-        if row is not None and distribution and not self.backend.is_eog(token):
+        if row is not None and distribution is not None and not self.backend.is_eog(token):
             # The end of a turn is no part of the reply. The sampled token's own logit is as
             # it was: the argmax shortcut overwrites only the never-sampled tokens' logits.
             request.logprobs.append(distribution.entry(token, float(row[token]),
@@ -814,9 +809,7 @@ class Engine:
             self._finish(slot, "stop", now)
             return False
         piece = self.backend.token_bytes(token)
-        if request.budget is not None and not request.was_forced and \
-                request.budget.push(piece):
-            request.forced = list(request.closing)  # the budget is spent: close the block
+        request.count_reasoning(piece)  # a spent budget: its close is forced next
         text = request.assembler.push(piece)
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
