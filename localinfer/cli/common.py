@@ -4,6 +4,7 @@ into the config, and the plain-text table printer."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from typing import TextIO
 from ..config import Config
 from ..errors import ConfigError
 from ..hardware.probe import probe_build
-from ..runtime.types import SamplingParams, kv_cache_types
+from ..runtime.types import KV_CACHE_TYPES, SamplingParams, kv_cache_types
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
@@ -23,7 +24,9 @@ def kv_type_arg(value: str) -> str:
     try:
         kv_cache_types(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        close = difflib.get_close_matches(value, KV_CACHE_TYPES, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
     return value
 
 
