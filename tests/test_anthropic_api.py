@@ -106,10 +106,15 @@ def test_reasoning_then_a_call_whole_and_streamed(qwen3):
     assert call.input == {"city": "Paris"} and reply.stop_reason == "tool_use"
 
     with c.messages.stream(**ask) as s:
-        kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in s]
+        seen = list(s)
         final = s.get_final_message()
+    kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in seen]
     assert ("content_block_delta", "thinking_delta") in kinds
-    assert ("content_block_delta", "input_json_delta") in kinds
+    # The call's input streams as the model writes it: several deltas, which the SDK
+    # accumulates into a growing snapshot of the input.
+    assert kinds.count(("content_block_delta", "input_json_delta")) >= 3
+    snapshots = [e.snapshot for e in seen if e.type == "input_json"]
+    assert len(snapshots) >= 3 and snapshots[-1] == {"city": "Paris"}
     assert [b.type for b in final.content] == ["thinking", "tool_use"]
     assert final.content[1].input == {"city": "Paris"} and final.stop_reason == "tool_use"
 
@@ -469,3 +474,93 @@ def test_a_last_assistant_turn_is_continued(home):
             {"role": "assistant", "content": '{"capital": '}])
     assert prompts[-1].endswith('<start_of_turn>model\n{"capital": ')
     assert answer.content[0].text == '"Paris"}'
+
+
+def test_pings_flow_while_a_long_prompt_is_read(home, monkeypatch):
+    """A slow prefill (here 0.6 s, at 0.05 s a ping) sends pings before the first token, so
+    a client's read timeout does not fire while a long prompt is read; the SDK's stream
+    reads through them."""
+    from localinfer.daemon import anthropic_routes
+    monkeypatch.setattr(anthropic_routes, "PING_INTERVAL_S", 0.05)
+    install_fake_models("fake:1b-f16")
+    long_prompt = [{"role": "user", "content": "word " * 60}]
+    with serve(fake_factory(reply=REPLY, prompt_delay_s=0.01)) as d:
+        with d.uds() as http:
+            raw = http.post("/v1/messages", json={"model": "fake:1b", "max_tokens": 64,
+                                                  "messages": long_prompt,
+                                                  "stream": True}).text
+        kinds = [kind for kind, _ in events(raw)]
+        first_block = kinds.index("content_block_start")
+        assert kinds[0] == "message_start"
+        assert kinds[1:first_block] == ["ping"] * (first_block - 1) and first_block - 1 >= 4
+        assert kinds[-1] == "message_stop"
+        c = anthropic.Anthropic(base_url=d.url, api_key="unused", max_retries=0,
+                                timeout=anthropic.Timeout(5.0, read=0.3))
+        with c.messages.stream(model="fake:1b", max_tokens=64, messages=long_prompt) as s:
+            assert s.get_final_message().content[0].text == REPLY
+
+
+def test_two_calls_stream_their_inputs_piece_by_piece(home):
+    """Parallel calls, each a tool_use block opened once its name is written, its input in
+    several input_json_delta events; the SDK's final message holds both inputs whole."""
+    install_fake_models("qwen3:1b-f16")
+    note = "line one\nline two with {braces} and \"quotes\""
+    calls = "\n".join(
+        "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+        for name, args in (("get_weather", {"city": "Paris"}),
+                           ("write_note", {"path": "a b.txt", "text": note})))
+    note_tool = {"name": "write_note", "input_schema": {"type": "object", "properties": {
+        "path": {"type": "string"}, "text": {"type": "string"}}}}
+    with serve(fake_factory(reply=calls, chat_template=QWEN3_TOOLS)) as d:
+        c = client(d)
+        with c.messages.stream(model="qwen3:1b", max_tokens=500, tools=[WEATHER, note_tool],
+                               messages=HI) as s:
+            seen = list(s)
+            final = s.get_final_message()
+    assert [b.type for b in final.content] == ["tool_use", "tool_use"]
+    assert final.content[0].input == {"city": "Paris"}
+    assert final.content[1].input == {"path": "a b.txt", "text": note}
+    assert final.content[0].id != final.content[1].id and final.stop_reason == "tool_use"
+    per_block = [sum(1 for e in seen if e.type == "content_block_delta" and e.index == i)
+                 for i in (0, 1)]
+    assert per_block[0] >= 3 and per_block[1] >= 8
+    starts = [i for i, e in enumerate(seen) if e.type == "content_block_start"]
+    first_delta_of_1 = next(i for i, e in enumerate(seen)
+                            if e.type == "content_block_delta" and e.index == 1)
+    assert starts[1] < first_delta_of_1
+
+
+def _long_thinker(text: str) -> str:
+    """A Qwen3-like model that reasons for 3,000 tokens unless made to stop: once the text
+    so far ends with the closed block, it answers."""
+    if text.endswith("</think>\n\n"):
+        return "The answer."
+    return "<think>\n" + "w " * 1500 + "\n</think>\n\nThe long answer."
+
+
+def test_budget_tokens_closes_the_thinking(home):
+    """thinking.budget_tokens caps the reasoning on its own: after that many reasoning
+    tokens the end of the block is written in the model's place, and the model answers
+    (whole and streamed); a budget the reasoning stays within changes nothing."""
+    install_fake_models("qwen3:1b-f16")
+    with serve(fake_factory(reply=_long_thinker, chat_template=QWEN3_TOOLS,
+                            n_ctx=8192)) as d:
+        c = client(d)
+        ask = {"model": "qwen3:1b", "max_tokens": 6000, "messages": HI,
+               "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        reply = c.messages.create(**ask)
+        assert [b.type for b in reply.content] == ["thinking", "text"]
+        # 1,024 reasoning tokens: the new line after <think>, then 511 "w " and a "w".
+        assert reply.content[0].thinking.split() == ["w"] * 512
+        assert reply.content[1].text == "The answer." and reply.stop_reason == "end_turn"
+        assert reply.usage.output_tokens < 1100
+        with c.messages.stream(**ask) as s:
+            final = s.get_final_message()
+        assert final.content[0].thinking == reply.content[0].thinking
+        assert final.content[1].text == "The answer."
+        roomy = c.messages.create(**{**ask, "thinking": {"type": "enabled",
+                                                         "budget_tokens": 4000}})
+        assert roomy.content[0].thinking.split() == ["w"] * 1500
+        assert roomy.content[1].text == "The long answer."
+        adaptive = c.messages.create(**{**ask, "thinking": {"type": "adaptive"}})
+        assert adaptive.content[1].text == "The long answer."

@@ -457,3 +457,35 @@ def test_a_long_prompt_chunk_yields_to_an_urgent_request_and_reads_on(real_engin
     assert done.usage.prompt_tokens == cold.result().usage.prompt_tokens
     divergence = first_divergence(real_engine, cold, background)
     assert divergence is None or divergence.near_tie, divergence
+
+
+def test_a_spent_reasoning_budget_closes_the_block(real_engine):
+    """llama.cpp's sampler takes the forced end of the reasoning as sampled: after the
+    budget's tokens the close is written (each of its tokens, in order), then the model
+    goes on; under a grammar that lets the reply reason first, the grammar follows the forced
+    tokens and the answer after them is its JSON."""
+    import dataclasses
+
+    from localinfer.runtime.grammar import json_grammar
+    from localinfer.runtime.types import ReasoningBudget
+
+    close = "\n</think>\n\n"
+    budget = ReasoningBudget(6, "<think>", close, "</think>", opened=True)
+    prompt = real_engine.chat_tokens([Message("user", "What is 2+2? Think first.")]) + \
+        real_engine.tokenize("<think>\n")
+    n_close = len(real_engine.tokenize(close))
+    params = SamplingParams(temperature=0, max_tokens=40, logprobs=0, reasoning_budget=budget)
+    done = real_engine.submit(prompt, params).result()
+    texts = [entry.text for entry in done.logprobs]
+    assert "".join(texts[6:6 + n_close]) == close and "</think>" not in "".join(texts[:6])
+    assert done.text.startswith("".join(texts[:6]) + close)
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+              "required": ["answer"]}
+    grammar = dataclasses.replace(json_grammar(schema), reasoning=("", "</think>"))
+    constrained = real_engine.submit(prompt, dataclasses.replace(
+        params, grammar=grammar, logprobs=None)).result()
+    thought, closed, answer = constrained.text.partition("</think>")
+    assert closed and len(real_engine.tokenize(thought)) <= 8
+    # The grammar went on from the forced close: what follows is its JSON (the 270M model
+    # lingers on the whitespace the grammar allows before it).
+    assert not answer.strip() or answer.lstrip().startswith("{"), repr(answer)

@@ -156,6 +156,10 @@ DOCUMENTED = {
         "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "store",
         "stream", "stream_options", "temperature", "text", "tool_choice", "tools",
         "top_logprobs", "top_p", "truncation", "user"),
+    "/v1/responses/input_tokens": (
+        "conversation", "input", "instructions", "model", "parallel_tool_calls",
+        "personality", "previous_response_id", "reasoning", "text", "tool_choice", "tools",
+        "truncation"),
 }
 
 
@@ -185,6 +189,10 @@ def test_the_documented_openai_fields_are_the_sdks():
 
 
 def test_the_documented_responses_fields_are_the_sdks():
+    from openai.types.responses import input_token_count_params
+
     sdk = {*params.ResponseCreateParamsBase.__annotations__,
            *params.ResponseCreateParamsStreaming.__annotations__}
     assert sdk == set(DOCUMENTED["/v1/responses"])
+    counted = set(input_token_count_params.InputTokenCountParams.__annotations__)
+    assert counted == set(DOCUMENTED["/v1/responses/input_tokens"])

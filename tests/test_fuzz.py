@@ -173,7 +173,11 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
         {"model": model, "prompt": maybe(texts | st.lists(texts, max_size=2))},
         optional={**openai_common, "suffix": values}),
     ("POST", "/api/chat"): st.fixed_dictionaries(
-        {"model": model}, optional={**ollama_common, "messages": messages}),
+        {"model": model}, optional={
+            **ollama_common, "messages": messages, "temperature": values, "top_p": values,
+            "max_output_tokens": maybe(small_ints) | values,
+            "tool_choice": maybe(st.sampled_from(["auto", "none", "required"]))
+            | st.fixed_dictionaries({"type": maybe(texts), "name": maybe(texts)}) | values}),
     ("POST", "/api/generate"): st.fixed_dictionaries(
         {"model": model}, optional={**ollama_common, "prompt": maybe(texts),
                                     "suffix": maybe(texts), "system": maybe(texts),
@@ -236,6 +240,17 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
                   "top_logprobs": maybe(small_ints), "metadata": values,
                   "truncation": maybe(st.sampled_from(["disabled", "auto"])),
                   "prompt_cache_key": maybe(texts), "user": maybe(texts)}),
+    ("POST", "/v1/responses/input_tokens"): st.fixed_dictionaries(
+        {"model": model, "input": responses_input},
+        optional={"instructions": maybe(texts),
+                  "previous_response_id": maybe(texts | st.just("resp_0")),
+                  "tools": maybe(st.lists(maybe(responses_tool), max_size=2)),
+                  "tool_choice": maybe(st.sampled_from(["auto", "none", "required"])),
+                  "parallel_tool_calls": maybe(st.booleans()),
+                  "reasoning": maybe(st.fixed_dictionaries({}, optional={
+                      "effort": maybe(st.sampled_from(["none", "low", "high"]))})),
+                  "truncation": maybe(st.sampled_from(["disabled", "auto"])),
+                  "personality": maybe(texts)}),
     ("POST", "/localinfer/load"): st.fixed_dictionaries(
         {"model": model}, optional={"keep_alive": maybe(texts | small_ints)}),
 }
@@ -356,11 +371,11 @@ def test_the_fuzz_reaches_valid_requests(fuzzed):
 @fuzz_settings
 @given(ident=texts | st.sampled_from(["resp_0", "resp_", "resp_" + "a" * 200, "..", "%2e%2e",
                                       "resp_x%2F..%2F..%2Fetc", "resp_x.json"]),
-       method=st.sampled_from(["GET", "DELETE"]),
-       tail=st.sampled_from(["", "/input_items", "/input_items?limit=x&order=up"]))
+       method=st.sampled_from(["GET", "DELETE", "POST"]),
+       tail=st.sampled_from(["", "/input_items", "/input_items?limit=x&order=up", "/cancel"]))
 def test_hostile_response_ids(fuzzed, ident, method, tail):
-    """Any id in the path of GET or DELETE /v1/responses/{id} (and GET its input_items): a
-    4xx in OpenAI's shape."""
+    """Any id in the path of GET or DELETE /v1/responses/{id} (and GET its input_items,
+    POST its cancel): a 4xx in OpenAI's shape."""
     path = "/v1/responses/" + urllib.parse.quote(ident.encode("utf-8", "surrogatepass"),
                                                  safe="%") + tail
     check(fuzzed, method, path, b"", None)

@@ -211,8 +211,11 @@ def test_slots_multiply_the_kv_cache_and_auto_slots_keep_the_gpu_layers():
     four = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=4)
     assert four.gpu.kv_bytes == 4 * one_slot.gpu.kv_bytes
     auto = one(hw, "llama3.1:8b-q4_k_m", n_ctx=8192, n_slots=None)
-    # 4 slots x 1 GiB of KV: 4.57 + 4.0 + 0.27 + 0.39 = 9.2 GiB <= 10.3: still 33/33.
-    assert auto.n_slots == 4 and auto.n_gpu_layers == 33
+    # 4 slots x 1 GiB of KV: 4.57 + 4.0 + 0.27 + 0.39 = 9.2 GiB <= 10.3 would keep 33/33, but
+    # their 4 GiB of KV are past a quarter of the VRAM budget (2.6 GiB): 2 slots, 2 GiB.
+    assert auto.n_slots == 2 and auto.n_gpu_layers == 33
+    assert auto.slots_note.startswith("2 slots: 4 of 8192 tokens would put 4.0 GiB of KV")
+    assert four.n_gpu_layers == 33  # asked for, the 4 slots keep every layer on the GPU
 
 
 # --- the context: planned for agents, within the trained length and memory -------------------
@@ -229,6 +232,37 @@ def test_the_2_core_24gb_box_gives_the_starter_its_trained_32k_on_every_slot():
     assert e.ctx_reason.startswith("32768 tokens per request: the model's trained length;"
                                    " KV cache 489 MiB for 4 slots; decode ~")
     assert e.decode_tps_full < e.decode_tps  # the KV read at long positions costs decode
+
+
+def test_automatic_slots_keep_their_kv_cache_within_a_quarter_of_memory():
+    # Llama 3.2 3B: 28 layers x 8 KV heads x (128 + 128) x 2 B = 112 KiB a token, 3.5 GiB a
+    # slot at 32768. This box's RAM budget is 20.6 GiB: a quarter is 5.15 GiB, so two slots
+    # (7 GiB) are past it and one slot keeps the agents' context; four would be 14 GiB (they
+    # fit: 14 + 1.9 GiB of weights); four at 8192 (3.5 GiB) would be within it.
+    box = replace(profile("pool-loopback-2core"), workers=())
+    e = plan(box, [candidate("llama3.2:3b-q4_k_m")], PlanPrefs(n_slots=None)).choice
+    assert (e.n_ctx, e.n_slots) == (32768, 1) and e.host.kv_bytes == 32768 * 28 * 2048 * 2
+    assert e.slots_note == (
+        "1 slot: 4 of 32768 tokens would put 14.0 GiB of KV cache in RAM, more than 25% of"
+        " its 20.6 GiB usable; --slots 4 asks for them, or --ctx 8192 fits 4 slots within it")
+    assert e.ctx_reason.endswith("; " + e.slots_note)
+    # Asked for, the slots are given (they fit).
+    asked = plan(box, [candidate("llama3.2:3b-q4_k_m")], PlanPrefs(n_slots=4)).choice
+    assert asked.n_slots == 4 and asked.host.kv_bytes == 4 * e.host.kv_bytes
+    assert not asked.slots_note
+    # Qwen2.5-Coder 3B: 36 layers x 2 KV heads x 256 x 2 B = 36 KiB a token, 1.125 GiB a slot:
+    # four slots (4.5 GiB) stay within the quarter, and nothing is said.
+    small = plan(box, [candidate("qwen2.5-coder:3b-q4_k_m")], PlanPrefs(n_slots=None)).choice
+    assert (small.n_ctx, small.n_slots, small.slots_note) == (32768, 4, "")
+    # On an RTX 4090 the cache is in VRAM: a quarter of its 20.6 GiB budget.
+    gpu = plan(profile("desktop-rtx4090-64gb"), [candidate("llama3.2:3b-q4_k_m")],
+               PlanPrefs(n_slots=None)).choice
+    assert (gpu.n_ctx, gpu.n_slots, gpu.n_gpu_layers) == (32768, 1, 29)
+    assert "14.0 GiB of KV cache in NVIDIA GeForce RTX 4090, more than 25%" in gpu.slots_note
+    # Unified memory (M3 Max, 45.6 GiB budget, a quarter 11.4): three slots, 10.5 GiB.
+    mac = plan(profile("macbook-pro-m3max-64gb"), [candidate("llama3.2:3b-q4_k_m")],
+               PlanPrefs(n_slots=None)).choice
+    assert mac.n_slots == 3 and mac.slots_note.startswith("3 slots: 4 of 32768 tokens")
 
 
 def test_an_8gb_machine_gives_a_7b_a_smaller_context_and_says_why():

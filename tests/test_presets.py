@@ -297,10 +297,23 @@ def test_a_presets_system_and_seed_turns_reach_generate_and_messages(home):
                 "model": "mario", "max_tokens": 2, "system": "mine",
                 "messages": [{"role": "user", "content": "q"}]})
             assert own.status_code == 200, own.text
+            # Counting reads the prompt as the request does: with the preset's turns.
+            counted = c.post("/v1/messages/count_tokens", json={
+                "model": "mario", "messages": [{"role": "user", "content": "q"}]})
+            usage = reply.json()["usage"]  # the tokens read, and those found cached
+            assert counted.json()["input_tokens"] == \
+                usage["input_tokens"] + usage["cache_read_input_tokens"]
+            answered = c.post("/v1/responses", json={"model": "mario", "input": "q",
+                                                     "max_output_tokens": 2})
+            assert answered.status_code == 200, answered.text
+            input_tokens = c.post("/v1/responses/input_tokens",
+                                  json={"model": "mario", "input": "q"})
+            assert input_tokens.json()["input_tokens"] == \
+                answered.json()["usage"]["input_tokens"]
     chats = [item[1] for item in seen if item[0] == "messages"]
     seeded = [("system", "S"), ("user", "u0"), ("assistant", "a0"), ("user", "q")]
-    assert chats == [seeded, seeded,
-                     [("system", "mine"), ("user", "u0"), ("assistant", "a0"), ("user", "q")]]
+    assert chats[:3] == [seeded, seeded, [("system", "mine"), ("user", "u0"),
+                                          ("assistant", "a0"), ("user", "q")]]
 
 
 def test_show_prints_a_modelfile_that_makes_the_preset_again(home, tmp_path, capsys):

@@ -122,18 +122,23 @@ def test_reasoning_then_a_call_whole_and_streamed(qwen3):
         final = s.get_final_response()
     types = [e.type for e in events]
     n = types.count("response.reasoning_text.delta")
+    m = types.count("response.function_call_arguments.delta")
     assert n > 0 and types == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.content_part.added",
         *["response.reasoning_text.delta"] * n, "response.reasoning_text.done",
         "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.output_item.added", *["response.function_call_arguments.delta"] * m,
         "response.function_call_arguments.done", "response.output_item.done",
         "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [i.type for i in final.output] == ["reasoning", "function_call"]
     done = [e for e in events if e.type == "response.function_call_arguments.done"][0]
     assert json.loads(done.arguments) == {"city": "Paris"}
+    # The arguments stream as the model writes them, several pieces adding up to them.
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert m >= 3 and "".join(deltas) == done.arguments == final.output[1].arguments
+    assert final.output[1].call_id == events[-2].item.call_id
     assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
 
 
@@ -466,3 +471,50 @@ def test_a_call_to_a_namespaced_tool_names_its_namespace(qwen3):
     assert (call.type, call.name, call.namespace) == ("function_call", "spawn_agent",
                                                       "multi_agent_v1")
     assert json.loads(call.arguments) == {"message": "go"}
+
+
+def test_input_tokens_counts_what_the_response_reads(qwen3):
+    """client.responses.input_tokens.count: the same tokens as the response's
+    usage.input_tokens, with tools, reasoning and a stored previous response."""
+    client = openai_client(qwen3)
+    ask = {"model": "qwen3:1b", "input": "Weather in Paris?", "tools": [WEATHER],
+           "instructions": "Use tools.", "reasoning": {"effort": "high"}}
+    first = client.responses.create(**ask)
+    counted = client.responses.input_tokens.count(**ask)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == first.usage.input_tokens
+    assert client.responses.input_tokens.count(model="qwen3:1b", input="Weather in Paris?"
+                                               ).input_tokens < counted.input_tokens
+    output = [{"type": "function_call_output", "call_id": first.output[-1].call_id,
+               "output": "12 C"}]
+    follow = {"model": "qwen3:1b", "previous_response_id": first.id, "tools": [WEATHER],
+              "input": output}
+    final = client.responses.create(**follow)
+    assert client.responses.input_tokens.count(**follow).input_tokens == \
+        final.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(**{**follow, "previous_response_id": "resp_no"})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.input_tokens.count(**ask, truncation="auto")
+    assert "'truncation'" in caught.value.body["message"]
+
+
+def test_cancel_and_compact_are_400s_that_say_why(daemon):
+    """No background responses run here: cancelling a stored response is a 400 naming that
+    (an unknown one a 404), and 'background: true' is refused by name; compaction is a
+    400 naming it."""
+    client = openai_client(daemon)
+    stored = client.responses.create(model="fake:1b", input="hi")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.cancel(stored.id)
+    body = caught.value.body
+    assert body["type"] == "invalid_request_error" and "background" in body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nope")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="fake:1b", input="hi", background=True)
+    assert "'background'" in caught.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.compact(model="fake:1b", input="hi")
+    assert "compaction is not supported" in caught.value.body["message"]
+    assert client.responses.retrieve(stored.id).status == "completed"

@@ -4,6 +4,7 @@ fake backend with a Qwen3-style template."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import ollama
@@ -14,12 +15,16 @@ from daemon_util import fake_factory, install_fake_models, ollama_client, openai
 from localinfer.errors import InvalidRequest
 from localinfer.runtime.chat_template import BUILTIN_TEMPLATES
 from localinfer.runtime.thinking import (
+    HARMONY_TO_FINAL,
+    BudgetWatch,
     ThinkingSplitter,
+    _whole_utf8,
     split_reply,
     starts_thinking,
     template_vars,
     thinking_format,
 )
+from localinfer.runtime.types import ReasoningBudget
 from template_fixtures import QWEN3_STYLE, R1_STYLE
 
 QWEN = thinking_format(QWEN3_STYLE)
@@ -192,3 +197,50 @@ def test_show_shows_model_info_as_ollama_does(qwen):
         assert "num_ctx" not in shown["parameters"]  # not loaded: the plan decides at load
         r = c.post("/api/show", json={"model": "plain:1b", "verbose": True})
         assert r.status_code == 400 and "'verbose'" in r.json()["error"]
+
+
+def _watch(tokens: list[bytes], budget: ReasoningBudget) -> list[bool]:
+    watch = BudgetWatch(budget)
+    return [watch.push(piece) for piece in tokens]
+
+
+def test_the_budget_counts_the_reasoning_tokens():
+    think = ReasoningBudget(3, "<think>", "\n</think>\n\n", "</think>")
+    # The opening tag (even in pieces, after whitespace) starts the count; 3 tokens spend it.
+    assert _watch([b"\n", b"<th", b"ink>", b"a", b"b", b"c", b"d"], think) == \
+        [False, False, False, False, False, True, False]
+    # A reply that closes the block itself within the budget is left alone.
+    assert not any(_watch([b"<think>", b"a", b"</think>", b"x", b"y", b"z"], think))
+    # A reply that does not open with the tag does not reason: nothing to count.
+    assert not any(_watch([b"Hello", b"<think>", b"a", b"b", b"c", b"d"], think))
+    # The prompt opened the block: the count starts at once.
+    opened = dataclasses.replace(think, opened=True)
+    assert _watch([b"a", b"b", b"c"], opened) == [False, False, True]
+
+
+def test_the_budget_ends_at_a_whole_character():
+    """Spent inside a UTF-8 character (its bytes split over tokens), the close waits for
+    the character's end, as llama.cpp's budget does."""
+    budget = ReasoningBudget(2, "<think>", "</think>", "</think>", opened=True)
+    euro = "\u20ac".encode()  # three bytes
+    assert _watch([b"a", euro[:1], euro[1:2], euro[2:], b"b"], budget) == \
+        [False, False, False, True, False]
+    assert _whole_utf8(b"") and _whole_utf8(b"ab" + euro) and not _whole_utf8(euro[:2])
+
+
+def test_harmony_closes_into_the_final_channel():
+    """gpt-oss's budget ends the analysis message and opens the final one (where the answer
+    goes); its own <|end|> ends the count."""
+    from localinfer.daemon.reasoning_fields import Thinking
+    from localinfer.runtime.thinking import HarmonySplitter
+
+    thinking = Thinking(True, budget=1024)
+    assert thinking.reasoning_budget() is None  # no prompt rendered yet
+    thinking.splitter = HarmonySplitter()
+    budget = thinking.reasoning_budget()
+    assert budget is not None and budget.tokens == 1024
+    assert budget.close == HARMONY_TO_FINAL and budget.close_tag == "<|end|>"
+    splitter = HarmonySplitter()
+    splitter.push("<|channel|>analysis<|message|>so" + HARMONY_TO_FINAL + "4")
+    splitter.flush()
+    assert (splitter.thinking, splitter.content) == ("so", "4")

@@ -343,3 +343,32 @@ def test_grammar_nesting_counts_groups_outside_quotes_classes_and_comments():
     assert _nesting('root ::= (a (b (c)?)?)? "((((" [(((] # (((((\nx ::= (\n y\n)') == 3
     assert _nesting("root ::= " + "(" * 1001 + '"a"' + ")" * 1001) == 1001
     assert _nesting(schema_rules({"type": "string", "maxLength": 524288}, "s")) < 5
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("hermes", 'Sure.<tool_call>\n{"name": "a", "arguments": {"s": "x\\"} {y", "n": [1, {'
+               '"k": 2}]}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n'
+               '</tool_call>'),
+    ("llama3", '{"name": "a", "parameters": {"q": "{"}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"q": 1}}, {"name": "b",'
+                ' "arguments": {"r": "]"}}]'),
+])
+def test_calls_are_seen_as_they_are_written(fmt, text):
+    """CallSplitter.calls, pushed a character at a time: each call's name once written,
+    its arguments' text growing (braces and quotes inside strings do not end them), whole
+    at the end and the same JSON as the parsed calls."""
+    splitter = CallSplitter(FORMATS[fmt])
+    grown: list[tuple[int, int]] = []
+    for ch in text:
+        splitter.push(ch)
+        grown.append((len(splitter.calls), sum(len(c.arguments) for c in splitter.calls)))
+    assert grown == sorted(grown)  # calls and their arguments only ever grow
+    streamed = splitter.calls
+    _, calls = splitter.finish()
+    assert [c.name for c in streamed] == [c.name for c in calls]
+    assert all(c.complete for c in streamed)
+    assert [json.loads(c.arguments) for c in streamed] == \
+        [json.loads(c.arguments) for c in calls]
+    half = CallSplitter(FORMATS[fmt])
+    half.push(text[:text.index('": {') + 6])  # cut inside the first call's arguments
+    assert not half.calls[0].complete and half.calls[0].arguments.startswith("{")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,15 +23,21 @@ from starlette.routing import Route
 
 from ..errors import InvalidRequest
 from ..runtime.engine import Engine
+from ..runtime.tools import PartialCall
 from ..runtime.types import Done, Message, ToolCall
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .reasoning_fields import anthropic_think
-from .replies import End, reply_parts, whole_parts
+from .replies import End, Piece, reply_parts, whole_parts
 from .requests import Fields, priority_of, read_json, sampling
 from .state import DaemonState
 from .structured import Constraints, anthropic_constraints
+
+PING_INTERVAL_S = 10.0
+"""A stream that has sent nothing for this long sends a ``ping`` event (as Anthropic's API
+does): a long prompt's prefill (a minute for an agent's 30k tokens on a CPU) would otherwise
+leave the client's read timeout to fire before the first token."""
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -58,10 +64,16 @@ def routes(state: DaemonState) -> list[Route]:
             yield reply.start()
             yield _event("ping", {"type": "ping"})
             try:
-                async for part in reply_parts(state, events, prompt.thinking,
-                                              prompt.constraints):
+                async for part in _with_pings(reply_parts(state, events, prompt.thinking,
+                                                          prompt.constraints)):
+                    if part is None:
+                        yield _event("ping", {"type": "ping"})
+                        continue
                     for event in reply.part(part.reasoning, part.content):
                         yield event
+                    if isinstance(part, Piece):
+                        for event in reply.calls(part.calls):
+                            yield event
                     if isinstance(part, End):
                         for event in reply.end(part.done, part.calls):
                             yield event
@@ -75,6 +87,9 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/v1/messages/count_tokens", body)
         prompt = _Prompt(body, None)
+        # As /v1/messages reads it: with a preset's system prompt and seed turns.
+        prompt.messages[:] = await state.manager.with_preset(Fields(body).string("model"),
+                                                             prompt.messages)
         async with state.manager.lease(Fields(body).string("model")) as entry:
             tokens = await asyncio.to_thread(prompt.encode, entry.engine)
         return JSONResponse({"input_tokens": len(tokens)})
@@ -89,6 +104,24 @@ def routes(state: DaemonState) -> list[Route]:
         Route("/v1/messages/{rest:path}", guarded(state, "v1/messages/other", unknown),
               methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
+
+
+async def _with_pings(parts: AsyncIterator[Piece | End]) -> AsyncIterator[Piece | End | None]:
+    """``parts``, with a None each time ``PING_INTERVAL_S`` passes without one (the wait
+    for the next part goes on: it is not cancelled)."""
+    iterator = aiter(parts)
+    while True:
+        following = asyncio.ensure_future(anext(iterator))
+        try:
+            while not (await asyncio.wait({following}, timeout=PING_INTERVAL_S))[0]:
+                yield None
+        except BaseException:
+            following.cancel()
+            raise
+        try:
+            yield following.result()
+        except StopAsyncIteration:
+            return
 
 
 class _Prompt:
@@ -291,6 +324,8 @@ class _Reply:
         self.prompt = prompt
         self.index = -1
         self.open: str | None = None  # the kind of the block being streamed
+        self.streamed: list[int] = []
+        """How much of each call's arguments has been sent, in order (streamed calls)."""
 
     def _message(self, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
                  usage: dict[str, int]) -> dict[str, Any]:
@@ -351,17 +386,34 @@ class _Reply:
                                                    "signature": ""})
             if self.prompt.show_thinking:
                 events.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
-        if content:
+        if content and not self.streamed:  # after the calls begin, none (a cut call's text)
             if self.open != "text":
                 events += self._block("text", {"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": content}))
+        return events
+
+    def calls(self, calls: Sequence[PartialCall]) -> list[str]:
+        """The calls' arguments as the model writes them: a tool_use block per call, opened
+        once its name is written, and an ``input_json_delta`` per piece of its arguments
+        (the calls come in order: the last opened block is the one growing)."""
+        events = []
+        for i, call in enumerate(calls):
+            if i == len(self.streamed):
+                events += self._block("tool_use", {
+                    "type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24],
+                    "name": call.name, "input": {}})
+                self.streamed.append(0)
+            if len(call.arguments) > self.streamed[i]:
+                events.append(self._delta({"type": "input_json_delta",
+                                           "partial_json": call.arguments[self.streamed[i]:]}))
+                self.streamed[i] = len(call.arguments)
         return events
 
     def end(self, done: Done, calls: list[ToolCall]) -> list[str]:
         events = []
         if self.index < 0 and not calls:  # an empty reply still has its text block
             events += self._block("text", {"type": "text", "text": ""})
-        for call in calls:
+        for call in calls[len(self.streamed):]:  # those not streamed: whole
             events += self._block("tool_use", {"type": "tool_use", "id": _tool_id(call),
                                                "name": call.name, "input": {}})
             events.append(self._delta({"type": "input_json_delta",

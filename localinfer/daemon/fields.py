@@ -163,6 +163,17 @@ V1_RESPONSES = RouteFields(
     },
 )
 
+V1_RESPONSES_INPUT_TOKENS = RouteFields(
+    honoured=("model", "input", "instructions", "previous_response_id", "reasoning"),
+    elsewhere=("tools", "tool_choice", "parallel_tool_calls", "text"),
+    refused={
+        "truncation": V1_RESPONSES.refused["truncation"],
+        "conversation": V1_RESPONSES.refused["conversation"],
+        "personality": Refused("OpenAI's style presets belong to its models; write the style"
+                               " into 'instructions'."),
+    },
+)
+
 _OLLAMA_HONOURED = ("model", "stream", "options", "keep_alive", "think", "logprobs",
                     "top_logprobs", *_LOCALINFER)
 _OLLAMA_REFUSED = {
@@ -174,8 +185,10 @@ _OLLAMA_REFUSED = {
 }
 
 API_CHAT = RouteFields(
-    honoured=("messages", *_OLLAMA_HONOURED),
-    elsewhere=("tools", "format"),
+    # temperature, top_p, max_output_tokens: where options leaves them out (the AI SDK's
+    # Ollama provider, Cline's, sends them at the top; ollama_routes.TOP_LEVEL_SAMPLING).
+    honoured=("messages", *_OLLAMA_HONOURED, "temperature", "top_p", "max_output_tokens"),
+    elsewhere=("tools", "tool_choice", "format"),
     refused=_OLLAMA_REFUSED,
 )
 
@@ -337,6 +350,7 @@ ROUTES: dict[str, RouteFields] = {
     "/v1/messages": V1_MESSAGES,
     "/v1/messages/count_tokens": V1_COUNT_TOKENS,
     "/v1/responses": V1_RESPONSES,
+    "/v1/responses/input_tokens": V1_RESPONSES_INPUT_TOKENS,
     "/api/chat": API_CHAT,
     "/api/generate": API_GENERATE,
     "/api/chat and /api/generate: options": API_OPTIONS,

@@ -188,7 +188,7 @@ def routes(state: DaemonState) -> list[Route]:
         if not messages:
             return await _load_only(state, name, f, chat=True)
 
-        params = _options(f)
+        params = _options(f, top_level=True)
         constraints = ollama_constraints(body, params.grammar)
         messages = await manager.with_preset(name, messages)
         return await _generate(state, request, f, name, constraints.encoder(messages, thinking),
@@ -321,8 +321,19 @@ def pull_json(step: PullProgress) -> dict[str, Any]:
     return {"status": PULL_STATUS.get(step.status, step.status)}
 
 
-def _options(f: Fields):
-    options = Fields(f.data.get("options") or {}, "options.")
+TOP_LEVEL_SAMPLING = {"temperature": "temperature", "top_p": "top_p",
+                      "max_output_tokens": "num_predict"}
+"""The sampling fields the AI SDK's Ollama provider (ollama-ai-provider-v2: Cline's) writes
+at the top of an /api/chat body, and the option each stands for. Ollama ignores them; they
+are honoured here where ``options`` leaves them out (``options`` wins)."""
+
+
+def _options(f: Fields, *, top_level: bool = False):
+    given = f.data.get("options") or {}
+    if top_level and isinstance(given, dict):
+        given = {**{option: f.data[name] for name, option in TOP_LEVEL_SAMPLING.items()
+                    if f.data.get(name) is not None}, **given}
+    options = Fields(given, "options.")
     num_predict = options.integer("num_predict", None)
     max_tokens = None if num_predict is None or num_predict < 0 else num_predict
     if num_predict == 0:

@@ -15,6 +15,9 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..runtime.thinking import (
     EFFORTS,
+    HARMONY_ANALYSIS,
+    HARMONY_TO_FINAL,
+    HarmonySplitter,
     Splitter,
     ThinkingSplitter,
     new_splitter,
@@ -22,7 +25,7 @@ from ..runtime.thinking import (
     template_vars,
     thinking_format,
 )
-from ..runtime.types import Message
+from ..runtime.types import Message, ReasoningBudget
 
 
 class Thinking:
@@ -31,8 +34,10 @@ class Thinking:
 
     def __init__(self, think: bool | str | None,
                  extra_vars: Mapping[str, Any] | None = None, *,
-                 effort: str | None = None) -> None:
+                 effort: str | None = None, budget: int | None = None) -> None:
         self.think = think
+        self.budget = budget
+        """The most tokens the reasoning may take (Anthropic's budget_tokens), if capped."""
         self.extra_vars = dict(extra_vars or {})
         self.effort = effort
         """An effort for a template that takes one (gpt-oss), where the request's API says
@@ -69,6 +74,20 @@ class Thinking:
             return None
         fmt = splitter.fmt
         return ("" if self.opened else fmt.open_tag, fmt.close_tag)
+
+    def reasoning_budget(self) -> ReasoningBudget | None:
+        """The cap on the reasoning for the sampler, once the prompt is rendered: the
+        model's closing tag is forced after ``budget`` reasoning tokens (harmony's: the end
+        of the analysis message and the final channel's header, where the answer goes)."""
+        splitter = self.splitter
+        if self.budget is None or splitter is None or self.think is False:
+            return None
+        if isinstance(splitter, HarmonySplitter):
+            return ReasoningBudget(self.budget, HARMONY_ANALYSIS, HARMONY_TO_FINAL, "<|end|>",
+                                   opened=self.opened)
+        fmt = splitter.fmt
+        return ReasoningBudget(self.budget, fmt.open_tag, f"\n{fmt.close_tag}\n\n",
+                               fmt.close_tag, opened=self.opened)
 
     def split(self, text: str) -> tuple[str, str]:
         """A piece of the reply as ``(thinking, content)``."""
@@ -127,7 +146,8 @@ def anthropic_think(value: Any, max_tokens: int | None, effort: Any = None
                     ) -> tuple[Thinking, bool]:
     """Anthropic's ``thinking``: {"type": "enabled", "budget_tokens": N} switches thinking on
     (the budget checked as Anthropic does: at least 1,024 and below max_tokens; the reasoning
-    and the answer together stop at max_tokens), "disabled" off, "adaptive" or none leaves
+    and the answer together stop at max_tokens; the reasoning alone is closed after
+    budget_tokens, see ``Thinking.reasoning_budget``), "disabled" off, "adaptive" or none leaves
     it to the model's template; ``output_config.effort`` is the reasoning effort of a
     template that takes one (above "high", high). The second value: whether to send the
     reasoning's text (``display: "omitted"`` sends empty thinking blocks)."""
@@ -154,4 +174,4 @@ def anthropic_think(value: Any, max_tokens: int | None, effort: Any = None
     display = value.get("display")
     if display not in (None, "summarized", "omitted"):
         raise InvalidRequest("'thinking.display' must be \"summarized\" or \"omitted\".")
-    return Thinking(True, effort=level), display != "omitted"
+    return Thinking(True, effort=level, budget=budget), display != "omitted"

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
 from ..errors import LocalInferError
+from ..runtime.tools import PartialCall
 from ..runtime.types import Done, Event, LiveStats, TokenLogprob, ToolCall
 from .reasoning_fields import Thinking
 from .state import DaemonState
@@ -22,6 +23,9 @@ class Piece:
     content: str
     live: LiveStats
     logprobs: tuple[TokenLogprob, ...] = ()
+    calls: tuple[PartialCall, ...] = ()
+    """The calls written so far (their arguments so far), when they grew with this piece;
+    a route that streams a call's arguments sends what is new."""
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,17 @@ async def reply_parts(state: DaemonState, events: AsyncIterable[Event],
     """The reply's pieces (only those that carry something), then its ``End``; the
     generation is counted for /metrics. A cancelled generation raises: its reply is cut."""
     splitter = constraints.splitter() if constraints is not None else None
+    calls: tuple[PartialCall, ...] = ()
     async for event in events:
         if not isinstance(event, Done):
             reasoning, content = thinking.split(event.text) if thinking else ("", event.text)
+            grown: tuple[PartialCall, ...] = ()
             if splitter is not None:
                 content = splitter.push(content)
-            if reasoning or content or event.logprobs:
-                yield Piece(reasoning, content, event.live, event.logprobs)
+                if tuple(splitter.calls) != calls:
+                    grown = calls = tuple(splitter.calls)
+            if reasoning or content or event.logprobs or grown:
+                yield Piece(reasoning, content, event.live, event.logprobs, grown)
             continue
         state.record(event)
         if event.finish_reason == "cancelled":
@@ -55,10 +63,10 @@ async def reply_parts(state: DaemonState, events: AsyncIterable[Event],
                                   " the model was unloaded, or a newer autocomplete request"
                                   " replaced it).")
         reasoning, content = thinking.flush() if thinking else ("", "")
-        calls: list[ToolCall] = []
+        whole: list[ToolCall] = []
         if splitter is not None:
-            content, calls = splitter.finish(content)
-        yield End(event, reasoning, content, calls)
+            content, whole = splitter.finish(content)
+        yield End(event, reasoning, content, whole)
 
 
 def whole_parts(done: Done, thinking: Thinking | None, constraints: Constraints | None

@@ -1,5 +1,7 @@
 """OpenAI's Responses API, what Codex speaks: ``POST /v1/responses``, ``GET`` and ``DELETE
-/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, on the chat route's engine,
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST
+/v1/responses/input_tokens`` (the prompt's tokens, counted as a response would read them), on
+the chat route's engine,
 templates, tool grammar (structured.py) and thinking split (reasoning_fields.py).
 
 The request's ``input`` items (messages, function and custom tool calls and their outputs;
@@ -9,6 +11,9 @@ item with the model's reasoning text, a ``message`` with ``output_text``, and a
 ``function_call`` (or ``custom_tool_call``) per call, streamed as the documented events, each
 with its ``sequence_number``. ``store`` (default true, as OpenAI's) keeps the response and
 its conversation on disk (response_store.py) for ``previous_response_id``, GET and DELETE.
+``POST /v1/responses/{id}/cancel`` and ``POST /v1/responses/compact`` are answered with a 400
+that says why: there are no background responses to cancel, and OpenAI's compaction item is
+an encrypted summary only its servers read.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +32,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidRequest, LocalInferError
 from ..protocol import json_line
+from ..runtime.tools import PartialCall, new_call_id
 from ..runtime.types import Done, Message, SamplingParams, Token, TokenLogprob, ToolCall
 from .bridge import BridgeResponse, EventStream, start_generation, unless_disconnected
 from .error_replies import guarded, stream_failure
@@ -39,6 +45,7 @@ from .state import DaemonState
 from .structured import Constraints, responses_constraints
 
 ROUTE = "/v1/responses"
+INPUT_TOKENS_ROUTE = "/v1/responses/input_tokens"
 
 INCLUDES = {
     "message.output_text.logprobs": "honoured: each output_text part carries its tokens'"
@@ -72,14 +79,17 @@ class Ask:
 def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route]:
     responses = store if store is not None else ResponseStore()
 
+    async def history(body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The stored conversation ``previous_response_id`` continues (404 if none)."""
+        previous = Fields(body).string("previous_response_id", None)
+        if previous is None:
+            return []
+        return list((await asyncio.to_thread(responses.get, previous))["conversation"])
+
     async def create(request: Request) -> Response:
         body = await read_json(request)
         audit(ROUTE, body)
-        previous = Fields(body).string("previous_response_id", None)
-        history: list[dict[str, Any]] = []
-        if previous is not None:
-            history = (await asyncio.to_thread(responses.get, previous))["conversation"]
-        ask = read_request(body, history)
+        ask = read_request(body, await history(body))
         ask.messages = await state.manager.with_preset(Fields(body).string("model"),
                                                        ask.messages)
         entry, events, stack = await start_generation(
@@ -145,8 +155,44 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
         await asyncio.to_thread(responses.delete, ident)
         return JSONResponse({"id": ident, "object": "response", "deleted": True})
 
+    async def input_tokens(request: Request) -> Response:
+        """The request's prompt in tokens: the same messages, tools and thinking variables,
+        rendered by the same template, as POST /v1/responses would read (its
+        ``usage.input_tokens``)."""
+        body = await read_json(request)
+        audit(INPUT_TOKENS_ROUTE, body)
+        ask = read_request(body, await history(body))
+        ask.messages = await state.manager.with_preset(Fields(body).string("model"),
+                                                       ask.messages)
+        encode = ask.constraints.encoder(ask.messages, ask.thinking)
+        async with state.manager.lease(Fields(body).string("model")) as entry:
+            tokens = await asyncio.to_thread(encode, entry.engine)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": len(tokens)})
+
+    async def cancel(request: Request) -> Response:
+        ident = request.path_params["response_id"]
+        await asyncio.to_thread(responses.get, ident)  # an unknown id is a 404
+        raise InvalidRequest(f"{ident} cannot be cancelled: only a background response can"
+                             " be, and localinfer runs none ('background: true' is refused;"
+                             " every response is made while its request waits). To stop a"
+                             " response being made, close its stream or its request.")
+
+    async def compact(request: Request) -> Response:
+        raise InvalidRequest("POST /v1/responses/compact: server-side compaction is not"
+                             " supported. OpenAI's compaction item is an encrypted summary"
+                             " that only OpenAI's servers read, and a local model has nothing"
+                             " to decrypt it with; compact the conversation on the client"
+                             " (send a summary of it as the next 'input'), or start a new"
+                             " one.")
+
     return [
         Route(ROUTE, guarded(state, "v1/responses", create), methods=["POST"]),
+        Route(INPUT_TOKENS_ROUTE, guarded(state, "v1/responses/input_tokens", input_tokens),
+              methods=["POST"]),
+        Route(ROUTE + "/compact", guarded(state, "v1/responses/compact", compact),
+              methods=["POST"]),
+        Route(ROUTE + "/{response_id}/cancel", guarded(state, "v1/responses/id/cancel",
+                                                       cancel), methods=["POST"]),
         Route(ROUTE + "/{response_id}", guarded(state, "v1/responses/id", retrieve),
               methods=["GET"]),
         Route(ROUTE + "/{response_id}", guarded(state, "v1/responses/id", delete),
@@ -378,6 +424,12 @@ class Reply:
         """Log-probabilities of text held back (a possible call), not yet sent."""
         self.reasoning_tokens = 0
         self.usage: dict[str, Any] | None = None
+        self.streamed: list[dict[str, Any]] = []
+        """The function calls streamed as the model wrote them, each's item (its arguments
+        so far) while open, in order."""
+        self.streaming = True
+        """Calls are still streamed: no custom tool's call came first (its input is sent
+        whole, and the calls keep their order)."""
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.sequence += 1
@@ -410,6 +462,8 @@ class Reply:
                         yield e
                 self.pending += event.logprobs if not reasoning else ()
                 for e in self._content(content):
+                    yield e
+                for e in self._streaming(splitter.calls if splitter is not None else []):
                     yield e
                 continue
             state.record(event)
@@ -491,11 +545,57 @@ class Reply:
         self.item = None
         return events
 
+    def _streaming(self, calls: Sequence[PartialCall]) -> list[dict[str, Any]]:
+        """A function call's item as the model writes it: added once its name is written,
+        a ``response.function_call_arguments.delta`` per piece of its arguments, done once
+        they are whole."""
+        events: list[dict[str, Any]] = []
+        for i, call in enumerate(calls[:len(self.streamed) + 1] if self.streaming else ()):
+            if i == len(self.streamed):
+                if call.name in self.custom:
+                    self.streaming = False
+                    break
+                if self.item is not None and self.item["type"] == "message":
+                    self.entries += self.pending
+                events += self._close()
+                item = {"id": "fc_" + uuid.uuid4().hex, "type": "function_call",
+                        "call_id": new_call_id(), "name": call.name, "arguments": "",
+                        "status": "in_progress"}
+                if call.name in self.namespaces:
+                    item["namespace"] = self.namespaces[call.name]
+                self.streamed.append(item)
+                events.append(self._event("response.output_item.added",
+                                          output_index=len(self.output), item=dict(item)))
+            item = self.streamed[i]
+            if item["status"] != "in_progress":
+                continue
+            if len(call.arguments) > len(item["arguments"]):
+                delta = call.arguments[len(item["arguments"]):]
+                item["arguments"] = call.arguments
+                events.append(self._event("response.function_call_arguments.delta",
+                                          item_id=item["id"], output_index=len(self.output),
+                                          delta=delta))
+            if call.complete:
+                events += self._call_done(item, "completed")
+        return events
+
+    def _call_done(self, item: dict[str, Any], status: str) -> list[dict[str, Any]]:
+        item["status"] = status
+        where = {"item_id": item["id"], "output_index": len(self.output)}
+        self.output.append(dict(item))
+        return [self._event("response.function_call_arguments.done", **where,
+                            arguments=item["arguments"], name=item["name"]),
+                self._event("response.output_item.done", output_index=where["output_index"],
+                            item=dict(item))]
+
     def _finish(self, done: Done, calls: list[ToolCall]) -> list[dict[str, Any]]:
         if self.item is not None and self.item["type"] == "message":
             self.entries += self.pending
         events = self._close()
-        for call in calls:
+        for item in self.streamed:  # a call cut off (max_output_tokens) ends incomplete
+            if item["status"] == "in_progress":
+                events += self._call_done(item, "incomplete")
+        for call in calls[len(self.streamed):]:
             events += self._call(call)
         u = done.usage
         self.usage = {"input_tokens": u.prompt_tokens,

@@ -70,9 +70,13 @@ class Constraints:
                 assert self.fmt is not None  # set by the encoder, which runs first
                 grammar = call_grammar(self.fmt, self.tools, self.choice,
                                        parallel=self.parallel)
+            # The prompt is rendered (the encoder runs first): the budget knows its tags.
+            budget = self.thinking.reasoning_budget() if self.thinking is not None else None
+            params = base if budget is None else dataclasses.replace(
+                base, reasoning_budget=budget)
             if grammar is None:
-                return base
-            return dataclasses.replace(base, grammar=reasoned(grammar, self.thinking))
+                return params
+            return dataclasses.replace(params, grammar=reasoned(grammar, self.thinking))
         return resolve
 
     def splitter(self) -> CallSplitter | None:
@@ -285,9 +289,17 @@ def output_grammar(body: dict[str, Any], fields: Sequence[str]) -> tuple[Grammar
 
 
 def ollama_constraints(body: dict[str, Any], output: Grammar | None) -> Constraints:
-    """/api/chat's ``tools`` with its ``format`` (``output``, read once by the options)."""
+    """/api/chat's ``tools`` with its ``format`` (``output``, read once by the options), and
+    the ``tool_choice`` the AI SDK's Ollama provider sends ("auto", "none", "required" or
+    {"type": "function", "name": ...}; Ollama has none, and calls as "auto" does)."""
     tools = parse_tools(body.get("tools"))
-    return _checked(Constraints(tools, ToolChoice("auto"), True, output), "format")
+    raw = body.get("tool_choice")
+    if isinstance(raw, dict) and raw.get("type") == "function" and "function" not in raw:
+        raw = {"type": "function", "function": {"name": raw.get("name")}}
+    choice = parse_tool_choice(raw, tools)
+    if choice.mode in ("required", "function") and not tools:
+        raise InvalidRequest("'tool_choice' asks for a call but 'tools' is empty.")
+    return _checked(Constraints(tools, choice, True, output), "format")
 
 
 def format_only(output: Grammar | None, thinking: Thinking) -> Constraints:

@@ -70,6 +70,7 @@ from .memory import (
     device_memory,
     kv_bytes_per_element,
     kv_cells,
+    kv_past_cap,
     larger_contexts,
     layer_kv_bytes,
     most_gpu_layers,
@@ -138,6 +139,9 @@ class Evaluation:
     split: WorkerSplit | None = None
     """The layers across this machine and RPC workers, when the plan pools them (then
     ``n_gpu_layers`` is llama.cpp's count over every offload device, ``gpu`` this machine's)."""
+    slots_note: str = ""
+    """Why automatic slots stopped short of MAX_AUTO_SLOTS although more fit (the KV cap,
+    ``memory.auto_kv_cap``); "" otherwise."""
 
     @property
     def n_layers_total(self) -> int:
@@ -186,6 +190,7 @@ class Evaluation:
             "decode_ms": {k: round(v, 3) for k, v in self.decode_ms.items()},
             "calibration": self.calibration, "verdict": self.verdict, "reason": self.reason,
             "ctx_max": self.ctx_max or None, "ctx_reason": self.ctx_reason or None,
+            "slots_note": self.slots_note or None,
             "split": self.split.to_dict() if self.split else None,
         }
 
@@ -292,14 +297,42 @@ def _evaluate(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs) -
                 f" layers fit the GPU, not {k})")
     elif n_ctx != ladder[0]:
         note = f"context {n_ctx} (the default {ladder[0]} does not fit)"
+    slots_note = ""
     if prefs.n_slots is None:
-        # More slots only while they fit without moving layers off the GPU.
-        for more in range(MAX_AUTO_SLOTS, 1, -1):
-            k2, host2, gpu2 = _placement(c, m, prefs, n_ctx, more)
-            if k2 >= k and all_fit(host2, gpu2):
-                slots, k, host, gpu = more, k2, host2, gpu2
-                break
-    return _verdict(c, m, prefs, True, k, n_ctx, slots, host, gpu, "fits", note)
+        slots, k, host, gpu, slots_note = _auto_slots(c, m, prefs, ladder, n_ctx, k, host, gpu)
+    return replace(_verdict(c, m, prefs, True, k, n_ctx, slots, host, gpu, "fits", note),
+                   slots_note=slots_note)
+
+
+def _auto_slots(c: Candidate, m: Machine, prefs: PlanPrefs, ladder: list[int], n_ctx: int,
+                k: int, host: DeviceUse, gpu: DeviceUse | None
+                ) -> tuple[int, int, DeviceUse, DeviceUse | None, str]:
+    """As many slots (up to MAX_AUTO_SLOTS) as fit without moving layers off the GPU and
+    keep the KV cache within AUTO_KV_SHARE of each device (``kv_past_cap``); and, when that
+    held them back, why: what more would take, and the context at which MAX_AUTO_SLOTS
+    would stay within it."""
+    past: tuple[int, str] | None = None  # the most slots that fit, but past the cap
+    chosen = (1, k, host, gpu)
+    for more in range(MAX_AUTO_SLOTS, 1, -1):
+        k2, host2, gpu2 = _placement(c, m, prefs, n_ctx, more)
+        if k2 < k or not all_fit(host2, gpu2):
+            continue
+        over = kv_past_cap(host2, gpu2, m.unified)
+        if not over:
+            chosen = (more, k2, host2, gpu2)
+            break
+        past = past or (more, over)
+    if past is None:
+        return (*chosen, "")
+    slots = chosen[0]
+    note = (f"{slots} slot{'s' if slots > 1 else ''}: {past[0]} of {n_ctx} tokens would put"
+            f" {past[1]}; --slots {past[0]} asks for them")
+    for smaller in (ctx for ctx in ladder if ctx < n_ctx):
+        k3, host3, gpu3 = _placement(c, m, prefs, smaller, MAX_AUTO_SLOTS)
+        if k3 >= k and all_fit(host3, gpu3) and not kv_past_cap(host3, gpu3, m.unified):
+            note += f", or --ctx {smaller} fits {MAX_AUTO_SLOTS} slots within it"
+            break
+    return (*chosen, note)
 
 
 def _placement(c: Candidate, m: Machine, prefs: PlanPrefs, n_ctx: int, slots: int
@@ -541,6 +574,8 @@ def context_reason(e: Evaluation, prefs: PlanPrefs, ctx_max: int) -> str:
     if e.decode_tps_full and e.decode_tps_full < e.decode_tps:
         text += (f"; decode ~{e.decode_tps_full:.1f} tok/s with the context full"
                  f" ({e.decode_tps:.1f} near its start)")
+    if e.slots_note:
+        text += f"; {e.slots_note}"
     return text
 
 

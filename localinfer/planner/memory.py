@@ -14,6 +14,10 @@ Layer split: as many repeating layers on the GPU as fit, counted from the last o
 ``n_gpu_layers``), then the output layer; the rest must fit in RAM. On unified memory (Apple
 Silicon, integrated GPUs) both parts come out of the same RAM.
 
+Automatic slots (none asked for) are added, up to MAX_AUTO_SLOTS, while they fit without
+moving layers off the GPU and their KV cache stays within AUTO_KV_SHARE of each device's
+usable memory (``kv_past_cap``): the context stays, slots give way.
+
 The context (per sequence: each slot has its own n_ctx cells) is the one asked for, else
 AGENT_CTX capped at the model's trained length and halved until the model fits (``ctx_ladder``)
 and, with a GPU, until it fits without moving layers off the GPU (plan._evaluate). A longer
@@ -73,6 +77,14 @@ blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements; Q4_0 32 4
 with one F16 scale, 18 bytes."""
 MAX_AUTO_SLOTS = 4
 """The most slots a plan gives a model when ``PlanPrefs.n_slots`` is None."""
+AUTO_KV_SHARE = 0.25
+"""The most of a device's usable memory (its budget) that automatic slots' KV cache may take
+there (``kv_past_cap``; one slot may take more, up to what fits). Each slot holds its
+whole context: at the agents' 32768, Llama 3.2 3B's 112 KiB a token are 3.5 GiB a slot, and
+four slots would hold 14 GiB of RAM for requests that mostly come one at a time, memory the
+daemon's other models and the machine's other programs then lack. Past the cap a plan keeps
+the context and gives fewer slots, and says what more would take (``--slots`` asks for them;
+a smaller ``--ctx`` fits more)."""
 
 
 # Runtime overhead per device: the process and libraries on the host, the driver context,
@@ -220,6 +232,26 @@ def device_memory(c: Candidate, machine: Machine, n_gpu_layers: int, n_ctx: int,
     gpu = DeviceUse(machine.gpu.name, machine.gpu_backend or "", gpu_weights, gpu_kv,
                     gpu_compute, overhead, gpu_budget)
     return host, gpu
+
+
+def kv_total(host: DeviceUse, gpu: DeviceUse | None) -> int:
+    """The KV cache's bytes, on every device."""
+    return host.kv_bytes + (gpu.kv_bytes if gpu is not None else 0)
+
+
+def kv_past_cap(host: DeviceUse, gpu: DeviceUse | None, unified: bool) -> str:
+    """Where the KV cache takes more than AUTO_KV_SHARE of a device's usable memory, in
+    words ("" where it does not): the GPU's and the host's each, or the one pool of unified
+    memory."""
+    devices = [(host, kv_total(host, gpu) if unified else host.kv_bytes, host.budget_bytes)]
+    if gpu is not None and not unified:
+        devices.append((gpu, gpu.kv_bytes, gpu.budget_bytes))
+    for device, kv, budget in devices:
+        if kv > AUTO_KV_SHARE * budget:
+            where = "RAM" if device is host else device.device
+            return (f"{kv / 2**30:.1f} GiB of KV cache in {where}, more than"
+                    f" {AUTO_KV_SHARE:.0%} of its {budget / 2**30:.1f} GiB usable")
+    return ""
 
 
 def all_fit(host: DeviceUse, gpu: DeviceUse | None) -> bool:

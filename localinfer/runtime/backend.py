@@ -178,6 +178,12 @@ class Backend(Protocol):
         """Feed tokens (the prompt) to the sampler's repetition history."""
         ...
 
+    def force(self, sampler: Any, token: int) -> None:
+        """Take ``token`` as the sequence's next, written in the model's place (the end of
+        a spent reasoning budget): the sampler (its grammar, its penalties) moves on as if
+        it had sampled it. InvalidRequest when the grammar does not allow it here."""
+        ...
+
     def free_sampler(self, sampler: Any) -> None: ...
 
     def seq_trim(self, seq_id: int, n_keep: int) -> int:

@@ -72,10 +72,9 @@ log = logging.getLogger(__name__)
 # streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
 PREFILL_CHUNK_WHILE_DECODING = 64
 YIELDING_PROMPT_ROWS = 64
-"""A step reading at least this many prompt tokens, all of requests less urgent than one that
-arrives meanwhile, is interrupted (``Backend.interrupt``) so that the new one starts now, not
-after the chunk: a 512-token chunk takes the starter about a second on a 2-core CPU, a larger
-model several. What the step had read stays in the cache (whole micro-batches)."""
+"""A step reading this many prompt tokens or more, all of requests less urgent than one that
+arrives, is interrupted (``Backend.interrupt``) so that the new one starts now, not after a
+chunk of a second or more; the cache keeps the micro-batches the step finished."""
 READ_AHEAD_IDLE_S = 0.3
 """After a chat reply, once the engine has been idle this long, the chat template's opening of
 the next user turn (Gemma: ``<end_of_turn>\n<start_of_turn>user\n``, 5 tokens) is read into
@@ -129,10 +128,8 @@ class Engine:
         self._accepted_total = 0
         self._preemptions_total = 0
         self._interrupted_total = 0
-        self._in_step: list[Request] = []
-        """The requests the decode in flight serves, and how many of its rows read prompts
-        (under ``_cv``): whom a cancellation or an urgent arrival interrupts."""
-        self._in_step_prompt_rows = 0
+        self._in_step: list[Request] = []  # the decode in flight's requests (under _cv)
+        self._in_step_prompt_rows = 0  # and its prompt rows: what an arrival may interrupt
         self._last_decode_tps = 0.0
         self.thread_tuner = ThreadTuner(backend.adaptive_threads, backend.set_threads)
         """Each step's thread count, following the machine's load (see threads.py)."""
@@ -309,6 +306,7 @@ class Engine:
             t_received=received_at,
             assembler=TextAssembler(params.stop, min_indent=params.n_indent),
             target=list(prompt),
+            closing=self.tokenize(params.reasoning_budget.close) if params.reasoning_budget else [],
         )
         generation.request = request
         if params.supersede is not None:
@@ -780,18 +778,22 @@ class Engine:
             return None
 
     def _sample(self, request: Request, index: int) -> int:
-        """Sample batch entry ``index`` with the request's sampler; with its log-probability
-        when asked for (taken from the logits before sampling: the argmax shortcut and the
-        native chain both leave the model's distribution behind them)."""
-        n_top = request.params.logprobs
-        if n_top is None:
+        """Sample batch entry ``index`` with the request's sampler (or force a spent reasoning
+        budget's close); with its log-probability when asked for (taken from the logits before
+        sampling: the argmax shortcut and the native chain both leave the model's
+        distribution behind them)."""
+        n_top, request.was_forced = request.params.logprobs, bool(request.forced)
+        if n_top is None and not request.forced:
             return self.backend.sample(request.sampler, index)
-        row = self.backend.raw_logits(index)
-        distribution = Distribution(row, n_top)
-        token = self.backend.sample(request.sampler, index)
-        if not self.backend.is_eog(token):  # the end of a turn is no part of the reply
-            # The sampled token's own logit is as it was: the argmax shortcut overwrites only
-            # the never-sampled tokens' logits.
+        row = self.backend.raw_logits(index) if n_top is not None else None
+        distribution = None if row is None or n_top is None else Distribution(row, n_top)
+        if request.forced:  # written in the model's place: the sampler takes it as sampled
+            self.backend.force(request.sampler, token := request.forced.pop(0))
+        else:
+            token = self.backend.sample(request.sampler, index)
+        if row is not None and distribution is not None and not self.backend.is_eog(token):
+            # The end of a turn is no part of the reply. The sampled token's own logit is as
+            # it was: the argmax shortcut overwrites only the never-sampled tokens' logits.
             request.logprobs.append(distribution.entry(token, float(row[token]),
                                                        self.backend.token_bytes))
         return token
@@ -805,10 +807,12 @@ class Engine:
         if request.n_generated == 1:
             request.t_first = now
         request.t_last = now
-        if self.backend.is_eog(token):
+        if self.backend.is_eog(token) and not request.was_forced:
             self._finish(slot, "stop", now)
             return False
-        text = request.assembler.push(self.backend.token_bytes(token))
+        piece = self.backend.token_bytes(token)
+        request.count_reasoning(piece)  # a spent budget: its close is forced next
+        text = request.assembler.push(piece)
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
         limit_ms = request.params.t_max_predict_ms

@@ -81,6 +81,8 @@ class _FakeSampler:
     accepted: list[int] = field(default_factory=list)
     prompt_len: int = 0
     script: list[int] | None = None
+    rescript: bool = False
+    """A token was forced: the reply goes on from the text as it now stands."""
 
 
 class FakeBackend:
@@ -158,6 +160,8 @@ class FakeBackend:
         self.decode_calls: list[int] = []  # batch sizes, for tests of the scheduler
         self.splits: list[tuple[int, ...]] = []
         """The graphs llama.cpp would compute for each decode call (speculate.graph_rows)."""
+        self.forced: list[int] = []
+        """Every token the engine forced (``force``), in order."""
         self.grammars: list[Grammar] = []
         """The grammar of each constrained request, in order: the fake does not sample, so
         tests check what the engine asked for (the real model's tests check the sampling)."""
@@ -281,6 +285,13 @@ class FakeBackend:
     def accept(self, sampler: _FakeSampler, tokens: Sequence[int]) -> None:
         sampler.accepted.extend(tokens)
 
+    def force(self, sampler: _FakeSampler, token: int) -> None:
+        # The scripted reply (a function of the text so far) is asked again at the next
+        # sample, as a model reads what was written in its place.
+        self.forced.append(token)
+        sampler.accepted.append(token)
+        sampler.rescript = True
+
     def free_sampler(self, sampler: _FakeSampler) -> None:
         sampler.accepted.clear()
 
@@ -291,6 +302,11 @@ class FakeBackend:
             text = self._reply_to(self.detokenize(self._seqs[seq][: pos + 1]))
             sampler.script = self.tokenize(text, add_special=False) + [self._id(EOS)]
         k = pos + 1 - sampler.prompt_len
+        if sampler.rescript:
+            sampler.rescript = False
+            text = self._reply_to(self.detokenize(self._seqs[seq][: pos + 1]))
+            sampler.script = sampler.script[:k] + self.tokenize(text, add_special=False) + [
+                self._id(EOS)]
         token = sampler.script[k] if k < len(sampler.script) else self._id(EOS)
         sampler.accepted.append(token)
         return token

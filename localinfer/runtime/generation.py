@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .speculate import PromptLookup
 from .text import TextAssembler
+from .thinking import BudgetWatch
 from .types import (
     Done,
     Event,
@@ -125,6 +126,25 @@ class Request:
     """Each generated token's log-probability, when the request asks for them."""
     n_logprobs_sent: int = 0
     """How many of them have gone out with a Token event."""
+    budget: BudgetWatch | None = None
+    """The reasoning budget's count, when the request has one (``params.reasoning_budget``)."""
+    closing: list[int] = field(default_factory=list)
+    """The tokens of the budget's ``close`` (tokenized at submission)."""
+    forced: list[int] = field(default_factory=list)
+    """Tokens still to be written in the model's place, one a step (a spent budget's
+    close)."""
+    was_forced: bool = False
+    """The token last taken was forced, not sampled."""
+
+    def __post_init__(self) -> None:
+        if self.params.reasoning_budget is not None:
+            self.budget = BudgetWatch(self.params.reasoning_budget)
+
+    def count_reasoning(self, piece: bytes) -> None:
+        """Count a sampled token (its bytes) against the reasoning budget; when that spends
+        it, the budget's close is forced next, token by token."""
+        if self.budget is not None and not self.was_forced and self.budget.push(piece):
+            self.forced = list(self.closing)
 
     def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
         unsent = tuple(self.logprobs[self.n_logprobs_sent:])

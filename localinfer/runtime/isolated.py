@@ -228,6 +228,9 @@ class IsolatedBackend:
         if self._lost is None:
             self._call("accept", sampler, list(tokens))
 
+    def force(self, sampler: int, token: int) -> None:
+        self._call("force", sampler, token)
+
     def free_sampler(self, sampler: int) -> None:
         if self._lost is None:  # a dead child freed everything
             self._call("free_sampler", sampler)
@@ -327,6 +330,9 @@ class _Child:
 
     def accept(self, sampler: int, tokens: list[int]) -> None:
         self.backend.accept(self.samplers[sampler], tokens)
+
+    def force(self, sampler: int, token: int) -> None:
+        self.backend.force(self.samplers[sampler], token)
 
     def free_sampler(self, sampler: int) -> None:
         self.backend.free_sampler(self.samplers.pop(sampler))

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InvalidRequest
+from .types import ReasoningBudget
 
 EFFORTS = ("low", "medium", "high")
 """The reasoning efforts a harmony template (gpt-oss) takes."""
@@ -41,7 +42,7 @@ def thinking_format(template: str | None) -> ThinkingFormat | None:
     if not template:
         return None
     if "<|channel|>" in template:  # harmony: the reasoning is the "analysis" channel
-        return ThinkingFormat("<|channel|>analysis<|message|>", "<|end|>",
+        return ThinkingFormat(HARMONY_ANALYSIS, "<|end|>",
                               None, "reasoning_effort" in template, harmony=True)
     if "<think>" in template:
         switch = "enable_thinking" if "enable_thinking" in template else None
@@ -152,6 +153,11 @@ def _partial_tag(text: str, tag: str) -> int:
 
 
 HARMONY_MESSAGE = "<|message|>"
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
+"""How a harmony reply's reasoning opens."""
+HARMONY_TO_FINAL = "<|end|><|start|>assistant<|channel|>final<|message|>"
+"""The end of the analysis message and the final message's header: what ends a harmony
+reply's reasoning when its budget is spent."""
 HARMONY_ENDS = ("<|end|>", "<|return|>", "<|call|>")
 """What ends a harmony message: the end of one message, of the turn, of a tool call (the
 last two end the generation, so a reply's text seldom holds them)."""
@@ -275,3 +281,57 @@ def split_reply(fmt: ThinkingFormat, text: str, *, thinking: bool = False) -> tu
     splitter.push(text)
     splitter.flush()
     return splitter.thinking, splitter.content
+
+
+class BudgetWatch:
+    """Counts a reply's reasoning tokens against a ``ReasoningBudget``, token by token (their
+    bytes), as llama.cpp's reasoning-budget sampler does: the count starts after the opening
+    tag (or at once when the prompt opened the block), stops when the model writes the
+    closing tag itself, and ``push`` says when the budget is spent (at a whole UTF-8
+    character, never inside one): the engine then forces the budget's ``close``."""
+
+    def __init__(self, budget: ReasoningBudget) -> None:
+        self.budget = budget
+        self._open = budget.open_tag.encode()
+        self._close = budget.close_tag.encode()
+        self._phase = "thinking" if budget.opened else "start"  # then "done"
+        self._text = b""  # the reply so far, while it matters (start: the lead; thinking: a tail)
+        self.used = 0
+        """Reasoning tokens so far."""
+        self.forced = False
+
+    def push(self, piece: bytes) -> bool:
+        """One generated token's bytes; True when the budget is spent now (force the close)."""
+        if self._phase == "done":
+            return False
+        self._text += piece
+        if self._phase == "start":
+            lead = self._text.lstrip()
+            if lead.startswith(self._open):
+                self._phase, self._text = "thinking", lead[len(self._open):]
+                return self._spent()
+            if not self._open.startswith(lead):
+                self._phase = "done"  # the reply does not reason
+            return False
+        if self._close in self._text:
+            self._phase = "done"  # the model closed it itself
+            return False
+        self._text = self._text[-len(self._close):]
+        self.used += 1
+        return self._spent()
+
+    def _spent(self) -> bool:
+        if self.used < self.budget.tokens or not _whole_utf8(self._text):
+            return False
+        self._phase, self.forced = "done", True
+        return True
+
+
+def _whole_utf8(text: bytes) -> bool:
+    """Whether ``text`` does not end inside a UTF-8 character."""
+    for back in range(1, min(4, len(text)) + 1):
+        byte = text[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): how long is its character?
+            return back >= (1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0
+                            else 4)
+    return True  # nothing, or no lead byte in reach: nothing to wait for

@@ -262,22 +262,110 @@ def _loads(text: str) -> Any:
         return None
 
 
+@dataclass(frozen=True)
+class PartialCall:
+    """A call as far as the model has written it: its name, and the text of its arguments
+    so far (the JSON object's text as the model writes it, complete once ``complete``)."""
+
+    name: str
+    arguments: str
+    complete: bool
+
+
+_HEAD_REACH = 512
+"""How far back an unfinished call's head (``{"name": "...", "arguments": ``) may begin."""
+
+
+class _CallScanner:
+    """Finds the calls in a reply's call text as it grows, each from its head (the name,
+    then the arguments key, in the order the call grammar writes them) through its arguments
+    object; it reads each character once (an agent's call may write a whole file)."""
+
+    def __init__(self, key: str) -> None:
+        self._head = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"'
+                                + re.escape(key) + r'"\s*:\s*\{')
+        self._seek = 0  # where the next head is looked for
+        self._start = -1  # where the arguments being read begin (-1: none)
+        self._at = 0  # how far they have been read
+        self._depth = 0
+        self._string = False
+        self._escape = False
+        self.calls: list[PartialCall] = []
+
+    def scan(self, text: str, since: int) -> None:
+        """Read ``text`` (the reply so far) on; a call begins at ``since`` or later."""
+        self._seek = max(self._seek, since)
+        while True:
+            if self._start < 0:
+                head = self._head.search(text, self._seek)
+                if head is None:
+                    self._seek = max(self._seek, len(text) - _HEAD_REACH)
+                    return
+                try:
+                    name = json.loads(f'"{head.group(1)}"')
+                except json.JSONDecodeError:
+                    name = head.group(1)
+                self._start = head.end() - 1
+                self._at, self._depth, self._string, self._escape = self._start, 0, False, False
+                self.calls.append(PartialCall(name, "", False))
+            end = self._read(text)
+            last = self.calls[-1]
+            self.calls[-1] = PartialCall(last.name, text[self._start:end or len(text)],
+                                         end is not None)
+            if end is None:
+                return
+            self._seek, self._start = end, -1
+
+    def _read(self, text: str) -> int | None:
+        """Read the arguments object on; where it ends, if it has."""
+        for i in range(self._at, len(text)):
+            c = text[i]
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = False
+            elif c == '"':
+                self._string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._at = i + 1
+                    return i + 1
+        self._at = len(text)
+        return None
+
+
 class CallSplitter:
     """Streams a reply's content while holding back whatever may be the start of a call:
-    ``push`` returns the text that is surely content; ``finish`` parses the whole reply and
-    returns the content not yet sent and the calls."""
+    ``push`` returns the text that is surely content, ``calls`` the calls being written
+    (their arguments so far); ``finish`` parses the whole reply and returns the content not
+    yet sent and the calls."""
 
     def __init__(self, fmt: ToolFormat) -> None:
         self.fmt = fmt
         self._text = ""
         self._sent = 0
+        # A harmony call reaches the splitter whole (thinking.HarmonySplitter holds it).
+        self._scanner = _CallScanner(fmt.arguments_key) if fmt.name != "harmony" else None
 
     def push(self, piece: str) -> str:
         self._text += piece
         end = self._safe_end()
         out = self._text[self._sent:end] if end > self._sent else ""
         self._sent = max(self._sent, end)
+        if self._scanner is not None and len(self._text) > self._sent:
+            self._scanner.scan(self._text, self._sent)  # what is held back may be calls
         return out
+
+    @property
+    def calls(self) -> list[PartialCall]:
+        """The calls written so far, each with its arguments' text so far."""
+        return self._scanner.calls if self._scanner is not None else []
 
     def _safe_end(self) -> int:
         text, fmt = self._text, self.fmt

@@ -96,6 +96,24 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """A cap on a reply's reasoning, as llama-server's reasoning budget: once the reasoning
+    block (opened by ``open_tag`` at the reply's start, or by the prompt) has ``tokens``
+    tokens, ``close`` is written in the model's place (its tokens forced, one a step), so
+    the model goes on with its answer."""
+
+    tokens: int
+    open_tag: str
+    close: str
+    """The text that ends the reasoning (``</think>``, or harmony's move to its final
+    channel), forced when the budget is spent."""
+    close_tag: str
+    """The tag whose writing ends the reasoning (then nothing is forced)."""
+    opened: bool = False
+    """The prompt opened the block: the reply begins inside it."""
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token. Defaults follow llama.cpp's."""
 
@@ -151,6 +169,9 @@ class SamplingParams:
     cache_prompt: bool = False
     """The client asked for this prompt's prefix to be cached (Anthropic's
     ``cache_control``): it is saved to the prefix cache on disk on its first reading."""
+    reasoning_budget: ReasoningBudget | None = None
+    """The most tokens the reply's reasoning may take (Anthropic's thinking.budget_tokens);
+    None: no cap but max_tokens."""
 
     def validate(self) -> SamplingParams:
         """Raise InvalidRequest for a value no sampler can use; return self."""

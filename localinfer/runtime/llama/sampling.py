@@ -228,6 +228,17 @@ class Sampling(LlamaHandles):
         for token in tokens:
             L.llama_sampler_accept(sampler, token)
 
+    def force(self, sampler: ctypes.c_void_p, token: int) -> None:
+        constrained = self._grammars.get(id(sampler))
+        if constrained is not None:
+            if not self._allows(constrained.grammar, np.array([token], dtype=np.int32))[0]:
+                # Accepting it would abort the process inside llama.cpp.
+                raise InvalidRequest("the reply's grammar does not allow the end of the"
+                                     " reasoning where its budget ran out; raise"
+                                     " thinking.budget_tokens or leave it out.")
+            L.llama_sampler_accept(constrained.grammar, token)
+        L.llama_sampler_accept(sampler, token)
+
     def free_sampler(self, sampler: ctypes.c_void_p) -> None:
         self._argmax_chains.discard(id(sampler))
         constrained = self._grammars.pop(id(sampler), None)
