@@ -489,3 +489,26 @@ def test_a_spent_reasoning_budget_closes_the_block(real_engine):
     # The grammar went on from the forced close: what follows is its JSON (the 270M model
     # lingers on the whitespace the grammar allows before it).
     assert not answer.strip() or answer.lstrip().startswith("{"), repr(answer)
+
+
+def test_a_context_llama_cpp_rounds_up_reads_a_prompt_longer_than_its_batch(starter_path):
+    # Asked for 320 tokens, llama.cpp makes a context of 512 but a batch of 320: a prompt of
+    # 400 tokens must be read in batches of 320, or llama.cpp aborts the whole process
+    # (GGML_ASSERT n_tokens_all <= n_batch). Run in a child: the abort would take pytest.
+    import subprocess
+    import sys
+
+    code = (
+        "from localinfer.loading import load_engine\n"
+        "from localinfer.runtime.backend import LoadOptions\n"
+        "from localinfer.runtime.types import SamplingParams\n"
+        f"e = load_engine({str(starter_path)!r}, LoadOptions(n_ctx=320, n_slots=1),\n"
+        "                name='gemma3:270m', family='gemma3')\n"
+        "d = e.complete('word ' * 400, SamplingParams(temperature=0, max_tokens=2)).result()\n"
+        "print(e.info.n_ctx, e.backend.n_batch, d.usage.prompt_tokens, d.finish_reason)\n"
+        "e.close()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    n_ctx, n_batch, n_prompt, reason = run.stdout.split()
+    assert (n_ctx, n_batch, reason) == ("512", "320", "length") and int(n_prompt) > 320

@@ -196,7 +196,10 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
                                  f" {', '.join(options.lora_adapters)}{_llama_said()}")
         self._mem = L.llama_get_memory(self._ctx)
         self.enable_interrupt()
-        self.n_batch = options.n_batch
+        # What llama.cpp took, not what was asked: it caps the batch at the context asked
+        # for (320 gives 320) and rounds the context up (to 512), and a decode of more
+        # tokens than its batch aborts the process (GGML_ASSERT), not the call.
+        self.n_batch = min(options.n_batch, int(L.llama_n_batch(self._ctx)))
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.fim_spm = options.fim_spm
         self._embed_ctx = self._ctx if self.embedding_only else None
