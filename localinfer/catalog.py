@@ -73,6 +73,25 @@ def _fim_order(r: _Reader) -> str:
     return order
 
 
+_SAMPLING_KEYS = {"temperature": (0.0, 5.0), "top_p": (0.0, 1.0), "top_k": (0, 1000),
+                  "min_p": (0.0, 1.0), "repeat_penalty": (0.5, 2.0),
+                  "repeat_last_n": (-1, 4096)}
+
+
+def _sampling(r: _Reader) -> dict[str, float | int]:
+    raw = r.table("sampling")
+    out: dict[str, float | int] = {}
+    for key, value in raw.items():
+        if key not in _SAMPLING_KEYS:
+            raise r.error(f"sampling.{key}", f"is not one of {', '.join(_SAMPLING_KEYS)}")
+        low, high = _SAMPLING_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not low <= value <= high:
+            raise r.error(f"sampling.{key}", f"must be a number from {low} to {high}")
+        out[key] = value
+    return out
+
+
 def is_embedding_header(architecture: str, pooling_type: object) -> bool:
     """Whether a GGUF holds an embedding model: an encoder architecture, or a declared pooling
     (``<arch>.pooling_type``, which converters write for embedding models, e.g.
@@ -98,6 +117,11 @@ class Family:
     fim_order: str = "psm"
     """The order its fill-in-the-middle prompts were trained in: "psm" (prefix, suffix,
     middle; most families) or "spm" (suffix first, whose KV cache then survives typing)."""
+    sampling: dict[str, float | int] = field(default_factory=dict)
+    """The sampling its model card recommends, by SamplingParams name (temperature, top_p,
+    top_k, min_p, repeat_penalty, repeat_last_n): the chat's and ``run``'s defaults."""
+    sampling_source: str = ""
+    """The model card's address the sampling was read at."""
 
 
 @dataclass(frozen=True)
@@ -278,7 +302,11 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             use=tuple(r.list_of_str("use", ["chat"])),
             description=r.string("description", ""),
             fim_order=_fim_order(r),
+            sampling=_sampling(r),
+            sampling_source=r.string("sampling_source", ""),
         )
+        if families[fam_id].sampling and not families[fam_id].sampling_source:
+            raise r.error("sampling_source", "must give the model card's address")
         r.done()
 
     models: dict[str, ModelSpec] = {}
@@ -487,6 +515,12 @@ class _Reader:
         value = self._get(key, default)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.error(key, f"must be a list of strings, got {value!r}")
+        return value
+
+    def table(self, key: str) -> dict[str, Any]:
+        value = self._get(key, {})
+        if not isinstance(value, dict):
+            raise self.error(key, f"must be a table, got {value!r}")
         return value
 
     def list_of_tables(self, key: str) -> list[dict[str, Any]]:

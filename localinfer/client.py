@@ -23,6 +23,7 @@ from .paths import Paths
 from .protocol import (
     ModelInfo,
     Start,
+    ThinkingStart,
     error_from,
     event_from,
     generate_request_json,
@@ -56,6 +57,8 @@ class ClientGeneration:
         self.id: str | None = None
         self.prompt_tokens: int | None = None
         """The prompt's length in tokens, known from the stream's first event."""
+        self.thinking: ThinkingStart | None = None
+        """A thinking model's reply format, known from the stream's first event."""
         self.cancelled = False
         self.done: Done | None = None
         self._text: list[str] = []
@@ -86,6 +89,7 @@ class ClientGeneration:
                 if isinstance(event, Start):
                     self.model, self.id = event.model, event.id
                     self.prompt_tokens, self.info = event.prompt_tokens, event.info
+                    self.thinking = event.thinking
                 elif isinstance(event, Token):
                     self._text.append(event.text)
                     yield event
@@ -242,9 +246,10 @@ class DaemonClient:
     def generate(self, model: str, *, messages: Sequence[Message] | None = None,
                  prompt: str | None = None, params: SamplingParams = DEFAULT_SAMPLING,
                  priority: Priority = Priority.NORMAL,
-                 keep_alive: float | None = None) -> ClientGeneration:
+                 keep_alive: float | None = None,
+                 think: bool | str | None = None) -> ClientGeneration:
         body = generate_request_json(model, messages=messages, prompt=prompt, params=params,
-                                     priority=priority, keep_alive=keep_alive)
+                                     priority=priority, keep_alive=keep_alive, think=think)
         request = self._http.build_request("POST", "/localinfer/generate", json=body)
         try:
             response = self._http.send(request, stream=True)

@@ -24,6 +24,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..hardware import probe
 from ..protocol import (
     Start,
+    ThinkingStart,
     event_json,
     health_json,
     json_line,
@@ -34,6 +35,7 @@ from ..protocol import (
 from ..runtime.types import Done, SamplingParams
 from .bridge import BridgeResponse, start_generation
 from .error_replies import guarded
+from .reasoning_fields import Thinking, ollama_think
 from .requests import (
     Fields,
     parse_keep_alive,
@@ -86,12 +88,16 @@ def routes(state: DaemonState) -> list[Route]:
         name = f.string("model")
         params = _params(Fields(body.get("params") or {}, "params."))
         priority = parse_priority(body.get("priority"))
+        # A chat's thinking: switched by "think" (as Ollama's), split by the client.
+        thinking = Thinking(ollama_think(body.get("think")))
         if "messages" in body:
             messages = parse_messages(body["messages"])
 
             def tokens(engine: Engine) -> list[int]:
-                return engine.chat_tokens(messages)
+                return thinking.chat_tokens(engine, messages)
         else:
+            if body.get("think") is not None:
+                raise InvalidRequest("'think' is for a chat ('messages'), not a 'prompt'.")
             prompt: str = f.string("prompt")
 
             def tokens(engine: Engine) -> list[int]:
@@ -110,7 +116,9 @@ def routes(state: DaemonState) -> list[Route]:
             yield json_line(event_json(Start(
                 id=request_id, model=entry.name,
                 prompt_tokens=len(submitted.prompt) if submitted else None,
-                info=engine.info))) + "\n"
+                info=engine.info,
+                thinking=None if thinking.format is None else ThinkingStart(
+                    thinking.format, thinking.opened)))) + "\n"
             try:
                 async for event in events:
                     if isinstance(event, Done):

@@ -26,6 +26,7 @@ from textual.widgets import Footer, Header, Static
 from ..chats import Chat, ChatStore
 from ..config import Config, load_config
 from ..errors import DaemonError, LocalInferError
+from ..sampling_defaults import SamplingDefaults
 from ..session import EngineOpener, Launcher, LoadStep, Session, loaded_candidate, loaded_rows
 from .conversation import ChatScreen
 from .reply import Reply
@@ -39,9 +40,10 @@ from .screens import (
     ModelChoice,
     ModelsScreen,
     SettingsScreen,
+    TextPrompt,
 )
 from .status import HardwareReady, StatusBar
-from .widgets import ChatInput, LoadingPanel, Transcript
+from .widgets import ChatInput, FileChips, LoadingPanel, Transcript
 
 if TYPE_CHECKING:
     from ..hardware import HardwareProfile
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 BASE_MODEL_NOTE = "base model: continues text, does not follow instructions · Ctrl+O: models"
 """Under the title bar while a base model is loaded (it fits in 80 columns)."""
 MAIN_SCREEN_ACTIONS = {"cancel_reply", "new_chat", "chats", "models", "settings",
-                       "copy_reply", "help"}
+                       "copy_reply", "help", "think", "attach", "regenerate", "edit"}
 """The chat screen's keys: hidden while another screen is up."""
 
 
@@ -65,10 +67,12 @@ class LoadProgress(Message):
 
 
 class SessionReady(Message):
-    def __init__(self, session: Session, candidate: Candidate | None) -> None:
+    def __init__(self, session: Session, candidate: Candidate | None,
+                 defaults: SamplingDefaults) -> None:
         super().__init__()
         self.session = session
         self.candidate = candidate
+        self.defaults = defaults
 
 
 class SessionFailed(Message):
@@ -93,6 +97,10 @@ class ChatApp(App[None]):
         Binding("ctrl+o", "models", "Models"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("f2", "copy_reply", "Copy"),
+        Binding("f3", "think", "Think"),
+        Binding("f4", "attach", "File"),
+        Binding("f5", "regenerate", "Regen"),
+        Binding("f6", "edit", "Edit"),
         Binding("ctrl+t", "toggle_theme", "Theme", show=False),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -114,6 +122,8 @@ class ChatApp(App[None]):
         self.loading: str | None = None
         self.load_error: LocalInferError | None = None
         self.model_name: str | None = model
+        self.defaults = SamplingDefaults()
+        """The loaded model's default sampling."""
         self.status = StatusBar(launcher, hardware=hardware, calibration=calibration,
                                 measure_bandwidth=measure_bandwidth, id="status")
         self.conversation = ChatScreen(self, chats)
@@ -141,11 +151,13 @@ class ChatApp(App[None]):
         yield Transcript(id="transcript")
         yield LoadingPanel(id="loading")
         yield self.status
+        yield FileChips(id="files")
         yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J new line)")
         yield Footer()
 
     async def on_mount(self) -> None:
         self.query_one(Footer).compact = True
+        self.query_one(FileChips).display = False
         if self.resume:
             chat = self.conversation.resume(self.resume)
             if chat is not None:
@@ -185,7 +197,8 @@ class ChatApp(App[None]):
                 self.post_message(LoadProgress(step))
 
             session = self.launcher.open(model, on_step)
-            self.post_message(SessionReady(session, loaded_candidate(session.info)))
+            self.post_message(SessionReady(session, loaded_candidate(session.info),
+                                           self.launcher.sampling_defaults(session)))
         except LocalInferError as exc:
             self.post_message(SessionFailed(model, exc))
         except Exception as exc:  # noqa: BLE001 - a bug shows in the UI, not as a traceback
@@ -208,6 +221,7 @@ class ChatApp(App[None]):
     @on(SessionReady)
     async def _session_ready(self, event: SessionReady) -> None:
         self.session = event.session
+        self.defaults = event.defaults
         self.model_name = event.session.model
         self.loading = None
         self.query_one(LoadingPanel).display = False
@@ -254,11 +268,30 @@ class ChatApp(App[None]):
         if len(self.screen_stack) > 1 and action in MAIN_SCREEN_ACTIONS:
             return False  # the chat's keys are hidden while another screen is up
         if action == "cancel_reply":
-            return self.reply is not None
+            return self.reply is not None or self.conversation.editing is not None
         return True
 
     def action_cancel_reply(self) -> None:
+        if self.reply is None and self.conversation.editing is not None:
+            self.conversation.stop_editing()
+            return
         self.conversation.cancel_reply()
+
+    def action_think(self) -> None:
+        self.conversation.cycle_think()
+
+    def action_attach(self) -> None:
+        def chosen(path: str | None) -> None:
+            if path:
+                self.conversation.call_later(self.conversation.attach, path.strip())
+
+        self.push_screen(TextPrompt("Attach a text file: its path", ""), chosen)
+
+    def action_regenerate(self) -> None:
+        self.conversation.call_later(self.conversation.regenerate)
+
+    def action_edit(self) -> None:
+        self.conversation.call_later(self.conversation.edit_last)
 
     def action_new_chat(self) -> None:
         if self.conversation.cancel_reply_then(self.action_new_chat):
@@ -307,11 +340,16 @@ class ChatApp(App[None]):
             chat.system_prompt = settings.system_prompt
             chat.temperature = settings.temperature
             chat.max_tokens = settings.max_tokens
-            self.conversation.save()
+            chat.top_p, chat.top_k = settings.top_p, settings.top_k
+            chat.repeat_penalty = settings.repeat_penalty
+            chat.think = settings.think
+            if chat.messages:
+                self.conversation.save()
             self.notify("Saved this chat's settings.")
 
-        self.push_screen(SettingsScreen(ChatSettings(chat.system_prompt, chat.temperature,
-                                                     chat.max_tokens)), chosen)
+        self.push_screen(SettingsScreen(ChatSettings(
+            chat.system_prompt, chat.temperature, chat.max_tokens, chat.top_p, chat.top_k,
+            chat.repeat_penalty, chat.think), self.defaults), chosen)
 
     def action_copy_reply(self) -> None:
         last = self.chat.last_reply()

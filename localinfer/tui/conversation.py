@@ -1,7 +1,11 @@
 """The conversation: the chat screen's controller. It sends a message, streams the reply from a
 thread worker that posts its events back (as Textual's examples/mother.py and harlequin do), so
 the UI never waits on the model; it cancels a reply, saves the chat as it goes, and asks what
-to do when the context is full.
+to do when the context is full: drop the oldest turns, or have the model summarise them. It
+regenerates the last reply (the earlier ones kept, ←/→ on the reply), edits the last message
+and re-sends from there (the engine reuses the KV cache of the unchanged prefix), attaches
+text files (``/file PATH``, F4, or a path pasted alone) after counting their tokens against
+the context left, and switches a thinking model's reasoning (``/think``, F3).
 
 A reply streams into one Markdown widget that is appended to at most once per frame
 (FRAME_S): the render cost per token does not grow with the reply, nor with the transcript,
@@ -11,26 +15,39 @@ session; it is this screen's ``ChatHost``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Protocol
 
 from textual import on, work
 from textual.screen import Screen
 from textual.widgets import Static
 
-from ..chats import Chat, ChatMessage, ChatStore, ReplyStats
+from ..chats import (
+    THINK_VALUES,
+    Attachment,
+    Chat,
+    ChatMessage,
+    ChatStore,
+    ReplyStats,
+    read_text_file,
+    summary_messages,
+)
 from ..errors import ContextOverflow, DaemonError, LocalInferError
 from ..runtime.types import Done, SamplingParams
 from ..runtime.types import Message as ChatTurn
-from ..session import Session
+from ..sampling_defaults import SamplingDefaults
+from ..session import Session, Thought
 from .reply import Reply, ReplyDone, ReplyFailed, ReplyStarted, ReplyToken, reply_stats
 from .screens import ChatChoice, ContextFullScreen, ErrorScreen
 from .status import ChatFigures, StatusBar
-from .widgets import AssistantMessage, ChatInput, Transcript, UserMessage
+from .widgets import AssistantMessage, ChatInput, FileChips, Transcript, UserMessage
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +67,8 @@ class ChatHost(Protocol):
     """What is getting ready, while a model loads."""
     model_name: str | None
     status: StatusBar
+    defaults: SamplingDefaults
+    """The loaded model's default sampling (the chat's settings go over it)."""
 
     def connect(self, model: str | None) -> None: ...
 
@@ -70,7 +89,7 @@ class ChatScreen(Screen[None]):
         super().__init__(id="_default")  # the id Textual gives its own default screen
         self.host = host
         self.chats = chats
-        self.chat: Chat = chats.new(temperature=0.8, max_tokens=512)
+        self.chat: Chat = chats.new(max_tokens=512)
         self.reply: Reply | None = None
         self.context_tokens: int | None = None
         self.last_stats: ReplyStats | None = None
@@ -85,6 +104,11 @@ class ChatScreen(Screen[None]):
         """The chat whose next message drops the oldest turns it needs room from, without
         asking (the user chose so when a reply filled the context)."""
         self._resend_after_connect = False
+        self.files: list[Attachment] = []
+        """Files attached to the message being written."""
+        self.editing: int | None = None
+        """Editing the last user message: its index (sending replaces it and what follows)."""
+        self._think_once: bool | str | None = None
 
     def figures(self) -> ChatFigures:
         """What the status bar shows of the conversation."""
@@ -142,7 +166,9 @@ class ChatScreen(Screen[None]):
         """A new chat with this one's settings."""
         old = self.chat
         self.chat = self.chats.new(system_prompt=old.system_prompt,
-                                   temperature=old.temperature, max_tokens=old.max_tokens)
+                                   temperature=old.temperature, max_tokens=old.max_tokens,
+                                   top_p=old.top_p, top_k=old.top_k,
+                                   repeat_penalty=old.repeat_penalty, think=old.think)
         self.context_tokens = None
         self.last_stats = None
         await self.render_chat()
@@ -173,7 +199,7 @@ class ChatScreen(Screen[None]):
             return
         if deleted:
             self.chat = self.chats.new(temperature=self.chat.temperature,
-                                       max_tokens=self.chat.max_tokens)
+                                       max_tokens=self.chat.max_tokens, think=self.chat.think)
             await self.render_chat()
         else:
             try:
@@ -223,9 +249,25 @@ class ChatScreen(Screen[None]):
         await self.send(event.text)
 
     async def send(self, text: str) -> None:
-        """Send ``text`` as the user's next message (the Enter key)."""
+        """Send ``text`` as the user's next message (the Enter key): a command (``/think``,
+        ``/file``) or a file's path alone is done here instead."""
         chat_input = self.query_one(ChatInput)
         session = self.host.session
+        command = text.strip()
+        if command.startswith("/think"):
+            rest = self._think_command(command)
+            if rest is None:
+                chat_input.clear()
+                return
+            text = rest
+        elif command.startswith("/file"):
+            chat_input.clear()
+            await self.attach(command.removeprefix("/file").strip())
+            return
+        elif "\n" not in command and _is_file(command):
+            chat_input.clear()
+            await self.attach(command)
+            return
         if self.reply is not None:
             self.notify("A reply is still streaming: Esc cancels it. Your message stays in"
                         " the input.", severity="warning")
@@ -237,8 +279,16 @@ class ChatScreen(Screen[None]):
             self.notify("The model is still loading; your first message is waiting.",
                         severity="warning")
             return
+        if self.files and not await self._files_fit(self.files):
+            return
         chat_input.accept(text)
-        message = self.chat.add(ChatMessage("user", text))
+        if self.editing is not None:
+            del self.chat.messages[self.editing:]
+            self.editing = None
+            await self.render_chat()
+        message = self.chat.add(ChatMessage("user", text, files=self.files))
+        self.files = []
+        self._show_files()
         switching = self.host.loading is not None  # a model loads: it answers, not the old one
         if session is not None and not switching:
             self.chat.model = session.model
@@ -254,13 +304,21 @@ class ChatScreen(Screen[None]):
             return
         self._start_reply()
 
-    def _start_reply(self) -> None:
+    def params(self) -> SamplingParams:
+        """The next reply's sampling: the model's defaults, then this chat's settings."""
+        return self.chat.params(self.host.defaults.values)
+
+    def _start_reply(self, *, replaces: Sequence[ChatMessage] = (),
+                     summary_of: tuple[int, int] | None = None) -> None:
         session = self.host.session
         assert session is not None
         self._reply_ids += 1
         widget = AssistantMessage(ChatMessage("assistant", "", model=session.info.name),
                                   streaming=True)
-        reply = Reply(self._reply_ids, widget, session.info.name)
+        if summary_of is not None:
+            widget.border_title = "Summarising the turns that no longer fit…"
+        reply = Reply(self._reply_ids, widget, session.info.name, replaces=list(replaces),
+                      summary_of=summary_of)
         self.reply = reply
         transcript = self.query_one("#transcript", Transcript)
         transcript.mount(widget)
@@ -268,16 +326,20 @@ class ChatScreen(Screen[None]):
         self.chat.model = session.model
         self.host.show_status()
         self.app.refresh_bindings()
-        self._stream(reply, session, self.chat.prompt_messages(), self.chat.params())
+        think, self._think_once = (self._think_once if self._think_once is not None
+                                   else self.chat.think), None
+        messages = (summary_messages(self.chat, *summary_of) if summary_of is not None
+                    else self.chat.prompt_messages())
+        self._stream(reply, session, messages, self.params(), think)
 
     @work(thread=True, exit_on_error=False, group="reply")
     def _stream(self, reply: Reply, session: Session, messages: Sequence[ChatTurn],
-                params: SamplingParams) -> None:
+                params: SamplingParams, think: bool | str | None = None) -> None:
         """Run one generation and post its events; never touches a widget."""
         try:
             prompt_tokens = session.count_tokens(messages)
             self.post_message(ReplyStarted(reply.id, prompt_tokens))
-            generation = session.chat(messages, params)
+            generation = session.chat(messages, params, think=think)
             reply.generation = generation
             if reply.cancel_requested:
                 generation.cancel()
@@ -287,10 +349,11 @@ class ChatScreen(Screen[None]):
                     prompt_tokens = counted
                     self.post_message(ReplyStarted(reply.id, prompt_tokens))
                 if isinstance(event, Done):
-                    self.post_message(ReplyDone(reply.id, event))
+                    self.post_message(ReplyDone(reply.id, event, generation.thought))
                 else:
                     self.post_message(ReplyToken(reply.id, event.text, event.live,
-                                                 time.monotonic()))
+                                                 time.monotonic(),
+                                                 thought=isinstance(event, Thought)))
         except LocalInferError as exc:
             self.post_message(ReplyFailed(reply.id, exc))
         except Exception as exc:  # noqa: BLE001 - a bug shows in the UI, not as a traceback
@@ -309,7 +372,11 @@ class ChatScreen(Screen[None]):
         reply = self.reply
         if reply is None or reply.id != event.reply_id:
             return
-        reply.pending.append(event.text)
+        if event.thought:
+            reply.thought_pending.append(event.text)
+            reply.thought_tokens = event.live.n_tokens
+        else:
+            reply.pending.append(event.text)
         reply.live = event.live
         reply.tracker.add(event.live.n_tokens, event.at)
         if reply.flush_timer is None:
@@ -322,15 +389,22 @@ class ChatScreen(Screen[None]):
         if reply is not self.reply:
             return
         reply.last_flush = time.monotonic()
+        if reply.thought_pending:
+            reply.widget.think("".join(reply.thought_pending), reply.thought_tokens)
+            reply.thought_pending.clear()
         text = "".join(reply.pending)
         reply.pending.clear()
-        if text:
+        if text and reply.summary_of is None:
             reply.drawn.append(text)
             await reply.widget.write(text)
             if reply.last_flush - reply.last_save >= SAVE_EVERY_S:
                 reply.last_save = reply.last_flush
                 self.save(streaming=ChatMessage("assistant", "".join(reply.drawn),
-                                                model=reply.model))
+                                                model=reply.model,
+                                                thinking=reply.widget.thinking))
+        elif text:
+            reply.drawn.append(text)
+            await reply.widget.write(text)
         self.host.show_status()
 
     @on(ReplyDone)
@@ -345,9 +419,15 @@ class ChatScreen(Screen[None]):
         done = event.done
         status = self.host.status
         stats = reply_stats(done, reply,
-                             status.reference.roofline if status.reference else None)
+                             status.reference.roofline if status.reference else None,
+                             event.thought)
         message = ChatMessage("assistant", done.text, model=reply.model,
-                              finish_reason=done.finish_reason, stats=stats)
+                              finish_reason=done.finish_reason, stats=stats,
+                              thinking=event.thought.text if event.thought else "")
+        if reply.summary_of is not None:
+            await self._summary_done(reply, message)
+            return
+        self._join_versions(message, reply)
         self.chat.add(message)
         self.save()
         self.reply = None
@@ -382,8 +462,11 @@ class ChatScreen(Screen[None]):
         self.app.refresh_bindings()
         error = event.error
         partial_text = "".join(reply.pending)
-        if isinstance(error, ContextOverflow) and not reply.live:
+        if isinstance(error, ContextOverflow) and not reply.live and \
+                reply.summary_of is None:
             await reply.widget.remove()
+            if self._restore_versions(reply):  # regenerating: the earlier replies stand
+                await self.render_chat()
             self.host.show_status()
             if await self._run_after_reply():
                 self._drop_from = None
@@ -391,9 +474,16 @@ class ChatScreen(Screen[None]):
             await self._message_does_not_fit(error)
             return
         self._drop_from = None
+        if reply.summary_of is not None:
+            await reply.widget.remove()
+            if isinstance(error, ContextOverflow) and self._summarise_fewer(reply.summary_of):
+                return
+            self._summary_failed(error)
+            return
         text = (reply.widget.markdown.source or "") + partial_text
         message = ChatMessage("assistant", text, model=reply.model, finish_reason="error",
-                              error=error.one_line())
+                              error=error.one_line(), thinking=reply.widget.thinking)
+        self._join_versions(message, reply)
         self.chat.add(message)
         self.save()
         await reply.widget.finish(message)
@@ -448,9 +538,15 @@ class ChatScreen(Screen[None]):
         self.cancel_reply()
         text = (reply.widget.markdown.source or "") + "".join(reply.pending)
         self.reply = None
+        if reply.summary_of is not None:
+            return
         if text:
-            self.chat.add(ChatMessage("assistant", text, model=reply.model,
-                                      finish_reason="cancelled"))
+            message = ChatMessage("assistant", text, model=reply.model,
+                                  finish_reason="cancelled", thinking=reply.widget.thinking)
+            self._join_versions(message, reply)
+            self.chat.add(message)
+            self.save()
+        elif self._restore_versions(reply):
             self.save()
 
     def stop_generation(self) -> None:
@@ -515,11 +611,20 @@ class ChatScreen(Screen[None]):
             self.run_worker(self._context_choice(answer, unanswered), group="context")
 
         self.app.push_screen(ContextFullScreen(
-            text + " Drop the oldest turns (they stay in the transcript but are no longer"
-            " sent), or start a new chat.", id="context-full"), chosen)
+            text + " Summarise the older turns (the model writes a summary that is sent in"
+            " their place), drop them (they stay in the transcript but are no longer sent),"
+            " or start a new chat.", id="context-full"), chosen)
 
     async def _context_choice(self, answer: str | None, unanswered: bool) -> None:
-        if answer == "drop":
+        if answer == "summarise":
+            span = self.chat.summarise_turns()
+            if span is None:
+                self.notify("Only the last turn is left: there is nothing older to summarise.",
+                            severity="warning")
+                return
+            self._summary_continues = unanswered
+            self._start_reply(summary_of=span)
+        elif answer == "drop":
             if unanswered:  # drop turns until the message fits
                 self._drop_from = self.chat.context_start
                 await self._drop_oldest_turn_and_resend()
@@ -548,3 +653,236 @@ class ChatScreen(Screen[None]):
         await self.render_chat()
         self.query_one(ChatInput).load_text(text)
         return text
+
+    # --- summarising older turns ---------------------------------------------------------
+    _summary_continues = False
+
+    async def _summary_done(self, reply: Reply, message: ChatMessage) -> None:
+        """The summary came: it takes the place of the turns it stands for (marked in the
+        history), and the unanswered message is sent again after it."""
+        self.reply = None
+        await reply.widget.remove()
+        self.app.refresh_bindings()
+        assert reply.summary_of is not None
+        start, end = reply.summary_of
+        if message.finish_reason == "cancelled" or not message.content.strip():
+            self.notify("The summary was cancelled; nothing was changed.", severity="warning")
+            self.host.show_status()
+            return
+        self.chat.add_summary(message.content.strip(), end)
+        self.save()
+        await self.render_chat()
+        self.host.show_status()
+        n = sum(1 for m in self.chat.messages[start:end] if m.role == "user")
+        if self._summary_continues and self.host.session is not None:
+            self.notify(f"Summarised {n} earlier turn{'s' if n != 1 else ''}; answering your"
+                        " message with the summary in their place.")
+            self._start_reply()
+        else:
+            self.notify(f"Summarised {n} earlier turn{'s' if n != 1 else ''}: the summary is"
+                        " sent in their place from now on.")
+
+    def _summarise_fewer(self, span: tuple[int, int]) -> bool:
+        """The turns to summarise do not fit the context themselves: summarise those after
+        the oldest (which are then left out of the summary). False when one turn is left."""
+        start, end = span
+        starts = [i for i in range(start + 1, end) if self.chat.messages[i].role == "user"]
+        if not starts:
+            return False
+        self._start_reply(summary_of=(starts[0], end))
+        return True
+
+    def _summary_failed(self, error: LocalInferError) -> None:
+        self.host.show_status()
+        self.app.refresh_bindings()
+        self.app.push_screen(ErrorScreen("Cannot summarise", f"{error.one_line()} Nothing was"
+                                         " changed: drop the oldest turns or start a new chat"
+                                         " instead.", [("ok", "OK")]))
+
+    # --- regenerate, browse, edit ----------------------------------------------------------
+    def _join_versions(self, message: ChatMessage, reply: Reply) -> None:
+        """A regenerated reply joins the earlier ones to the same message, as the newest."""
+        if reply.replaces:
+            message.alternatives = [replace(m, alternatives=[], version=0)
+                                    for m in reply.replaces]
+            message.version = len(reply.replaces)
+
+    def _restore_versions(self, reply: Reply) -> bool:
+        """A regenerated reply that never came: the earlier ones stand again."""
+        versions = reply.replaces
+        if not versions:
+            return False
+        self.chat.add(replace(versions[-1], alternatives=versions[:-1],
+                              version=len(versions) - 1))
+        return True
+
+    async def regenerate(self) -> None:
+        """Ask for another reply to the last message; the earlier ones are kept (←/→)."""
+        messages = self.chat.messages
+        if self.reply is not None or self.host.session is None:
+            self.notify("Wait for the reply (Esc cancels it) and the model.",
+                        severity="warning")
+            return
+        if not messages or messages[-1].role != "assistant" or \
+                len(messages) - 1 < self.chat.context_start:
+            self.notify("There is no reply to regenerate.", severity="warning")
+            return
+        last = messages.pop()
+        widgets = self.query(AssistantMessage)
+        if widgets:
+            await widgets.last().remove()
+        self._start_reply(replaces=last.versions)
+
+    @on(AssistantMessage.Browse)
+    def _browse(self, event: AssistantMessage.Browse) -> None:
+        messages = self.chat.messages
+        if self.reply is not None or not messages or event.widget.message is not messages[-1]:
+            self.notify("Only the last reply's versions can be browsed.")
+            return
+        versions = messages[-1].versions
+        k = max(0, min(len(versions) - 1, messages[-1].version + event.step))
+        if k == messages[-1].version:
+            return
+        chosen = replace(versions[k], alternatives=versions[:k] + versions[k + 1:], version=k)
+        messages[-1] = chosen
+        self.save()
+        self.call_later(event.widget.finish, chosen)
+
+    async def edit_last(self) -> None:
+        """Put the last user message back in the input: sending it replaces it and what
+        follows (the KV cache of the conversation before it is reused)."""
+        if self.reply is not None:
+            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+            return
+        index = self.chat.last_user_index()
+        if index is None:
+            self.notify("There is no message of yours to edit.", severity="warning")
+            return
+        message = self.chat.messages[index]
+        self.editing = index
+        chat_input = self.query_one(ChatInput)
+        chat_input.load_text(message.content)
+        chat_input.move_cursor(chat_input.document.end)
+        chat_input.focus()
+        self.files = list(message.files)
+        self._show_files()
+        self.app.refresh_bindings()
+        self.notify("Editing your last message: Enter re-sends it (its reply is replaced);"
+                    " Esc stops editing.")
+
+    def stop_editing(self) -> None:
+        self.editing = None
+        self.files = []
+        self._show_files()
+        self.query_one(ChatInput).clear()
+        self.app.refresh_bindings()
+
+    # --- thinking ----------------------------------------------------------------------------
+    def _think_command(self, command: str) -> str | None:
+        """``/think on|off|low|medium|high|default`` sets this chat's thinking; with a message
+        after it, that message alone is sent so. Returns the message to send, if any."""
+        words = command.split(maxsplit=2)
+        values = {"on": True, "off": False, "default": None, "low": "low",
+                  "medium": "medium", "high": "high"}
+        if len(words) < 2 or words[1] not in values:
+            self.notify("/think on, off, low, medium, high or default (the model's); then a"
+                        " message to send it with that alone.", severity="warning")
+            return None
+        value = values[words[1]]
+        if len(words) == 3 and words[2].strip():
+            self._think_once = value
+            return words[2]
+        self.set_think(value)
+        return None
+
+    def set_think(self, value: bool | str | None) -> None:
+        assert value in THINK_VALUES
+        self.chat.think = value
+        if self.chat.messages:
+            self.save()
+        self.notify(f"Thinking: {think_text(value)} for this chat.")
+        self.host.show_status()
+
+    def cycle_think(self) -> None:
+        """F3: the model's default, on, off."""
+        order: list[bool | str | None] = [None, True, False]
+        now = self.chat.think if self.chat.think in order else None
+        self.set_think(order[(order.index(now) + 1) % len(order)])
+
+    # --- files ---------------------------------------------------------------------------------
+    def free_tokens(self) -> int | None:
+        """Tokens left in the context for more text: its size, less the conversation so far
+        and the reply's room (max tokens)."""
+        session = self.host.session
+        if session is None:
+            return None
+        return session.info.n_ctx - (self.context_tokens or 0) - self.chat.max_tokens
+
+    async def attach(self, path_text: str) -> None:
+        """Attach a text file to the message being written, once it is known to fit."""
+        if not path_text:
+            self.notify("/file PATH attaches a text file (or paste its path alone).",
+                        severity="warning")
+            return
+        path = Path(path_text).expanduser()
+        try:
+            text = await asyncio.to_thread(read_text_file, path)
+        except LocalInferError as exc:
+            self._refuse_file(path.name, exc.message)
+            return
+        tokens = await self._count_text(text) or 0
+        attachment = Attachment(path.name, str(path.resolve()), text, tokens)
+        if await self._files_fit([*self.files, attachment]):
+            self.files.append(attachment)
+            self._show_files()
+
+    async def _count_text(self, text: str) -> int | None:
+        session = self.host.session
+        if session is None:
+            return None
+        counted = await asyncio.to_thread(session.count_tokens, [ChatTurn("user", text)])
+        return counted
+
+    async def _files_fit(self, files: Sequence[Attachment]) -> bool:
+        """Whether ``files`` fit the context left (counted when attached); if not, say so
+        with the figures, before anything is sent."""
+        free = self.free_tokens()
+        need = sum(f.tokens for f in files)
+        if free is None or need <= free:
+            return True
+        session = self.host.session
+        n_ctx = session.info.n_ctx if session else 0
+        names = ", ".join(f.name for f in files)
+        self._refuse_file(names, f"{names} {'is' if len(files) == 1 else 'are'} {need:,}"
+                          f" tokens; the context has {max(free, 0):,} free ({n_ctx:,} in all:"
+                          f" the conversation takes {self.context_tokens or 0:,} and the"
+                          f" reply's room {self.chat.max_tokens:,}). Attach a part of it, start"
+                          " a new chat, or load the model with a larger context (--ctx).")
+        return False
+
+    def _refuse_file(self, name: str, message: str) -> None:
+        self.app.push_screen(ErrorScreen(f"Cannot attach {name}", message, [("ok", "OK")]))
+
+    def _show_files(self) -> None:
+        self.app.query_one(FileChips).show(self.files, self.free_tokens())
+
+    @on(FileChips.Removed)
+    def _file_removed(self, event: FileChips.Removed) -> None:
+        if 0 <= event.index < len(self.files):
+            del self.files[event.index]
+        self._show_files()
+
+
+def think_text(value: bool | str | None) -> str:
+    return {None: "the model's default", True: "on", False: "off"}.get(
+        value, f"on, {value} effort") if not isinstance(value, str) else f"on, {value} effort"
+
+
+def _is_file(text: str) -> bool:
+    """A path pasted alone (an existing file), to attach rather than send."""
+    if not text or len(text) > 4096 or not (text.startswith(("/", "~", "./", "../"))):
+        return False
+    try:
+        return Path(text).expanduser().is_file()
+    except OSError:
+        return False
