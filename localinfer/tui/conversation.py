@@ -4,8 +4,8 @@ the UI never waits on the model; it cancels a reply, saves the chat as it goes, 
 to do when the context is full: drop the oldest turns, or have the model summarise them. It
 regenerates the last reply (the earlier ones kept, ←/→ on the reply), edits the last message
 and re-sends from there (the engine reuses the KV cache of the unchanged prefix), attaches
-text files (``/file PATH``, F4, or a path pasted alone) after counting their tokens against
-the context left, and switches a thinking model's reasoning (``/think``, F3).
+text files (``/file PATH``, F3, or a path pasted alone) after counting their tokens against
+the context left, and switches a thinking model's reasoning (``/think``, F8).
 
 A reply streams into one Markdown widget that is appended to at most once per frame
 (FRAME_S): the render cost per token does not grow with the reply, nor with the transcript,
@@ -804,7 +804,7 @@ class ChatScreen(Screen[None]):
         self.host.show_status()
 
     def cycle_think(self) -> None:
-        """F3: the model's default, on, off."""
+        """F8: the model's default, on, off."""
         order: list[bool | str | None] = [None, True, False]
         now = self.chat.think if self.chat.think in order else None
         self.set_think(order[(order.index(now) + 1) % len(order)])

@@ -55,10 +55,10 @@ HELP = """\
 | **Ctrl+O** | models: switch, pull; the planner's verdict for this machine |
 | **Ctrl+S** | this chat's system prompt, sampling and thinking (Enter saves, Esc cancels) |
 | **F2** | copy the last reply to the clipboard |
-| **F3** | thinking: the model's default, on, off (or `/think on`, `off`, `low`...) |
-| **F4** | attach a text file (`/file PATH`, or paste a path alone); a chip shows its tokens |
+| **F3** | attach a text file (`/file PATH`, or paste a path alone); a chip shows its tokens |
+| **F4** | edit your last message and send it again (Esc stops editing) |
 | **F5** | regenerate the last reply (the earlier ones are kept: **←/→** on the reply) |
-| **F6** | edit your last message and send it again (Esc stops editing) |
+| **F8** | thinking: the model's default, on, off (or `/think on`, `off`, `low`...) |
 | **Ctrl+T** | light / dark theme |
 | **F1** | this help |
 | **Ctrl+Q** | quit (the daemon keeps the model warm for editors) |
