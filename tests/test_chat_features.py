@@ -91,6 +91,7 @@ def test_a_thinking_reply_shows_a_folded_block_and_a_clean_answer(home):
             assert (reply.content, reply.thinking) == (ANSWER, THOUGHT)
             assert reply.stats.thought_tokens > 5 and reply.stats.answer_ttft_ms > 0
             widget = app.query(AssistantMessage).last()
+            await until(pilot, lambda: not widget.streaming, "the reply settles")
             block = widget.query_one(ThoughtBlock)
             assert block.display and block.collapsed
             assert block.title.startswith("Thought for ") and " tok · " in block.title
@@ -145,6 +146,7 @@ def test_regenerate_keeps_the_replies_browsable_and_edit_resends(home):
             assert last.stats.cached_tokens > 0
             assert [m.content for m in last.versions] == ["reply number 2", "reply number 3"]
             widget = app.query(AssistantMessage).last()
+            await until(pilot, lambda: not widget.streaming, "the reply settles")
             assert "‹ 2/2 ›" in text_of(widget.query_one(".summary"))
             widget.focus()
             await pilot.press("left")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from ..config import Config
 from ..errors import ConfigError
@@ -75,32 +75,36 @@ def logical_cores() -> int:
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
+    g = p.add_argument_group(
+        "sampling", "Left out, each takes the model's default (its catalog card's, its"
+        " file's general.sampling.* metadata, its [models.\"NAME\"] table in config.toml:"
+        " `localinfer show MODEL` lists them), else llama.cpp's (given here).")
     g.add_argument("-n", "--max-tokens", type=int, default=256, metavar="N",
                    help="most tokens to generate (default 256)")
-    g.add_argument("-t", "--temperature", type=float, default=0.8, metavar="T",
-                   help="0 = greedy (default 0.8)")
-    g.add_argument("--top-p", type=float, default=0.95, metavar="P")
-    g.add_argument("--top-k", type=int, default=40, metavar="K")
-    g.add_argument("--min-p", type=float, default=0.05, metavar="P")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="X")
+    g.add_argument("-t", "--temperature", type=float, default=None, metavar="T",
+                   help="0 = greedy (0.8)")
+    g.add_argument("--top-p", type=float, default=None, metavar="P", help="(0.95)")
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="(40)")
+    g.add_argument("--min-p", type=float, default=None, metavar="P", help="(0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=None, metavar="X",
+                   help="1 = off (1)")
     g.add_argument("--seed", type=int, default=None, metavar="S")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop before this text (repeatable)")
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest)."""
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop),
-    ).validate()
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
+
+
+def sampling_params(args: argparse.Namespace,
+                    defaults: Mapping[str, float | int] | None = None) -> SamplingParams:
+    """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest),
+    over the model's ``defaults`` (``sampling_defaults.py``) for the flags left out."""
+    values: dict[str, Any] = dict(defaults or {})
+    values.update({name: getattr(args, name) for name in SAMPLING_FLAGS
+                   if getattr(args, name) is not None})
+    values.update(max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop))
+    return SamplingParams(**values).validate()
 
 
 def gpu_layers_text(n_gpu_layers: int, n_layers: int) -> str:
