@@ -237,6 +237,11 @@ class DaemonClient:
         """Another client of the same daemon (its own connection, for another thread)."""
         return DaemonClient(socket_path=self.socket_path, url=self.url, api_key=self._api_key)
 
+    def count_tokens(self, model: str, text: str) -> int:
+        """How many tokens ``text`` takes for ``model`` (loaded if it is not)."""
+        return int(self._request("POST", "/localinfer/tokenize",
+                                 json={"model": model, "text": text})["tokens"])
+
     def unload(self, model: str | None = None) -> list[str]:
         return self._request("POST", "/localinfer/unload", json={"model": model})["unloaded"]
 

@@ -49,6 +49,7 @@ from .selection import (
     best_or_smallest,
     catalog_candidates,
     installed_candidate,
+    instruct_offer,
     pick_model,
     plan_prefs,
 )
@@ -167,6 +168,10 @@ class Session(Protocol):
         """Tokens the conversation takes in the context, when this session can count them."""
         ...
 
+    def count_text(self, text: str) -> int:
+        """Tokens ``text`` takes (an attached file, before it is sent)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -199,6 +204,9 @@ class EngineSession:
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return len(self.engine.chat_tokens(messages))
+
+    def count_text(self, text: str) -> int:
+        return len(self.engine.tokenize(text))
 
     def close(self) -> None:
         self.engine.close()
@@ -246,6 +254,9 @@ class DaemonSession:
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return None  # the daemon counts at submit: ContextOverflow says when it is too long
+
+    def count_text(self, text: str) -> int:
+        return self.client.count_tokens(self.model, text)
 
     def close(self) -> None:
         self.client.close()
@@ -416,6 +427,24 @@ class Launcher:
                    calibration: Mapping[str, float] | None = None) -> list[ModelRow]:
         """The models a front end lists, with the plan for ``hardware`` (``model_rows``)."""
         return model_rows(self.store, hardware, self.config, calibration=calibration)
+
+    def instruct_offer(self, hardware: HardwareProfile, *,
+                       calibration: Mapping[str, float] | None = None) -> ModelRow | None:
+        """When only base models are installed: the instruct model the planner picks for
+        this machine, as a models list's row (``selection.instruct_offer``); None when one
+        is installed, none fits, or this launcher is offline."""
+        if self.config.offline or self.store.offline:
+            return None
+        choice = instruct_offer(self.store, self.config, hardware, calibration)
+        if choice is None:
+            return None
+        c = choice.candidate
+        spec = self.store.catalog.models.get(c.model or "")
+        return ModelRow(name=c.name, installed=False, size_bytes=c.file_bytes,
+                        size_estimated=c.estimated, fits=choice.fits,
+                        gpu_layers=f"{choice.n_gpu_layers}/{choice.n_layers_total}",
+                        decode_tps=choice.decode_tps, verdict="fits", reason=choice.reason,
+                        description=spec.family.description if spec else "")
 
     def pull(self, name: str, *, progress: PullCallback | None = None,
              cancel: threading.Event | None = None) -> InstalledModel:

@@ -13,6 +13,7 @@ from localinfer.catalog import load_catalog
 from localinfer.chats import Chat, ChatMessage, ChatStore
 from localinfer.client import DaemonClient
 from localinfer.config import Config, ModelSettings
+from localinfer.errors import LocalInferError
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
 from localinfer.runtime.types import Message, SamplingParams, Token
@@ -74,6 +75,13 @@ def test_the_session_splits_the_reasoning_in_process_and_through_the_daemon(home
         # not think is refused thinking by name, as the daemon's other routes refuse it.
         events = list(session.chat(messages, SamplingParams(max_tokens=64), think=False))
         assert events[-1].text  # the fake replies the same: the split still holds
+        # A file's tokens, counted by the daemon's model as in this process.
+        text = "def add(a, b):\n    return a + b\n"
+        engine = Engine(FakeBackend())
+        try:
+            assert session.count_text(text) == EngineSession(engine).count_text(text) > 5
+        finally:
+            engine.close()
         session.close()
 
 
@@ -323,3 +331,57 @@ def test_old_chat_files_still_load():
     assert chat.messages[1] == ChatMessage("assistant", "hello", at=chat.messages[1].at)
     assert create_app  # the factory the CLI uses is the one the tests above build
     assert laptop()
+
+
+# --- the first run -------------------------------------------------------------------------------
+def test_with_only_the_base_starter_the_chat_offers_the_planners_instruct_model(home):
+    opener = Opener(lambda ref: FakeBackend("once upon a time", name=ref, base_model=True))
+    pulled: list[str] = []
+
+    def pull(name, *, progress=None, cancel=None):
+        pulled.append(name)
+        raise LocalInferError("the test's store is offline")
+
+    async def main():
+        app = in_process_app(opener, model="gemma3:270m")
+        app.launcher.pull = pull
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await until(pilot, lambda: app.query("#offer-download"), "the offer")
+            offer = app.offer
+            assert offer is not None and not offer.installed and offer.fits
+            assert offer.decode_tps > 0 and offer.name.split(":")[0] != "gemma3:270m"
+            welcome = text_of(app.query_one("#welcome"))
+            assert "good for" in welcome and offer.name in welcome
+            button = app.query_one("#offer-download")
+            assert offer.name in str(button.label) and "tok/s predicted" in str(button.label)
+            button.focus()
+            await pilot.press("enter")
+            await until_screen(pilot, app, ErrorScreen, "the question")
+            assert app.screen.title_text == f"Download {offer.name}?"
+            await pilot.press("enter")  # Cancel is the default
+            assert not pulled and not isinstance(app.screen, ErrorScreen)
+            button.press()
+            await until_screen(pilot, app, ErrorScreen, "the question")
+            await pilot.click("#yes")
+            await until(pilot, lambda: pulled, "the pull")
+            assert pulled == [offer.name]
+        opener.close()
+
+    run(main())
+
+
+def test_offline_the_first_run_says_how_to_add_a_gguf(home, monkeypatch):
+    monkeypatch.setenv("LOCALINFER_OFFLINE", "true")
+    opener = Opener(lambda ref: FakeBackend("once upon a time", name=ref, base_model=True))
+
+    async def main():
+        app = in_process_app(opener, model="gemma3:270m")
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await until(pilot, lambda: "localinfer add" in text_of(app.query_one("#welcome")),
+                        "the offline advice")
+            assert app.offer is None and not app.query("#offer-download")
+        opener.close()
+
+    run(main())

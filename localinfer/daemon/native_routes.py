@@ -153,6 +153,17 @@ def routes(state: DaemonState) -> list[Route]:
             reply = load_reply_json(entry.name, entry.load_ms, entry.engine.info)
         return JSONResponse(reply)
 
+    async def tokenize(request: Request) -> Response:
+        """How many tokens a text takes for a model (the chat counts an attached file
+        against the context left before it sends it)."""
+        body = await read_json(request)
+        f = Fields(body)
+        text = f.string("text")
+        async with manager.lease(f.string("model"),
+                                 keep_alive_s=parse_keep_alive(body.get("keep_alive"))) as entry:
+            tokens = await asyncio.to_thread(entry.engine.tokenize, text)
+        return JSONResponse({"model": entry.name, "tokens": len(tokens)})
+
     async def unload(request: Request) -> Response:
         body = await read_json(request)
         name = Fields(body).string("model", None)
@@ -177,6 +188,8 @@ def routes(state: DaemonState) -> list[Route]:
         Route("/localinfer/cancel", guarded(state, "localinfer/cancel", cancel),
               methods=["POST"]),
         Route("/localinfer/load", guarded(state, "localinfer/load", load), methods=["POST"]),
+        Route("/localinfer/tokenize", guarded(state, "localinfer/tokenize", tokenize),
+              methods=["POST"]),
         Route("/localinfer/unload", guarded(state, "localinfer/unload", unload),
               methods=["POST"]),
         Route("/localinfer/shutdown", guarded(state, "localinfer/shutdown", shutdown),

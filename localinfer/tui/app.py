@@ -27,7 +27,15 @@ from ..chats import Chat, ChatStore
 from ..config import Config, load_config
 from ..errors import DaemonError, LocalInferError
 from ..sampling_defaults import SamplingDefaults
-from ..session import EngineOpener, Launcher, LoadStep, Session, loaded_candidate, loaded_rows
+from ..session import (
+    EngineOpener,
+    Launcher,
+    LoadStep,
+    ModelRow,
+    Session,
+    loaded_candidate,
+    loaded_rows,
+)
 from .conversation import ChatScreen
 from .reply import Reply
 from .screens import (
@@ -68,11 +76,12 @@ class LoadProgress(Message):
 
 class SessionReady(Message):
     def __init__(self, session: Session, candidate: Candidate | None,
-                 defaults: SamplingDefaults) -> None:
+                 defaults: SamplingDefaults, offer: ModelRow | None = None) -> None:
         super().__init__()
         self.session = session
         self.candidate = candidate
         self.defaults = defaults
+        self.offer = offer
 
 
 class SessionFailed(Message):
@@ -124,6 +133,8 @@ class ChatApp(App[None]):
         self.model_name: str | None = model
         self.defaults = SamplingDefaults()
         """The loaded model's default sampling."""
+        self.offer: ModelRow | None = None
+        """With only base models installed: the instruct model the planner picks here."""
         self.status = StatusBar(launcher, hardware=hardware, calibration=calibration,
                                 measure_bandwidth=measure_bandwidth, id="status")
         self.conversation = ChatScreen(self, chats)
@@ -197,8 +208,12 @@ class ChatApp(App[None]):
                 self.post_message(LoadProgress(step))
 
             session = self.launcher.open(model, on_step)
+            offer = None
+            if session.info.base_model and self.hardware is not None:
+                offer = self.launcher.instruct_offer(self.hardware,
+                                                     calibration=self.status.calibration)
             self.post_message(SessionReady(session, loaded_candidate(session.info),
-                                           self.launcher.sampling_defaults(session)))
+                                           self.launcher.sampling_defaults(session), offer))
         except LocalInferError as exc:
             self.post_message(SessionFailed(model, exc))
         except Exception as exc:  # noqa: BLE001 - a bug shows in the UI, not as a traceback
@@ -222,6 +237,7 @@ class ChatApp(App[None]):
     async def _session_ready(self, event: SessionReady) -> None:
         self.session = event.session
         self.defaults = event.defaults
+        self.offer = event.offer
         self.model_name = event.session.model
         self.loading = None
         self.query_one(LoadingPanel).display = False
@@ -315,7 +331,9 @@ class ChatApp(App[None]):
         self.conversation.call_later(self.conversation.chat_changed, event.chat_id,
                                      deleted=event.deleted)
 
-    def action_models(self) -> None:
+    def action_models(self, pull: str | None = None) -> None:
+        """Ctrl+O; ``pull``: a catalog model whose download the user agreed to (the first
+        run's offer), started at once."""
         if self.conversation.cancel_reply_then(self.action_models):
             return
 
@@ -328,7 +346,7 @@ class ChatApp(App[None]):
         session = self.session
         self.push_screen(ModelsScreen(self.launcher, self.hardware, current,
                                       calibration=self.status.calibration,
-                                      loaded=lambda: loaded_rows(session)),
+                                      loaded=lambda: loaded_rows(session), pull=pull),
                          chosen)
 
     def action_settings(self) -> None:

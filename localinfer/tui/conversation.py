@@ -27,7 +27,7 @@ from typing import Protocol
 
 from textual import on, work
 from textual.screen import Screen
-from textual.widgets import Static
+from textual.widgets import Button, Static
 
 from ..chats import (
     THINK_VALUES,
@@ -40,12 +40,14 @@ from ..chats import (
     summary_messages,
 )
 from ..errors import ContextOverflow, DaemonError, LocalInferError
+from ..progress import human_bytes
 from ..runtime.types import Done, SamplingParams
 from ..runtime.types import Message as ChatTurn
 from ..sampling_defaults import SamplingDefaults
-from ..session import Session, Thought
+from ..session import Launcher, ModelRow, Session, Thought
+from .figures import tps
 from .reply import Reply, ReplyDone, ReplyFailed, ReplyStarted, ReplyToken, reply_stats
-from .screens import ChatChoice, ContextFullScreen, ErrorScreen
+from .screens import ChatChoice, ConfirmScreen, ContextFullScreen, ErrorScreen, download_question
 from .status import ChatFigures, StatusBar
 from .widgets import AssistantMessage, ChatInput, FileChips, Transcript, UserMessage
 
@@ -69,6 +71,11 @@ class ChatHost(Protocol):
     status: StatusBar
     defaults: SamplingDefaults
     """The loaded model's default sampling (the chat's settings go over it)."""
+    offer: ModelRow | None
+    """With only base models installed: the instruct model to offer for download."""
+    launcher: Launcher
+
+    def action_models(self, pull: str | None = None) -> None: ...
 
     def connect(self, model: str | None) -> None: ...
 
@@ -135,6 +142,28 @@ class ChatScreen(Screen[None]):
         welcome = self.query("#welcome")
         if welcome:
             welcome.first(Static).update(self._welcome_text())
+            offer = self.host.offer
+            if offer is not None and not self.query("#offer-download"):
+                size = human_bytes(offer.size_bytes) + ("~" if offer.size_estimated else "")
+                speed = f", ~{tps(offer.decode_tps)} tok/s predicted here" if \
+                    offer.decode_tps > 0 else ""
+                self.query_one("#transcript", Transcript).mount(
+                    Button(f"Download {offer.name} ({size}{speed})…", id="offer-download"),
+                    after=welcome.first())
+
+    @on(Button.Pressed, "#offer-download")
+    def _download_offer(self, event: Button.Pressed) -> None:
+        event.stop()
+        offer = self.host.offer
+        if offer is None:
+            return
+
+        def answered(answer: str | None) -> None:
+            if answer == "yes":
+                self.host.action_models(pull=offer.name)
+
+        self.app.push_screen(ConfirmScreen(f"Download {offer.name}?", download_question(offer),
+                                           "Download"), answered)
 
     def send_waiting(self) -> None:
         """Send what waited for the model: a reply to resend after reconnecting, or the
@@ -236,11 +265,24 @@ class ChatScreen(Screen[None]):
         keys = ("Enter sends · Shift+Enter or Ctrl+J: new line · Up: earlier prompts · Esc"
                 " cancels a reply · F1: help and what the numbers mean.")
         if session and session.info.base_model:
+            offer = self.host.offer
+            if offer is not None:
+                chat = (f"To chat, the planner's pick of an instruct model for this machine is"
+                        f" {offer.name}" + (f" ({offer.description})" if offer.description
+                                            else "") + ": the button below downloads it after"
+                        " asking; Ctrl+O lists the others.")
+            elif self.host.launcher.config.offline:
+                chat = ("To chat, add an instruct model: offline, `localinfer add"
+                        " PATH.gguf` registers a GGUF file you have (a Qwen3, Llama 3.2 or"
+                        " Gemma 3 instruct file, for one), then Ctrl+O switches to it.")
+            else:
+                chat = ("To chat, Ctrl+O picks or pulls an instruct model (those that fit run"
+                        " well here).")
             return (f"{model} is a base model: it continues the text you give it; it does not"
-                    " answer questions or follow instructions. Start a text for it to"
-                    " continue, like “Once upon a time, in a village by the sea,” or “def"
-                    " is_prime(n):”. To chat, Ctrl+O picks or pulls an instruct model (those"
-                    f" that fit run well here).\n{keys}")
+                    " answer questions or follow instructions. It is good for seeing the speed"
+                    " figures and for continuing text: start a text for it to continue, like"
+                    " “Once upon a time, in a village by the sea,” or “def is_prime(n):”."
+                    f" {chat}\n{keys}")
         return f"Chat with {model}. {keys}"
 
     # --- sending --------------------------------------------------------------------------
@@ -293,7 +335,7 @@ class ChatScreen(Screen[None]):
         if session is not None and not switching:
             self.chat.model = session.model
         self.save()
-        welcome = self.query("#welcome")
+        welcome = self.query("#welcome, #offer-download")
         if welcome:
             await welcome.remove()
         await self.query_one("#transcript").mount(UserMessage(message))
@@ -824,6 +866,10 @@ class ChatScreen(Screen[None]):
             self.notify("/file PATH attaches a text file (or paste its path alone).",
                         severity="warning")
             return
+        if self.host.session is None:
+            self.notify("Wait for the model: a file is attached once its tokens are counted.",
+                        severity="warning")
+            return
         path = Path(path_text).expanduser()
         try:
             text = await asyncio.to_thread(read_text_file, path)
@@ -840,8 +886,12 @@ class ChatScreen(Screen[None]):
         session = self.host.session
         if session is None:
             return None
-        counted = await asyncio.to_thread(session.count_tokens, [ChatTurn("user", text)])
-        return counted
+        try:
+            return await asyncio.to_thread(session.count_text, text)
+        except LocalInferError as exc:
+            self.notify(f"Cannot count the file's tokens: {exc.one_line()}",
+                        severity="warning")
+            return None
 
     async def _files_fit(self, files: Sequence[Attachment]) -> bool:
         """Whether ``files`` fit the context left (counted when attached); if not, say so

@@ -480,9 +480,12 @@ class ModelsScreen(Screen[ModelChoice | None]):
 
     def __init__(self, launcher: Launcher, hardware: HardwareProfile | None,
                  current: str | None, *, calibration: dict[str, float] | None = None,
-                 loaded: Callable[[], list[LoadedRow]] | None = None) -> None:
+                 loaded: Callable[[], list[LoadedRow]] | None = None,
+                 pull: str | None = None) -> None:
         super().__init__()
         self.launcher = launcher
+        self.pull_first = pull
+        """A catalog model to pull once the list is ready (the user agreed to it already)."""
         self.loaded_source = loaded
         """What is loaded now (blocking: it may ask the daemon; run on the worker)."""
         self.loaded: list[LoadedRow] = []
@@ -556,6 +559,11 @@ class ModelsScreen(Screen[ModelChoice | None]):
                      f" catalog; {loaded_summary(self.loaded, event.loaded_error)}."
                      " Enter switches to an installed model or pulls a catalog one.")
         self._show_detail()
+        wanted, self.pull_first = self.pull_first, None
+        for i, row in enumerate(self.rows):
+            if wanted and row.name == wanted and not row.installed and not self.pulling:
+                table.move_cursor(row=i)
+                self._start_pull(row)
 
     @on(DataTable.RowHighlighted)
     def _row_highlighted(self) -> None:
