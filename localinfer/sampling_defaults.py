@@ -34,6 +34,15 @@ class SamplingDefaults:
         return [f"{name} {value:g} ({self.sources[name]})" for name, value in
                 self.values.items()]
 
+    def summary(self) -> str:
+        """The values grouped by source: "temperature 0.6, top_k 20 (catalog: https://...)";
+        empty when there are none."""
+        groups: dict[str, list[str]] = {}
+        for name, value in self.values.items():
+            groups.setdefault(self.sources[name], []).append(f"{name} {value:g}")
+        return "; ".join(f"{', '.join(values)} ({source})" for source, values in
+                         groups.items())
+
 
 def model_defaults(catalog: Catalog, name: str, metadata: Mapping[str, Any] | None,
                    config: Config, *names: str | None) -> SamplingDefaults:

@@ -144,7 +144,8 @@ class ChatScreen(Screen[None]):
             welcome.first(Static).update(self._welcome_text())
             offer = self.host.offer
             if offer is not None and not self.query("#offer-download"):
-                size = human_bytes(offer.size_bytes) + ("~" if offer.size_estimated else "")
+                size = ("about " if offer.size_estimated else "") + human_bytes(
+                    offer.size_bytes)
                 speed = f", ~{tps(offer.decode_tps)} tok/s predicted here" if \
                     offer.decode_tps > 0 else ""
                 self.query_one("#transcript", Transcript).mount(
@@ -268,8 +269,9 @@ class ChatScreen(Screen[None]):
             offer = self.host.offer
             if offer is not None:
                 chat = (f"To chat, the planner's pick of an instruct model for this machine is"
-                        f" {offer.name}" + (f" ({offer.description})" if offer.description
-                                            else "") + ": the button below downloads it after"
+                        f" {offer.name}" + (f" ({offer.description.rstrip('.')})"
+                                            if offer.description else "")
+                        + ": the button below downloads it after"
                         " asking; Ctrl+O lists the others.")
             elif self.host.launcher.config.offline:
                 chat = ("To chat, add an instruct model: offline, `localinfer add"

@@ -133,7 +133,7 @@ class ContextFullScreen(ErrorScreen):
     def __init__(self, message: str, *, id: str | None = None) -> None:
         super().__init__("The context is full", message,
                          [("summarise", "Summarise older turns"),
-                          ("drop", "Drop oldest turns"), ("new", "New chat"),
+                          ("drop", "Drop oldest"), ("new", "New chat"),
                           ("cancel", "Cancel")], id=id)
 
 
@@ -231,11 +231,11 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Label("Max tokens")
                 yield Input(str(s.max_tokens), id="max-tokens", type="integer")
                 yield Label("Think")
-                yield Input(_think_word(s.think), placeholder="default", id="think")
-            sources = "; ".join(self.defaults.lines()) or "llama.cpp's defaults"
-            yield Label(f"Empty: the model's default ({sources}). Think: on, off, low, medium,"
-                        " high or empty.", id="settings-defaults", classes="dialog-hint",
-                        markup=False)
+                yield Input(_think_word(s.think), placeholder="model", id="think")
+            sources = self.defaults.summary() or "none: llama.cpp's"
+            yield Static(f"A field left empty takes the model's default (greyed). Its defaults:"
+                         f" {sources}. Think: on, off, low, medium or high.",
+                         id="settings-defaults", classes="dialog-hint", markup=False)
             yield Label("Enter saves · Ctrl+J: new line in the system prompt · Esc cancels",
                         id="settings-hint", classes="dialog-hint")
             yield Label("", id="settings-error", markup=False)

@@ -319,7 +319,7 @@ class Transcript(VerticalScroll):
         out: list[Widget] = []
         for i in range(start, end):
             m = chat.messages[i]
-            if i == chat.context_start and i > 0:
+            if i == chat.context_start and i > 0 and chat.messages[i - 1].role != "summary":
                 out.append(ContextNote(classes="context-note"))
             if m.role == "user":
                 out.append(UserMessage(m))
