@@ -187,6 +187,9 @@ class ModelSpec:
     quality_source: str = ""
     """The benchmark and the address it was read at, e.g. "MMLU 5-shot, pre-trained model:
     https://..."."""
+    sampling: dict[str, float | int] = field(default_factory=dict)
+    """This size's own default sampling, over its family's (as Family.sampling)."""
+    sampling_source: str = ""
     line: int = 0
 
     @property
@@ -371,6 +374,8 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             experts_used=r.integer("experts_used", 0),
             quality=r.number("quality", 0.0),
             quality_source=r.string("quality_source", ""),
+            sampling=_sampling(r),
+            sampling_source=r.string("sampling_source", ""),
             repo=r.string("repo"),
             default_quant=r.string("default_quant").upper(),
             variants=tuple(variants),
@@ -382,6 +387,8 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             raise r.error("default_quant",
                           f"{spec.default_quant} is not among the variants") from None
         _check_spec(spec, r)
+        if spec.sampling and not spec.sampling_source:
+            raise r.error("sampling_source", "must say where the sampling comes from")
         r.done()
         models[name] = spec
     if base is not None:

@@ -1,6 +1,7 @@
 """A model's default sampling, and where each value comes from, for the front ends that send
 whole requests (the chat UI, ``localinfer run``): the catalog family's (from its model card,
-whose address is the source), then the GGUF file's own ``general.sampling.*`` metadata, then
+whose address is the source), then its size's in the catalog (a repeat penalty measured to
+help it), then the GGUF file's own ``general.sampling.*`` metadata, then
 its ``[models."NAME"]`` table in config.toml. A chat's settings screen and ``run``'s flags go
 over these; llama.cpp's defaults (``SamplingParams``) fill what none sets.
 """
@@ -56,6 +57,11 @@ def model_defaults(catalog: Catalog, name: str, metadata: Mapping[str, Any] | No
         for key, number in family.sampling.items():
             values[key] = number
             sources[key] = f"catalog: {family.sampling_source}"
+    spec = catalog.models.get(name)
+    if spec is not None:
+        for key, number in spec.sampling.items():
+            values[key] = number
+            sources[key] = f"catalog: {spec.sampling_source}"
     for key, param in GGUF_SAMPLING.items():
         raw = (metadata or {}).get(key)
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):

@@ -385,3 +385,18 @@ def test_offline_the_first_run_says_how_to_add_a_gguf(home, monkeypatch):
         opener.close()
 
     run(main())
+
+
+def test_run_takes_the_model_defaults_for_the_flags_left_out():
+    import argparse
+
+    from localinfer.cli.common import add_sampling_flags, sampling_params
+
+    parser = argparse.ArgumentParser()
+    add_sampling_flags(parser)
+    defaults = model_defaults(load_catalog(), "gemma3:270m", None, Config()).values
+    assert defaults["repeat_penalty"] == 1.1 and defaults["top_k"] == 64  # size, family
+    params = sampling_params(parser.parse_args(["--top-k", "5"]), defaults)
+    assert (params.top_k, params.temperature, params.repeat_penalty) == (5, 1.0, 1.1)
+    plain = sampling_params(parser.parse_args([]))
+    assert (plain.temperature, plain.top_k, plain.repeat_penalty) == (0.8, 40, 1.0)

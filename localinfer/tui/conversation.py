@@ -909,7 +909,8 @@ class ChatScreen(Screen[None]):
                           f" tokens; the context has {max(free, 0):,} free ({n_ctx:,} in all:"
                           f" the conversation takes {self.context_tokens or 0:,} and the"
                           f" reply's room {self.chat.max_tokens:,}). Attach a part of it, start"
-                          " a new chat, or load the model with a larger context (--ctx).")
+                          " a new chat, or load the model with a larger context (ctx in"
+                          " config.toml, or LOCALINFER_CTX).")
         return False
 
     def _refuse_file(self, name: str, message: str) -> None:

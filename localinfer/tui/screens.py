@@ -58,6 +58,7 @@ HELP = """\
 | **F3** | attach a text file (`/file PATH`, or paste a path alone); a chip shows its tokens |
 | **F4** | edit your last message and send it again (Esc stops editing) |
 | **F5** | regenerate the last reply (the earlier ones are kept: **←/→** on the reply) |
+| **Shift+Tab**, then **Enter** | focus the last reply; Enter unfolds its reasoning |
 | **F8** | thinking: the model's default, on, off (or `/think on`, `off`, `low`...) |
 | **Ctrl+T** | light / dark theme |
 | **F1** | this help |

@@ -153,10 +153,11 @@ class ThoughtBlock(Collapsible):
 class AssistantMessage(Vertical, can_focus=True):
     """A reply: its folded reasoning (a thinking model's), Markdown that grows while it
     streams, then a one-line summary under it. Focused, ←/→ show the other replies to the
-    same message (regenerated), when there are any."""
+    same message (regenerated), when there are any, and Enter unfolds the reasoning."""
 
     BINDINGS = [Binding("left", "browse(-1)", "Earlier reply", show=False),
-                Binding("right", "browse(1)", "Later reply", show=False)]
+                Binding("right", "browse(1)", "Later reply", show=False),
+                Binding("enter", "toggle_thought", "Reasoning", show=False)]
 
     @dataclass
     class Browse(Message):
@@ -182,6 +183,12 @@ class AssistantMessage(Vertical, can_focus=True):
 
     def on_mount(self) -> None:
         self._show_state()
+
+    def action_toggle_thought(self) -> None:
+        """Enter on the focused reply folds or unfolds its reasoning."""
+        block = self.query_one(ThoughtBlock)
+        if block.display:
+            block.collapsed = not block.collapsed
 
     def action_browse(self, step: int) -> None:
         if self.message.alternatives and not self.streaming:
