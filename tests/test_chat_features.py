@@ -334,7 +334,10 @@ def test_old_chat_files_still_load():
 
 
 # --- the first run -------------------------------------------------------------------------------
-def test_with_only_the_base_starter_the_chat_offers_the_planners_instruct_model(home):
+def test_with_only_the_base_starter_the_chat_offers_the_planners_instruct_model(home,
+                                                                               monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # an earlier test may have set it
+    monkeypatch.delenv("LOCALINFER_OFFLINE", raising=False)
     opener = Opener(lambda ref: FakeBackend("once upon a time", name=ref, base_model=True))
     pulled: list[str] = []
 

@@ -92,11 +92,19 @@ def test_main_screen_light_and_wide(home, utc, snap_compare):
     assert snap_compare(app, terminal_size=(120, 36), run_before=loaded)
 
 
+def online(monkeypatch) -> None:
+    """Not offline, whatever an earlier test left in the environment (``--offline`` sets
+    HF_HUB_OFFLINE for the process): the first run then offers a download."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("LOCALINFER_OFFLINE", raising=False)
+
+
 def test_new_chat(home, snap_compare):
     assert snap_compare(chat_app(), terminal_size=(80, 24), run_before=loaded)
 
 
-def test_new_chat_with_a_base_model(home, snap_compare):
+def test_new_chat_with_a_base_model(home, monkeypatch, snap_compare):
+    monkeypatch.setenv("LOCALINFER_OFFLINE", "true")  # the welcome then says how to add one
     app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, base_model=True)))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded)
 
@@ -261,7 +269,8 @@ def test_a_file_chip(home, tmp_path, snap_compare):
     assert snap_compare(chat_app(), terminal_size=(100, 30), run_before=attach)
 
 
-def test_first_run_offers_an_instruct_model(home, snap_compare):
+def test_first_run_offers_an_instruct_model(home, monkeypatch, snap_compare):
+    online(monkeypatch)
     app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, base_model=True)),
                          model="gemma3:270m")
 
