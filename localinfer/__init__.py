@@ -19,6 +19,7 @@ import contracts hold this, and ``tests/test_layering.py`` checks it at run time
     chats.py        chat history on disk, written atomically
     loading.py      the composition root: a model file, the plan and the settings into an engine
     selection.py    which model to pick or pull: the planner's preferences from the settings
+    sampling_defaults.py  a model's default sampling: its card's, its file's, config.toml's
     store/          installed models, pulls with resume and checksum, the starter
     planner/        plan(hardware, candidates, prefs) -> Plan, and its calibration
     hardware/       probes -> HardwareProfile; measured bandwidth; RPC workers' descriptions

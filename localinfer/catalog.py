@@ -73,6 +73,25 @@ def _fim_order(r: _Reader) -> str:
     return order
 
 
+_SAMPLING_KEYS = {"temperature": (0.0, 5.0), "top_p": (0.0, 1.0), "top_k": (0, 1000),
+                  "min_p": (0.0, 1.0), "repeat_penalty": (0.5, 2.0),
+                  "repeat_last_n": (-1, 4096)}
+
+
+def _sampling(r: _Reader) -> dict[str, float | int]:
+    raw = r.table("sampling")
+    out: dict[str, float | int] = {}
+    for key, value in raw.items():
+        if key not in _SAMPLING_KEYS:
+            raise r.error(f"sampling.{key}", f"is not one of {', '.join(_SAMPLING_KEYS)}")
+        low, high = _SAMPLING_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not low <= value <= high:
+            raise r.error(f"sampling.{key}", f"must be a number from {low} to {high}")
+        out[key] = value
+    return out
+
+
 def is_embedding_header(architecture: str, pooling_type: object) -> bool:
     """Whether a GGUF holds a model that generates no text: an encoder architecture, or a
     declared pooling (``<arch>.pooling_type``, which converters write for embedding models,
@@ -103,6 +122,11 @@ class Family:
     fim_order: str = "psm"
     """The order its fill-in-the-middle prompts were trained in: "psm" (prefix, suffix,
     middle; most families) or "spm" (suffix first, whose KV cache then survives typing)."""
+    sampling: dict[str, float | int] = field(default_factory=dict)
+    """The sampling its model card recommends, by SamplingParams name (temperature, top_p,
+    top_k, min_p, repeat_penalty, repeat_last_n): the chat's and ``run``'s defaults."""
+    sampling_source: str = ""
+    """The model card's address the sampling was read at."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +192,9 @@ class ModelSpec:
     quality_source: str = ""
     """The benchmark and the address it was read at, e.g. "MMLU 5-shot, pre-trained model:
     https://..."."""
+    sampling: dict[str, float | int] = field(default_factory=dict)
+    """This size's own default sampling, over its family's (as Family.sampling)."""
+    sampling_source: str = ""
     line: int = 0
 
     @property
@@ -283,7 +310,11 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             use=tuple(r.list_of_str("use", ["chat"])),
             description=r.string("description", ""),
             fim_order=_fim_order(r),
+            sampling=_sampling(r),
+            sampling_source=r.string("sampling_source", ""),
         )
+        if families[fam_id].sampling and not families[fam_id].sampling_source:
+            raise r.error("sampling_source", "must give the model card's address")
         r.done()
 
     models: dict[str, ModelSpec] = {}
@@ -348,6 +379,8 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             experts_used=r.integer("experts_used", 0),
             quality=r.number("quality", 0.0),
             quality_source=r.string("quality_source", ""),
+            sampling=_sampling(r),
+            sampling_source=r.string("sampling_source", ""),
             repo=r.string("repo"),
             default_quant=r.string("default_quant").upper(),
             variants=tuple(variants),
@@ -359,6 +392,8 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
             raise r.error("default_quant",
                           f"{spec.default_quant} is not among the variants") from None
         _check_spec(spec, r)
+        if spec.sampling and not spec.sampling_source:
+            raise r.error("sampling_source", "must say where the sampling comes from")
         r.done()
         models[name] = spec
     if base is not None:
@@ -492,6 +527,12 @@ class _Reader:
         value = self._get(key, default)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.error(key, f"must be a list of strings, got {value!r}")
+        return value
+
+    def table(self, key: str) -> dict[str, Any]:
+        value = self._get(key, {})
+        if not isinstance(value, dict):
+            raise self.error(key, f"must be a table, got {value!r}")
         return value
 
     def list_of_tables(self, key: str) -> list[dict[str, Any]]:

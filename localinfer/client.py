@@ -23,6 +23,7 @@ from .paths import Paths
 from .protocol import (
     ModelInfo,
     Start,
+    ThinkingStart,
     error_from,
     event_from,
     generate_request_json,
@@ -56,6 +57,8 @@ class ClientGeneration:
         self.id: str | None = None
         self.prompt_tokens: int | None = None
         """The prompt's length in tokens, known from the stream's first event."""
+        self.thinking: ThinkingStart | None = None
+        """A thinking model's reply format, known from the stream's first event."""
         self.cancelled = False
         self.done: Done | None = None
         self._text: list[str] = []
@@ -86,6 +89,7 @@ class ClientGeneration:
                 if isinstance(event, Start):
                     self.model, self.id = event.model, event.id
                     self.prompt_tokens, self.info = event.prompt_tokens, event.info
+                    self.thinking = event.thinking
                 elif isinstance(event, Token):
                     self._text.append(event.text)
                     yield event
@@ -233,6 +237,11 @@ class DaemonClient:
         """Another client of the same daemon (its own connection, for another thread)."""
         return DaemonClient(socket_path=self.socket_path, url=self.url, api_key=self._api_key)
 
+    def count_tokens(self, model: str, text: str) -> int:
+        """How many tokens ``text`` takes for ``model`` (loaded if it is not)."""
+        return int(self._request("POST", "/localinfer/tokenize",
+                                 json={"model": model, "text": text})["tokens"])
+
     def unload(self, model: str | None = None) -> list[str]:
         return self._request("POST", "/localinfer/unload", json={"model": model})["unloaded"]
 
@@ -242,9 +251,10 @@ class DaemonClient:
     def generate(self, model: str, *, messages: Sequence[Message] | None = None,
                  prompt: str | None = None, params: SamplingParams = DEFAULT_SAMPLING,
                  priority: Priority = Priority.NORMAL,
-                 keep_alive: float | None = None) -> ClientGeneration:
+                 keep_alive: float | None = None,
+                 think: bool | str | None = None) -> ClientGeneration:
         body = generate_request_json(model, messages=messages, prompt=prompt, params=params,
-                                     priority=priority, keep_alive=keep_alive)
+                                     priority=priority, keep_alive=keep_alive, think=think)
         request = self._http.build_request("POST", "/localinfer/generate", json=body)
         try:
             response = self._http.send(request, stream=True)

@@ -9,7 +9,8 @@ runtime/types.py): it crosses the wire as it is, and is imported from here by th
 
 A native generation streams one JSON object per line:
 
-    {"type": "start", "id", "model", "prompt_tokens", "info"}    then, for each piece of text,
+    {"type": "start", "id", "model", "prompt_tokens", "info", "thinking"}    then, for each
+    piece of text,
     {"type": "token", "text", "live": {n_tokens, ttft_ms, prefill_tps, decode_tps}}    and last
     {"type": "done", "text", "finish_reason", "usage", "timings"}
     or {"type": "error", "error": {"class", "title", "message"}}
@@ -24,6 +25,7 @@ from typing import Any
 
 from . import errors
 from .errors import Busy, ContextOverflow, DaemonError, LocalInferError, ModelNotFound
+from .runtime.thinking import ThinkingFormat
 from .runtime.types import (
     Done,
     LiveStats,
@@ -47,6 +49,34 @@ class Start:
     prompt_tokens: int | None
     """The prompt's length in tokens."""
     info: ModelInfo | None
+    thinking: ThinkingStart | None = None
+    """How the reply's reasoning is told from its answer, for a chat with a thinking model
+    (the client splits the text as the daemon's other routes do); None otherwise."""
+
+
+@dataclass(frozen=True)
+class ThinkingStart:
+    """A thinking model's reply: its format, and whether the prompt opened the reasoning
+    block (the reply then begins inside it)."""
+
+    format: ThinkingFormat
+    opened: bool
+
+
+def thinking_json(start: ThinkingStart | None) -> dict[str, Any] | None:
+    if start is None:
+        return None
+    f = start.format
+    return {"open": f.open_tag, "close": f.close_tag, "harmony": f.harmony,
+            "opened": start.opened}
+
+
+def thinking_from(data: Any) -> ThinkingStart | None:
+    if not isinstance(data, dict):
+        return None
+    fmt = ThinkingFormat(str(data.get("open", "")), str(data.get("close", "")), None, False,
+                         harmony=bool(data.get("harmony")))
+    return ThinkingStart(fmt, bool(data.get("opened")))
 
 
 WireEvent = Start | Token | Done
@@ -152,7 +182,8 @@ def event_json(event: WireEvent | LocalInferError) -> dict[str, Any]:
         return {"type": "start", "id": event.id, "model": event.model,
                 "prompt_tokens": event.prompt_tokens,
                 "info": None if event.info is None else model_info_json(event.info,
-                                                                         with_template=False)}
+                                                                         with_template=False),
+                "thinking": thinking_json(event.thinking)}
     if isinstance(event, Token):
         return {"type": "token", "text": event.text, "live": live_json(event.live)}
     if isinstance(event, Done):
@@ -168,7 +199,8 @@ def event_from(data: dict[str, Any]) -> WireEvent | LocalInferError | None:
     if kind == "start":
         return Start(id=data.get("id"), model=data.get("model"),
                      prompt_tokens=data.get("prompt_tokens"),
-                     info=model_info_from(data.get("info") or {}))
+                     info=model_info_from(data.get("info") or {}),
+                     thinking=thinking_from(data.get("thinking")))
     if kind == "token":
         return Token(data["text"], live_from(data.get("live") or {}))
     if kind == "done":
@@ -182,8 +214,10 @@ def event_from(data: dict[str, Any]) -> WireEvent | LocalInferError | None:
 # --- requests and replies of the native routes -------------------------------------------------
 def generate_request_json(model: str, *, messages: Sequence[Message] | None, prompt: str | None,
                           params: SamplingParams, priority: Priority,
-                          keep_alive: float | None) -> dict[str, Any]:
-    """The body of ``POST /localinfer/generate`` (a chat when ``messages`` is given)."""
+                          keep_alive: float | None, think: bool | str | None = None
+                          ) -> dict[str, Any]:
+    """The body of ``POST /localinfer/generate`` (a chat when ``messages`` is given;
+    ``think``: thinking on, off, an effort, or None for the model's default)."""
     body: dict[str, Any] = {
         "model": model,
         "params": {k: v for k, v in asdict(params).items() if k != "speculative" or
@@ -205,6 +239,8 @@ def generate_request_json(model: str, *, messages: Sequence[Message] | None, pro
         body["prompt"] = prompt
     if keep_alive is not None:
         body["keep_alive"] = keep_alive
+    if think is not None:
+        body["think"] = think
     return body
 
 

@@ -9,6 +9,7 @@ daemon all ask here, so that `plan`, `pull`, the models list and a load answer a
     pick_model(store, config, hardware)    no model named: which one to open
     pull_target(store, ref, config)        a reference without a quant: which variant to pull
     hub_candidates(store, ref, listing)    a Hub repo's quants, exact from their headers
+    instruct_offer(store, config, hardware)  only base models installed: the chat model to offer
 """
 
 from __future__ import annotations
@@ -225,3 +226,24 @@ def _hub_pull_target(store: ModelStore, ref: str, config: Config | None, *,
     quant = chosen.name.rsplit(":", 1)[1]
     target = hub_target(parsed.with_quant(quant), listing=listing)
     return HubTarget(target.ref, target.repo, target.quant, reason=reason)
+def instruct_offer(store: ModelStore, config: Config, hardware: HardwareProfile,
+                   calibration: Mapping[str, float] | None = None) -> Evaluation | None:
+    """The instruct model to offer when only base (or embedding) models are installed: the
+    planner's pick for ``hardware`` among the catalog's chat models. None when an installed
+    model follows instructions (a file the catalog does not know counts as one), or when
+    none of the catalog's fits."""
+    catalog = store.catalog
+    for m in store.installed():
+        spec = catalog.models.get(m.model)
+        if spec is None or not (spec.base or spec.embedding_only):
+            return None
+    candidates = [c for spec in catalog.models.values()
+                  if not spec.base and not spec.embedding_only and "chat" in spec.family.use
+                  for c in catalog_candidates(store, spec)]
+    if not candidates:
+        return None
+    try:
+        result = plan(hardware, candidates, plan_prefs(config, calibration))
+    except LocalInferError:
+        return None
+    return result.choice

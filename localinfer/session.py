@@ -5,13 +5,15 @@ the loaded one; which model to pick is ``selection.py``'s). No UI here: the chat
 from its worker threads.
 
     Launcher(config).open(model, progress) -> Session
-    Session.chat(messages, params) | Session.complete(prompt, params) -> Generation:
-        iterate Token/Done events, cancel() from any thread
+    Session.chat(messages, params, think=) | Session.complete(prompt, params) -> Generation:
+        iterate Token/Thought/Done events, cancel() from any thread
     Launcher.pick_model / model_rows / pull: the models a front end lists, picks and pulls
 
 ``Session`` and ``Generation`` are the typed seam a front end reads a model through (its info,
 the prompt's size, the events with their timings); ``EngineSession`` and ``DaemonSession`` are
-the two kinds of session.
+the two kinds of session. A chat with a thinking model is split here, for both, by the
+runtime's splitter (runtime/thinking.py, the one the daemon's routes use): ``Thought`` events
+carry the reasoning, ``Token`` events the answer alone.
 """
 
 from __future__ import annotations
@@ -33,12 +35,21 @@ from .errors import DaemonError, LocalInferError, ModelLoadError, ModelNotFound,
 from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
 from .progress import human_bytes
-from .protocol import ModelInfo
-from .runtime.types import Done, Message, Priority, SamplingParams, Token
+from .protocol import ModelInfo, ThinkingStart
+from .runtime.thinking import (
+    Splitter,
+    splitter_for,
+    starts_thinking,
+    template_vars,
+    thinking_format,
+)
+from .runtime.types import Done, LiveStats, Message, Priority, SamplingParams, Token
+from .sampling_defaults import SamplingDefaults, model_defaults
 from .selection import (
     best_or_smallest,
     catalog_candidates,
     installed_candidate,
+    instruct_offer,
     pick_model,
     plan_prefs,
     pull_target,
@@ -90,10 +101,41 @@ class LoadStep:
 Progress = Callable[[LoadStep], None]
 
 
+@dataclass(frozen=True)
+class Thought:
+    """A piece of a thinking model's reasoning, split from the answer (``Token`` events then
+    carry the answer alone)."""
+
+    text: str
+    live: LiveStats
+
+
+@dataclass(frozen=True)
+class ThoughtStats:
+    """A thinking reply's reasoning and the answer's own figures, measured by the session as
+    the pieces arrived (the engine's timings count from the first token, reasoning or not)."""
+
+    text: str
+    tokens: int
+    """Tokens generated before the answer's first (the reasoning, with its tags)."""
+    ms: float
+    """From the reasoning's first token to the answer's first (or to the end)."""
+    decode_tps: float
+    """The reasoning's tokens after its first, over that time."""
+    answer_ttft_ms: float
+    """From the request to the answer's first token (0: no answer came)."""
+    answer_decode_tps: float
+    """The answer's tokens after its first, over the time since it."""
+
+
+Event = Token | Thought | Done
+
+
 class Generation(Protocol):
     """One reply being made: iterate it for ``Token`` events (the text, with the live
-    figures) and a final ``Done`` (the whole text, the usage and the engine's timings);
-    ``cancel()`` from any thread."""
+    figures), ``Thought`` events (a thinking model's reasoning) and a final ``Done`` (the
+    answer's whole text, the usage and the engine's timings); ``cancel()`` from any
+    thread."""
 
     @property
     def prompt_tokens(self) -> int | None:
@@ -102,7 +144,12 @@ class Generation(Protocol):
         ``Session.count_tokens`` counts it before the request is sent."""
         ...
 
-    def __iter__(self) -> Iterator[Token | Done]: ...
+    @property
+    def thought(self) -> ThoughtStats | None:
+        """The reasoning, once the reply has ended; None when there was none."""
+        ...
+
+    def __iter__(self) -> Iterator[Event]: ...
 
     def cancel(self) -> None: ...
 
@@ -117,7 +164,12 @@ class Session(Protocol):
     """Where it runs, in words: "daemon unix:/run/...sock" or "in this process"."""
     in_process: bool
 
-    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation: ...
+    def chat(self, messages: Sequence[Message], params: SamplingParams, *,
+             think: bool | str | None = None) -> Generation:
+        """The reply to ``messages``; ``think``: a thinking model's reasoning on, off, an
+        effort ("low", "medium", "high"), or None for the model's default (refused with
+        InvalidRequest, naming the model, where its template cannot do it)."""
+        ...
 
     def complete(self, prompt: str, params: SamplingParams) -> Generation:
         """Continue ``prompt`` as raw text (no chat template)."""
@@ -125,6 +177,10 @@ class Session(Protocol):
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         """Tokens the conversation takes in the context, when this session can count them."""
+        ...
+
+    def count_text(self, text: str) -> int:
+        """Tokens ``text`` takes (an attached file, before it is sent)."""
         ...
 
     def close(self) -> None: ...
@@ -143,14 +199,25 @@ class EngineSession:
         self.where = "in this process"
         self.priority = priority
 
-    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
-        return _EngineGeneration(self.engine.chat(messages, params, priority=self.priority))
+    def chat(self, messages: Sequence[Message], params: SamplingParams, *,
+             think: bool | str | None = None) -> Generation:
+        engine = self.engine
+        fmt = thinking_format(engine.chat_template_source)
+        text = engine.render_chat(messages, template_vars=template_vars(
+            fmt, think, model=self.info.name))
+        generation = _EngineGeneration(engine.submit(engine.prompt_tokens(text), params,
+                                                     priority=self.priority))
+        start = None if fmt is None else ThinkingStart(fmt, starts_thinking(fmt, text))
+        return _SplitThinking(generation, lambda: start)
 
     def complete(self, prompt: str, params: SamplingParams) -> Generation:
         return _EngineGeneration(self.engine.complete(prompt, params, priority=self.priority))
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return len(self.engine.chat_tokens(messages))
+
+    def count_text(self, text: str) -> int:
+        return len(self.engine.tokenize(text))
 
     def close(self) -> None:
         self.engine.close()
@@ -161,11 +228,12 @@ class _EngineGeneration:
     (``EngineSession.count_tokens``), so ``prompt_tokens`` stays None."""
 
     prompt_tokens: int | None = None
+    thought: ThoughtStats | None = None
 
     def __init__(self, generation: EngineGeneration) -> None:
         self._generation = generation
 
-    def __iter__(self) -> Iterator[Token | Done]:
+    def __iter__(self) -> Iterator[Event]:
         return iter(self._generation)
 
     def cancel(self) -> None:
@@ -185,9 +253,11 @@ class DaemonSession:
         self.where = f"daemon {client.where}"
         self.priority = priority
 
-    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
-        return _InfoTracking(self.client.generate(self.model, messages=list(messages),
-                                                  params=params, priority=self.priority), self)
+    def chat(self, messages: Sequence[Message], params: SamplingParams, *,
+             think: bool | str | None = None) -> Generation:
+        generation = self.client.generate(self.model, messages=list(messages), params=params,
+                                          priority=self.priority, think=think)
+        return _SplitThinking(_InfoTracking(generation, self), lambda: generation.thinking)
 
     def complete(self, prompt: str, params: SamplingParams) -> Generation:
         return _InfoTracking(self.client.generate(self.model, prompt=prompt, params=params,
@@ -195,6 +265,9 @@ class DaemonSession:
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return None  # the daemon counts at submit: ContextOverflow says when it is too long
+
+    def count_text(self, text: str) -> int:
+        return self.client.count_tokens(self.model, text)
 
     def close(self) -> None:
         self.client.close()
@@ -227,14 +300,18 @@ class PresetSession:
         changes: dict[str, Any] = {k: v for k, v in own.items() if k not in chosen}
         return replace(params, **changes)
 
-    def chat(self, messages: Sequence[Message], params: SamplingParams) -> Generation:
-        return self.inner.chat(self.preset.apply(messages), self._params(params))
+    def chat(self, messages: Sequence[Message], params: SamplingParams, *,
+             think: bool | str | None = None) -> Generation:
+        return self.inner.chat(self.preset.apply(messages), self._params(params), think=think)
 
     def complete(self, prompt: str, params: SamplingParams) -> Generation:
         return self.inner.complete(prompt, self._params(params))
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return self.inner.count_tokens(self.preset.apply(messages))
+
+    def count_text(self, text: str) -> int:
+        return self.inner.count_text(text)
 
     def close(self) -> None:
         self.inner.close()
@@ -248,6 +325,8 @@ class _InfoTracking:
     """A daemon generation that updates the session's ModelInfo from its start event (the
     daemon may have reloaded the model with other settings since)."""
 
+    thought: ThoughtStats | None = None
+
     def __init__(self, generation: ClientGeneration, session: DaemonSession) -> None:
         self._generation = generation
         self._session = session
@@ -257,7 +336,7 @@ class _InfoTracking:
         """The prompt's size as the daemon counted it (known after the first event)."""
         return self._generation.prompt_tokens
 
-    def __iter__(self) -> Iterator[Token | Done]:
+    def __iter__(self) -> Iterator[Event]:
         for event in self._generation:
             info = self._generation.info
             if info is not None and info is not self._session.info:
@@ -266,6 +345,86 @@ class _InfoTracking:
 
     def cancel(self) -> None:
         self._generation.cancel()
+
+
+class _SplitThinking:
+    """A chat generation whose text is split into reasoning (``Thought``) and answer
+    (``Token``) as it streams, when the model thinks (``start()``, asked at the first event:
+    through the daemon, the stream's start says it); the final ``Done`` carries the answer
+    alone, and ``thought`` the reasoning with its figures."""
+
+    def __init__(self, generation: Generation, start: Callable[[], ThinkingStart | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._generation = generation
+        self._start = start
+        self._clock = clock
+        self.thought: ThoughtStats | None = None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self._generation.prompt_tokens
+
+    def cancel(self) -> None:
+        self._generation.cancel()
+
+    def __iter__(self) -> Iterator[Event]:
+        t_asked = self._clock()
+        splitter: Splitter | None = None
+        started = False
+        t_first = t_answer = None
+        n_answer = 0  # tokens generated when the answer's first piece came
+        ttft_ms = 0.0
+        live: LiveStats | None = None
+        for event in self._generation:
+            if not started:
+                started = True
+                start = self._start()
+                if start is not None:
+                    splitter = splitter_for(start.format, thinking=start.opened)
+            if splitter is None:
+                yield event
+                continue
+            if isinstance(event, Done):
+                thinking, content = splitter.flush()
+                if thinking and live is not None:
+                    yield Thought(thinking, live)
+                if content and live is not None:
+                    if t_answer is None:
+                        t_answer, n_answer = self._clock(), live.n_tokens
+                    yield Token(content, live)
+                now = self._clock()
+                n = live.n_tokens if live is not None else 0
+                if splitter.thinking and t_first is not None:
+                    end = t_answer if t_answer is not None else now
+                    n_thought = (n_answer - 1) if t_answer is not None else n
+                    ms = (end - t_first) * 1000.0
+                    answer_s = now - t_answer if t_answer is not None else 0.0
+                    self.thought = ThoughtStats(
+                        text=splitter.thinking, tokens=max(0, n_thought), ms=round(ms, 1),
+                        decode_tps=round(_rate(n_thought - 1, ms / 1000.0), 2),
+                        answer_ttft_ms=0.0 if t_answer is None else round(
+                            ttft_ms + (t_answer - t_first) * 1000.0, 1),
+                        answer_decode_tps=round(_rate(n - n_answer, answer_s), 2))
+                yield replace(event, text=splitter.content)
+                return
+            if isinstance(event, Token):
+                if t_first is None:
+                    t_first, ttft_ms = self._clock(), event.live.ttft_ms or \
+                        (self._clock() - t_asked) * 1000.0
+                live = event.live
+                thinking, content = splitter.push(event.text)
+                if thinking:
+                    yield Thought(thinking, event.live)
+                if content:
+                    if t_answer is None:
+                        t_answer, n_answer = self._clock(), event.live.n_tokens
+                    yield Token(content, event.live, event.logprobs)
+            else:
+                yield event
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / seconds if n > 0 and seconds > 0 else 0.0
 
 
 class EngineOpener(Protocol):
@@ -328,10 +487,34 @@ class Launcher:
         """The models a front end lists, with the plan for ``hardware`` (``model_rows``)."""
         return model_rows(self.store, hardware, self.config, calibration=calibration)
 
+    def instruct_offer(self, hardware: HardwareProfile, *,
+                       calibration: Mapping[str, float] | None = None) -> ModelRow | None:
+        """When only base models are installed: the instruct model the planner picks for
+        this machine, as a models list's row (``selection.instruct_offer``); None when one
+        is installed, none fits, or this launcher is offline."""
+        if self.config.offline or self.store.offline:
+            return None
+        choice = instruct_offer(self.store, self.config, hardware, calibration)
+        if choice is None:
+            return None
+        c = choice.candidate
+        spec = self.store.catalog.models.get(c.model or "")
+        return ModelRow(name=c.name, installed=False, size_bytes=c.file_bytes,
+                        size_estimated=c.estimated, fits=choice.fits,
+                        gpu_layers=f"{choice.n_gpu_layers}/{choice.n_layers_total}",
+                        decode_tps=choice.decode_tps, verdict="fits", reason=choice.reason,
+                        description=spec.family.description if spec else "")
+
     def pull(self, name: str, *, progress: PullCallback | None = None,
              cancel: threading.Event | None = None) -> InstalledModel:
         """Download a catalog model into this launcher's store (blocking; ``pull_model``)."""
         return pull_model(self.store, name, progress=progress, cancel=cancel)
+
+    def sampling_defaults(self, session: Session) -> SamplingDefaults:
+        """The loaded model's default sampling (``sampling_defaults.model_defaults``: its
+        catalog family's, its file's metadata, its config table), for the requests a front
+        end builds whole. Reads the file's header: call it from a worker."""
+        return model_sampling(self.store, self.config, session.info, session.model)
 
     # --- opening ------------------------------------------------------------------------
     def open(self, model: str, progress: Progress) -> Session:
@@ -506,6 +689,20 @@ def _copy_progress(progress: Progress) -> Callable[[int, int], None]:
         progress(LoadStep("Installing the starter model into the store…",
                           done / total if total else None, "starter", total))
     return on_copy
+
+
+def model_sampling(store: ModelStore, config: Config, info: ModelInfo, model: str
+                   ) -> SamplingDefaults:
+    """``info``'s default sampling, its header read from its file when it is readable here."""
+    metadata = None
+    path = Path(info.path)
+    if path.is_file():
+        try:
+            metadata = gguf.read_header(path).metadata
+        except Exception:  # noqa: BLE001 - then the catalog's and config's alone
+            log.debug("cannot read %s's header", path, exc_info=True)
+    bare = info.name.rsplit("-", 1)[0]
+    return model_defaults(store.catalog, bare, metadata, config, info.name, model)
 
 
 # --- models, as the planner sees them ----------------------------------------------------------

@@ -76,7 +76,7 @@ def test_a_preset_puts_its_system_and_seed_turns_first():
 def test_run_flags_left_out_take_the_presets_defaults():
     parser = argparse.ArgumentParser()
     add_sampling_flags(parser)
-    own = ModelSettings(temperature=0.2, top_k=7)
+    own = ModelSettings(temperature=0.2, top_k=7).sampling()
     params = sampling_params(parser.parse_args([]), own)
     assert (params.temperature, params.top_k, params.top_p) == (0.2, 7, 0.95)
     given = sampling_params(parser.parse_args(["-t", "0.9"]), own)

@@ -126,7 +126,7 @@ def test_a_reply_streams_token_by_token_with_live_speed(home):
             assert reply.stats.completion_tokens >= 20 and reply.stats.decode_tps > 0
             assert not reply_widget.has_class("-streaming")
             summary = text_of(reply_widget.query_one(".summary"))
-            assert re.match(r"\d+ tok · decode [\d.,]+ tok/s · TTFT \d+ ms", summary), summary
+            assert re.match(r"\d+ tok · decode [\d.,]+ tok/s · TTFT [\d,]+ ms", summary), summary
             assert reply_widget.markdown.source == REPLY
             assert reply_widget.query("MarkdownFence"), "the code block is a highlighted fence"
             assert "last reply: decode" in text_of(speed)

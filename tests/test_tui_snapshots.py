@@ -92,11 +92,19 @@ def test_main_screen_light_and_wide(home, utc, snap_compare):
     assert snap_compare(app, terminal_size=(120, 36), run_before=loaded)
 
 
+def online(monkeypatch) -> None:
+    """Not offline, whatever an earlier test left in the environment (``--offline`` sets
+    HF_HUB_OFFLINE for the process): the first run then offers a download."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("LOCALINFER_OFFLINE", raising=False)
+
+
 def test_new_chat(home, snap_compare):
     assert snap_compare(chat_app(), terminal_size=(80, 24), run_before=loaded)
 
 
-def test_new_chat_with_a_base_model(home, snap_compare):
+def test_new_chat_with_a_base_model(home, monkeypatch, snap_compare):
+    monkeypatch.setenv("LOCALINFER_OFFLINE", "true")  # the welcome then says how to add one
     app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, base_model=True)))
     assert snap_compare(app, terminal_size=(80, 24), run_before=loaded)
 
@@ -181,3 +189,94 @@ def test_daemon_unreachable(home, monkeypatch, snap_compare):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=failed)
+
+
+THOUGHT = ("The user asks what a generator is. A generator yields values lazily; I should show"
+           " a short example with yield and say when it helps.")
+
+
+def instruct_chat() -> Chat:
+    """A chat with a thinking model: a file attached, a folded reasoning before the answer,
+    a reply regenerated once (‹ 2/2 ›), and a summary standing for the turns above it."""
+    from localinfer.chats import Attachment
+
+    stats = ReplyStats(prompt_tokens=120, completion_tokens=96, cached_tokens=88,
+                       ttft_ms=35.0, prefill_tps=850.0, decode_tps=41.2, finish_reason="stop",
+                       roofline_pct=58.0, thought_tokens=41, thought_ms=1020.0,
+                       thought_tps=40.2, answer_ttft_ms=1062.0, answer_decode_tps=42.0)
+    chat = Chat(id=CHAT_ID, title="Generators", created=FIXED_TIME, updated=FIXED_TIME,
+                model="qwen3:8b", max_tokens=256)
+    chat.add(ChatMessage("user", "Hello", at=FIXED_TIME))
+    chat.add(ChatMessage("assistant", "Hello! How can I help?", at=FIXED_TIME,
+                         model="qwen3:8b", finish_reason="stop"))
+    chat.add_summary("The user greeted the assistant, who offered help.", 2)
+    chat.add(ChatMessage("user", "What does this file's generator do?", at=FIXED_TIME,
+                         files=[Attachment("gen.py", "/tmp/gen.py",
+                                           "def count():\n    yield 1\n", 12)]))
+    first = ChatMessage("assistant", "It counts.", at=FIXED_TIME, model="qwen3:8b",
+                        finish_reason="stop", stats=stats, thinking="I will be brief.")
+    chat.add(ChatMessage("assistant", "`count()` is a **generator**: each `next()` runs it"
+                         " to the next `yield`, so it gives 1 and then stops.", at=FIXED_TIME,
+                         model="qwen3:8b", finish_reason="stop", stats=stats,
+                         thinking=THOUGHT, alternatives=[first], version=1))
+    return store_chat(chat)
+
+
+def thinking_app(**kwargs):
+    return in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref)), model="qwen3:8b",
+                          **kwargs)
+
+
+def test_a_thinking_reply_regenerated_with_a_file_and_a_summary(home, utc, snap_compare):
+    instruct_chat()
+    assert snap_compare(thinking_app(resume=CHAT_ID), terminal_size=(100, 30),
+                        run_before=loaded)
+
+
+def test_the_reasoning_unfolded_wide(home, utc, snap_compare):
+    instruct_chat()
+
+    async def unfold(pilot):
+        await loaded(pilot)
+        block = pilot.app.query("ThoughtBlock").last()
+        block.collapsed = False
+        await pilot.pause()
+
+    assert snap_compare(thinking_app(resume=CHAT_ID), terminal_size=(160, 45),
+                        run_before=unfold)
+
+
+def test_settings_with_the_model_defaults(home, snap_compare):
+    async def open_settings(pilot):
+        await loaded(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+
+    assert snap_compare(thinking_app(), terminal_size=(100, 30), run_before=open_settings)
+
+
+def test_a_file_chip(home, tmp_path, snap_compare):
+    path = tmp_path / "notes.txt"
+    path.write_text("alpha beta gamma delta\n")
+
+    async def attach(pilot):
+        await loaded(pilot)
+        pilot.app.query_one("ChatInput").insert(f"/file {path}")
+        await pilot.press("enter")
+        await until(pilot, lambda: pilot.app.conversation.files, "attached")
+        await pilot.pause()
+
+    assert snap_compare(chat_app(), terminal_size=(100, 30), run_before=attach)
+
+
+def test_first_run_offers_an_instruct_model(home, monkeypatch, snap_compare):
+    online(monkeypatch)
+    app = in_process_app(Opener(lambda ref: FakeBackend("ok", name=ref, base_model=True)),
+                         model="gemma3:270m")
+
+    async def offered(pilot):
+        await loaded(pilot)
+        await until(pilot, lambda: pilot.app.query("#offer-download"), "the offer")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(100, 30), run_before=offered)

@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     " exits after 30 idle minutes) so the model stays warm for editors.",
         epilog="Keys: Enter sends, Shift+Enter or Ctrl+J new line, Esc cancels the reply,"
                " Ctrl+N new chat, Ctrl+R chats, Ctrl+O models, Ctrl+S chat settings, F2 copy"
-               " the last reply, F1 help, Ctrl+Q quit.")
+               " the last reply, F3 attach a file (/file PATH), F4 edit the last message,"
+               " F5 regenerate the last reply (←/→ on it: the others), F8 thinking"
+               " (/think on|off|low|medium|high), F1 help, Ctrl+Q quit.")
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="model name (gemma3:270m) or .gguf path; default: the config's"
                         " default_model, else the planner's pick among installed models,"

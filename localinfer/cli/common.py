@@ -7,13 +7,13 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
-from ..config import SAMPLING_SETTINGS, Config, ModelSettings
+from ..config import Config
 from ..errors import ConfigError
 from ..hardware.probe import probe_build
-from ..runtime.types import DEFAULT_SAMPLING, KV_CACHE_TYPES, SamplingParams, kv_cache_types
+from ..runtime.types import KV_CACHE_TYPES, SamplingParams, kv_cache_types
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
@@ -88,7 +88,10 @@ def logical_cores() -> int:
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
+    g = p.add_argument_group(
+        "sampling", "Left out, each takes the model's default (its catalog card's, its"
+        " file's general.sampling.* metadata, its [models.\"NAME\"] table in config.toml:"
+        " `localinfer show MODEL` lists them), else llama.cpp's (given here).")
     g.add_argument("-n", "--max-tokens", type=int, default=256, metavar="N",
                    help="most tokens to generate (default 256)")
     # Left out, each is the model's own default (a preset's, config.toml's), else llama.cpp's.
@@ -104,18 +107,18 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="stop before this text (repeatable)")
 
 
-def sampling_params(args: argparse.Namespace, own: ModelSettings | None = None
-                    ) -> SamplingParams:
-    """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest);
-    a flag left out takes the model's own default (``own``: a preset's parameters, its
-    config.toml table), else llama.cpp's."""
-    defaults = own.sampling() if own is not None else {}
-    chosen = {name: getattr(args, name) if getattr(args, name) is not None
-              else defaults.get(name, getattr(DEFAULT_SAMPLING, name))
-              for name in SAMPLING_SETTINGS}
-    return SamplingParams(
-        max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop), **chosen,
-    ).validate()
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
+
+
+def sampling_params(args: argparse.Namespace,
+                    defaults: Mapping[str, float | int] | None = None) -> SamplingParams:
+    """The sampling flags as validated ``SamplingParams`` (bad values raise InvalidRequest),
+    over the model's ``defaults`` (``sampling_defaults.py``) for the flags left out."""
+    values: dict[str, Any] = dict(defaults or {})
+    values.update({name: getattr(args, name) for name in SAMPLING_FLAGS
+                   if getattr(args, name) is not None})
+    values.update(max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop))
+    return SamplingParams(**values).validate()
 
 
 def gpu_layers_text(n_gpu_layers: int, n_layers: int) -> str:

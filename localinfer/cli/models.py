@@ -222,6 +222,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
     from ..planner import Candidate, plan
     from ..planner.calibration import load_ratios
     from ..runtime.chat_template import BUILTIN_TEMPLATES
+    from ..sampling_defaults import model_defaults
     from ..selection import model_settings, plan_prefs
     from ..store import looks_like_path, validate_name
 
@@ -280,6 +281,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
                                " one)")
         template = BUILTIN_TEMPLATES.get(builtin or "")
     license_ = header.license or (family.license if family else "") or "not stated"
+    # The default sampling of its chat and `run`: its card's, its file's, config.toml's.
+    sampling = model_defaults(catalog, installed.model if installed else name,
+                              header.metadata, config, name)
 
     hw = probe()
     candidate = Candidate.from_header(header, name=name,
@@ -306,6 +310,8 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
             "chat_template_builtin": (None if header.chat_template
                                       else family.chat_template if family else None),
             "installed": asdict(installed) if installed else None,
+            "sampling": {key: {"value": value, "source": sampling.sources[key]}
+                         for key, value in sampling.values.items()},
             "plan": result.to_dict(),
         }
         print(json.dumps(data, indent=2))
@@ -335,6 +341,9 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
                                      else "")
         rows += [("source", source),
                  ("added", datetime.fromtimestamp(installed.added).strftime("%Y-%m-%d %H:%M"))]
+    rows.append(("sampling", "; ".join(sampling.lines()) or
+                 "llama.cpp's defaults (nothing in its card's catalog entry, its file or"
+                 " config.toml)"))
     print(name)
     for key, value in rows:
         print(f"  {key:<15} {value}")

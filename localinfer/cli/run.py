@@ -1,6 +1,8 @@
 """``localinfer run``: one prompt, its completion streamed to stdout, the speed figures to
 stderr; through the session interface the chat UI uses: the running daemon when there is one,
-else a model loaded in this process."""
+else a model loaded in this process. The sampling flags left out take the model's defaults
+(``sampling_defaults.py``); a thinking model's reasoning (``--chat``) goes to stderr, its
+answer to stdout."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..errors import Cancelled
+from ..errors import Cancelled, InvalidRequest
 from ..hardware.load import LoadWindow
 from ..progress import TerminalProgress
 from ..runtime.types import Done, Message, Priority, Token
@@ -40,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template as a user message")
     p.add_argument("--system", help="system prompt (implies --chat)")
+    p.add_argument("--think", choices=("on", "off", "low", "medium", "high"),
+                   help="a thinking model's reasoning (with --chat): on, off or an effort"
+                        " (default: the model's)")
     add_sampling_flags(p)
     add_load_flags(p)
     p.add_argument("--json", action="store_true",
@@ -57,6 +62,10 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     sampling_params(args)  # bad flags fail before a model is loaded
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     messages = None
+    think = {None: None, "on": True, "off": False}.get(args.think, args.think)
+    if args.think and not (args.chat or args.system):
+        raise InvalidRequest("--think is for a chat: add --chat (the model's chat template"
+                             " switches its thinking).")
     # The daemon when one runs (one copy of the model for the whole machine), else this
     # process; loading flags need a load of their own, so they mean this process.
     launcher = Launcher(load_settings(config, args),
@@ -67,7 +76,6 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     preset = launcher.store.presets.get(args.model)
     own = (model_settings(config, launcher.store.resolve_preset(preset)) if preset
            else config.model_settings(args.model))
-    params = sampling_params(args, own)
     if preset is not None and (preset.system or preset.messages):
         args.chat = True
     if args.chat or args.system:
@@ -83,12 +91,20 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         display.loaded(session)
         # The machine's load over the generation goes with its calibration record.
         window = LoadWindow()
-        generation = (session.chat(messages, params) if messages
+        # The model's defaults (catalog, GGUF, config.toml), a preset's over them, the
+        # flags over both.
+        defaults = {**launcher.sampling_defaults(session).values,
+                    **(own.sampling() if own is not None else {})}
+        params = sampling_params(args, defaults)
+        generation = (session.chat(messages, params, think=think) if messages
                       else session.complete(prompt, params))
         done = _stream(generation, args.json)
         load = window.finish()
         if args.json:
-            print(json.dumps(run_result_json(session.info.name, done), indent=2))
+            result = run_result_json(session.info.name, done)
+            if generation.thought is not None:
+                result["thinking"] = generation.thought.text
+            print(json.dumps(result, indent=2))
         else:
             if not done.text.endswith("\n"):
                 sys.stdout.write("\n")
@@ -184,12 +200,23 @@ class _LoadDisplay:
 
 def _stream(generation, quiet: bool):
     """Print a generation's text as it streams (unless quiet) and return its Done event.
-    Ctrl+C cancels it: it stops within a token and the figures are still printed."""
+    Ctrl+C cancels it: it stops within a token and the figures are still printed. A thinking
+    model's reasoning goes to stderr (unless quiet)."""
+    from ..session import Thought
+
     done = None
     previous = signal.signal(signal.SIGINT, lambda *_: generation.cancel())
+    thinking = False
     try:
         for event in generation:
-            if isinstance(event, Token) and not quiet:
+            if isinstance(event, Thought) and not quiet:
+                sys.stderr.write(event.text)
+                sys.stderr.flush()
+                thinking = True
+            elif isinstance(event, Token) and not quiet:
+                if thinking:  # the reasoning ended: the answer starts on stdout
+                    sys.stderr.write("\n")
+                    thinking = False
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             elif isinstance(event, Done):

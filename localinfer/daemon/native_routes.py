@@ -24,6 +24,7 @@ from ..errors import InvalidRequest, LocalInferError
 from ..hardware import probe
 from ..protocol import (
     Start,
+    ThinkingStart,
     event_json,
     health_json,
     json_line,
@@ -34,6 +35,7 @@ from ..protocol import (
 from ..runtime.types import Done, SamplingParams
 from .bridge import BridgeResponse, start_generation
 from .error_replies import guarded
+from .reasoning_fields import Thinking, ollama_think
 from .requests import (
     Fields,
     parse_keep_alive,
@@ -88,12 +90,16 @@ def routes(state: DaemonState) -> list[Route]:
         name = f.string("model")
         params = _params(Fields(body.get("params") or {}, "params."))
         priority = parse_priority(body.get("priority"))
+        # A chat's thinking: switched by "think" (as Ollama's), split by the client.
+        thinking = Thinking(ollama_think(body.get("think")))
         if "messages" in body:
             messages = parse_messages(body["messages"])
 
             def tokens(engine: Engine) -> list[int]:
-                return engine.chat_tokens(messages)
+                return thinking.chat_tokens(engine, messages)
         else:
+            if body.get("think") is not None:
+                raise InvalidRequest("'think' is for a chat ('messages'), not a 'prompt'.")
             prompt: str = f.string("prompt")
 
             def tokens(engine: Engine) -> list[int]:
@@ -112,7 +118,9 @@ def routes(state: DaemonState) -> list[Route]:
             yield json_line(event_json(Start(
                 id=request_id, model=entry.name,
                 prompt_tokens=len(submitted.prompt) if submitted else None,
-                info=engine.info))) + "\n"
+                info=engine.info,
+                thinking=None if thinking.format is None else ThinkingStart(
+                    thinking.format, thinking.opened)))) + "\n"
             try:
                 async for event in events:
                     if isinstance(event, Done):
@@ -147,6 +155,17 @@ def routes(state: DaemonState) -> list[Route]:
             reply = load_reply_json(entry.name, entry.load_ms, entry.engine.info)
         return JSONResponse(reply)
 
+    async def tokenize(request: Request) -> Response:
+        """How many tokens a text takes for a model (the chat counts an attached file
+        against the context left before it sends it)."""
+        body = await read_json(request)
+        f = Fields(body)
+        text = f.string("text")
+        async with manager.lease(f.string("model"),
+                                 keep_alive_s=parse_keep_alive(body.get("keep_alive"))) as entry:
+            tokens = await asyncio.to_thread(entry.engine.tokenize, text)
+        return JSONResponse({"model": entry.name, "tokens": len(tokens)})
+
     async def unload(request: Request) -> Response:
         body = await read_json(request)
         name = Fields(body).string("model", None)
@@ -171,6 +190,8 @@ def routes(state: DaemonState) -> list[Route]:
         Route("/localinfer/cancel", guarded(state, "localinfer/cancel", cancel),
               methods=["POST"]),
         Route("/localinfer/load", guarded(state, "localinfer/load", load), methods=["POST"]),
+        Route("/localinfer/tokenize", guarded(state, "localinfer/tokenize", tokenize),
+              methods=["POST"]),
         Route("/localinfer/unload", guarded(state, "localinfer/unload", unload),
               methods=["POST"]),
         Route("/localinfer/shutdown", guarded(state, "localinfer/shutdown", shutdown),

@@ -19,6 +19,7 @@ from ..runtime.thinking import (
     HARMONY_TO_FINAL,
     HarmonySplitter,
     Splitter,
+    ThinkingFormat,
     ThinkingSplitter,
     new_splitter,
     starts_thinking,
@@ -44,6 +45,8 @@ class Thinking:
         it for the whole reply (Anthropic's output_config.effort): other templates have no
         such setting, and a model that does not think is not refused for it."""
         self.splitter: Splitter | None = None
+        self.format: ThinkingFormat | None = None
+        """The model's thinking format, once ``chat_tokens`` has rendered the prompt."""
         self.opened = False
         """The rendered prompt ends inside an open reasoning block."""
 
@@ -52,7 +55,7 @@ class Thinking:
                     ) -> list[int]:
         """The prompt's tokens; ``prefill``: the reply's start, written by the client (the
         reply continues it)."""
-        fmt = thinking_format(engine.chat_template_source)
+        fmt = self.format = thinking_format(engine.chat_template_source)
         variables = {**self.extra_vars,
                      **template_vars(fmt, self.think, model=engine.info.name)}
         if self.effort and fmt is not None and fmt.takes_effort and self.think is not False:

@@ -266,10 +266,12 @@ Splitter = ThinkingSplitter | HarmonySplitter
 
 def new_splitter(fmt: ThinkingFormat, prompt: str) -> Splitter:
     """The splitter of a reply to the rendered ``prompt``."""
-    return _splitter(fmt, thinking=starts_thinking(fmt, prompt))
+    return splitter_for(fmt, thinking=starts_thinking(fmt, prompt))
 
 
-def _splitter(fmt: ThinkingFormat, *, thinking: bool) -> Splitter:
+def splitter_for(fmt: ThinkingFormat, *, thinking: bool) -> Splitter:
+    """The splitter of a reply that begins inside the reasoning (``thinking``: the prompt
+    opened the block) or before it."""
     if fmt.harmony:
         return HarmonySplitter(thinking=thinking)
     return ThinkingSplitter(fmt, thinking=thinking)
@@ -277,7 +279,7 @@ def _splitter(fmt: ThinkingFormat, *, thinking: bool) -> Splitter:
 
 def split_reply(fmt: ThinkingFormat, text: str, *, thinking: bool = False) -> tuple[str, str]:
     """A whole reply's ``(thinking, content)``."""
-    splitter = _splitter(fmt, thinking=thinking)
+    splitter = splitter_for(fmt, thinking=thinking)
     splitter.push(text)
     splitter.flush()
     return splitter.thinking, splitter.content

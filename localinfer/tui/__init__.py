@@ -5,6 +5,8 @@
   bindings and the other screens; gets a model ready (the session) in a thread worker.
 - ``conversation.py``: the chat screen's controller: send, stream the reply from a thread
   worker, cancel, save the chat, a full context.
+- ``turns.py``: what else changes the conversation: regenerate (versions browsed with ←/→),
+  edit the last message, summarise older turns, thinking on/off, attached files.
 - ``reply.py``: the reply being streamed, the messages its worker posts, its final figures.
 - ``status.py``: the status bar, and the machine figures behind its roofline (the bandwidth
   measured and measured again in thread workers).

@@ -26,7 +26,16 @@ from textual.widgets import Footer, Header, Static
 from ..chats import Chat, ChatStore
 from ..config import Config, load_config
 from ..errors import DaemonError, LocalInferError
-from ..session import EngineOpener, Launcher, LoadStep, Session, loaded_candidate, loaded_rows
+from ..sampling_defaults import SamplingDefaults
+from ..session import (
+    EngineOpener,
+    Launcher,
+    LoadStep,
+    ModelRow,
+    Session,
+    loaded_candidate,
+    loaded_rows,
+)
 from .conversation import ChatScreen
 from .reply import Reply
 from .screens import (
@@ -39,9 +48,10 @@ from .screens import (
     ModelChoice,
     ModelsScreen,
     SettingsScreen,
+    TextPrompt,
 )
 from .status import HardwareReady, StatusBar
-from .widgets import ChatInput, LoadingPanel, Transcript
+from .widgets import ChatInput, FileChips, LoadingPanel, Transcript
 
 if TYPE_CHECKING:
     from ..hardware import HardwareProfile
@@ -53,7 +63,7 @@ log = logging.getLogger(__name__)
 BASE_MODEL_NOTE = "base model: continues text, does not follow instructions · Ctrl+O: models"
 """Under the title bar while a base model is loaded (it fits in 80 columns)."""
 MAIN_SCREEN_ACTIONS = {"cancel_reply", "new_chat", "chats", "models", "settings",
-                       "copy_reply", "help"}
+                       "copy_reply", "help", "think", "attach", "regenerate", "edit"}
 """The chat screen's keys: hidden while another screen is up."""
 
 
@@ -65,10 +75,13 @@ class LoadProgress(Message):
 
 
 class SessionReady(Message):
-    def __init__(self, session: Session, candidate: Candidate | None) -> None:
+    def __init__(self, session: Session, candidate: Candidate | None,
+                 defaults: SamplingDefaults, offer: ModelRow | None = None) -> None:
         super().__init__()
         self.session = session
         self.candidate = candidate
+        self.defaults = defaults
+        self.offer = offer
 
 
 class SessionFailed(Message):
@@ -93,6 +106,10 @@ class ChatApp(App[None]):
         Binding("ctrl+o", "models", "Models"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("f2", "copy_reply", "Copy"),
+        Binding("f3", "attach", "File"),
+        Binding("f4", "edit", "Edit"),
+        Binding("f5", "regenerate", "Regen"),
+        Binding("f8", "think", "Think"),
         Binding("ctrl+t", "toggle_theme", "Theme", show=False),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -114,6 +131,10 @@ class ChatApp(App[None]):
         self.loading: str | None = None
         self.load_error: LocalInferError | None = None
         self.model_name: str | None = model
+        self.defaults = SamplingDefaults()
+        """The loaded model's default sampling."""
+        self.offer: ModelRow | None = None
+        """With only base models installed: the instruct model the planner picks here."""
         self.status = StatusBar(launcher, hardware=hardware, calibration=calibration,
                                 measure_bandwidth=measure_bandwidth, id="status")
         self.conversation = ChatScreen(self, chats)
@@ -141,11 +162,13 @@ class ChatApp(App[None]):
         yield Transcript(id="transcript")
         yield LoadingPanel(id="loading")
         yield self.status
+        yield FileChips(id="files")
         yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J new line)")
         yield Footer()
 
     async def on_mount(self) -> None:
         self.query_one(Footer).compact = True
+        self.query_one(FileChips).display = False
         if self.resume:
             chat = self.conversation.resume(self.resume)
             if chat is not None:
@@ -185,7 +208,12 @@ class ChatApp(App[None]):
                 self.post_message(LoadProgress(step))
 
             session = self.launcher.open(model, on_step)
-            self.post_message(SessionReady(session, loaded_candidate(session.info)))
+            offer = None
+            if session.info.base_model and self.hardware is not None:
+                offer = self.launcher.instruct_offer(self.hardware,
+                                                     calibration=self.status.calibration)
+            self.post_message(SessionReady(session, loaded_candidate(session.info),
+                                           self.launcher.sampling_defaults(session), offer))
         except LocalInferError as exc:
             self.post_message(SessionFailed(model, exc))
         except Exception as exc:  # noqa: BLE001 - a bug shows in the UI, not as a traceback
@@ -208,6 +236,8 @@ class ChatApp(App[None]):
     @on(SessionReady)
     async def _session_ready(self, event: SessionReady) -> None:
         self.session = event.session
+        self.defaults = event.defaults
+        self.offer = event.offer
         self.model_name = event.session.model
         self.loading = None
         self.query_one(LoadingPanel).display = False
@@ -254,11 +284,30 @@ class ChatApp(App[None]):
         if len(self.screen_stack) > 1 and action in MAIN_SCREEN_ACTIONS:
             return False  # the chat's keys are hidden while another screen is up
         if action == "cancel_reply":
-            return self.reply is not None
+            return self.reply is not None or self.conversation.editing is not None
         return True
 
     def action_cancel_reply(self) -> None:
+        if self.reply is None and self.conversation.editing is not None:
+            self.conversation.stop_editing()
+            return
         self.conversation.cancel_reply()
+
+    def action_think(self) -> None:
+        self.conversation.cycle_think()
+
+    def action_attach(self) -> None:
+        def chosen(path: str | None) -> None:
+            if path:
+                self.conversation.call_later(self.conversation.attach, path.strip())
+
+        self.push_screen(TextPrompt("Attach a text file: its path", ""), chosen)
+
+    def action_regenerate(self) -> None:
+        self.conversation.call_later(self.conversation.regenerate)
+
+    def action_edit(self) -> None:
+        self.conversation.call_later(self.conversation.edit_last)
 
     def action_new_chat(self) -> None:
         if self.conversation.cancel_reply_then(self.action_new_chat):
@@ -282,7 +331,9 @@ class ChatApp(App[None]):
         self.conversation.call_later(self.conversation.chat_changed, event.chat_id,
                                      deleted=event.deleted)
 
-    def action_models(self) -> None:
+    def action_models(self, pull: str | None = None) -> None:
+        """Ctrl+O; ``pull``: a catalog model whose download the user agreed to (the first
+        run's offer), started at once."""
         if self.conversation.cancel_reply_then(self.action_models):
             return
 
@@ -295,7 +346,7 @@ class ChatApp(App[None]):
         session = self.session
         self.push_screen(ModelsScreen(self.launcher, self.hardware, current,
                                       calibration=self.status.calibration,
-                                      loaded=lambda: loaded_rows(session)),
+                                      loaded=lambda: loaded_rows(session), pull=pull),
                          chosen)
 
     def action_settings(self) -> None:
@@ -307,11 +358,16 @@ class ChatApp(App[None]):
             chat.system_prompt = settings.system_prompt
             chat.temperature = settings.temperature
             chat.max_tokens = settings.max_tokens
-            self.conversation.save()
+            chat.top_p, chat.top_k = settings.top_p, settings.top_k
+            chat.repeat_penalty = settings.repeat_penalty
+            chat.think = settings.think
+            if chat.messages:
+                self.conversation.save()
             self.notify("Saved this chat's settings.")
 
-        self.push_screen(SettingsScreen(ChatSettings(chat.system_prompt, chat.temperature,
-                                                     chat.max_tokens)), chosen)
+        self.push_screen(SettingsScreen(ChatSettings(
+            chat.system_prompt, chat.temperature, chat.max_tokens, chat.top_p, chat.top_k,
+            chat.repeat_penalty, chat.think), self.defaults), chosen)
 
     def action_copy_reply(self) -> None:
         last = self.chat.last_reply()

@@ -1,7 +1,10 @@
 """The conversation: the chat screen's controller. It sends a message, streams the reply from a
 thread worker that posts its events back (as Textual's examples/mother.py and harlequin do), so
 the UI never waits on the model; it cancels a reply, saves the chat as it goes, and asks what
-to do when the context is full.
+to do when the context is full. A thinking model's reasoning streams into a folded block above
+the answer. Regenerating, editing, summarising, thinking on/off and attaching files are
+turns.py's (this screen's base class); the commands typed in the input (``/think``,
+``/file``, a path pasted alone) are read here.
 
 A reply streams into one Markdown widget that is appended to at most once per frame
 (FRAME_S): the render cost per token does not grow with the reply, nor with the transcript,
@@ -16,20 +19,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Protocol
 
 from textual import on, work
-from textual.screen import Screen
-from textual.widgets import Static
+from textual.widgets import Button, Static
 
-from ..chats import Chat, ChatMessage, ChatStore, ReplyStats
+from ..chats import (
+    Attachment,
+    Chat,
+    ChatMessage,
+    ChatStore,
+    ReplyStats,
+    summary_messages,
+)
 from ..errors import ContextOverflow, DaemonError, LocalInferError
+from ..progress import human_bytes
 from ..runtime.types import Done, SamplingParams
 from ..runtime.types import Message as ChatTurn
-from ..session import PresetSession, Session
+from ..session import PresetSession, Session, Thought
+from .figures import tps
 from .reply import Reply, ReplyDone, ReplyFailed, ReplyStarted, ReplyToken, reply_stats
-from .screens import ChatChoice, ContextFullScreen, ErrorScreen
-from .status import ChatFigures, StatusBar
+from .screens import ChatChoice, ConfirmScreen, ContextFullScreen, ErrorScreen, download_question
+from .status import ChatFigures
+from .turns import ChatHost, TurnEditing, is_file
 from .widgets import AssistantMessage, ChatInput, Transcript, UserMessage
 
 log = logging.getLogger(__name__)
@@ -41,26 +52,7 @@ SAVE_EVERY_S = 1.0
 keeps the text streamed so far, marked "interrupted"."""
 
 
-class ChatHost(Protocol):
-    """What the conversation needs of the app around it (``ChatApp``)."""
-
-    session: Session | None
-    """The model replies come from; None while none is ready."""
-    loading: str | None
-    """What is getting ready, while a model loads."""
-    model_name: str | None
-    status: StatusBar
-
-    def connect(self, model: str | None) -> None: ...
-
-    def show_status(self) -> None: ...
-
-    def action_new_chat(self) -> None:
-        """A new chat (Ctrl+N): once the reply streaming now has ended, if one does."""
-        ...
-
-
-class ChatScreen(Screen[None]):
+class ChatScreen(TurnEditing):
     """The chat screen (the app's default screen; the app composes its widgets): the
     conversation shown in the transcript, and the reply streaming into it. The conversation
     changes on this screen's message queue, in order with its reply's events: the app hands
@@ -70,7 +62,7 @@ class ChatScreen(Screen[None]):
         super().__init__(id="_default")  # the id Textual gives its own default screen
         self.host = host
         self.chats = chats
-        self.chat: Chat = chats.new(temperature=0.8, max_tokens=512)
+        self.chat: Chat = chats.new(max_tokens=512)
         self.reply: Reply | None = None
         self.context_tokens: int | None = None
         self.last_stats: ReplyStats | None = None
@@ -85,6 +77,11 @@ class ChatScreen(Screen[None]):
         """The chat whose next message drops the oldest turns it needs room from, without
         asking (the user chose so when a reply filled the context)."""
         self._resend_after_connect = False
+        self.files: list[Attachment] = []
+        """Files attached to the message being written."""
+        self.editing: int | None = None
+        """Editing the last user message: its index (sending replaces it and what follows)."""
+        self._think_once: bool | str | None = None
 
     def figures(self) -> ChatFigures:
         """What the status bar shows of the conversation."""
@@ -117,6 +114,29 @@ class ChatScreen(Screen[None]):
         welcome = self.query("#welcome")
         if welcome:
             welcome.first(Static).update(self._welcome_text())
+            offer = self.host.offer
+            if offer is not None and not self.query("#offer-download"):
+                size = ("about " if offer.size_estimated else "") + human_bytes(
+                    offer.size_bytes)
+                speed = f", ~{tps(offer.decode_tps)} tok/s predicted here" if \
+                    offer.decode_tps > 0 else ""
+                self.query_one("#transcript", Transcript).mount(
+                    Button(f"Download {offer.name} ({size}{speed})…", id="offer-download"),
+                    after=welcome.first())
+
+    @on(Button.Pressed, "#offer-download")
+    def _download_offer(self, event: Button.Pressed) -> None:
+        event.stop()
+        offer = self.host.offer
+        if offer is None:
+            return
+
+        def answered(answer: str | None) -> None:
+            if answer == "yes":
+                self.host.action_models(pull=offer.name)
+
+        self.app.push_screen(ConfirmScreen(f"Download {offer.name}?", download_question(offer),
+                                           "Download"), answered)
 
     def send_waiting(self) -> None:
         """Send what waited for the model: a reply to resend after reconnecting, or the
@@ -148,7 +168,9 @@ class ChatScreen(Screen[None]):
         """A new chat with this one's settings."""
         old = self.chat
         self.chat = self.chats.new(system_prompt=old.system_prompt,
-                                   temperature=old.temperature, max_tokens=old.max_tokens)
+                                   temperature=old.temperature, max_tokens=old.max_tokens,
+                                   top_p=old.top_p, top_k=old.top_k,
+                                   repeat_penalty=old.repeat_penalty, think=old.think)
         self.context_tokens = None
         self.last_stats = None
         await self.render_chat()
@@ -179,7 +201,7 @@ class ChatScreen(Screen[None]):
             return
         if deleted:
             self.chat = self.chats.new(temperature=self.chat.temperature,
-                                       max_tokens=self.chat.max_tokens)
+                                       max_tokens=self.chat.max_tokens, think=self.chat.think)
             await self.render_chat()
         else:
             try:
@@ -216,11 +238,25 @@ class ChatScreen(Screen[None]):
         keys = ("Enter sends · Shift+Enter or Ctrl+J: new line · Up: earlier prompts · Esc"
                 " cancels a reply · F1: help and what the numbers mean.")
         if session and session.info.base_model:
+            offer = self.host.offer
+            if offer is not None:
+                chat = (f"To chat, the planner's pick of an instruct model for this machine is"
+                        f" {offer.name}" + (f" ({offer.description.rstrip('.')})"
+                                            if offer.description else "")
+                        + ": the button below downloads it after"
+                        " asking; Ctrl+O lists the others.")
+            elif self.host.launcher.config.offline:
+                chat = ("To chat, add an instruct model: offline, `localinfer add"
+                        " PATH.gguf` registers a GGUF file you have (a Qwen3, Llama 3.2 or"
+                        " Gemma 3 instruct file, for one), then Ctrl+O switches to it.")
+            else:
+                chat = ("To chat, Ctrl+O picks or pulls an instruct model (those that fit run"
+                        " well here).")
             return (f"{model} is a base model: it continues the text you give it; it does not"
-                    " answer questions or follow instructions. Start a text for it to"
-                    " continue, like “Once upon a time, in a village by the sea,” or “def"
-                    " is_prime(n):”. To chat, Ctrl+O picks or pulls an instruct model (those"
-                    f" that fit run well here).\n{keys}")
+                    " answer questions or follow instructions. It is good for seeing the speed"
+                    " figures and for continuing text: start a text for it to continue, like"
+                    " “Once upon a time, in a village by the sea,” or “def is_prime(n):”."
+                    f" {chat}\n{keys}")
         return f"Chat with {model}. {keys}"
 
     # --- sending --------------------------------------------------------------------------
@@ -229,9 +265,25 @@ class ChatScreen(Screen[None]):
         await self.send(event.text)
 
     async def send(self, text: str) -> None:
-        """Send ``text`` as the user's next message (the Enter key)."""
+        """Send ``text`` as the user's next message (the Enter key): a command (``/think``,
+        ``/file``) or a file's path alone is done here instead."""
         chat_input = self.query_one(ChatInput)
         session = self.host.session
+        command = text.strip()
+        if command.startswith("/think"):
+            rest = self._think_command(command)
+            if rest is None:
+                chat_input.clear()
+                return
+            text = rest
+        elif command.startswith("/file"):
+            chat_input.clear()
+            await self.attach(command.removeprefix("/file").strip())
+            return
+        elif "\n" not in command and is_file(command):
+            chat_input.clear()
+            await self.attach(command)
+            return
         if self.reply is not None:
             self.notify("A reply is still streaming: Esc cancels it. Your message stays in"
                         " the input.", severity="warning")
@@ -243,13 +295,21 @@ class ChatScreen(Screen[None]):
             self.notify("The model is still loading; your first message is waiting.",
                         severity="warning")
             return
+        if self.files and not await self._files_fit(self.files):
+            return
         chat_input.accept(text)
-        message = self.chat.add(ChatMessage("user", text))
+        if self.editing is not None:
+            del self.chat.messages[self.editing:]
+            self.editing = None
+            await self.render_chat()
+        message = self.chat.add(ChatMessage("user", text, files=self.files))
+        self.files = []
+        self._show_files()
         switching = self.host.loading is not None  # a model loads: it answers, not the old one
         if session is not None and not switching:
             self.chat.model = session.model
         self.save()
-        welcome = self.query("#welcome")
+        welcome = self.query("#welcome, #offer-download")
         if welcome:
             await welcome.remove()
         await self.query_one("#transcript").mount(UserMessage(message))
@@ -260,13 +320,21 @@ class ChatScreen(Screen[None]):
             return
         self._start_reply()
 
-    def _start_reply(self) -> None:
+    def params(self) -> SamplingParams:
+        """The next reply's sampling: the model's defaults, then this chat's settings."""
+        return self.chat.params(self.host.defaults.values)
+
+    def _start_reply(self, *, replaces: Sequence[ChatMessage] = (),
+                     summary_of: tuple[int, int] | None = None) -> None:
         session = self.host.session
         assert session is not None
         self._reply_ids += 1
         widget = AssistantMessage(ChatMessage("assistant", "", model=session.info.name),
                                   streaming=True)
-        reply = Reply(self._reply_ids, widget, session.info.name)
+        if summary_of is not None:
+            widget.border_title = "Summarising the turns that no longer fit…"
+        reply = Reply(self._reply_ids, widget, session.info.name, replaces=list(replaces),
+                      summary_of=summary_of)
         self.reply = reply
         transcript = self.query_one("#transcript", Transcript)
         transcript.mount(widget)
@@ -274,19 +342,23 @@ class ChatScreen(Screen[None]):
         self.chat.model = session.model
         self.host.show_status()
         self.app.refresh_bindings()
-        params = self.chat.params()
+        think, self._think_once = (self._think_once if self._think_once is not None
+                                   else self.chat.think), None
+        messages = (summary_messages(self.chat, *summary_of) if summary_of is not None
+                    else self.chat.prompt_messages())
+        params = self.params()
         if isinstance(session, PresetSession):  # the preset's sampling, but the chat's own
             params = session.with_defaults(params, ("temperature", "max_tokens"))
-        self._stream(reply, session, self.chat.prompt_messages(), params)
+        self._stream(reply, session, messages, params, think)
 
     @work(thread=True, exit_on_error=False, group="reply")
     def _stream(self, reply: Reply, session: Session, messages: Sequence[ChatTurn],
-                params: SamplingParams) -> None:
+                params: SamplingParams, think: bool | str | None = None) -> None:
         """Run one generation and post its events; never touches a widget."""
         try:
             prompt_tokens = session.count_tokens(messages)
             self.post_message(ReplyStarted(reply.id, prompt_tokens))
-            generation = session.chat(messages, params)
+            generation = session.chat(messages, params, think=think)
             reply.generation = generation
             if reply.cancel_requested:
                 generation.cancel()
@@ -296,10 +368,11 @@ class ChatScreen(Screen[None]):
                     prompt_tokens = counted
                     self.post_message(ReplyStarted(reply.id, prompt_tokens))
                 if isinstance(event, Done):
-                    self.post_message(ReplyDone(reply.id, event))
+                    self.post_message(ReplyDone(reply.id, event, generation.thought))
                 else:
                     self.post_message(ReplyToken(reply.id, event.text, event.live,
-                                                 time.monotonic()))
+                                                 time.monotonic(),
+                                                 thought=isinstance(event, Thought)))
         except LocalInferError as exc:
             self.post_message(ReplyFailed(reply.id, exc))
         except Exception as exc:  # noqa: BLE001 - a bug shows in the UI, not as a traceback
@@ -318,7 +391,11 @@ class ChatScreen(Screen[None]):
         reply = self.reply
         if reply is None or reply.id != event.reply_id:
             return
-        reply.pending.append(event.text)
+        if event.thought:
+            reply.thought_pending.append(event.text)
+            reply.thought_tokens = event.live.n_tokens
+        else:
+            reply.pending.append(event.text)
         reply.live = event.live
         reply.tracker.add(event.live.n_tokens, event.at)
         if reply.flush_timer is None:
@@ -331,15 +408,22 @@ class ChatScreen(Screen[None]):
         if reply is not self.reply:
             return
         reply.last_flush = time.monotonic()
+        if reply.thought_pending:
+            reply.widget.think("".join(reply.thought_pending), reply.thought_tokens)
+            reply.thought_pending.clear()
         text = "".join(reply.pending)
         reply.pending.clear()
-        if text:
+        if text and reply.summary_of is None:
             reply.drawn.append(text)
             await reply.widget.write(text)
             if reply.last_flush - reply.last_save >= SAVE_EVERY_S:
                 reply.last_save = reply.last_flush
                 self.save(streaming=ChatMessage("assistant", "".join(reply.drawn),
-                                                model=reply.model))
+                                                model=reply.model,
+                                                thinking=reply.widget.thinking))
+        elif text:
+            reply.drawn.append(text)
+            await reply.widget.write(text)
         self.host.show_status()
 
     @on(ReplyDone)
@@ -354,9 +438,15 @@ class ChatScreen(Screen[None]):
         done = event.done
         status = self.host.status
         stats = reply_stats(done, reply,
-                             status.reference.roofline if status.reference else None)
+                             status.reference.roofline if status.reference else None,
+                             event.thought)
         message = ChatMessage("assistant", done.text, model=reply.model,
-                              finish_reason=done.finish_reason, stats=stats)
+                              finish_reason=done.finish_reason, stats=stats,
+                              thinking=event.thought.text if event.thought else "")
+        if reply.summary_of is not None:
+            await self._summary_done(reply, message)
+            return
+        self._join_versions(message, reply)
         self.chat.add(message)
         self.save()
         self.reply = None
@@ -391,8 +481,11 @@ class ChatScreen(Screen[None]):
         self.app.refresh_bindings()
         error = event.error
         partial_text = "".join(reply.pending)
-        if isinstance(error, ContextOverflow) and not reply.live:
+        if isinstance(error, ContextOverflow) and not reply.live and \
+                reply.summary_of is None:
             await reply.widget.remove()
+            if self._restore_versions(reply):  # regenerating: the earlier replies stand
+                await self.render_chat()
             self.host.show_status()
             if await self._run_after_reply():
                 self._drop_from = None
@@ -400,9 +493,16 @@ class ChatScreen(Screen[None]):
             await self._message_does_not_fit(error)
             return
         self._drop_from = None
+        if reply.summary_of is not None:
+            await reply.widget.remove()
+            if isinstance(error, ContextOverflow) and self._summarise_fewer(reply.summary_of):
+                return
+            self._summary_failed(error)
+            return
         text = (reply.widget.markdown.source or "") + partial_text
         message = ChatMessage("assistant", text, model=reply.model, finish_reason="error",
-                              error=error.one_line())
+                              error=error.one_line(), thinking=reply.widget.thinking)
+        self._join_versions(message, reply)
         self.chat.add(message)
         self.save()
         await reply.widget.finish(message)
@@ -457,9 +557,15 @@ class ChatScreen(Screen[None]):
         self.cancel_reply()
         text = (reply.widget.markdown.source or "") + "".join(reply.pending)
         self.reply = None
+        if reply.summary_of is not None:
+            return
         if text:
-            self.chat.add(ChatMessage("assistant", text, model=reply.model,
-                                      finish_reason="cancelled"))
+            message = ChatMessage("assistant", text, model=reply.model,
+                                  finish_reason="cancelled", thinking=reply.widget.thinking)
+            self._join_versions(message, reply)
+            self.chat.add(message)
+            self.save()
+        elif self._restore_versions(reply):
             self.save()
 
     def stop_generation(self) -> None:
@@ -524,11 +630,20 @@ class ChatScreen(Screen[None]):
             self.run_worker(self._context_choice(answer, unanswered), group="context")
 
         self.app.push_screen(ContextFullScreen(
-            text + " Drop the oldest turns (they stay in the transcript but are no longer"
-            " sent), or start a new chat.", id="context-full"), chosen)
+            text + " Summarise the older turns (the model writes a summary that is sent in"
+            " their place), drop them (they stay in the transcript but are no longer sent),"
+            " or start a new chat.", id="context-full"), chosen)
 
     async def _context_choice(self, answer: str | None, unanswered: bool) -> None:
-        if answer == "drop":
+        if answer == "summarise":
+            span = self.chat.summarise_turns()
+            if span is None:
+                self.notify("Only the last turn is left: there is nothing older to summarise.",
+                            severity="warning")
+                return
+            self._summary_continues = unanswered
+            self._start_reply(summary_of=span)
+        elif answer == "drop":
             if unanswered:  # drop turns until the message fits
                 self._drop_from = self.chat.context_start
                 await self._drop_oldest_turn_and_resend()

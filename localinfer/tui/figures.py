@@ -72,11 +72,24 @@ def placement(info: ModelInfo) -> str:
     return f"GPU {layers}/{info.n_layers + 1} layers{backend}"
 
 
+def thought_title(stats: ReplyStats | None, *, streaming: bool) -> str:
+    """A reasoning block's title: "Thought for 4.2 s · 180 tok · 41.0 tok/s" (measured by
+    the session: from its first token to the answer's first)."""
+    if streaming or stats is None or not stats.thought_tokens:
+        return "Thinking…" if streaming else "Thought"
+    return (f"Thought for {stats.thought_ms / 1000:.1f} s · {stats.thought_tokens:,} tok ·"
+            f" {tps(stats.thought_tps)} tok/s")
+
+
 def summary_line(stats: ReplyStats) -> str:
     """The line that stays under a reply: all measured, except the roofline share (of a
-    predicted ceiling)."""
+    predicted ceiling). After reasoning, the answer's own TTFT and decode come first (from
+    its first token), then the whole reply's."""
     parts = [f"{stats.completion_tokens} tok", f"decode {tps(stats.decode_tps)} tok/s",
              f"TTFT {thousands(stats.ttft_ms)} ms", f"prefill {tps(stats.prefill_tps)} tok/s"]
+    if stats.thought_tokens:
+        parts = [f"answer: TTFT {thousands(stats.answer_ttft_ms)} ms, decode"
+                 f" {tps(stats.answer_decode_tps)} tok/s", "all: " + parts[0], *parts[1:]]
     if stats.cached_tokens:
         parts.append(f"{thousands(stats.cached_tokens)} cached")
     if stats.roofline_pct is not None:

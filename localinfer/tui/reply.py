@@ -8,11 +8,11 @@ from dataclasses import dataclass, field, replace
 from textual.message import Message
 from textual.timer import Timer
 
-from ..chats import ReplyStats
+from ..chats import ChatMessage, ReplyStats
 from ..errors import LocalInferError
 from ..planner import Roofline
 from ..runtime.types import Done, LiveStats, Usage
-from ..session import Generation
+from ..session import Generation, ThoughtStats
 from .figures import SpeedTracker
 from .widgets import AssistantMessage
 
@@ -25,19 +25,24 @@ class ReplyStarted(Message, bubble=False):
 
 
 class ReplyToken(Message, bubble=False):
-    def __init__(self, reply_id: int, text: str, live: LiveStats, at: float) -> None:
+    def __init__(self, reply_id: int, text: str, live: LiveStats, at: float, *,
+                 thought: bool = False) -> None:
         super().__init__()
         self.reply_id = reply_id
         self.text = text
         self.live = live
         self.at = at
+        self.thought = thought
+        """A piece of the reasoning (else of the answer)."""
 
 
 class ReplyDone(Message, bubble=False):
-    def __init__(self, reply_id: int, done: Done) -> None:
+    def __init__(self, reply_id: int, done: Done, thought: ThoughtStats | None = None
+                 ) -> None:
         super().__init__()
         self.reply_id = reply_id
         self.done = done
+        self.thought = thought
 
 
 class ReplyFailed(Message, bubble=False):
@@ -65,12 +70,29 @@ class Reply:
     last_save: float = 0.0
     drawn: list[str] = field(default_factory=list)
     """The text drawn so far (what a streaming save writes)."""
+    thought_pending: list[str] = field(default_factory=list)
+    thought_tokens: int = 0
+    replaces: list[ChatMessage] = field(default_factory=list)
+    """Regenerating: the replies to the same message so far (the new one joins them)."""
+    summary_of: tuple[int, int] | None = None
+    """Summarising: the messages the summary stands for (it is not shown as a reply)."""
 
 
+def reply_stats(done: Done, reply: Reply, roofline: Roofline | None,
+                thought: ThoughtStats | None = None) -> ReplyStats:
+    """The figures that stay under a reply (with its reasoning's, and the answer's own TTFT
+    and decode, after a thinking model's reasoning)."""
+    stats = _reply_stats(done, reply, roofline)
+    if thought is None:
+        return stats
+    return replace(stats, thought_tokens=thought.tokens, thought_ms=thought.ms,
+                   thought_tps=thought.decode_tps, answer_ttft_ms=thought.answer_ttft_ms,
+                   answer_decode_tps=thought.answer_decode_tps)
 
-def reply_stats(done: Done, reply: Reply, roofline: Roofline | None) -> ReplyStats:
-    """The figures that stay under a reply. One cancelled through the daemon ends without the
-    engine's timings (the stream is closed): the last token's measured figures stand in."""
+
+def _reply_stats(done: Done, reply: Reply, roofline: Roofline | None) -> ReplyStats:
+    """One cancelled through the daemon ends without the engine's timings (the stream is
+    closed): the last token's measured figures stand in."""
     live = reply.live
     if done.timings.completion_tokens or live is None or done.finish_reason != "cancelled":
         return ReplyStats.from_done(done, _roofline_pct(roofline, done.timings.decode_tps,

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -31,6 +31,8 @@ from textual.widgets import (
 from ..chats import ChatStore, ChatSummary, check_settings
 from ..errors import LocalInferError
 from ..progress import human_bytes
+from ..runtime.types import DEFAULT_SAMPLING
+from ..sampling_defaults import SamplingDefaults
 from ..session import Launcher, LoadedRow, ModelRow
 from .figures import tps
 from .widgets import EnterSubmits
@@ -51,8 +53,13 @@ HELP = """\
 | **Ctrl+N** | new chat |
 | **Ctrl+R** | chats: resume, rename (r), delete (d) |
 | **Ctrl+O** | models: switch, pull; the planner's verdict for this machine |
-| **Ctrl+S** | this chat's system prompt, temperature and max tokens (Enter saves, Esc cancels) |
+| **Ctrl+S** | this chat's system prompt, sampling and thinking (Enter saves, Esc cancels) |
 | **F2** | copy the last reply to the clipboard |
+| **F3** | attach a text file (`/file PATH`, or paste a path alone); a chip shows its tokens |
+| **F4** | edit your last message and send it again (Esc stops editing) |
+| **F5** | regenerate the last reply (the earlier ones are kept: **←/→** on the reply) |
+| **Shift+Tab**, then **Enter** | focus the last reply; Enter unfolds its reasoning |
+| **F8** | thinking: the model's default, on, off (or `/think on`, `off`, `low`...) |
 | **Ctrl+T** | light / dark theme |
 | **F1** | this help |
 | **Ctrl+Q** | quit (the daemon keeps the model warm for editors) |
@@ -73,7 +80,10 @@ its data sheet's. Decode as a **% of the roofline** says how close the machine r
 memory limit. **plan** is the planner's predicted decode speed for this placement
 (`localinfer plan`), calibrated by earlier runs on this machine.
 
-The line under each reply keeps its measured figures; **✂** marks a cancelled reply.
+The line under each reply keeps its measured figures; **✂** marks a cancelled reply. A
+thinking model's reasoning is folded above its answer ("Thought for N s", its tokens and
+speed, measured by the session from its first token to the answer's first); the answer's own
+TTFT and decode then count from its first token.
 """
 
 
@@ -123,7 +133,8 @@ class ContextFullScreen(ErrorScreen):
 
     def __init__(self, message: str, *, id: str | None = None) -> None:
         super().__init__("The context is full", message,
-                         [("drop", "Drop oldest turns"), ("new", "New chat"),
+                         [("summarise", "Summarise older turns"),
+                          ("drop", "Drop oldest"), ("new", "New chat"),
                           ("cancel", "Cancel")], id=id)
 
 
@@ -163,19 +174,41 @@ class TextPrompt(ModalScreen[str | None]):
 @dataclass(frozen=True)
 class ChatSettings:
     system_prompt: str
-    temperature: float
+    temperature: float | None
+    """None: the model's default (as the other sampling fields)."""
     max_tokens: int
+    top_p: float | None = None
+    top_k: int | None = None
+    repeat_penalty: float | None = None
+    think: bool | str | None = None
+
+
+_THINK_CHOICES = {"": None, "default": None, "on": True, "off": False, "low": "low",
+                  "medium": "medium", "high": "high"}
+
+
+def _think_word(value: bool | str | None) -> str:
+    return {None: "", True: "on", False: "off"}.get(value, str(value)) if not isinstance(
+        value, str) else value
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
-    """This chat's system prompt and sampling parameters. Enter saves from any field, as it
-    sends from the message box (Ctrl+J starts a new line in the system prompt, as there)."""
+    """This chat's system prompt, sampling and thinking. A sampling field left empty takes
+    the model's default, shown greyed with its source (the catalog's model card, the file's
+    metadata, config.toml, or llama.cpp's). Enter saves from any field, as it sends from the
+    message box (Ctrl+J starts a new line in the system prompt, as there)."""
 
     BINDINGS = [Binding("escape", "close", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
-    def __init__(self, settings: ChatSettings, **kwargs: str | None) -> None:
+    def __init__(self, settings: ChatSettings, defaults: SamplingDefaults | None = None,
+                 **kwargs: str | None) -> None:
         super().__init__(**kwargs)
         self.settings = settings
+        self.defaults = defaults or SamplingDefaults()
+
+    def _default(self, name: str) -> str:
+        value = self.defaults.values.get(name, getattr(DEFAULT_SAMPLING, name))
+        return f"{value:g}"
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -184,10 +217,26 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Label("System prompt (sent before the conversation)")
             yield EnterSubmits(s.system_prompt, id="system-prompt")
             with Horizontal(classes="fields"):
-                yield Label("Temperature (0 = greedy)")
-                yield Input(f"{s.temperature:g}", id="temperature")
-                yield Label("Max tokens per reply")
+                yield Label("Temperature")
+                yield Input(_blank(s.temperature), placeholder=self._default("temperature"),
+                            id="temperature")
+                yield Label("Top-p")
+                yield Input(_blank(s.top_p), placeholder=self._default("top_p"), id="top-p")
+                yield Label("Top-k")
+                yield Input(_blank(s.top_k), placeholder=self._default("top_k"), id="top-k",
+                            type="integer")
+            with Horizontal(classes="fields"):
+                yield Label("Repeat penalty")
+                yield Input(_blank(s.repeat_penalty),
+                            placeholder=self._default("repeat_penalty"), id="repeat-penalty")
+                yield Label("Max tokens")
                 yield Input(str(s.max_tokens), id="max-tokens", type="integer")
+                yield Label("Think")
+                yield Input(_think_word(s.think), placeholder="model", id="think")
+            sources = self.defaults.summary() or "none: llama.cpp's"
+            yield Static(f"A field left empty takes the model's default (greyed). Its defaults:"
+                         f" {sources}. Think: on, off, low, medium or high.",
+                         id="settings-defaults", classes="dialog-hint", markup=False)
             yield Label("Enter saves · Ctrl+J: new line in the system prompt · Esc cancels",
                         id="settings-hint", classes="dialog-hint")
             yield Label("", id="settings-error", markup=False)
@@ -197,19 +246,33 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
 
     def action_save(self) -> None:
         error = self.query_one("#settings-error", Label)
+
+        def field(ident: str) -> str:
+            return self.query_one(f"#{ident}", Input).value.strip()
+
         try:
-            temperature = float(self.query_one("#temperature", Input).value)
-            max_tokens = int(self.query_one("#max-tokens", Input).value)
+            temperature = _optional(field("temperature"), float)
+            top_p = _optional(field("top-p"), float)
+            top_k = _optional(field("top-k"), int)
+            repeat_penalty = _optional(field("repeat-penalty"), float)
+            max_tokens = int(field("max-tokens"))
         except ValueError:
-            error.update("Temperature must be a number and max tokens a whole number.")
+            error.update("Sampling fields must be numbers (top-k and max tokens whole ones),"
+                         " or empty for the model's default.")
+            return
+        think_word = field("think").lower()
+        if think_word not in _THINK_CHOICES:
+            error.update("Think must be on, off, low, medium, high, or empty.")
             return
         try:
-            check_settings(temperature, max_tokens)
+            check_settings(max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                           repeat_penalty=repeat_penalty)
         except LocalInferError as exc:
             error.update(exc.message)
             return
         self.dismiss(ChatSettings(self.query_one("#system-prompt", EnterSubmits).text.strip(),
-                                  temperature, max_tokens))
+                                  temperature, max_tokens, top_p, top_k, repeat_penalty,
+                                  _THINK_CHOICES[think_word]))
 
     @on(Button.Pressed, "#save")
     @on(Input.Submitted)
@@ -221,6 +284,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     @on(Button.Pressed, "#cancel")
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+def _blank(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+def _optional(text: str, kind: type) -> Any:
+    return None if not text else kind(text)
 
 
 # --- chats -----------------------------------------------------------------------------------
@@ -410,9 +481,12 @@ class ModelsScreen(Screen[ModelChoice | None]):
 
     def __init__(self, launcher: Launcher, hardware: HardwareProfile | None,
                  current: str | None, *, calibration: dict[str, float] | None = None,
-                 loaded: Callable[[], list[LoadedRow]] | None = None) -> None:
+                 loaded: Callable[[], list[LoadedRow]] | None = None,
+                 pull: str | None = None) -> None:
         super().__init__()
         self.launcher = launcher
+        self.pull_first = pull
+        """A catalog model to pull once the list is ready (the user agreed to it already)."""
         self.loaded_source = loaded
         """What is loaded now (blocking: it may ask the daemon; run on the worker)."""
         self.loaded: list[LoadedRow] = []
@@ -486,6 +560,11 @@ class ModelsScreen(Screen[ModelChoice | None]):
                      f" catalog; {loaded_summary(self.loaded, event.loaded_error)}."
                      " Enter switches to an installed model or pulls a catalog one.")
         self._show_detail()
+        wanted, self.pull_first = self.pull_first, None
+        for i, row in enumerate(self.rows):
+            if wanted and row.name == wanted and not row.installed and not self.pulling:
+                table.move_cursor(row=i)
+                self._start_pull(row)
 
     @on(DataTable.RowHighlighted)
     def _row_highlighted(self) -> None:

@@ -9,14 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual import events, on
-from textual.containers import Vertical, VerticalScroll
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Button, Label, Markdown, ProgressBar, Static, TextArea
+from textual.widgets import Button, Collapsible, Label, Markdown, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
-from ..chats import Chat, ChatMessage
-from .figures import summary_line
+from ..chats import Attachment, Chat, ChatMessage
+from .figures import summary_line, thought_title
 
 HISTORY_LIMIT = 200
 MOUNTED_MESSAGES = 60
@@ -115,16 +116,55 @@ class ChatInput(EnterSubmits):
         self.move_cursor(self.document.end)
 
 
+def file_line(f: Attachment) -> str:
+    return f"📎 {f.name} · {f.tokens:,} tok" if f.tokens else f"📎 {f.name}"
+
+
 class UserMessage(Static):
-    """What the user sent (plain text: no markup is interpreted)."""
+    """What the user sent (plain text: no markup is interpreted), with its files' names."""
 
     def __init__(self, message: ChatMessage, **kwargs) -> None:
-        super().__init__(message.content, markup=False, **kwargs)
+        text = "\n".join([message.content, *(file_line(f) for f in message.files)])
+        super().__init__(text, markup=False, **kwargs)
         self.border_title = "You"
 
 
-class AssistantMessage(Vertical):
-    """A reply: Markdown that grows while it streams, then a one-line summary under it."""
+class SummaryNote(Static):
+    """The summary that stands for the turns above it (they are no longer sent)."""
+
+    def __init__(self, message: ChatMessage, **kwargs) -> None:
+        super().__init__(message.content, markup=False, **kwargs)
+        self.border_title = "Summary of the turns above (sent in their place)"
+
+
+class ThoughtBlock(Collapsible):
+    """A thinking model's reasoning, folded above its answer: "Thought for N s", its tokens
+    and speed in the title."""
+
+    def __init__(self, text: str, title: str) -> None:
+        super().__init__(Static(text, markup=False, classes="thought-text"), title=title,
+                         collapsed=True)
+
+    def show(self, text: str, title: str) -> None:
+        self.title = title
+        self.query_one(".thought-text", Static).update(text)
+
+
+class AssistantMessage(Vertical, can_focus=True):
+    """A reply: its folded reasoning (a thinking model's), Markdown that grows while it
+    streams, then a one-line summary under it. Focused, ←/→ show the other replies to the
+    same message (regenerated), when there are any, and Enter unfolds the reasoning."""
+
+    BINDINGS = [Binding("left", "browse(-1)", "Earlier reply", show=False),
+                Binding("right", "browse(1)", "Later reply", show=False),
+                Binding("enter", "toggle_thought", "Reasoning", show=False)]
+
+    @dataclass
+    class Browse(Message):
+        """←/→ on a reply with alternatives."""
+
+        widget: AssistantMessage
+        step: int
 
     def __init__(self, message: ChatMessage, *, streaming: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -132,17 +172,38 @@ class AssistantMessage(Vertical):
         self.streaming = streaming
         self.border_title = message.model or "assistant"
         self._stream: MarkdownStream | None = None
+        self.thinking = message.thinking
 
     def compose(self):
+        block = ThoughtBlock(self.thinking, thought_title(self.message.stats, streaming=False))
+        block.display = bool(self.thinking)
+        yield block
         yield Markdown("" if self.streaming else self.message.content, classes="reply")
         yield Label(self._note(), classes="summary", markup=False)
 
     def on_mount(self) -> None:
         self._show_state()
 
+    def action_toggle_thought(self) -> None:
+        """Enter on the focused reply folds or unfolds its reasoning."""
+        block = self.query_one(ThoughtBlock)
+        if block.display:
+            block.collapsed = not block.collapsed
+
+    def action_browse(self, step: int) -> None:
+        if self.message.alternatives and not self.streaming:
+            self.post_message(self.Browse(self, step))
+
     @property
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
+
+    def think(self, text: str, n_tokens: int) -> None:
+        """Streamed reasoning: shown folded, its title counting."""
+        self.thinking += text
+        block = self.query_one(ThoughtBlock)
+        block.display = True
+        block.show(self.thinking, f"Thinking… {n_tokens:,} tok")
 
     async def write(self, text: str) -> None:
         """Append streamed text. The stream appends to the Markdown incrementally (only its
@@ -160,6 +221,10 @@ class AssistantMessage(Vertical):
         self.streaming = False
         if self.markdown.source != message.content:
             await self.markdown.update(message.content)
+        self.thinking = message.thinking
+        block = self.query_one(ThoughtBlock)
+        block.display = bool(message.thinking)
+        block.show(message.thinking, thought_title(message.stats, streaming=False))
         self.query_one(".summary", Label).update(self._note())
         self._show_state()
 
@@ -182,7 +247,30 @@ class AssistantMessage(Vertical):
             line = "✂ " + line
         if m.finish_reason == "interrupted":
             line = "✂ interrupted: the chat closed while this reply streamed"
+        if m.alternatives:
+            line = f"‹ {m.version + 1}/{len(m.alternatives) + 1} › (←/→) · " + line
         return line
+
+
+class FileChips(Horizontal):
+    """The files attached to the message being written: one chip each (its size in tokens
+    against the context left); pressing a chip takes its file off."""
+
+    @dataclass
+    class Removed(Message):
+        index: int
+
+    def show(self, files: list[Attachment], free_tokens: int | None) -> None:
+        self.remove_children()
+        free = f" of {free_tokens:,} free" if free_tokens is not None else ""
+        self.mount_all([Button(f"{file_line(f)}{free} ✕", id=f"chip-{i}", classes="chip")
+                        for i, f in enumerate(files)])
+        self.display = bool(files)
+
+    @on(Button.Pressed, ".chip")
+    def _pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.post_message(self.Removed(int((event.button.id or "chip-0").split("-")[1])))
 
 
 class ContextNote(Static):
@@ -238,9 +326,14 @@ class Transcript(VerticalScroll):
         out: list[Widget] = []
         for i in range(start, end):
             m = chat.messages[i]
-            if i == chat.context_start and i > 0:
+            if i == chat.context_start and i > 0 and chat.messages[i - 1].role != "summary":
                 out.append(ContextNote(classes="context-note"))
-            out.append(UserMessage(m) if m.role == "user" else AssistantMessage(m))
+            if m.role == "user":
+                out.append(UserMessage(m))
+            elif m.role == "summary":
+                out.append(SummaryNote(m))
+            else:
+                out.append(AssistantMessage(m))
         return out
 
     @on(Button.Pressed, "#show-earlier")
