@@ -238,6 +238,7 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
         n_slots=slots or (chosen.n_slots if chosen else 1),
         n_gpu_layers=(config.gpu_layers if config.gpu_layers is not None
                       else chosen.n_gpu_layers if chosen else 0),
+        n_cpu_moe=(chosen.n_cpu_moe if chosen and config.gpu_layers is None else 0),
         n_threads=config.threads or (chosen.n_threads if chosen else 0),
         adapt_threads=not config.threads,
         kv_type=config.kv_type,

@@ -55,6 +55,15 @@ def devices() -> list[Device]:
     return out
 
 
+def registries() -> list[str]:
+    """The ggml backends compiled into this build ("CPU", "RPC", "Vulkan"...), whether or not
+    they found a device (Vulkan hides a CPU-type device such as llvmpipe by default)."""
+    _init()
+    lib = _ggml_lib()
+    return [(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)) or b"").decode(
+        errors="replace") for i in range(lib.ggml_backend_reg_count())]
+
+
 def system_info() -> str:
     """llama.cpp's build summary: ``CPU : AVX2 = 1 | ... | REPACK = 1``."""
     _init()
@@ -85,6 +94,8 @@ def _ggml_lib() -> ctypes.CDLL:
              [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)], None),
             ("ggml_backend_dev_backend_reg", [p], p),
             ("ggml_backend_reg_name", [p], ctypes.c_char_p),
+            ("ggml_backend_reg_count", [], ctypes.c_size_t),
+            ("ggml_backend_reg_get", [ctypes.c_size_t], p),
         ]:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
