@@ -479,12 +479,12 @@ def _merge_build_devices(gpus: list[GPUInfo], build: BuildInfo, host_bandwidth_g
                          ) -> list[GPUInfo]:
     """Add GPUs that llama.cpp sees but no probe found (e.g. NVML missing), with llama.cpp's
     memory figures; bandwidth is then unknown and estimated conservatively. A device llama.cpp
-    calls integrated (an iGPU, or Mesa's llvmpipe on the CPU) shares the host's memory and
-    its bandwidth."""
+    calls integrated, and Mesa's llvmpipe (a Vulkan driver on the CPU, which llama.cpp lists
+    as a GPU), share the host's memory and its bandwidth."""
     out = list(gpus)
     for name, backend, free, total, kind in build.gpu_devices:
         if total and not any(_same_gpu(g.name, name) for g in out):
-            shared = kind == "igpu"
+            shared = kind == "igpu" or "llvmpipe" in name.lower()
             out.append(GPUInfo(name=name, vendor=_vendor_of(name),
                                kind="integrated" if shared else "discrete",
                                vram_total_gib=round(total / GIB, 2),
