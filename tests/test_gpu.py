@@ -211,6 +211,40 @@ def test_speculation_and_batching_with_offloaded_layers(gpu_engine):
         assert divergence is None or divergence.near_tie, divergence
 
 
+# --- an RPC worker beside this machine's GPU ------------------------------------------------
+def test_an_rpc_worker_beside_the_local_gpu_writes_the_local_text(gpu, starter_path,
+                                                                  cpu_engine, monkeypatch):
+    from localinfer.bench.editor_workload import start_worker
+    from localinfer.hardware import probe
+    from localinfer.loading import with_workers
+
+    # The worker lends its CPU (llvmpipe hidden from it); both sides keep plain CPU buffers.
+    monkeypatch.setenv("LOCALINFER_LLAMA_EXTRA_BUFTS", "0")
+    env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
+    env["LOCALINFER_HOME"] = tempfile.mkdtemp(prefix="li-worker-")
+    proc, endpoint = start_worker(1, env)
+    try:
+        options = with_workers(LoadOptions(n_ctx=N_CTX), gguf.read_header(starter_path),
+                               (endpoint,), hardware=probe(measure_bandwidth=False),
+                               config=Config(layer_split="6,6,6"))
+        assert options.local_gpu and options.tensor_split == (6.0, 7.0)
+        engine = load_engine(starter_path, options, name="gemma3:270m",
+                             family="gemma3").wait_ready()
+        try:
+            layers = dict(engine.info.split)
+            assert list(layers.values()) == [6, 6, 7]  # the output head on the GPU
+            assert list(layers)[1] == f"{endpoint} #0" and list(layers)[2] == gpu.name
+            reference = _greedy(cpu_engine)
+            run = _greedy(engine)
+            divergence = first_divergence(cpu_engine, reference, run)
+            assert divergence is None or divergence.near_tie, divergence
+        finally:
+            engine.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 # --- the daemon: /api/ps and ps show the GPU; running out of GPU memory ------------------------
 def test_the_daemon_shows_the_gpu_and_its_allocations(gpu, starter_path, home):
     from localinfer.session import processor_text

@@ -186,15 +186,24 @@ def _use_workers(mparams: L.llama_model_params, options: LoadOptions
     ``options.tensor_split``; the rest stays on the local CPU. Returns the arrays llama.cpp
     reads while it loads, and a label for each device ("HOST:PORT #i")."""
     handles = rpc_devices(options.rpc_servers)
-    if len(options.tensor_split) not in (0, len(handles)):
-        raise InvalidRequest(f"tensor_split has {len(options.tensor_split)} shares for"
-                             f" {len(handles)} worker devices.")
+    n_workers = len(handles)
     lib = _ggml_lib()
     labels: list[str] = []
     for handle in handles:
         # The RPC backend describes each of its devices by the worker's endpoint.
         endpoint = (lib.ggml_backend_dev_description(handle) or b"").decode()
         labels.append(f"{endpoint} #{sum(x.startswith(endpoint + ' #') for x in labels)}")
+    if options.local_gpu:
+        local = _local_gpu()
+        if local is None:
+            raise InvalidRequest("the split puts layers on this machine's GPU, and llama.cpp"
+                                 " lists no GPU device here.")
+        handles.append(local[0])
+        labels.append(local[1])
+    if len(options.tensor_split) not in (0, len(handles)):
+        raise InvalidRequest(f"tensor_split has {len(options.tensor_split)} shares for"
+                             f" {n_workers} worker devices"
+                             + (" and this machine's GPU." if options.local_gpu else "."))
     array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)  # NULL-terminated
     split = (ctypes.c_float * L.llama_max_devices())(*(options.tensor_split or ()))
     _set(mparams, devices=ctypes.cast(array, ctypes.c_void_p).value,
@@ -202,6 +211,16 @@ def _use_workers(mparams: L.llama_model_params, options: LoadOptions
          tensor_split=ctypes.cast(split, ctypes.POINTER(ctypes.c_float)) if options.tensor_split
          else None)
     return array, split, labels
+
+
+def _local_gpu() -> tuple[int, str] | None:
+    """This machine's first GPU device (handle, name), as llama.cpp lists it."""
+    lib = _ggml_lib()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if _DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev)) in ("gpu", "igpu"):
+            return dev, (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace")
+    return None
 
 
 def _worker_split(n_layers: int, options: LoadOptions, labels: list[str]
