@@ -153,3 +153,24 @@ def _small_gpu_profile(c: Candidate, backend: str = "CUDA"):
     small = GPUInfo(name="small GPU", vendor="nvidia", kind="discrete", vram_total_gib=gib,
                     vram_free_gib=gib, bandwidth_gbps=300.0, backends=(backend,))
     return dataclasses.replace(base, gpus=(small,), backends=("CPU", backend))
+
+
+def test_the_prediction_against_a_published_n_cpu_moe_run():
+    """RTX 2080 8 GB + i9-10900X (quad-channel DDR4, ~102 GB/s measured), Qwen3-30B-A3B
+    Q4_K_M, llama-server -ngl 99 --n-cpu-moe 36: 36.7 tok/s generation as the server measured
+    it (https://github.com/AlexsJones/llmfit/pull/755). Predicted: 40.1 (+9%)."""
+    from localinfer.hardware.profile import CPUInfo, GPUInfo, HardwareProfile
+    from localinfer.planner.speed import predict_on
+
+    c = _catalog("qwen3:30b-a3b-q4_k_m")
+    hw = HardwareProfile(
+        ram_total_gib=64, ram_available_gib=56, host_bandwidth_gbps=102,
+        bandwidth_source="measured", backends=("CPU", "CUDA"),
+        cpu=CPUInfo("Intel Core i9-10900X", physical_cores=10, logical_cores=20, ghz=3.7,
+                    flags=("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")),
+        gpus=(GPUInfo(name="NVIDIA GeForce RTX 2080", vendor="nvidia", kind="discrete",
+                      vram_total_gib=8, vram_free_gib=7.6, bandwidth_gbps=448),))
+    predicted = predict_on(c, machine_view(hw, PlanPrefs()), c.n_layers + 1, 64, n_cpu_moe=36)
+    assert predicted.decode_tps == pytest.approx(36.7, rel=0.15)
+    chosen = plan(hw, [c], PlanPrefs(n_ctx=4096, n_slots=1)).evaluations[0]
+    assert chosen.n_gpu_layers == c.n_layers + 1 and 30 <= chosen.n_cpu_moe <= 40
