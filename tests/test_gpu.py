@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,15 @@ def test_the_device_and_its_memory_come_from_llama_cpp(gpu, home):
     assert not any("CPU-only" in note for note in hw.notes)
 
 
+def test_plan_puts_the_starter_on_the_gpu(gpu, home, capsys):
+    from localinfer.cli import main
+
+    assert main(["plan", "gemma3:270m", "--offline", "--ctx", str(N_CTX)]) == 0
+    out = capsys.readouterr().out
+    assert f"{gpu.description}" in out and "via Vulkan" in out
+    assert "19/19" in out  # every layer and the output layer
+
+
 # --- the same text with 0, half and all layers offloaded ----------------------------------------
 def test_greedy_text_is_the_same_with_none_half_and_all_layers_offloaded(
         starter_path, cpu_engine, gpu_engine):
@@ -101,7 +111,9 @@ def test_greedy_text_is_the_same_with_none_half_and_all_layers_offloaded(
 
     n_layers = cpu_engine.info.n_layers
     reference = _greedy(cpu_engine)
-    assert cpu_engine.info.n_gpu_layers == 0 and cpu_engine.info.gpu_bytes == 0
+    assert cpu_engine.info.n_gpu_layers == 0
+    assert _buffers(cpu_engine.info, "model", gpu=True) == 0
+    assert _buffers(cpu_engine.info, "KV", gpu=True) == 0
     half = load_engine(starter_path, LoadOptions(n_ctx=N_CTX, n_gpu_layers=n_layers // 2),
                        name="gemma3:270m", family="gemma3")
     try:
@@ -246,7 +258,7 @@ def test_an_rpc_worker_beside_the_local_gpu_writes_the_local_text(gpu, starter_p
 
 
 # --- the daemon: /api/ps and ps show the GPU; running out of GPU memory ------------------------
-def test_the_daemon_shows_the_gpu_and_its_allocations(gpu, starter_path, home):
+def test_the_daemon_shows_the_gpu_and_its_allocations(gpu, starter_path):
     from localinfer.session import processor_text
 
     with serve(engine_factory(Config(ctx=N_CTX, gpu_layers=-1), n_slots=1)) as d:
@@ -278,7 +290,9 @@ def test_running_out_of_gpu_memory_at_load_is_a_clear_error_and_the_daemon_serve
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        url = line.rsplit(" and ", 1)[1].strip()
+        found = re.search(r"http://127\.0\.0\.1:\d+", line)
+        assert found, (line, proc.stderr)
+        url = found.group(0)
         with httpx.Client(base_url=url, timeout=120) as c:
             first = c.post("/api/generate", json={"model": "gemma3:270m", "prompt": "Hi",
                                                   "stream": False})
