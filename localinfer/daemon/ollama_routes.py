@@ -452,7 +452,7 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
     size_vram = int(size * on_gpu)
     if entry.footprint is not None:  # as Ollama: all it holds in memory, and the VRAM part
         size, size_vram = entry.footprint.total_bytes, entry.footprint.vram_bytes
-    if info.buffers:  # what llama.cpp allocated, as it said while loading: better than a plan
+    elif info.buffers:  # no memory plan: what llama.cpp said it allocated while loading
         size, size_vram = sum(n for _, _, n in info.buffers), info.gpu_bytes
     expires = entry.expires_at
     if expires is None:

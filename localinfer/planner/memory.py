@@ -212,7 +212,9 @@ def device_memory(c: Candidate, machine: Machine, n_gpu_layers: int, n_ctx: int,
     if machine.gpu is None or k == 0:
         return host, None
     overhead = GPU_OVERHEAD.get(machine.gpu_backend or "", 256 * MIB)
-    gpu_compute = activations + (logits if output_on_gpu else 0)
+    # On a GPU the feed-forward's two n_ff-wide intermediates of a ubatch are live at once
+    # (Vulkan on the starter: 18.6 MB of compute buffer where 3 x n_embd alone gave 3.9).
+    gpu_compute = activations + 4 * ubatch * 2 * c.n_ff + (logits if output_on_gpu else 0)
     gpu_budget = machine.gpu_budget
     if machine.unified:
         # One pool: what the host part takes is not available to the GPU part.
