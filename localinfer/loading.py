@@ -208,7 +208,8 @@ def worker_split(header: gguf.GGUFHeader, endpoints: tuple[str, ...], *,
     pooled = replace(hardware, workers=tuple(workers))
     prefs = replace(plan_prefs(config, n_slots=n_slots), n_ctx=n_ctx)
     layers = parse_layer_split(config.layer_split) if config.layer_split else None
-    n_devices = 1 + sum(len(w.devices) for w in workers)
+    local_gpu = 1 if hardware.usable_gpus() and prefs.n_gpu_layers != 0 else 0
+    n_devices = 1 + sum(len(w.devices) for w in workers) + local_gpu
     if layers is not None and len(layers) != n_devices:
         # A worker has gone since the split was written: still use the ones left.
         log.warning("layer_split %s names %d devices, and this machine and the workers that"
@@ -242,14 +243,12 @@ def split_options(options: LoadOptions, split: WorkerSplit, name: str = "model")
                     " (%s)", name, split.decode_tps, "; ".join(split.notes) or "their link"
                     " costs more than their layers save")
         return options
-    if split.local_gpu_layers:
-        raise InvalidRequest(f"the plan for {name} puts layers on this machine's GPU and on"
-                             " RPC workers; loading both is not supported yet: give"
-                             " `layer_split` with 0 for the GPU.")
     log.info("%s split across machines: %s; predicted %.1f tok/s", name,
              split.placement_text(), split.decode_tps)
+    # The workers' devices, then this machine's GPU when the split gives it layers (its
+    # weight is tensor_split's last: runtime.llama adds the device after the workers').
     return replace(options, rpc_servers=endpoints, tensor_split=split.tensor_split(),
-                   n_gpu_layers=split.n_gpu_layers)
+                   n_gpu_layers=split.n_gpu_layers, local_gpu=split.local_gpu_layers > 0)
 
 
 def parse_layer_split(text: str) -> list[int]:
@@ -304,6 +303,7 @@ def options_for(header: gguf.GGUFHeader, config: Config, *, n_slots: int | None 
         n_slots=slots or (chosen.n_slots if chosen else 1),
         n_gpu_layers=(config.gpu_layers if config.gpu_layers is not None
                       else chosen.n_gpu_layers if chosen else 0),
+        n_cpu_moe=(chosen.n_cpu_moe if chosen and config.gpu_layers is None else 0),
         n_threads=config.threads or (chosen.n_threads if chosen else 0),
         adapt_threads=not config.threads,
         kv_type=config.kv_type,

@@ -130,6 +130,8 @@ def model_info_from(data: dict[str, Any]) -> ModelInfo | None:
         values["fim"] = tuple(values["fim"])
     if isinstance(values.get("split"), list):
         values["split"] = tuple((str(device), int(layers)) for device, layers in values["split"])
+    if isinstance(values.get("buffers"), list):
+        values["buffers"] = tuple((str(d), str(k), int(n)) for d, k, n in values["buffers"])
     try:
         return ModelInfo(**values)
     except TypeError:

@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Fast tests first, so a run shows progress (and fails) within a minute; then the tests
-    on the real model, and the minutes-long ``slow`` ones last. Otherwise in collected order."""
+    on the real model, and the minutes-long ``slow`` ones last. Otherwise in collected order.
+    Tests marked ``gpu`` need a llama.cpp build with a GPU device: skipped without one, but
+    failed in the GPU lane (LOCALINFER_GPU_LANE=1, .ci/gpu-lane), where one must be found."""
 
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("slow"):
@@ -31,6 +33,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("model") else 0
 
     items.sort(key=rank)  # stable: each group keeps its order
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_tests:
+        missing = _no_gpu_reason()
+        if missing and os.environ.get("LOCALINFER_GPU_LANE") != "1":
+            for item in gpu_tests:
+                item.add_marker(pytest.mark.skip(reason=missing))
+        elif missing:
+            raise pytest.UsageError(f"LOCALINFER_GPU_LANE=1, but {missing}")
+
+
+def _no_gpu_reason() -> str:
+    """Why the GPU tests cannot run here ("" when they can): llama.cpp's devices, asked once."""
+    from localinfer.hardware.probe import probe_build
+
+    build = probe_build()
+    if any(b != "CPU" for b in build.backends):
+        return ""
+    return ("this llama.cpp build offloads to no GPU device (backends compiled in: "
+            + (", ".join(build.compiled) or "unknown") + "; the Vulkan lane, .ci/gpu-lane,"
+            " runs these on Mesa's llvmpipe)" + "".join(" " + n for n in build.notes))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -3,6 +3,7 @@ bandwidth measurement on this machine, calibration records, and the hw/plan comm
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -478,3 +479,59 @@ def test_a_speculative_run_is_not_a_calibration_sample(home, starter_path):
     assert not calibration_file.exists()
     record_calibration(info, run(drafted=0), Config())  # a plain run is recorded
     assert calibration_file.exists()
+
+
+# --- the llama.cpp build: its backends, and the rebuild for a GPU it cannot use --------------
+def test_the_build_names_the_backends_compiled_in():
+    from localinfer.hardware.probe import probe_build
+
+    build = probe_build()
+    assert build.compiled[:1] == ("CPU",) or "CPU" in build.compiled
+    assert "RPC" in build.compiled  # packaging/install.sh always builds it
+    assert set(build.backends) - {"CPU"} <= set(build.compiled)
+
+
+def test_a_gpu_the_build_cannot_use_gets_the_exact_rebuild_command(home, monkeypatch):
+    probes = importlib.import_module("localinfer.hardware.probe")  # the package's probe()
+    from localinfer.cli.plan import hardware_lines
+    from localinfer.hardware.profile import GPUInfo
+
+    rtx = GPUInfo(name="NVIDIA GeForce RTX 4070", vendor="nvidia", kind="discrete",
+                  vram_total_gib=12.0, vram_free_gib=11.5, bandwidth_gbps=504.0)
+    monkeypatch.setattr(probes, "probe_nvidia", lambda: ([rtx], []))
+    monkeypatch.setattr(probes, "probe_build", lambda: probes.BuildInfo(
+        ("CPU",), (), 1.0, (), ("CPU", "RPC")))
+    hw = probes.probe(measure_bandwidth=False)
+    lines = dict(hardware_lines(hw))
+    assert "NOT usable by this llama.cpp build" in lines["GPU"]
+    assert lines["LLAMA.CPP"].endswith("built with CPU, RPC")
+    [note] = [n for n in hw.notes if "CPU-only" in n]
+    assert (f'CMAKE_ARGS="-DGGML_RPC=on -DGGML_CUDA=on" {sys.executable} -m pip install'
+            " --force-reinstall --no-cache-dir --no-deps --no-binary llama-cpp-python"
+            " llama-cpp-python==") in note
+    assert "packaging/install.sh" in note and "--gpu cuda" in note
+
+
+@pytest.mark.parametrize(("vendor", "flag"), [
+    ("amd", "-DGGML_HIP=on"), ("apple", "-DGGML_METAL=on"), ("intel", "-DGGML_VULKAN=on")])
+def test_the_rebuild_command_follows_the_vendor(vendor, flag):
+    from localinfer.hardware.probe import rebuild_command
+    from localinfer.hardware.profile import GPUInfo
+
+    gpu = GPUInfo(name="x", vendor=vendor, kind="discrete", vram_total_gib=8.0,
+                  vram_free_gib=8.0, bandwidth_gbps=200.0)
+    assert f'CMAKE_ARGS="-DGGML_RPC=on {flag}" /venv/bin/python -m pip' in rebuild_command(
+        gpu, "/venv/bin/python")
+
+
+def test_a_device_only_llama_cpp_sees_takes_its_kind_from_llama_cpp():
+    from localinfer.hardware.probe import BuildInfo, _merge_build_devices
+
+    build = BuildInfo(("CPU", "Vulkan"), (
+        ("llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan", 8 << 30, 16 << 30, "igpu"),
+        ("AMD Radeon RX 7600 (RADV NAVI33)", "Vulkan", 7 << 30, 8 << 30, "gpu")), 1.0)
+    shared, discrete = _merge_build_devices([], build, 12.5)
+    assert (shared.kind, shared.unified_memory, shared.bandwidth_gbps) == ("integrated", True,
+                                                                          12.5)
+    assert (discrete.kind, discrete.vendor, discrete.vram_total_gib) == ("discrete", "amd", 8.0)
+    assert shared.backends == discrete.backends == ("Vulkan",)

@@ -248,6 +248,31 @@ def test_the_load_takes_the_planners_split_or_the_one_given(tmp_path):
         worker.close()
 
 
+def test_a_split_over_a_worker_and_this_machines_gpu_loads_both(tmp_path):
+    from dataclasses import replace
+
+    from localinfer.hardware.profile import GPUInfo
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(ggufgen.tiny_model())
+    header = gguf.read_header(path)  # 2 layers
+    gpu = GPUInfo(name="NVIDIA GeForce RTX 3060", vendor="nvidia", kind="discrete",
+                  vram_total_gib=12, vram_free_gib=11, bandwidth_gbps=360)
+    host = replace(HOST, gpus=(gpu,), backends=("CPU", "CUDA"))
+    worker = FakeWorker(devices=1, free=3 * GIB, total=4 * GIB)
+    try:
+        # Layer 0 on the worker, layer 1 and the output head on this machine's GPU: the
+        # GPU's weight is tensor_split's last, after the worker's device.
+        given = with_workers(LoadOptions(n_ctx=256), header, (worker.endpoint,), hardware=host,
+                             config=Config(layer_split="0,1,1"))
+        assert (given.n_gpu_layers, given.tensor_split, given.local_gpu) == (3, (1.0, 2.0), True)
+        alone = with_workers(LoadOptions(n_ctx=256), header, (worker.endpoint,), hardware=host,
+                             config=Config(layer_split="1,1,0"))
+        assert not alone.local_gpu  # the worker holds the last layer and the head
+    finally:
+        worker.close()
+
+
 def test_only_this_machines_part_counts_against_its_memory(tmp_path):
     from localinfer.daemon.residency import MemoryPlan
     from localinfer.store import ResolvedModel

@@ -244,7 +244,8 @@ def hardware_lines(hw) -> list[tuple[str, str]]:
                              f" {gpu.vram_free_gib:.1f}/{gpu.vram_total_gib:.1f} GiB free,"
                              f" {gpu.bandwidth_gbps:.0f} GB/s; {use}"))
     offload = "can offload to a GPU" if hw.can_offload else "CPU-only build: no GPU offload"
-    lines.append(("LLAMA.CPP", f"backends {', '.join(hw.backends)} ({offload})"))
+    built = (f"; built with {', '.join(hw.build_backends)}" if hw.build_backends else "")
+    lines.append(("LLAMA.CPP", f"backends {', '.join(hw.backends)} ({offload}){built}"))
     for note in hw.notes:
         lines.append(("NOTE", note))
     return lines
@@ -499,6 +500,8 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
     if pooled:
         _print_split(pooled[0] if pooled[0] is overall.choice else
                      max(pooled, key=lambda e: (e.candidate.quality_score, e.decode_tps)))
+    for e in shown:
+        _print_placements(e)
     notes = ["* tok/s predicted: decode = sum of bytes read per token / (efficiency x"
              " bandwidth) + per-token costs; prefill = FLOPs / compute. ~ = size estimated"
              " from the catalog."]
@@ -514,6 +517,23 @@ def _print_plan(hw, overall, shown, calibration, *, from_file: str | None) -> No
                      " the link.")
     for note in notes:
         print(note, file=sys.stdout)
+
+
+def _print_placements(e) -> None:
+    """A mixture of experts too large for the GPU: the two placements weighed, side by side."""
+    if not e.placements:
+        return
+    print(f"\nPlacements of {e.candidate.name} weighed (context {e.n_ctx}):")
+    rows = [("PLACEMENT", "GPU LAYERS", "VRAM", "RAM", "PREFILL*", "DECODE*", "")]
+    for p in e.placements:
+        chosen = p.n_cpu_moe == e.n_cpu_moe and p.n_gpu_layers == e.n_gpu_layers
+        rows.append((p.label, gpu_layers_text(p.n_gpu_layers, e.candidate.n_layers),
+                     _gib(p.vram_bytes), _gib(p.ram_bytes), f"{p.prefill_tps:.0f}",
+                     f"{p.decode_tps:.1f}", "chosen" if chosen else ""))
+    print_table(rows)
+    if e.n_cpu_moe:
+        print(f"llama.cpp: n_gpu_layers {e.n_gpu_layers}, expert tensors of layers"
+              f" 0-{e.n_cpu_moe - 1} in RAM (llama-server --n-cpu-moe {e.n_cpu_moe})")
 
 
 def _worker_text(worker) -> str:

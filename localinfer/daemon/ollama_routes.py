@@ -488,6 +488,8 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
     size_vram = int(size * on_gpu)
     if entry.footprint is not None:  # as Ollama: all it holds in memory, and the VRAM part
         size, size_vram = entry.footprint.total_bytes, entry.footprint.vram_bytes
+    elif info.buffers:  # no memory plan: what llama.cpp said it allocated while loading
+        size, size_vram = sum(n for _, _, n in info.buffers), info.gpu_bytes
     expires = entry.expires_at
     if expires is None:
         until = "0001-01-01T00:00:00Z" if entry.keep_alive_s < 0 else now_iso()

@@ -7,11 +7,13 @@ failing: a machine we cannot see well still gets a plan, only a more cautious on
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import platform
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,10 +325,13 @@ def apple_gpu(chip: str, ram_gib: float) -> GPUInfo:
 @dataclass(frozen=True)
 class BuildInfo:
     backends: tuple[str, ...]
-    gpu_devices: tuple[tuple[str, str, int, int], ...]
-    """(name, backend, free bytes, total bytes) of each GPU device llama.cpp sees."""
+    """"CPU" and each GPU backend with a device llama.cpp can offload to."""
+    gpu_devices: tuple[tuple[str, str, int, int, str], ...]
+    """(name, backend, free bytes, total bytes, "gpu" or "igpu") of each GPU device."""
     import_ms: float
     notes: tuple[str, ...] = ()
+    compiled: tuple[str, ...] = ()
+    """The ggml backends compiled in ("CPU", "RPC", "Vulkan"...), with a device or not."""
 
 
 def probe_build() -> BuildInfo:
@@ -341,6 +346,7 @@ def probe_build() -> BuildInfo:
     try:
         devices = llama.devices()
         offload = llama.supports_gpu_offload()
+        compiled = tuple(_normalise_backend(r) for r in llama.registries())
     except Exception as exc:
         return BuildInfo(("CPU",), (), 0.0, (f"llama.cpp did not list its devices ({exc}).",))
     import_ms = (time.perf_counter() - t0) * 1000
@@ -351,8 +357,42 @@ def probe_build() -> BuildInfo:
             backend = _normalise_backend(d.backend)
             if offload and backend not in backends:
                 backends.append(backend)
-            gpus.append((d.description or d.name, backend, d.memory_free, d.memory_total))
-    return BuildInfo(tuple(backends), tuple(gpus), import_ms)
+            gpus.append((d.description or d.name, backend, d.memory_free, d.memory_total,
+                         d.kind))
+    notes = []
+    for backend in compiled:
+        if backend not in ("CPU", "RPC", "BLAS") and backend not in backends:
+            hidden = (" (it hides CPU-type devices such as Mesa's llvmpipe unless"
+                      " GGML_VK_VISIBLE_DEVICES names them, e.g. GGML_VK_VISIBLE_DEVICES=0)"
+                      if backend == "Vulkan" else "")
+            notes.append(f"this llama.cpp build has the {backend} backend, but {backend} lists"
+                         f" no device here{hidden}.")
+    return BuildInfo(tuple(backends), tuple(gpus), import_ms, tuple(notes), compiled)
+
+
+# Each GPU backend: install.sh's --gpu name and its CMake switch.
+_BUILD_SWITCHES = {"CUDA": ("cuda", "-DGGML_CUDA=on"), "ROCm": ("rocm", "-DGGML_HIP=on"),
+                   "Vulkan": ("vulkan", "-DGGML_VULKAN=on"), "Metal": ("metal", "-DGGML_METAL=on"),
+                   "SYCL": ("sycl", "-DGGML_SYCL=on")}
+# The backend to build for each vendor's GPU (Intel: Vulkan, which needs no oneAPI).
+_VENDOR_BUILD = {"nvidia": "CUDA", "amd": "ROCm", "intel": "Vulkan", "apple": "Metal",
+                 "other": "Vulkan"}
+
+
+def rebuild_command(gpu: GPUInfo, python: str | None = None) -> str:
+    """The command that rebuilds this environment's llama-cpp-python for ``gpu`` (with RPC),
+    and install.sh's, which checks the toolkit first."""
+    backend = _VENDOR_BUILD.get(gpu.vendor, "Vulkan")
+    flag, switch = _BUILD_SWITCHES[backend]
+    try:
+        version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0.3.36"
+    venv = Path(python or sys.executable).parent.parent
+    return (f"CMAKE_ARGS=\"-DGGML_RPC=on {switch}\" {python or sys.executable} -m pip install"
+            f" --force-reinstall --no-cache-dir --no-deps --no-binary llama-cpp-python"
+            f" llama-cpp-python=={version} (from a checkout: packaging/install.sh {venv}"
+            f" --gpu {flag}, which checks the {backend} toolkit first)")
 
 
 def _normalise_backend(name: str) -> str:
@@ -406,16 +446,16 @@ def probe(*, measure_bandwidth: bool = True, remeasure: bool = False,
         notes.extend(more)
 
     backends: tuple[str, ...] = ("CPU",)
+    compiled: tuple[str, ...] = ()
     if with_build:
         build = probe_build()
-        backends = build.backends
+        backends, compiled = build.backends, build.compiled
         notes.extend(build.notes)
-        gpus = _merge_build_devices(gpus, build)
+        gpus = _merge_build_devices(gpus, build, host_bw)
         if gpus and not any(b != "CPU" for b in backends):
             names = ", ".join(g.name for g in gpus)
             notes.append(f"this llama.cpp build is CPU-only: it cannot offload to {names};"
-                         " reinstall llama-cpp-python with CMAKE_ARGS=\"-DGGML_CUDA=on\""
-                         " (or -DGGML_VULKAN=on, -DGGML_METAL=on) to use it.")
+                         f" to use it, rebuild: {rebuild_command(gpus[0])}.")
     return HardwareProfile(
         name="this machine",
         os=platform.system().lower(),
@@ -427,6 +467,7 @@ def probe(*, measure_bandwidth: bool = True, remeasure: bool = False,
         cpu=cpu,
         gpus=tuple(gpus),
         backends=backends,
+        build_backends=compiled,
         host_bandwidth_gbps=host_bw,
         host_bandwidth_1core_gbps=host_bw1,
         bandwidth_source="measured" if measurement else "estimated",
@@ -434,16 +475,22 @@ def probe(*, measure_bandwidth: bool = True, remeasure: bool = False,
     )
 
 
-def _merge_build_devices(gpus: list[GPUInfo], build: BuildInfo) -> list[GPUInfo]:
+def _merge_build_devices(gpus: list[GPUInfo], build: BuildInfo, host_bandwidth_gbps: float
+                         ) -> list[GPUInfo]:
     """Add GPUs that llama.cpp sees but no probe found (e.g. NVML missing), with llama.cpp's
-    memory figures; bandwidth is then unknown and estimated conservatively."""
+    memory figures; bandwidth is then unknown and estimated conservatively. A device llama.cpp
+    calls integrated, and Mesa's llvmpipe (a Vulkan driver on the CPU, which llama.cpp lists
+    as a GPU), share the host's memory and its bandwidth."""
     out = list(gpus)
-    for name, backend, free, total in build.gpu_devices:
+    for name, backend, free, total, kind in build.gpu_devices:
         if total and not any(_same_gpu(g.name, name) for g in out):
-            out.append(GPUInfo(name=name, vendor=_vendor_of(name), kind="discrete",
+            shared = kind == "igpu" or "llvmpipe" in name.lower()
+            out.append(GPUInfo(name=name, vendor=_vendor_of(name),
+                               kind="integrated" if shared else "discrete",
                                vram_total_gib=round(total / GIB, 2),
-                               vram_free_gib=round(free / GIB, 2), bandwidth_gbps=256.0,
-                               backends=(backend,)))
+                               vram_free_gib=round(free / GIB, 2),
+                               bandwidth_gbps=round(host_bandwidth_gbps or 50.0, 1) if shared
+                               else 256.0, unified_memory=shared, backends=(backend,)))
     return out
 
 

@@ -199,6 +199,9 @@ class HardwareProfile:
     gpus: tuple[GPUInfo, ...] = ()
     backends: tuple[str, ...] = ("CPU",)
     """The llama.cpp build's backends. Only "CPU" means it cannot offload to any GPU."""
+    build_backends: tuple[str, ...] = ()
+    """The ggml backends compiled into the build, with a device or not ("RPC", "Vulkan"...;
+    empty when not probed)."""
     host_bandwidth_gbps: float = 0.0
     """Host memory read bandwidth with all cores, GB/s (0 = unknown)."""
     host_bandwidth_1core_gbps: float = 0.0
@@ -454,6 +457,8 @@ class _Parser:
             cpu=self.cpu(data["cpu"]),
             gpus=tuple(self.gpu(g, i) for i, g in enumerate(gpus)),
             backends=backends if "CPU" in backends else ("CPU", *backends),
+            build_backends=self.strings(data, "build_backends", "", (),
+                                        (*KNOWN_BACKENDS, "RPC", "BLAS")),
             host_bandwidth_gbps=float(self.number(data, "host_bandwidth_gbps", "", default=0.0)),
             host_bandwidth_1core_gbps=float(
                 self.number(data, "host_bandwidth_1core_gbps", "", default=0.0)),

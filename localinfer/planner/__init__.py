@@ -95,12 +95,32 @@ if TYPE_CHECKING:
 __all__ = [
     "AGENT_CTX", "CHAT_CHECKPOINTS", "CPU_WINDOW_UBATCH", "KV_ELEMENT_BYTES", "MAX_AUTO_SLOTS",
     "N_UBATCH", "WINDOW_SHARE_MIN", "Candidate", "DecodeReads", "DeviceUse", "Evaluation",
-    "GPUClass", "LayerShape", "Plan", "PlanPrefs", "Prediction", "Roofline", "SplitDevice",
-    "WorkerSplit", "candidates_for_specs", "decode_bytes_per_token", "decode_reads",
+    "GPUClass", "LayerShape", "Placement", "Plan", "PlanPrefs", "Prediction", "Roofline",
+    "SplitDevice", "WorkerSplit", "candidates_for_specs", "decode_bytes_per_token", "decode_reads",
     "estimated_score", "gpu_class", "kv_bytes_per_element", "kv_cells", "largest_context",
     "layer_kv_bytes", "matrix_tflops", "memory_budget", "physical_batch", "plan", "plan_split",
     "predict", "quant_factor", "roofline_for", "shrinks_window_cache", "smallest_file"
 ]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One way to put a mixture-of-experts model on this machine's GPU, as the plan weighs it:
+    a layer split (``n_cpu_moe`` 0), or every layer on the GPU with the expert tensors of the
+    first ``n_cpu_moe`` layers in RAM."""
+
+    n_gpu_layers: int
+    n_cpu_moe: int
+    decode_tps: float
+    prefill_tps: float
+    vram_bytes: int
+    ram_bytes: int
+    fits: bool
+
+    @property
+    def label(self) -> str:
+        return (f"experts of {self.n_cpu_moe} layers in RAM" if self.n_cpu_moe
+                else "layer split")
 
 
 @dataclass(frozen=True)
@@ -142,6 +162,12 @@ class Evaluation:
     slots_note: str = ""
     """Why automatic slots stopped short of MAX_AUTO_SLOTS although more fit (the KV cap,
     ``memory.auto_kv_cap``); "" otherwise."""
+    n_cpu_moe: int = 0
+    """A mixture of experts: the first n_cpu_moe layers keep their expert tensors in RAM
+    (llama.cpp's tensor buffer-type overrides; llama-server's ``--n-cpu-moe``)."""
+    placements: tuple[Placement, ...] = ()
+    """A mixture of experts too large for the GPU: the two placements weighed (the layer
+    split, and the experts in RAM), the faster chosen."""
 
     @property
     def n_layers_total(self) -> int:
@@ -192,6 +218,9 @@ class Evaluation:
             "ctx_max": self.ctx_max or None, "ctx_reason": self.ctx_reason or None,
             "slots_note": self.slots_note or None,
             "split": self.split.to_dict() if self.split else None,
+            "n_cpu_moe": self.n_cpu_moe,
+            "placements": [{**asdict(p), "label": p.label, "decode_tps": round(p.decode_tps, 2),
+                            "prefill_tps": round(p.prefill_tps, 1)} for p in self.placements],
         }
 
 
@@ -300,8 +329,9 @@ def _evaluate(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs) -
     slots_note = ""
     if prefs.n_slots is None:
         slots, k, host, gpu, slots_note = _auto_slots(c, m, prefs, ladder, n_ctx, k, host, gpu)
-    return replace(_verdict(c, m, prefs, True, k, n_ctx, slots, host, gpu, "fits", note),
-                   slots_note=slots_note)
+    evaluation = replace(_verdict(c, m, prefs, True, k, n_ctx, slots, host, gpu, "fits", note),
+                         slots_note=slots_note)
+    return _experts_in_ram(evaluation, m, prefs)
 
 
 def _auto_slots(c: Candidate, m: Machine, prefs: PlanPrefs, ladder: list[int], n_ctx: int,
@@ -335,6 +365,31 @@ def _auto_slots(c: Candidate, m: Machine, prefs: PlanPrefs, ladder: list[int], n
     return (*chosen, note)
 
 
+def _experts_in_ram(e: Evaluation, m: Machine, prefs: PlanPrefs) -> Evaluation:
+    """A mixture of experts whose layers do not all fit a discrete GPU: weigh the layer split
+    against every layer on the GPU with the experts of as few leading layers as needed in RAM
+    (attention, shared tensors and the KV cache stay on the GPU), and keep the faster decode."""
+    c = e.candidate
+    n = c.n_layers
+    if (not c.has_experts or m.gpu is None or m.unified or e.n_gpu_layers > n
+            or prefs.n_gpu_layers is not None):
+        return e
+    for n_cpu_moe in range(1, n + 1):
+        host, gpu = device_memory(c, m, n + 1, e.n_ctx, e.n_slots, n_cpu_moe)
+        if all_fit(host, gpu):
+            break
+    else:
+        return e
+    experts = _verdict(c, m, prefs, True, n + 1, e.n_ctx, e.n_slots, host, gpu, "fits",
+                       e.reason, n_cpu_moe=n_cpu_moe)
+    placements = tuple(
+        Placement(x.n_gpu_layers, x.n_cpu_moe, x.decode_tps, x.prefill_tps,
+                  x.gpu.total_bytes if x.gpu else 0, x.host.total_bytes, x.fits)
+        for x in (e, experts))
+    best = experts if experts.decode_tps > e.decode_tps else e
+    return replace(best, placements=placements)
+
+
 def _placement(c: Candidate, m: Machine, prefs: PlanPrefs, n_ctx: int, slots: int
                ) -> tuple[int, DeviceUse, DeviceUse | None]:
     if prefs.n_gpu_layers is not None and m.gpu is not None:
@@ -346,11 +401,11 @@ def _placement(c: Candidate, m: Machine, prefs: PlanPrefs, n_ctx: int, slots: in
 
 
 def _verdict(c: Candidate, m: Machine, prefs: PlanPrefs, fits: bool, k: int, n_ctx: int,
-             slots: int, host: DeviceUse, gpu: DeviceUse | None, verdict: str, reason: str
-             ) -> Evaluation:
+             slots: int, host: DeviceUse, gpu: DeviceUse | None, verdict: str, reason: str,
+             n_cpu_moe: int = 0) -> Evaluation:
     k = k if m.gpu is not None else 0
-    short = predict_on(c, m, k, min(prefs.decode_position, n_ctx))
-    full = predict_on(c, m, k, n_ctx)
+    short = predict_on(c, m, k, min(prefs.decode_position, n_ctx), n_cpu_moe)
+    full = predict_on(c, m, k, n_ctx, n_cpu_moe)
     ratio = calibration_ratio(prefs, short.key)
     decode = short.decode_tps * ratio
     note = reason if fits else ""
@@ -369,7 +424,7 @@ def _verdict(c: Candidate, m: Machine, prefs: PlanPrefs, fits: bool, k: int, n_c
         n_threads=m.threads, host=host, gpu=gpu, decode_tps=decode,
         decode_tps_full=full.decode_tps * ratio, prefill_tps=short.prefill_tps,
         decode_ms=short.decode_ms, calibration=ratio, verdict=verdict, reason=reason,
-        gpu_backend=m.gpu_backend if k else None, ctx_note=note,
+        gpu_backend=m.gpu_backend if k else None, ctx_note=note, n_cpu_moe=n_cpu_moe,
     )
 
 

@@ -34,6 +34,11 @@ class LayerShape:
     """Bytes read per decoded token (less than weight_bytes for a mixture of experts)."""
     kv_elements_per_token: int
     sliding_window: int | None = None
+    expert_bytes: int = 0
+    """A mixture of experts: the layer's expert tensors (every expert's up, gate and down
+    projections), which a placement may keep in RAM (``n_cpu_moe``)."""
+    expert_read_bytes: int = 0
+    """What a decoded token reads of them: the active experts' share."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,11 @@ class Candidate:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def has_experts(self) -> bool:
+        """A mixture of experts whose expert tensors a placement can keep in RAM."""
+        return any(layer.expert_bytes for layer in self.layers)
 
     @property
     def weight_bytes(self) -> int:
@@ -153,7 +163,8 @@ class Candidate:
             LayerShape(weight_bytes=weights[i],
                        read_bytes=int(weights[i] - experts[i] * (1 - share)),
                        kv_elements_per_token=kv[i].elements_per_token,
-                       sliding_window=kv[i].sliding_window)
+                       sliding_window=kv[i].sliding_window, expert_bytes=experts[i],
+                       expert_read_bytes=int(experts[i] * share))
             for i in range(n_layers))
         params = header.parameter_count
         expert_params = sum(t.n_elements for t in header.tensors if "_exps." in t.name)
@@ -191,12 +202,19 @@ class Candidate:
             share = min(1.0, max(spec.active_params - embed_params, 0) / body_params)
         head_v = spec.head_dim_v or spec.head_dim
         elements = spec.kv_heads * (spec.head_dim + head_v)
+        # The experts' part of a layer, from the share a token reads: read = (1 - e) + e x
+        # used / experts, so e = (1 - read) / (1 - used / experts).
+        used = spec.experts_used / spec.experts if spec.experts and spec.experts_used else 1.0
+        expert_share = min(1.0, (1 - share) / (1 - used)) if used < 1 else 0.0
+        experts = int(per_layer * expert_share)
         layers = []
         for i in range(spec.layers):
             window = None
             if spec.sliding_window and (not spec.swa_period or (i + 1) % spec.swa_period):
                 window = spec.sliding_window
-            layers.append(LayerShape(per_layer, int(per_layer * share), elements, window))
+            layers.append(LayerShape(per_layer, int(per_layer * share), elements, window,
+                                     expert_bytes=experts,
+                                     expert_read_bytes=int(experts * used)))
         return cls(
             name=spec.variant_name(variant), model=spec.name, quant=variant.quant,
             file_bytes=variant.size_bytes, layers=tuple(layers), output_bytes=output,

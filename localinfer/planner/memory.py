@@ -184,12 +184,14 @@ def layer_kv_bytes(layer: LayerShape, n_ctx: int, n_slots: int, kv_type: str,
                * kv_bytes_per_element(kv_type))
 
 
-def device_memory(c: Candidate, machine: Machine, n_gpu_layers: int, n_ctx: int, n_slots: int
-                  ) -> tuple[DeviceUse, DeviceUse | None]:
-    """Bytes on the host and on the GPU for a placement."""
+def device_memory(c: Candidate, machine: Machine, n_gpu_layers: int, n_ctx: int, n_slots: int,
+                  n_cpu_moe: int = 0) -> tuple[DeviceUse, DeviceUse | None]:
+    """Bytes on the host and on the GPU for a placement; ``n_cpu_moe``: the expert tensors of
+    the first n_cpu_moe layers stay in RAM wherever their layer is."""
     n = c.n_layers
     k = max(0, min(n_gpu_layers, n + 1))
     first_gpu = n - min(k, n)
+    moved = sum(layer.expert_bytes for layer in c.layers[first_gpu:max(first_gpu, n_cpu_moe)])
     output_on_gpu = k > n
     # CPU-only, flash attention is off unless a q8_0 cache needs it (runtime.llama).
     small = shrinks_window_cache(c, cpu_only=k == 0 and machine.kv_type == "f16")
@@ -198,7 +200,8 @@ def device_memory(c: Candidate, machine: Machine, n_gpu_layers: int, n_ctx: int,
     gpu_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type)
                  for layer in c.layers[first_gpu:])
     host_weights = (sum(layer.weight_bytes for layer in c.layers[:first_gpu])
-                    + c.embedding_bytes + c.other_bytes)
+                    + c.embedding_bytes + c.other_bytes + moved)
+    gpu_weights -= moved
     host_kv = sum(layer_kv_bytes(layer, n_ctx, n_slots, machine.kv_type, ubatch)
                   for layer in c.layers[:first_gpu])
     if small:  # and the checkpoints that make up for it: each the window's cells
@@ -224,7 +227,9 @@ def device_memory(c: Candidate, machine: Machine, n_gpu_layers: int, n_ctx: int,
     if machine.gpu is None or k == 0:
         return host, None
     overhead = GPU_OVERHEAD.get(machine.gpu_backend or "", 256 * MIB)
-    gpu_compute = activations + (logits if output_on_gpu else 0)
+    # On a GPU the feed-forward's two n_ff-wide intermediates of a ubatch are live at once
+    # (Vulkan on the starter: 18.6 MB of compute buffer where 3 x n_embd alone gave 3.9).
+    gpu_compute = activations + 4 * ubatch * 2 * c.n_ff + (logits if output_on_gpu else 0)
     gpu_budget = machine.gpu_budget
     if machine.unified:
         # One pool: what the host part takes is not available to the GPU part.

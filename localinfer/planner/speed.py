@@ -45,7 +45,13 @@ from .machine import (
     prefill_quant_factor,
     quant_factor,
 )
-from .memory import kv_bytes_per_element
+from .memory import N_UBATCH, kv_bytes_per_element
+
+EXPERT_COPY_GBPS = 25.0
+"""Host to GPU copy rate of expert tensors kept in RAM: a prompt's physical batch of 512 rows
+makes llama.cpp copy them to the GPU and multiply there (its op offload), so prefill pays
+their bytes over PCIe (4.0 x16 moves ~25 GB/s) once per batch (unchecked: no published row
+separates this term)."""
 
 if TYPE_CHECKING:
     from ..hardware.profile import HardwareProfile
@@ -76,12 +82,16 @@ def _kv_read(layers: tuple[tuple[float, int | None], ...], position: int) -> flo
                for per_position, window in layers)
 
 
-def decode_reads(c: Candidate, n_gpu_layers: int, kv_type: str) -> DecodeReads:
+def decode_reads(c: Candidate, n_gpu_layers: int, kv_type: str, n_cpu_moe: int = 0
+                 ) -> DecodeReads:
     """The bytes per token of ``c`` with its last ``n_gpu_layers`` on the GPU (llama.cpp
-    offloads the last layers first; n_layers + 1 adds the output head)."""
+    offloads the last layers first; n_layers + 1 adds the output head), and the experts of
+    the first ``n_cpu_moe`` layers read in RAM."""
     n = c.n_layers
     k = max(0, min(n_gpu_layers, n + 1))
     first_gpu = n - min(k, n)
+    moved = float(sum(layer.expert_read_bytes
+                      for layer in c.layers[first_gpu:max(first_gpu, n_cpu_moe)]))
     per_element = kv_bytes_per_element(kv_type)
 
     def kv(layers: Sequence[LayerShape]) -> tuple[tuple[float, int | None], ...]:
@@ -89,8 +99,8 @@ def decode_reads(c: Candidate, n_gpu_layers: int, kv_type: str) -> DecodeReads:
                      for layer in layers)
 
     cpu_layers, gpu_layers = c.layers[:first_gpu], c.layers[first_gpu:]
-    cpu_bytes = float(sum(layer.read_bytes for layer in cpu_layers))
-    gpu_bytes = float(sum(layer.read_bytes for layer in gpu_layers))
+    cpu_bytes = float(sum(layer.read_bytes for layer in cpu_layers)) + moved
+    gpu_bytes = float(sum(layer.read_bytes for layer in gpu_layers)) - moved
     if k > n:
         gpu_bytes += c.output_bytes
     else:
@@ -187,14 +197,19 @@ def predict(c: Candidate, hw: HardwareProfile, n_gpu_layers: int, *, position: i
     return predict_on(c, machine_view(hw, prefs), n_gpu_layers, position)
 
 
-def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int) -> Prediction:
+def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu_moe: int = 0
+               ) -> Prediction:
+    """``n_cpu_moe``: the expert tensors of the first n_cpu_moe layers are read in RAM (each
+    such layer on the GPU adds a hand-over to the CPU and back: CPU_LAYER_MS), and for a
+    prompt llama.cpp copies them to the GPU once per physical batch (EXPERT_COPY_GBPS)."""
     n = c.n_layers
     k = max(0, min(n_gpu_layers, n + 1)) if m.gpu is not None else 0
     first_gpu = n - min(k, n)
     output_on_gpu = k > n
     q = quant_factor(c.quant)
     n_gpu, n_cpu = n - first_gpu, first_gpu
-    cpu_bytes, gpu_bytes = decode_reads(c, k, m.kv_type).bytes_at(position)
+    n_moved = max(0, min(n_cpu_moe, n) - first_gpu)
+    cpu_bytes, gpu_bytes = decode_reads(c, k, m.kv_type, n_cpu_moe).bytes_at(position)
     ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
@@ -202,12 +217,12 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int) -> Pr
                              m.gpu.vendor)
         ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
-    if n_cpu or not output_on_gpu:
+    if n_cpu or not output_on_gpu or n_moved:
         threads = max(1, m.threads)
         bandwidth = min(m.host_bw_gbps, threads * m.host_bw_1core_gbps) * m.cpu_eta * q
         dot = threads * m.ghz * CPU_DOT_GBPS_PER_GHZ.get(m.simd, 1.0) * q
         ms["cpu"] = cpu_bytes / (min(bandwidth, dot) * 1e9) * 1e3
-        ms["fixed"] += n_cpu * CPU_LAYER_MS
+        ms["fixed"] += (n_cpu + n_moved) * CPU_LAYER_MS
     on_gpu_output = output_on_gpu and m.gpu is not None
     ms["fixed"] += c.n_vocab * SAMPLING_NS_PER_VOCAB["gpu" if on_gpu_output else "cpu"] / 1e6
     total_ms = ms["gpu"] + ms["cpu"] + ms["fixed"]
@@ -223,5 +238,8 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int) -> Pr
         rate = (matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
                 * prefill_quant_factor(c.quant, m.gpu_backend))
         prefill_s += flops * share_gpu / rate
+        moved = sum(layer.expert_bytes for layer in c.layers[first_gpu:first_gpu + n_moved])
+        if moved and not m.unified:
+            prefill_s += moved / (EXPERT_COPY_GBPS * 1e9) / N_UBATCH
     return Prediction(decode_tps=1000.0 / total_ms, decode_ms=ms,
                       prefill_tps=1.0 / prefill_s if prefill_s > 0 else 0.0, key=key)

@@ -75,6 +75,14 @@ class LoadOptions:
     tensor_split: tuple[float, ...] = ()
     """With rpc_servers: each worker device's share of the offloaded layers, in the order
     the workers are listed (empty: by their free memory)."""
+    local_gpu: bool = False
+    """With rpc_servers: this machine's first GPU takes layers too, after the workers'
+    devices (its share is tensor_split's last)."""
+    n_cpu_moe: int = 0
+    """A mixture-of-experts model: keep the expert tensors of its first n_cpu_moe layers in
+    RAM, whatever device their layer is on (llama.cpp's tensor buffer-type overrides, as
+    llama-server's ``--n-cpu-moe``); attention, the shared tensors and the KV cache stay with
+    their layer."""
 
 
 class Backend(Protocol):

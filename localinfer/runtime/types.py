@@ -93,6 +93,18 @@ class ModelInfo:
     """Where the layers are when RPC workers hold some: (device, layers) for the local CPU,
     then each worker's device ("HOST:PORT #0"); the output layer counts as one. Empty on one
     machine."""
+    buffers: tuple[tuple[str, str, int], ...] = ()
+    """The memory llama.cpp allocated, as it reported it while loading: (buffer's device
+    ("CPU_Mapped", "Vulkan0", "Vulkan_Host"...), "model", "KV", "compute", "output" or "RS",
+    bytes)."""
+    n_cpu_moe: int = 0
+    """Layers whose expert tensors were kept in RAM (LoadOptions.n_cpu_moe)."""
+
+    @property
+    def gpu_bytes(self) -> int:
+        """What llama.cpp allocated on GPUs (0 when it did not say, or on none)."""
+        return sum(size for device, _, size in self.buffers
+                   if not (device.startswith("CPU") or device.endswith("_Host")))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ batch. ``LlamaBackend`` is the engine's adapter; each of its concerns is a modul
     seq_state.py     cutting a sequence's cache, checkpoints of its window, swapping two
     vocab.py         tokenizing and spelling tokens; the scan for never-sampled tokens
     ggml_devices.py  the build's devices (local, and RPC workers'); the RPC server
+    tensor_placement.py  expert tensors kept in RAM (buffer-type overrides); what a load put where
     native.py        process-wide set-up: backend init, llama.cpp's log, the params setter
     quantize.py      llama.cpp's quantizer (llama_model_quantize), for `create --quantize`
 

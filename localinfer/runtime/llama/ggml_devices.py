@@ -55,6 +55,15 @@ def devices() -> list[Device]:
     return out
 
 
+def registries() -> list[str]:
+    """The ggml backends compiled into this build ("CPU", "RPC", "Vulkan"...), whether or not
+    they found a device (Vulkan hides a CPU-type device such as llvmpipe by default)."""
+    _init()
+    lib = _ggml_lib()
+    return [(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)) or b"").decode(
+        errors="replace") for i in range(lib.ggml_backend_reg_count())]
+
+
 def system_info() -> str:
     """llama.cpp's build summary: ``CPU : AVX2 = 1 | ... | REPACK = 1``."""
     _init()
@@ -85,6 +94,8 @@ def _ggml_lib() -> ctypes.CDLL:
              [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)], None),
             ("ggml_backend_dev_backend_reg", [p], p),
             ("ggml_backend_reg_name", [p], ctypes.c_char_p),
+            ("ggml_backend_reg_count", [], ctypes.c_size_t),
+            ("ggml_backend_reg_get", [ctypes.c_size_t], p),
         ]:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
@@ -175,15 +186,24 @@ def _use_workers(mparams: L.llama_model_params, options: LoadOptions
     ``options.tensor_split``; the rest stays on the local CPU. Returns the arrays llama.cpp
     reads while it loads, and a label for each device ("HOST:PORT #i")."""
     handles = rpc_devices(options.rpc_servers)
-    if len(options.tensor_split) not in (0, len(handles)):
-        raise InvalidRequest(f"tensor_split has {len(options.tensor_split)} shares for"
-                             f" {len(handles)} worker devices.")
+    n_workers = len(handles)
     lib = _ggml_lib()
     labels: list[str] = []
     for handle in handles:
         # The RPC backend describes each of its devices by the worker's endpoint.
         endpoint = (lib.ggml_backend_dev_description(handle) or b"").decode()
         labels.append(f"{endpoint} #{sum(x.startswith(endpoint + ' #') for x in labels)}")
+    if options.local_gpu:
+        local = _local_gpu()
+        if local is None:
+            raise InvalidRequest("the split puts layers on this machine's GPU, and llama.cpp"
+                                 " lists no GPU device here.")
+        handles.append(local[0])
+        labels.append(local[1])
+    if len(options.tensor_split) not in (0, len(handles)):
+        raise InvalidRequest(f"tensor_split has {len(options.tensor_split)} shares for"
+                             f" {n_workers} worker devices"
+                             + (" and this machine's GPU." if options.local_gpu else "."))
     array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)  # NULL-terminated
     split = (ctypes.c_float * L.llama_max_devices())(*(options.tensor_split or ()))
     _set(mparams, devices=ctypes.cast(array, ctypes.c_void_p).value,
@@ -191,6 +211,16 @@ def _use_workers(mparams: L.llama_model_params, options: LoadOptions
          tensor_split=ctypes.cast(split, ctypes.POINTER(ctypes.c_float)) if options.tensor_split
          else None)
     return array, split, labels
+
+
+def _local_gpu() -> tuple[int, str] | None:
+    """This machine's first GPU device (handle, name), as llama.cpp lists it."""
+    lib = _ggml_lib()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if _DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev)) in ("gpu", "igpu"):
+            return dev, (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace")
+    return None
 
 
 def _worker_split(n_layers: int, options: LoadOptions, labels: list[str]

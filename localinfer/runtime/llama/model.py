@@ -8,6 +8,7 @@ import ctypes
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from .ggml_devices import Device, _use_workers, _worker_split, devices, system_i
 from .native import _init, _llama_said, _physical_cores, _recent_log, _set
 from .sampling import Sampling
 from .seq_state import SeqStates, build_id
+from .tensor_placement import cpu_overrides, expert_patterns, read_report, start_report
 from .vocab import VocabScan
 
 log = logging.getLogger(__package__)
@@ -116,11 +118,19 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._split: tuple[tuple[str, int], ...] = ()
         if options.rpc_servers:
             self._rpc_arrays = _use_workers(mparams, options)  # kept: llama.cpp reads them
+        if options.n_cpu_moe > 0:
+            if not header.expert_count:
+                raise InvalidRequest(f"n_cpu_moe {options.n_cpu_moe}: {path.name} is not a"
+                                     " mixture-of-experts model (its header names no experts).")
+            # Kept on self: llama.cpp reads the array while it loads.
+            self._overrides = cpu_overrides(expert_patterns(range(options.n_cpu_moe)))
+            _set(mparams, tensor_buft_overrides=ctypes.cast(self._overrides, ctypes.c_void_p))
         if progress is not None:
             # Kept on self: ctypes must not free the callback while llama.cpp holds it.
             self._progress_cb = L.llama_progress_callback(self._on_progress)
             _set(mparams, progress_callback=self._progress_cb)
         _recent_log.clear()
+        start_report()
         t0 = time.perf_counter()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -226,6 +236,9 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._gbnf = {}
         self._candidates = None
         self._vocab_ids = None
+        report = read_report()
+        if report.offloaded is not None and not options.rpc_servers:
+            offloaded = report.offloaded  # llama.cpp's own count, as it says it
         self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
                                    offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
         # What a sequence's state saved on disk is valid for, besides the file (a state
@@ -236,6 +249,10 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
             f" rpc={','.join(options.rpc_servers)}"
             # A LoRA adapter changes every layer's keys and values: its file is part of it.
             f" lora={','.join(_file_stamp(p) for p in options.lora_adapters)}")
+        self.info = replace(self.info, buffers=report.buffers,
+                            n_cpu_moe=min(options.n_cpu_moe, n_layers))
+        self.overridden = report.overridden
+        """The tensors llama.cpp put elsewhere for n_cpu_moe, with their buffer type."""
         repo, sep = L.llama_vocab_fim_rep(self._vocab), L.llama_vocab_fim_sep(self._vocab)
         self.fim_repo = ((self._special_text(repo), self._special_text(sep))
                          if repo >= 0 and sep >= 0 else None)

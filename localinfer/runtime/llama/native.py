@@ -22,6 +22,10 @@ _init_lock = threading.Lock()
 _initialised = False
 _recent_log: collections.deque[str] = collections.deque(maxlen=40)
 _log_line = ""
+_load_report: list[str] = []
+"""What llama.cpp said while a model loaded about where it put it: each buffer's size by device,
+the layers it offloaded, the tensors moved by a buffer-type override (``LoadReport``)."""
+_REPORTED = ("buffer size =", "offloaded ", "buffer type overridden")
 
 # ggml_log_level: 0 none, 1 info, 2 warn, 3 error, 4 debug, 5 continuation. llama.cpp's
 # warnings are mostly notes about model files; errors surface through our own exceptions.
@@ -39,6 +43,8 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _log_line = ""
         if line:
             _recent_log.append(line)
+            if any(word in line for word in _REPORTED):
+                _load_report.append(line)
             log.log(_LOG_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", line)
 
 
