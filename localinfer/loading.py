@@ -101,7 +101,8 @@ def prefix_cache(config: Config | None, path: str | Path, backend: Backend, name
         return None
     return PrefixCache(store, identity(model_id, backend.state_format),
                        min_tokens=config.prefix_cache_min_tokens if config else 1024,
-                       reread_tail=REREAD_TAIL, label=name)
+                       reread_tail=REREAD_TAIL, label=name,
+                       cut_back=not backend.needs_checkpoints)
 
 
 def load_engine(

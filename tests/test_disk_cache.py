@@ -35,11 +35,11 @@ CHAT = [Message("system", SYSTEM), Message("user", "What now?")]
 
 
 def engine_with(directory: Path, *, name: str = "fake:test", max_bytes: int = 10**9,
-                min_tokens: int = 64, **kwargs) -> Engine:
+                min_tokens: int = 64, cut_back: bool = False, **kwargs) -> Engine:
     backend = FakeBackend(reply="Fine.", name=name, **kwargs)
     store = PrefixStore(directory, max_bytes)
     cache = PrefixCache(store, identity("model-file", backend.state_format),
-                        min_tokens=min_tokens, reread_tail=REREAD_TAIL)
+                        min_tokens=min_tokens, reread_tail=REREAD_TAIL, cut_back=cut_back)
     return Engine(backend, prefix_cache=cache)
 
 
@@ -73,6 +73,28 @@ def test_a_prompt_read_twice_is_saved_and_restored_after_a_restart(tmp_path):
         assert engine.backend.loaded == [again.usage.cached_tokens]
         status = engine._kept.disk.store.status()
         assert status["hits"] == 1 and status["restored_tokens"] == again.usage.cached_tokens
+
+
+def test_a_prompt_its_slot_held_is_saved_after_its_first_token_where_states_cut_back(
+        tmp_path):
+    """Without sliding-window layers a restored state can be cut back: a prompt read again
+    from its slot is saved whole once its first token is out (the copy, ~140 ms for a
+    20k-token prefix here, would otherwise come before that token), and restored cut to
+    leave the tail every request reads again."""
+    directory = tmp_path / "kv"
+    with engine_with(directory, cut_back=True) as engine:
+        first = ask(engine)
+        second = ask(engine)
+        assert second.usage.cached_tokens == len_prompt(engine) - REREAD_TAIL
+        assert engine.backend.saved == [len_prompt(engine)]
+        ask(engine)  # asked a third time: saved already
+        assert engine.backend.saved == [len_prompt(engine)]
+    with engine_with(directory, cut_back=True) as engine:
+        again = ask(engine)
+        assert again.text == first.text
+        assert again.timings.restored_tokens == len_prompt(engine) - REREAD_TAIL
+        assert again.timings.prefill_tokens == REREAD_TAIL
+        assert engine.backend.loaded == [len_prompt(engine)]
 
 
 def test_read_before_holds_across_restarts(tmp_path):

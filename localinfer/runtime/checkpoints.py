@@ -95,7 +95,7 @@ class CacheKeeper:
         # text as a cold one (see REREAD_TAIL).
         common = common_prefix(slot.cached, target)
         n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
-        slot.save_at = []
+        slot.save_at, slot.save_prompt = [], False
         if self.disk is not None:
             n_keep = self._from_disk(slot, request, n_keep)
         del slot.cached[n_keep:]
@@ -134,6 +134,8 @@ class CacheKeeper:
             entry, state = found
             n = entry.n_tokens
             if self.backend.seq_load(slot.seq_id, state, n):
+                # A whole prompt saved (``first_token``): its tail is read again.
+                n = self.backend.seq_trim(slot.seq_id, min(n, len(target) - REREAD_TAIL))
                 disk.restored(n)
                 slot.cached[:] = target[:n]
                 slot.checkpoints, slot.spare = [], None
@@ -153,10 +155,24 @@ class CacheKeeper:
             except OSError as exc:
                 log.warning("prefix cache: cannot list saved prefixes: %s", exc)
                 points = []
-            if n_keep in points:
+            if n_keep in points and n_keep == len(request.prompt) - REREAD_TAIL and \
+                    disk.cut_back:
+                slot.save_prompt = True  # held already: saved after its first token
+            elif n_keep in points:
                 self._save(slot, request.prompt[:n_keep])
             slot.save_at = [n for n in points if n > n_keep]
         return n_keep
+
+    def first_token(self, slot: Slot, flush: Callable[[], None]) -> None:
+        """After each sampled token: at the running request's first, save its prompt where
+        that was put off (``save_prompt``; the cache holds just the prompt until the next
+        step), once ``flush`` has sent the token, which the copy must not delay."""
+        if not slot.save_prompt or slot.running.n_generated != 1:
+            return
+        slot.save_prompt = False
+        if len(slot.cached) == len(slot.running.prompt):
+            flush()
+            self._save(slot, list(slot.cached))
 
     def _save(self, slot: Slot, tokens: list[int]) -> None:
         """Save the slot's cache, which holds ``tokens``, to the prefix cache on disk."""

@@ -448,22 +448,28 @@ class PrefixCache:
     requests to save and restore."""
 
     def __init__(self, store: PrefixStore, ident: str, *, min_tokens: int,
-                 reread_tail: int, label: str = "") -> None:
+                 reread_tail: int, label: str = "", cut_back: bool = False) -> None:
         self.store = store
         self.label = label
         self.identity = ident
         self.model = ident[:16]
         self.min_tokens = max(1, min_tokens)
         self.reread_tail = reread_tail
+        self.cut_back = cut_back
+        """Whether a restored state can be cut back (no sliding-window layers, whose saved
+        state holds only the window): then a whole prompt is saved after its first token,
+        and restored for a request that starts with it, cut to leave the tail."""
 
     def lookup(self, target: Sequence[int], at_least: int) -> tuple[Entry, np.ndarray] | None:
-        """The longest saved prefix of ``target`` longer than ``at_least`` tokens that
-        leaves the tail every request reads again: (its file, its state), or None."""
+        """The longest saved prefix of ``target`` that gives more than ``at_least`` tokens
+        once cut to leave the tail every request reads again (a whole prompt saved is cut
+        back on restoring): (its file, its state), or None."""
         limit = len(target) - self.reread_tail
         if limit < self.min_tokens or limit <= at_least:
             return None
+        longest = len(target) if self.cut_back else limit
         candidates = [e for e in self.store.entries(self.model)
-                      if at_least < e.n_tokens <= limit]
+                      if at_least < min(e.n_tokens, limit) and e.n_tokens <= longest]
         with self.store._lock:
             self.store.counters.lookups += 1
         for entry in sorted(candidates, key=lambda e: -e.n_tokens):
@@ -495,8 +501,12 @@ class PrefixCache:
         saved = {(e.n_tokens, e.digest) for e in self.store.entries(self.model)}
         digests = [prefix_hash(self.identity, prompt[:n]) for n in points]
         before = self.store.remember(digests)
+        # The end less the tail is saved as the whole prompt where the slot held it already
+        # (checkpoints.CacheKeeper.first_token): either counts as that point saved.
+        whole = (len(prompt), prefix_hash(self.identity, prompt))
         chosen = [n for n, digest in zip(points, digests, strict=True)
-                  if n <= limit and (digest in before or marked) and (n, digest) not in saved]
+                  if n <= limit and (digest in before or marked) and (n, digest) not in saved
+                  and not (n == limit and whole in saved)]
         if len(chosen) > SAVES_PER_REQUEST:
             chosen = [chosen[0], chosen[-1]]
         return chosen

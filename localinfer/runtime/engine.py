@@ -663,7 +663,7 @@ class Engine:
             self.backend.clear_interrupt()
             self._in_step = [s.running for s in decoding] + [s.running for s, _ in chunks]
             self._in_step_prompt_rows = sum(n for _, n in chunks)
-            if all(r.generation.cancelled for r in self._in_step):
+            if self._in_step and all(r.generation.cancelled for r in self._in_step):
                 self.backend.interrupt()  # cancelled since the batch was built
         try:
             with self.thread_tuner.step(len(tokens)):
@@ -679,7 +679,6 @@ class Engine:
             if isinstance(exc, WorkerLost):
                 raise  # the model's process is gone: stop (``failed``), the owner reloads it
             return
-
         finally:
             with self._cv:
                 self._in_step, self._in_step_prompt_rows = [], 0
@@ -815,6 +814,7 @@ class Engine:
         text = request.assembler.push(piece)
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
+        self._kept.first_token(slot, self._flush)  # a prompt's save put off until now
         limit_ms = request.params.t_max_predict_ms
         if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
             self._finish(slot, "length", now)  # autocomplete's time limit, at a line's end

@@ -39,6 +39,9 @@ class Slot:
         self.save_at: list[int] = []
         """Where to save the cache to the prefix cache on disk, ascending, once it holds
         that many tokens of the running request (see disk_cache.py)."""
+        self.save_prompt = False
+        """Save the running request's whole prompt to disk after its first token (its
+        prefix was already here: saving it first would delay that token by the copy)."""
         self.turn_start = 0
         """Where the last request in this slot began reading (its cached tokens)."""
         self.supersede: str | None = None
