@@ -74,8 +74,11 @@ def test_pull_list_show_rm(hub_home, local_hub):
 
 def test_ctrl_c_leaves_a_download_that_resumes(hub_home, local_hub):
     local_hub.faults.pause_at = 100_000_000
+    # Ctrl+C as a terminal sends it, whatever this process inherited: a suite started in the
+    # background of a non-interactive shell ignores SIGINT, and Python then leaves it ignored.
     proc = subprocess.Popen([sys.executable, "-m", "localinfer", "pull", NAME],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert local_hub.faults.paused.wait(120), "the download never reached the pause"
         proc.send_signal(signal.SIGINT)
