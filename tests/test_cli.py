@@ -227,3 +227,9 @@ def test_run_and_plan_count_the_layers_alike(starter_path):
     row = next(line for line in plan.stdout.splitlines()
                if line.startswith("gemma3:270m-q4_k_m"))
     assert loaded[1] in row.split(), (loaded[1], row)
+
+
+def test_think_without_a_chat_is_refused_before_anything_loads(home):
+    out = cli("run", "gemma3:270m", "hi", "--think", "on", "--no-daemon")
+    assert out.returncode == 2, out.stderr
+    assert "--think is for a chat: add --chat" in out.stderr

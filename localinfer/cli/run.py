@@ -63,9 +63,6 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     messages = None
     think = {None: None, "on": True, "off": False}.get(args.think, args.think)
-    if args.think and not (args.chat or args.system):
-        raise InvalidRequest("--think is for a chat: add --chat (the model's chat template"
-                             " switches its thinking).")
     # The daemon when one runs (one copy of the model for the whole machine), else this
     # process; loading flags need a load of their own, so they mean this process.
     launcher = Launcher(load_settings(config, args),
@@ -78,6 +75,10 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
            else config.model_settings(args.model))
     if preset is not None and (preset.system or preset.messages):
         args.chat = True
+    if args.think and not (args.chat or args.system):
+        launcher.close()
+        raise InvalidRequest("--think is for a chat: add --chat (the model's chat template"
+                             " switches its thinking).")
     if args.chat or args.system:
         messages = ([Message("system", args.system)] if args.system else []) + [
             Message("user", prompt)]
