@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,20 +61,25 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     if args.prefill or args.lengths:
         return prefill_bench(model, config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
-
-    def progress(stage: str, step: int, total: int) -> None:
-        bar.label = f"bench {model}: {stage}"
-        bar.update(step - 1, total)
-        if not bar.tty:
-            print(f"bench [{step}/{total}] {stage}...", file=sys.stderr, flush=True)
-
-    result = run_bench(model, config, quick=args.quick, progress=progress)
+    result = run_bench(model, config, quick=args.quick,
+                       progress=stage_progress(bar, f"bench {model}"))
     bar.finish(f"bench {model}: done in {bar.elapsed_s:.0f} s")
     if args.json:
         print(result.to_json())
     else:
         print(report(result))
     return 0
+
+
+def stage_progress(bar: TerminalProgress, label: str) -> Callable[[str, int, int], None]:
+    """A bench's progress callback (stage, step, total) on ``bar``: the stage in its label,
+    and a line a stage on stderr where it is not a terminal."""
+    def progress(stage: str, step: int, total: int) -> None:
+        bar.label = f"{label}: {stage}"
+        bar.update(step - 1, total)
+        if not bar.tty:
+            print(f"bench [{step}/{total}] {stage}...", file=sys.stderr, flush=True)
+    return progress
 
 
 def prefill_bench(model: str, config: Config, args: argparse.Namespace) -> int:
@@ -91,13 +97,7 @@ def prefill_bench(model: str, config: Config, args: argparse.Namespace) -> int:
                   f" commas (e.g. 1024,4096), got {args.lengths!r}", file=sys.stderr)
             return 2
     bar = TerminalProgress(f"bench --prefill {model}", unit="prompts")
-
-    def progress(stage: str, step: int, total: int) -> None:
-        bar.label = f"prefill {model}: {stage}"
-        bar.update(step - 1, total)
-        if not bar.tty:
-            print(f"bench [{step}/{total}] {stage}...", file=sys.stderr, flush=True)
-
+    progress = stage_progress(bar, f"prefill {model}")
     try:
         result = prefill_lengths(model, config, lengths=lengths, progress=progress)
     except ValueError as exc:

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..hardware.profile import HardwareProfile
 from ..paths import atomic_write_text, get_paths, read_json_object
-from .calibration import profile_key
+from .calibration import forget_machine, profile_key
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +113,7 @@ def measured(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, di
 
 def forget(hw: HardwareProfile, cache_dir: Path | None = None) -> bool:
     """Drop this machine's measurements (``hw --reset``). True when there were some."""
-    path = _path(cache_dir)
-    data = read_json_object(path)
-    if data.pop(profile_key(hw), None) is None:
-        return False
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
-    return True
+    return forget_machine(_path(cache_dir), hw)
 
 
 def choose(entry: Mapping[str, Any], workload: Mapping[int, float] | None = None,

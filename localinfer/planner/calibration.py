@@ -155,7 +155,12 @@ def record(hw: HardwareProfile, backend: str, measurement: Measurement,
 
 def forget(hw: HardwareProfile, cache_dir: Path | None = None) -> bool:
     """Drop this machine's records (``hw --reset``). True when there were some."""
-    path = _path(cache_dir)
+    return forget_machine(_path(cache_dir), hw)
+
+
+def forget_machine(path: Path, hw: HardwareProfile) -> bool:
+    """Drop this machine's section of the per-machine cache file at ``path``. True when it
+    had one."""
     data = read_json_object(path)
     if data.pop(profile_key(hw), None) is None:
         return False

@@ -503,7 +503,7 @@ class PrefixCache:
         before = self.store.remember(digests)
         # The end less the tail is saved as the whole prompt where the slot held it already
         # (checkpoints.CacheKeeper.first_token): either counts as that point saved.
-        whole = (len(prompt), prefix_hash(self.identity, prompt))
+        whole = (len(prompt), prefix_hash(self.identity, prompt)) if self.cut_back else None
         chosen = [n for n, digest in zip(points, digests, strict=True)
                   if n <= limit and (digest in before or marked) and (n, digest) not in saved
                   and not (n == limit and whole in saved)]

@@ -202,14 +202,7 @@ def pull_model(store: ModelStore, target: PullTarget | HubTarget | str, *,
         if starter is not None:
             return starter
     if store.offline:
-        if installed is not None:
-            emit(PullProgress("success", message=f"{name} is installed (offline: not"
-                              " checked against the Hub)", name=name))
-            return installed
-        raise OfflineError(
-            f"cannot download {name} from {target.repo}: offline mode is on (HF_HUB_OFFLINE"
-            "=1 or --offline). Unset it to download, or copy the .gguf file here and run"
-            " `localinfer add PATH`.")
+        return _offline(name, installed, emit, f" from {target.repo}")
     if not target.file:
         raise ModelNotFound(f"the catalog names no file to download for {name}.")
     emit(PullProgress("resolving", message=f"asking {hub.endpoint()}/{target.repo} for"
@@ -231,6 +224,20 @@ def pull_model(store: ModelStore, target: PullTarget | HubTarget | str, *,
         return _download(store, target, remote, expected, emit, cancel)
 
 
+def _offline(name: str, installed: InstalledModel | None, emit: PullCallback,
+             source: str = "") -> InstalledModel:
+    """A pull in offline mode: the model as installed, unchecked, or OfflineError naming the
+    way out (``source``: " from REPO", where the pull knows it)."""
+    if installed is None:
+        raise OfflineError(
+            f"cannot download {name}{source}: offline mode is on (HF_HUB_OFFLINE=1 or"
+            " --offline). Unset it to download, or copy the .gguf file here and run"
+            " `localinfer add PATH`.")
+    emit(PullProgress("success", message=f"{name} is installed (offline: not checked"
+                      " against the Hub)", name=name))
+    return installed
+
+
 def _pull_hub(store: ModelStore, target: HubTarget, emit: PullCallback,
               cancel: threading.Event | None) -> InstalledModel:
     """A Hub model: each file's metadata (its SHA-256), then the files, verified together."""
@@ -239,14 +246,7 @@ def _pull_hub(store: ModelStore, target: HubTarget, emit: PullCallback,
     emit(PullProgress("resolving", message=target.reason or f"pulling {name}", name=name))
     installed = store.get(name)
     if store.offline:
-        if installed is not None:
-            emit(PullProgress("success", message=f"{name} is installed (offline: not"
-                              " checked against the Hub)", name=name))
-            return installed
-        raise OfflineError(
-            f"cannot download {name}: offline mode is on (HF_HUB_OFFLINE=1 or --offline)."
-            " Unset it to download, or copy the .gguf file here and run `localinfer add"
-            " PATH`.")
+        return _offline(name, installed, emit)
     emit(PullProgress("resolving", message=f"asking {hub.endpoint()}/{target.repo} for"
                       f" {', '.join(f.path for f in files)}", name=name))
     remotes = [hub.file_info(target.repo, f.path, retry=False) for f in files]
