@@ -105,6 +105,19 @@ def prefix_cache(config: Config | None, path: str | Path, backend: Backend, name
                        cut_back=not backend.needs_checkpoints)
 
 
+def thread_memory(path: str | Path, backend: Backend) -> Path | None:
+    """The file the engine keeps the thread counts it learns for this model file and build in
+    (runtime.threads.ThreadMemory), or None where the count is fixed (``--threads``)."""
+    if not backend.adaptive_threads:
+        return None
+    try:
+        model_id = model_file_id(path)
+    except OSError:
+        return None
+    key = identity(model_id, f"{backend.state_format}|{backend.adaptive_threads} threads")
+    return get_paths().thread_counts_dir / f"{key[:16]}.json"
+
+
 def load_engine(
     path: str | Path,
     options: LoadOptions,
@@ -162,7 +175,8 @@ def load_engine(
                                    answers=worker_answers)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
                       chat_checkpoints=CHAT_CHECKPOINTS,
-                      prefix_cache=prefix_cache(config, path, isolated, name))
+                      prefix_cache=prefix_cache(config, path, isolated, name),
+                      thread_memory=thread_memory(path, isolated))
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     template = None
     if chat_template is not None:
@@ -175,7 +189,8 @@ def load_engine(
                                  ) from None
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template,
-                  prefix_cache=prefix_cache(config, path, backend, name))
+                  prefix_cache=prefix_cache(config, path, backend, name),
+                  thread_memory=thread_memory(path, backend))
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:

@@ -50,6 +50,11 @@ class Paths:
         """The prefix cache's saved KV states (runtime/disk_cache.py)."""
         return self.cache_dir / "prefix-kv"
 
+    @property
+    def thread_counts_dir(self) -> Path:
+        """The thread counts learned per model (runtime/threads.py; ``hw --reset`` forgets)."""
+        return self.cache_dir / "hardware" / "threads"
+
 
 def get_paths() -> Paths:
     """The directories for this process, read from the environment on every call."""

@@ -12,8 +12,10 @@ from localinfer.runtime.fake import FakeBackend, FakeCPU
 from localinfer.runtime.threads import (
     LAST_INTERVAL_STEPS,
     WINDOW_STEPS,
+    ThreadMemory,
     ThreadPolicy,
     ThreadTuner,
+    others_running_now,
     step_group,
 )
 from localinfer.runtime.types import SamplingParams
@@ -209,6 +211,7 @@ def busy_engine():
     backend = FakeBackend(" ".join(f"w{i}" for i in range(60)), cpu=cpu)
     engine = Engine(backend)
     engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
+    engine.thread_tuner.running_now = cpu.running_now
     yield engine, backend, cpu
     engine.close()
 
@@ -329,3 +332,116 @@ def test_the_first_step_starts_from_the_load_measured_since_the_engine_started()
         pass
     assert tuner.threads == {"1 row": 1}
     assert tuner.others_cores == pytest.approx(1.0, abs=0.2)
+
+
+def test_an_admission_starts_from_the_cores_other_processes_hold_now():
+    """The load of the moment a request comes, not of the idle minutes before it: a reply of
+    a hundred tokens has no time to learn it (item 5 of issue 35)."""
+    busy = [0]
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: busy[0])
+    tuner.admit()
+    with tuner.step(1):
+        pass
+    assert tuner.threads == {"1 row": 2}
+    busy[0] = 1
+    tuner.admit()
+    assert tuner.threads == {"1 row": 1}
+    with tuner.step(512):  # a kind not seen yet starts from the same figure
+        pass
+    assert tuner.threads == {"1 row": 1, "65+ rows": 1}
+    busy[0] = 5  # more than the cores: all of them
+    tuner.admit()
+    assert tuner.others_cores == 2.0 and tuner.threads == {"1 row": 1, "65+ rows": 1}
+    busy[0] = 0
+    tuner.admit()
+    assert tuner.threads == {"1 row": 2, "65+ rows": 2}
+
+
+def test_an_unknown_load_leaves_the_counts_to_the_step_times():
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: None)
+    tuner.policies[step_group(1)] = ThreadPolicy(max_threads=2, n_threads=1)
+    tuner.admit()
+    assert tuner.threads == {"1 row": 1}
+
+
+def learn_one_thread(memory: ThreadMemory, monkeypatch) -> ThreadTuner:
+    """A tuner at all cores of an idle machine whose steps then turn 5x slower at two threads
+    than at one (a count the rule would not start from): it learns one, into ``memory``."""
+    from types import SimpleNamespace
+
+    from localinfer.runtime import threads as module
+
+    clock = [0.0]
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: 0, memory=memory)
+    tuner.admit()
+    for step in range(WINDOW_STEPS * 4):
+        threads = tuner.policies[step_group(1)].next_threads if tuner.policies else 2
+        with tuner.step(1):
+            clock[0] += 0.002 if threads == 1 or step < WINDOW_STEPS else 0.010
+    monkeypatch.undo()
+    return tuner
+
+
+def test_a_learned_count_is_kept_for_the_next_process(tmp_path, monkeypatch):
+    path = tmp_path / "threads" / "model.json"
+    learned = learn_one_thread(ThreadMemory(path, 2), monkeypatch)
+    assert learned.threads == {"1 row": 1} and path.is_file()
+    # A new process (`localinfer run` is one each time): its first step at the learned count.
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: 0, memory=ThreadMemory(path, 2))
+    tuner.admit()
+    with tuner.step(1):
+        pass
+    assert tuner.threads == {"1 row": 1}
+    # Another core count (another machine's home, a changed --threads cap): not used.
+    other = ThreadTuner(4, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: 0, memory=ThreadMemory(path, 4))
+    other.admit()
+    with other.step(1):
+        pass
+    assert other.threads == {"1 row": 4}
+
+
+def test_a_torn_memory_file_is_ignored_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "model.json"
+    path.write_text('{"max_threads": 2, "counts": {"1 row@0": ')
+    memory = ThreadMemory(path, 2)
+    assert memory.counts == {} and "ignoring the learned thread counts" in caplog.text
+    memory.learn("1 row", 0, 1)  # written over, whole
+    assert ThreadMemory(path, 2).counts == {"1 row@0": 1}
+    path.write_text('{"max_threads": 2, "counts": {"1 row@0": 7}}')  # more than the cores
+    assert ThreadMemory(path, 2).counts == {}
+
+
+def test_the_run_queue_shows_a_process_that_keeps_a_core_busy():
+    import subprocess
+    import sys
+    import time
+
+    if others_running_now() is None:
+        pytest.skip("this kernel has no /proc/stat run queue figure")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        seen = []
+        for _ in range(10):
+            seen.append(others_running_now())
+            time.sleep(0.01)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert all(isinstance(n, int) and n >= 0 for n in seen)
+    assert max(seen) >= 1, seen
+
+
+def test_the_engine_starts_a_busy_machine_at_the_core_left(busy_engine):
+    engine, backend, cpu = busy_engine
+    cpu.busy_cores = 1
+    engine.complete("Busy", SamplingParams(temperature=0, speculative=False)).result()
+    # The prompt's step (n_threads_batch), then the first decode step's (n_threads): at the
+    # core left from the first, none at 2.
+    assert backend.thread_changes[:2] == [(2, 1), (1, 1)]

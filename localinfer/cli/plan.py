@@ -23,6 +23,7 @@ from ..hardware import bandwidth, load_profile, probe
 from ..hardware.rpc import parse_endpoints, probe_workers
 from ..paths import get_paths
 from ..progress import TerminalProgress, human_bytes
+from ..runtime.threads import forget_thread_memory
 from . import worker
 from .common import gpu_layers_text, print_table
 
@@ -64,8 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " and the attention set-ups of each model `bench --prefill` measured"
                         " (at 1k and 4k tokens: a minute or two each for a small model)")
     p.add_argument("--reset", action="store_true",
-                   help="forget this machine's bandwidth figures, decode calibration and"
-                        " attention measurements, then measure the bandwidth again")
+                   help="forget this machine's bandwidth figures, decode calibration,"
+                        " attention measurements and learned thread counts, then measure the"
+                        " bandwidth again")
     p.add_argument("--workers", default=None, metavar="HOST:PORT,...",
                    help="also list these RPC workers' devices, memory and bandwidth, and the"
                         " link's round trip and throughput (default: config workers)")
@@ -116,7 +118,8 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
         forgot = [what for what, done in (
             ("bandwidth figures", bandwidth.forget(cache, bandwidth.profile_key(hw))),
             ("decode calibration", calibration.forget(hw)),
-            ("attention measurements", attention.forget(hw))) if done]
+            ("attention measurements", attention.forget(hw)),
+            ("learned thread counts", forget_thread_memory(get_paths().thread_counts_dir))) if done]
         print("Forgot this machine's " + (" and ".join(forgot) if forgot else "nothing (none"
                                           " cached)") + ".", file=sys.stderr)
     hw = probe(remeasure=args.remeasure, remeasure_under_load=True)

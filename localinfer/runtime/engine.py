@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import (
@@ -47,10 +48,10 @@ from .fim import FimFile
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
 from .prompts import PromptBuilder
-from .slots import Slot
+from .slots import Slot, bare_decode_rate
 from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
-from .threads import ThreadTuner
+from .threads import ThreadMemory, ThreadTuner
 from .tools import ToolFormat
 from .types import (
     DEFAULT_SAMPLING,
@@ -98,6 +99,7 @@ class Engine:
         load_ms: float = 0.0,
         chat_checkpoints: int = DEFAULT_CHAT_CHECKPOINTS,
         prefix_cache: PrefixCache | None = None,
+        thread_memory: Path | None = None,
     ) -> None:
         self.backend = backend
         self.info: ModelInfo = backend.info
@@ -131,8 +133,11 @@ class Engine:
         self._in_step: list[Request] = []  # the decode in flight's requests (under _cv)
         self._in_step_prompt_rows = 0  # and its prompt rows: what an arrival may interrupt
         self._last_decode_tps = 0.0
-        self.thread_tuner = ThreadTuner(backend.adaptive_threads, backend.set_threads)
-        """Each step's thread count, following the machine's load (see threads.py)."""
+        self.thread_tuner = ThreadTuner(
+            backend.adaptive_threads, backend.set_threads,
+            memory=ThreadMemory(thread_memory, backend.adaptive_threads))
+        """Each step's thread count, following the machine's load and learned in the file
+        ``thread_memory`` across processes (see threads.py)."""
         self.drafts = DraftPolicy()
         """Which drafts each step verifies, from the step costs it measures here."""
         self._jobs: list[tuple[Callable[[], object], Future[Any]]] = []
@@ -380,25 +385,8 @@ class Engine:
         """The bare llama_decode rate for one sequence, in steps per second: a single token
         per step with its logits, no sampling, no Python bookkeeping around it. The yardstick
         for the engine's own decode rate."""
-
-        def measure() -> float:
-            slot = self._slots[0]
-            self.backend.seq_trim(slot.seq_id, 0)
-            slot.cached.clear()
-            slot.ahead = []
-            token = self.backend.tokenize("Hello", add_special=True)[-1]
-            times = []
-            try:
-                for pos in range(n_steps + 1):
-                    started = time.perf_counter()
-                    self.backend.decode([token], [pos], [slot.seq_id], [True])
-                    times.append(time.perf_counter() - started)
-            finally:
-                self.backend.seq_trim(slot.seq_id, 0)
-            times = sorted(times[1:])
-            return 1.0 / times[len(times) // 2]
-
-        return self.run_on_worker(measure)
+        return self.run_on_worker(lambda: bare_decode_rate(self.backend, self._slots[0],
+                                                           n_steps))
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running request; each ends within one token."""
@@ -558,6 +546,8 @@ class Engine:
         if self._pending and not any(s.req is None for s in self._slots):
             self._preempt_for(self._pending[0])
         free = [s for s in self._slots if s.req is None]
+        if self._pending and len(free) == len(self._slots):
+            self.thread_tuner.admit()  # from idle: the cores other processes hold now
         while self._pending and free:
             request = heapq.heappop(self._pending)
             slot = max(free, key=lambda s: slot_score(s, request))

@@ -71,6 +71,10 @@ class FakeCPU:
         self._clock = now
         return self._others_cpu_s, 0.0
 
+    def running_now(self) -> int:
+        """As runtime.threads.others_running_now: the other processes' busy threads."""
+        return self.busy_cores
+
 
 @dataclass
 class _FakeSampler:
@@ -333,6 +337,9 @@ class FakeBackend:
             start = 0
         del cells[start:]
         return len(cells)
+
+    def can_cut(self, n_cached: int, n_keep: int) -> bool:
+        return self.window is None or n_cached - n_keep <= self.window
 
     def seq_swap(self, a: int, b: int) -> bool:
         self.swaps.append((a, b))

@@ -3,9 +3,11 @@ and the checkpoints of its sliding-window layers (see checkpoints.py)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from .backend import Backend
 from .generation import Request
 
 
@@ -75,3 +77,22 @@ class Slot:
         for name in mine:
             if name != "seq_id":
                 mine[name], theirs[name] = theirs[name], mine[name]
+
+
+def bare_decode_rate(backend: Backend, slot: Slot, n_steps: int) -> float:
+    """``Engine.measure_decode_step``, on the worker: one token a step into ``slot`` (emptied
+    before and after), the median step's rate."""
+    backend.seq_trim(slot.seq_id, 0)
+    slot.cached.clear()
+    slot.ahead = []
+    token = backend.tokenize("Hello", add_special=True)[-1]
+    times = []
+    try:
+        for pos in range(n_steps + 1):
+            started = time.perf_counter()
+            backend.decode([token], [pos], [slot.seq_id], [True])
+            times.append(time.perf_counter() - started)
+    finally:
+        backend.seq_trim(slot.seq_id, 0)
+    times = sorted(times[1:])
+    return 1.0 / times[len(times) // 2]

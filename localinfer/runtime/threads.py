@@ -14,12 +14,17 @@ and samples the other processes' CPU use, the cheap signal that says when to try
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 WINDOW_STEPS = 6
 """Steps measured at one thread count before it is judged (their median): a decode step of a
@@ -119,6 +124,11 @@ class ThreadPolicy:
             # at once, so the periodic one only guards against a misleading figure, and
             # under a heavy load one step of more threads costs as much as 40 (see _decide).
             self._interval = 8 * FIRST_INTERVAL_STEPS
+
+    @property
+    def judged(self) -> bool:
+        """A window at its count has been judged, and no other count is being tried."""
+        return self._settled_cost is not None and not self._trying
 
     @property
     def next_threads(self) -> int:
@@ -244,6 +254,85 @@ def others_cpu_seconds() -> tuple[float, float]:
     return total - waiting, own.user + own.system
 
 
+def others_running_now() -> int | None:
+    """How many threads of other processes are running or waiting to run right now, from the
+    kernel's run queue (Linux: /proc/stat's procs_running, less this process's own running
+    threads); None where the kernel does not say. An instant, not an average: a process that
+    keeps a core busy is in the run queue at every instant, and one that finished a second
+    ago is not (the load average still counts it for a minute)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            stat = f.read()
+        at = stat.index(b"procs_running ")
+        running = int(stat[at + 14:stat.index(b"\n", at)])
+    except (OSError, ValueError):
+        return None
+    if running <= 1:
+        return 0  # the one running is the thread asking
+    own = 0
+    try:
+        for task in os.scandir("/proc/self/task"):
+            try:
+                with open(f"{task.path}/stat", "rb") as f:
+                    state = f.read()
+            except OSError:
+                continue  # a thread that ended meanwhile
+            if state[state.rindex(b")") + 2:][:1] == b"R":
+                own += 1
+    except OSError:
+        return None
+    return max(0, running - max(1, own))
+
+
+class ThreadMemory:
+    """The thread counts learned for one model on this machine, kept in a small JSON file
+    across requests and processes (each ``localinfer run`` is a new one): for each kind of
+    step and each number of cores other processes kept busy, the count that was fastest."""
+
+    def __init__(self, path: Path | None, max_threads: int) -> None:
+        self.path = path
+        self.max_threads = max_threads
+        self.counts: dict[str, int] = {}
+        """``"<kind of step>@<busy cores>"`` -> thread count."""
+        if path is not None:
+            try:
+                saved = json.loads(path.read_text())
+                if saved.get("max_threads") == max_threads:
+                    self.counts = {str(k): int(v) for k, v in saved["counts"].items()
+                                   if 1 <= int(v) <= max_threads}
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("ignoring the learned thread counts in %s: %s", path, exc)
+
+    def get(self, group: str, busy: int) -> int | None:
+        return self.counts.get(f"{group}@{busy}")
+
+    def learn(self, group: str, busy: int, threads: int) -> None:
+        key = f"{group}@{busy}"
+        if self.counts.get(key) == threads:
+            return
+        self.counts[key] = threads
+        if self.path is None:
+            return
+        try:  # atomically: another process of the same model may read it now
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"max_threads": self.max_threads,
+                                       "counts": self.counts}, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot keep the learned thread counts in %s: %s", self.path, exc)
+
+
+def forget_thread_memory(directory: Path) -> bool:
+    """Remove the learned thread counts kept in ``directory``: whether there were any."""
+    files = list(directory.glob("*.json")) if directory.is_dir() else []
+    for f in files:
+        f.unlink(missing_ok=True)
+    return bool(files)
+
+
 # Only the count adapts. llama.cpp's threadpool settings (polling level, priority) do not
 # apply to llama-cpp-python's build: it runs ggml's threads as an OpenMP team, whose barrier
 # waits by libgomp's rules (spin briefly, then sleep), and 0.3.36 binds no
@@ -254,12 +343,20 @@ class ThreadTuner:
     the user fixed the count."""
 
     def __init__(self, max_threads: int, apply: Callable[[int, int], None], *,
-                 cpu_seconds: Callable[[], tuple[float, float]] = others_cpu_seconds) -> None:
+                 cpu_seconds: Callable[[], tuple[float, float]] = others_cpu_seconds,
+                 running_now: Callable[[], int | None] = others_running_now,
+                 memory: ThreadMemory | None = None) -> None:
         self.max_threads = max_threads
         self._apply = apply
         self.cpu_seconds = cpu_seconds
         """(all processes' CPU seconds, this process's) so far; tests give a simulated one."""
+        self.running_now = running_now
+        """Other processes' threads in the run queue now (``others_running_now``)."""
+        self.memory = memory or ThreadMemory(None, max_threads)
         self.policies: dict[str, ThreadPolicy] = {}
+        self._busy: int | None = None
+        """The cores other processes held at the last admission (``admit``), until a load
+        sample over a step replaces it."""
         self._applied = (max_threads, max_threads)
         self.others_cores = 0.0
         """Cores' worth of CPU the other processes used over the last sample."""
@@ -280,7 +377,8 @@ class ThreadTuner:
             return
         policy = self.policies.get(group := step_group(rows))
         if policy is None:
-            policy = self.policies[group] = ThreadPolicy(self.max_threads, self._start_count())
+            policy = self.policies[group] = ThreadPolicy(self.max_threads,
+                                                          self._start_count(group))
         threads = policy.next_threads
         wanted = (threads, self._applied[1]) if rows <= 1 else (self._applied[0], threads)
         if wanted != self._applied:
@@ -291,19 +389,59 @@ class ThreadTuner:
         now = time.perf_counter()
         self._sample_load(now)
         policy.record(threads, step_cost(rows, now - started), self.others_cores)
+        if policy.judged:
+            self.memory.learn(group, self._busy_cores(), policy.n_threads)
 
-    def _start_count(self) -> int:
-        """The count a new kind of step starts with: the one the most measured kind runs
+    def admit(self) -> None:
+        """A request comes to an idle engine: each kind of step starts from the count learned
+        for as many cores as other processes hold now (``others_running_now``), else from the
+        cores they leave; the step times go on from there. Replies are short: a count that has
+        to be learned again in each, or that follows the load of minutes ago, costs most of
+        one (a 96-token reply with a core kept busy took 0.88x the best fixed count's rate)."""
+        if not self.max_threads:
+            return
+        busy = self.running_now()
+        if busy is None:  # not known here: the load sampled over the steps decides
+            return
+        self._busy = min(busy, self.max_threads)
+        self.others_cores = float(self._busy)
+        self._sample = None  # the idle time before is no guide to the next steps'
+        self._sample_load(time.perf_counter())
+        for group, policy in list(self.policies.items()):
+            start = self._count_for(group)
+            if start is not None and start != policy.n_threads:
+                self.policies[group] = ThreadPolicy(self.max_threads, start)
+
+    def _busy_cores(self) -> int:
+        return min(self.max_threads, round(self.others_cores))
+
+    def _count_for(self, group: str) -> int | None:
+        """The count learned for this kind of step at the present load, else the cores that
+        load leaves (None: the load is not known)."""
+        if self._busy is None:
+            return None
+        busy = self._busy_cores()
+        learned = self.memory.get(group, busy)
+        return learned if learned is not None else max(1, self.max_threads - busy)
+
+    def _start_count(self, group: str) -> int:
+        """The count a new kind of step starts with: the one learned for it at the load of
+        the last admission (``admit``), else the one the most measured kind runs
         with once it has judged a window, else the cores the other processes leave now (all
         when the load is not known yet); the step times decide from there. A kind's first
         step can come long after the engine started (the first long prompt), and a tenth of a
         second of load then is no guide: a client's burst of CPU as it started 8 streams left
         the daemon's prompt chunks at 1 of 2 threads, 1.7x slower, for the rest of the run."""
+        learned = self.memory.get(group, self._busy_cores()) if self._busy is not None \
+            else None
+        if learned is not None:
+            return learned
         known = max(self.policies.values(), key=lambda p: p.steps, default=None)
         if known is not None and known.steps >= WINDOW_STEPS:
             return known.n_threads
-        self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
-        return max(1, self.max_threads - round(self.others_cores))
+        if self._busy is None:
+            self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
+        return max(1, self.max_threads - self._busy_cores())
 
     def _sample_load(self, now: float, span_s: float = LOAD_SAMPLE_S) -> None:
         if self._sample is not None and now - self._sample[0] < span_s:
