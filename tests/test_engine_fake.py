@@ -613,3 +613,30 @@ def test_a_cache_move_that_fails_leaves_the_sequences_where_they_are(fake_engine
     monkeypatch.setattr(backend, "seq_swap", refused)
     middle_one_ends_first(engine)
     assert (1, 1) in backend.splits  # slots 0 and 2 decoded apart
+
+
+def test_a_new_chat_takes_a_slot_that_keeps_its_opening(fake_engine):
+    """A window cache cuts back only a short sequence as far as a new chat's template opening:
+    the new chat takes such a slot, even a more recently used one, and reads only what
+    follows the opening; the long conversation in the other slot stays whole."""
+    engine = fake_engine(reply="a b c d", n_slots=2, window=16)
+    opening = "<start_of_turn>user "
+    long_chat = engine.complete(opening + "word " * 40, GREEDY)
+    long_chat.result()  # slot 0, the least recently used from here
+    engine.complete(opening + "short one", GREEDY).result()  # slot 1
+    cells = [list(engine.backend._seqs[i]) for i in range(2)]
+    fresh = engine.complete(opening + "another " * 12, GREEDY).result()
+    n_opening = len(engine.completion_tokens(opening))
+    assert fresh.usage.cached_tokens == n_opening
+    assert engine.backend._seqs[0] == cells[0]  # the long one, untouched
+
+
+def test_a_new_chat_takes_an_empty_slot_before_a_cached_conversation(fake_engine):
+    """Without a window every slot could keep the opening it shares: an empty slot loses
+    nothing and goes first."""
+    engine = fake_engine(reply="a b c d", n_slots=2)
+    opening = "<start_of_turn>user "
+    engine.complete(opening + "word " * 20, GREEDY).result()  # slot 0
+    kept = list(engine.backend._seqs[0])
+    fresh = engine.complete(opening + "another " * 12, GREEDY).result()
+    assert fresh.usage.cached_tokens == 0 and engine.backend._seqs[0] == kept

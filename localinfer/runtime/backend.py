@@ -200,6 +200,12 @@ class Backend(Protocol):
         sliding-window cache that no longer holds the window before ``n_keep``)."""
         ...
 
+    def can_cut(self, n_cached: int, n_keep: int) -> bool:
+        """Whether ``seq_trim`` would keep ``n_keep`` tokens of a sequence holding
+        ``n_cached``, from the lengths alone (the slot choice asks it of every free slot; the
+        cut itself says for sure)."""
+        ...
+
     def seq_checkpoint(self, seq_id: int, reuse: Any = None) -> Any:
         """The state of the parts of ``seq_id``'s cache that cannot be cut back (its
         sliding-window layers), for ``seq_restore`` to return to this many tokens later.
@@ -253,3 +259,10 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def window_can_cut(n_swa: int, cut_reach: int, n_cached: int, n_keep: int) -> bool:
+    """``Backend.can_cut`` for llama.cpp's cache: a sliding-window layer (``n_swa`` > 0) keeps
+    every cell of a sequence no longer than its window, and ``cut_reach`` cells more than the
+    window of a longer one."""
+    return not n_swa or n_cached <= n_swa or n_cached - n_keep <= cut_reach

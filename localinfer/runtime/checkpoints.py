@@ -51,22 +51,27 @@ engine is not told how many: loading.py passes the planner's CHAT_CHECKPOINTS, w
 the plan counts; an engine built without a plan (tests, benchmarks) keeps as many."""
 
 
-def slot_score(slot: Slot, request: Request) -> tuple[bool, bool, int, float]:
+def slot_score(slot: Slot, request: Request, backend: Backend
+               ) -> tuple[bool, bool, int, bool, float]:
     """Which free slot a request should take: the one its editor's previous keystroke used
     (an autocomplete prompt shares its prefix, often less than half of it, and the checkpoint
     there), else one whose cached tokens it mostly shares or that holds its whole prompt (the
-    longest such prefix wins), else the least recently used, so that a small shared prefix (a
-    common system prompt) does not evict a long cached conversation. A prompt cached whole is
-    one asked again (a regenerated reply, a client retrying, several clients asking alike):
-    what it drops there is the reply that followed it, which the asker is replacing.
-    (llama-server takes the slot holding the largest share of a new prompt, and keeps what it
-    drops in host memory.)"""
+    longest such prefix wins), else the least recently used of those that are empty or keep
+    the little they share with it (a new chat's template opening: on a sliding-window cache
+    only a short sequence can be cut back that far), else the least recently used, so that a
+    small shared prefix (a common system prompt) does not evict a long cached conversation.
+    A prompt cached whole is one asked again (a regenerated reply, a client retrying, several
+    clients asking alike): what it drops there is the reply that followed it, which the asker
+    is replacing. (llama-server takes the slot holding the largest share of a new prompt, and
+    keeps what it drops in host memory.)"""
     key = request.params.supersede
     target = request.target
     common = common_prefix(slot.cached, target)
     keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target))
+    n_keep = min(common, len(target) - REREAD_TAIL)
+    keeps = not slot.cached or (n_keep > 0 and backend.can_cut(len(slot.cached), n_keep))
     return (key is not None and slot.supersede == key, keeps_most,
-            common if keeps_most else 0, -slot.last_used)
+            common if keeps_most else 0, keeps, -slot.last_used)
 
 
 class CacheKeeper:

@@ -550,7 +550,7 @@ class Engine:
             self.thread_tuner.admit()  # from idle: the cores other processes hold now
         while self._pending and free:
             request = heapq.heappop(self._pending)
-            slot = max(free, key=lambda s: slot_score(s, request))
+            slot = max(free, key=lambda s: slot_score(s, request, self.backend))
             free.remove(slot)
             slot.supersede = request.params.supersede
             slot.ahead = []  # the request's own prompt decides what this cache holds

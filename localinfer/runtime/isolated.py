@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LocalInferError, ModelLoadError, WorkerLost
-from .backend import LoadOptions, ProgressCallback
+from .backend import LoadOptions, ProgressCallback, window_can_cut
 from .grammar import Grammar
 from .types import ModelInfo, SamplingParams
 
@@ -83,6 +83,7 @@ class IsolatedBackend:
         self.n_ctx_embed: int = reply["n_ctx_embed"]
         self.needs_checkpoints: bool = reply["needs_checkpoints"]
         self.cut_reach: int = reply["cut_reach"]
+        self._n_swa: int = reply["n_swa"]
         self.load_ms: float = reply["load_ms"]
         self.adaptive_threads: int = reply["adaptive_threads"]
         self.max_special_bytes: int = reply["max_special_bytes"]
@@ -235,6 +236,9 @@ class IsolatedBackend:
         if self._lost is None:  # a dead child freed everything
             self._call("free_sampler", sampler)
 
+    def can_cut(self, n_cached: int, n_keep: int) -> bool:
+        return window_can_cut(self._n_swa, self.cut_reach, n_cached, n_keep)
+
     def seq_trim(self, seq_id: int, n_keep: int) -> int:
         if self._lost is not None:
             return 0  # the engine drops a failed request's cache: there is none left
@@ -310,6 +314,7 @@ class _Child:
         return {"info": b.info, "n_batch": b.n_batch, "fim_repo": b.fim_repo,
                 "fim_spm": b.fim_spm, "n_ctx_embed": b.n_ctx_embed,
                 "needs_checkpoints": b.needs_checkpoints, "cut_reach": b.cut_reach,
+                "n_swa": b._n_swa,
                 "load_ms": b.load_ms,
                 "adaptive_threads": b.adaptive_threads,
                 "max_special_bytes": b.max_special_bytes,

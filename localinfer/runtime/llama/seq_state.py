@@ -15,6 +15,7 @@ import llama_cpp as L
 import numpy as np
 
 from ...errors import LocalInferError
+from ..backend import window_can_cut
 from .native import LlamaHandles, _llama_said
 
 
@@ -42,12 +43,16 @@ class SeqStates(LlamaHandles):
 
     _n_swa: int
     _window_cells: int
+    cut_reach: int
 
     def seq_trim(self, seq_id: int, n_keep: int) -> int:
         if self._can_cut(seq_id, n_keep):
             return n_keep
         L.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         return 0
+
+    def can_cut(self, n_cached: int, n_keep: int) -> bool:
+        return window_can_cut(self._n_swa, self.cut_reach, n_cached, n_keep)
 
     def _can_cut(self, seq_id: int, n_keep: int) -> bool:
         """Drop the cells at positions >= n_keep; True when the rest is usable."""
