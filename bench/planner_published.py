@@ -49,7 +49,7 @@ SLICES = (
     ("discrete GPUs", lambda o: o.row.kind == "discrete"),
     ("other integrated GPUs", lambda o: o.row.kind == "integrated" and not o.row.apple),
     ("CPUs", lambda o: o.row.kind == "cpu"),
-    ("  of them behind an SBC", lambda o: o.row.sbc_host),
+    ("GPUs behind an SBC host", lambda o: o.row.sbc_host),
     ("off Metal, PC hosts", lambda o: not o.row.apple and not o.row.sbc_host),
 )
 

@@ -214,7 +214,7 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
         read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu),
-                             m.gpu.vendor)
+                             m.gpu.vendor, c.quant)
         ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu or n_moved:
