@@ -67,8 +67,9 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     ("Vulkan", "discrete"): GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.35),
     # Radeon 780M/8060S, Ryzen Z1 (brand-o/normiebench, llm-tracker copies): decode at ~0.8 of
     # LPDDR5(X); prefill at ~0.2 of the dual-issue FP16 rate.
-    # Issue 38b refit on the 780M and Z1 fit rows (decode 0.97, prefill 1.41).
-    ("Vulkan", "integrated"): GPUClass(eta=0.78, layer_ms=0.05, matrix_eta=0.28),
+    # Issue 38b refit on the 780M and Z1 fit rows (decode 0.97; prefill 1.41, then K-quants
+    # at the legacy rate on AMD's Vulkan path: PREFILL_QUANT_BY_PATH).
+    ("Vulkan", "integrated"): GPUClass(eta=0.78, layer_ms=0.05, matrix_eta=0.22),
     ("SYCL", "discrete"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
     # Arc 140V (Lunar Lake): SYCL decode reaches ~0.42 of LPDDR5X (issue 38: predicted
     # +41-54% at 0.6).
@@ -124,20 +125,26 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
               immature="llama.cpp's Vulkan backend is immature on Intel GPUs (SYCL is faster)")),
     # AMD discrete on Vulkan (RADV): RDNA3/4 stream at ~0.92 of GDDR6 (RX 9070 XT fit, 7900 XTX,
     # R9700 held out, ggml-org/llama.cpp#10879 copies) with light launches.
-    # Issue 38b refit on seven fit rows (RDNA1-4 on PC hosts): decode 0.95, prefill 0.82.
+    # AMD GPUs without matrix cores on Vulkan (GCN/Polaris, RDNA1-2): prefill on the shader
+    # cores, at 0.64 of the RDNA3-4 share of their FP16 rate (issue 38b fit rows: RX 5700 XT,
+    # 6700 XT, 6800 XT); decode as RDNA3-4.
+    (r"\bRX [45]\d{2}\b|\bRX [56]\d{3}|\bW[56]\d{3}\b|Radeon VII|Vega", "amd", "Vulkan",
+     "discrete", GPUClass(eta=0.87, layer_ms=0.015, matrix_eta=0.22)),
+    # Issue 38b refit on seven fit rows on PC hosts: decode 0.95 of 0.92; prefill of RDNA3-4
+    # (KHR_coopmat on WMMA: RX 7900 XTX, 9070, 9070 XT, AI PRO R9700) 1.02 of 0.35.
     (r"", "amd", "Vulkan", "discrete",
-     GPUClass(eta=0.87, layer_ms=0.015, matrix_eta=0.29)),
+     GPUClass(eta=0.87, layer_ms=0.015, matrix_eta=0.36)),
 )
 FLOAT_DECODE_GAIN = 1.12
 """Off Apple, F16/BF16 weights stream at this many times the share quantized weights reach:
 no dequantization, and cuBLAS's matrix-vector kernels (the fit rows: F16 at a median 1.04 of
 the old prediction where the quantized rows ran at 0.93 of it, RTX 3090/4080/4090)."""
 ARM_HOST_LAYER_MS = 0.30
-ARM_HOST_PREFILL = 0.21
+ARM_HOST_PREFILL = 0.19
 """An AMD or Intel GPU on Vulkan behind an ARM host (Raspberry Pi 5/CM5/500+): Mesa's ARM
 builds there report neither integer dot products nor matrix cores (an RX 9070 XT: `int dot: 0
 | matrix cores: none`) and the board's PCIe path is slow, so each layer costs ~0.3 ms more and
-prefill runs at ~0.2 of a PC host's rate (fit rows: RX 9070 XT and Arc A310 on a Pi 5/500+,
+prefill runs at ~0.2 of a PC host's rate (0.19; fit rows: RX 9070 XT and Arc A310 on a Pi 5/500+,
 AI PRO R9700 on a CM5). NVIDIA's driver there runs near its PC speed (RTX 3060 on a CM5)."""
 DECODE_GBPS_PER_TFLOP = 8.0
 """Off Apple, a GPU dequantizes and multiplies the weights with its shader cores: a small one
@@ -163,27 +170,42 @@ def quant_kind(quant: str) -> str:
     return "legacy"
 
 
-def prefill_quant_factor(quant: str, backend: str | None) -> float:
-    """The share of a GPU's fitted prefill rate that ``quant`` reaches (PREFILL_QUANT); 1 on
-    Metal."""
+PREFILL_QUANT_BY_PATH: dict[tuple[str, str], dict[str, float]] = {
+    ("Vulkan", "amd"): {"k": 1.0},
+}
+"""Where a backend's matrix path treats the weight types differently from CUDA's int8 MMQ
+kernels: Vulkan on AMD GPUs dequantizes each tile into shared memory as it loads it, so
+K-quants prefill at the legacy quants' rate (issue 38b fit rows: an RX 6800 XT's Q6_K at 1.04
+of its class's Q4_0 rows once K-quants are not discounted; the Radeon 780M and Ryzen Z1 rows,
+Q4_K_M, then set the integrated class)."""
+
+
+def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "") -> float:
+    """The share of a GPU's fitted prefill rate that ``quant`` reaches (PREFILL_QUANT, with
+    PREFILL_QUANT_BY_PATH's exceptions for ``backend`` on ``vendor``'s GPUs); 1 on Metal."""
     if backend == "Metal":
         return 1.0
-    return PREFILL_QUANT[quant_kind(quant)]
+    kind = quant_kind(quant)
+    return PREFILL_QUANT_BY_PATH.get((backend or "", vendor), {}).get(kind, PREFILL_QUANT[kind])
 
 
 DECODE_INTERVAL: dict[str, tuple[float, float]] = {
-    "Metal": (0.88, 1.06), "CUDA": (0.82, 1.10), "ROCm": (0.85, 1.35), "Vulkan": (0.82, 1.15),
-    "SYCL": (0.75, 1.25), "CPU": (0.80, 1.20)}
-"""Measured/predicted decode, 10th and 90th percentiles per backend, of the published rows
-fitted on together with the rows of batches 16 and 38 still held out (issue 38b: batch 38b,
-the clean hold-out, was not used; SYCL, with one row, keeps a wide band): the interval a plan
-shows around its figure. bench/planner_published.py reports the share of held-out rows
-inside."""
+    "Metal": (0.87, 1.06), "CUDA": (0.71, 1.17), "ROCm": (0.92, 1.80), "Vulkan": (0.72, 1.28),
+    "SYCL": (0.56, 1.56), "CPU": (0.66, 1.32)}
+"""The interval a plan shows around its decode figure, as factors: the 10th and 90th
+percentiles of measured/predicted over the rows fitted on and the held-out rows of batches 16
+and 38 (SYCL, with one row, a guessed 0.75-1.25), raised to the least power (in steps of 0.2)
+that holds 80% of those held-out rows in both decode and prefill: 1.2 on Metal, 2 off Apple
+(issue 38b; the
+rows fitted on and of one publication sit closer together than publications of different
+llama.cpp builds do: an RTX 3090's Q4_0 decode was 121 tok/s in Jan 2024 and 158 in 2025).
+Batch 38b, the clean hold-out, was not used. bench/planner_published.py reports the shares."""
 PREFILL_INTERVAL: dict[str, tuple[float, float]] = {
-    "Metal": (0.94, 1.16), "CUDA": (0.78, 1.20), "ROCm": (0.45, 2.45), "Vulkan": (0.72, 1.36),
-    "SYCL": (0.50, 2.00), "CPU": (0.70, 1.30)}
-"""The same for prefill: wider, most of all where builds differ several-fold (Strix Halo on
-HIP: 574 tok/s on a 3B model in one build, 1,300-1,500 on 7B models in another)."""
+    "Metal": (0.94, 1.19), "CUDA": (0.66, 1.42), "ROCm": (0.22, 5.90), "Vulkan": (0.69, 1.23),
+    "SYCL": (0.25, 4.00), "CPU": (0.55, 1.61)}
+"""The same for prefill (SYCL's base a guessed 0.5-2): wider, most of all where builds differ
+several-fold (Strix Halo on HIP: 574 tok/s on a 3B model in one build, 1,300-1,500 on 7B
+models in another)."""
 DEFAULT_INTERVAL = (0.6, 1.4)
 """A backend with no published rows here."""
 

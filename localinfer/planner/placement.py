@@ -355,7 +355,7 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
                               "apple" if unified else vendor, c.quant),
                 cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
                 matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta
-                * prefill_quant_factor(c.quant, backend), bandwidth,
+                * prefill_quant_factor(c.quant, backend, vendor), bandwidth,
                 note))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
         raise InvalidRequest(f"the workers offer {len(devices) - 1} devices; a split is planned"
@@ -370,7 +370,7 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
                           c.quant) * ratio, cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
             matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta
-            * prefill_quant_factor(c.quant, m.gpu_backend), m.gpu.bandwidth_gbps))
+            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps))
     return devices, notes
 
 
