@@ -49,7 +49,7 @@ SLICES = (
     ("discrete GPUs", lambda o: o.row.kind == "discrete"),
     ("other integrated GPUs", lambda o: o.row.kind == "integrated" and not o.row.apple),
     ("CPUs", lambda o: o.row.kind == "cpu"),
-    ("  of them behind an SBC", lambda o: o.row.sbc_host),
+    ("GPUs behind an SBC host", lambda o: o.row.sbc_host),
     ("off Metal, PC hosts", lambda o: not o.row.apple and not o.row.sbc_host),
 )
 
@@ -57,7 +57,7 @@ SLICES = (
 def issue_table(outcomes: Sequence[Outcome], role: str = "held", batch: str = "") -> None:
     """The issue's table on the rows of ``role`` (of ``batch`` only, when given): within +-25%,
     the median error and the share inside the plan's interval."""
-    title = f"{role} rows" + (f", issue {batch}'s" if batch else "")
+    title = f"{role} rows" + (f", batch {batch}" if batch else "")
     print(f"\n{title:22} {'decode ±25%':>12} {'median':>7} {'in int.':>8}"
           f"   {'prefill ±25%':>13} {'median':>7} {'in int.':>8}")
     for name, keep in SLICES:
@@ -100,6 +100,7 @@ def main() -> None:
     issue_table(outcomes, "held")
     issue_table(outcomes, "fit")
     issue_table(outcomes, "held", "38")
+    issue_table(outcomes, "held", "38b")
     copied = sum(r.verified == "retrieved-copy" for r in rows)
     print(f"\n{len(rows)} rows from {len({r.source for r in rows})} retrieved sources:"
           f" {len(rows) - copied} read in the publication, {copied} in a public copy of it")

@@ -110,10 +110,16 @@ def _machine(r: dict[str, str]) -> HardwareProfile:
     gpu = GPUInfo(r["device"], r["vendor"], r["kind"], vram, vram, bandwidth,
                   unified_memory=unified, fp16_tflops=float(r["matrix_tflops"] or 0),
                   backends=(r["backend"],))
+    host, host_bw = CPUInfo("host", 8, 16, 4.0, ("avx", "avx2", "fma"), 8), 60.0
+    if r["note"].startswith("host: Raspberry Pi"):
+        # The board that drives the GPU (the planner reads its ISA: an ARM host's driver path).
+        host, host_bw = CPUInfo("Raspberry Pi 5 (Cortex-A76 x4)", 4, 4, 2.4,
+                                ("neon", "asimddp"), 4), 17.1
+    elif r["note"].startswith("host: SiFive"):
+        host, host_bw = CPUInfo("SiFive P550 (RISC-V x4)", 4, 4, 1.4, (), 4), 19.2
     return HardwareProfile(
-        ram_total_gib=192, ram_available_gib=180,
-        cpu=CPUInfo("host", 8, 16, 4.0, ("avx", "avx2", "fma"), 8),
-        gpus=(gpu,), backends=("CPU", r["backend"]), host_bandwidth_gbps=60,
+        ram_total_gib=192, ram_available_gib=180, cpu=host,
+        gpus=(gpu,), backends=("CPU", r["backend"]), host_bandwidth_gbps=host_bw,
         bandwidth_source="spec")
 
 

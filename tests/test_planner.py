@@ -117,10 +117,11 @@ def test_rtx3060_runs_8b_q8_entirely_on_the_gpu():
     assert e.fits and e.n_gpu_layers == 33 and e.gpu.total_bytes <= e.gpu.budget_bytes
     assert e.n_ctx == 16384 and "at 32768 only" in e.reason
     assert 10.0 * GIB < e.gpu.total_bytes < 10.3 * GIB
-    # Decode: ~7.97e9 B / (0.83 x 360 GB/s) = 26.7 ms + 32 x 0.014 + 0.3 + 0.26 ms -> ~36
+    # Decode: ~7.97e9 B / (0.77 x 360 GB/s) = 28.8 ms + 32 x 0.014 + 0.3 + 0.26 ms -> ~34
     # (an RTX 3060 decodes a 3.83 GB Q4_0 at 75.6 tok/s, llama.cpp#15013: ~0.85 x 360 GB/s
-    # less the launches).
-    assert 34 < e.decode_tps < 40
+    # less the launches, in a 2025 build; 0.77 is the middle of the 2024-2025 builds the CUDA
+    # constants are fitted on).
+    assert 31 < e.decode_tps < 36
 
 
 def test_rtx3060_splits_a_27b_and_the_cpu_part_dominates():

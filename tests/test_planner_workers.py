@@ -102,13 +102,13 @@ def test_laptop_and_rtx4090_desktop_on_1gbe():
     assert split.remote_layers == (63,) and split.local_cpu_layers == 17
     assert_llama_cpp_agrees(split, 1)
     # Decode, ms per token: CPU min(min(30, 4 x 12) x 0.8, 4 x 3.4 GHz x 3.0) = 24 GB/s:
-    # 17 x (300,262,144 / 24e9 + 0.3) = 217.79. RTX 4090 at 0.83 x 1008 = 836.64 GB/s:
-    # 63 x (300,262,144 / 836.64e9 + 0.014) + 500e6 / 836.64e9 = 24.09. Network: one round
+    # 17 x (300,262,144 / 24e9 + 0.3) = 217.79. RTX 4090 at 0.77 x 1008 = 776.16 GB/s:
+    # 63 x (300,262,144 / 776.16e9 + 0.014) + 500e6 / 776.16e9 = 25.90. Network: one round
     # trip 0.4 + the hop's 2.0 (RPC_HOP_MS) + (20,480 + 1,024 in, 600,000 logits out) /
-    # 0.112e9 = 7.95. Launch and sampling 0.3 + 150,000 x 2 ns = 0.6. Total 250.43 ms: 3.99.
+    # 0.112e9 = 7.95. Launch and sampling 0.3 + 150,000 x 2 ns = 0.6. Total 252.24 ms: 3.96.
     cpu_ms = 17 * ((300_000_000 + LAYER_READ_AT_64) / 24e9 * 1e3 + 0.3)
-    gpu_ms = 63 * ((300_000_000 + LAYER_READ_AT_64) / 836.64e9 * 1e3 + 0.014) \
-        + 500e6 / 836.64e9 * 1e3
+    gpu_ms = 63 * ((300_000_000 + LAYER_READ_AT_64) / 776.16e9 * 1e3 + 0.014) \
+        + 500e6 / 776.16e9 * 1e3
     network_ms = 0.4 + 2.0 + (20_480 + 1_024 + 600_000) / 0.112e9 * 1e3
     assert split.decode_ms["local"] == pytest.approx(cpu_ms)
     assert split.decode_ms["remote"] == pytest.approx(gpu_ms)

@@ -352,10 +352,10 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
                 worker.endpoint, dev.name, "gpu", backend, budget,
                 f"{worker.endpoint}/ram" if unified else f"{worker.endpoint}/{dev.name}",
                 gpu_read_gbps(cls, q, bandwidth, matrix_tflops_for(gpu_name, 0.0, bandwidth),
-                              "apple" if unified else vendor),
+                              "apple" if unified else vendor, c.quant),
                 cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
                 matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta
-                * prefill_quant_factor(c.quant, backend), bandwidth,
+                * prefill_quant_factor(c.quant, backend, vendor), bandwidth,
                 note))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
         raise InvalidRequest(f"the workers offer {len(devices) - 1} devices; a split is planned"
@@ -366,11 +366,11 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
         devices.append(_Device(
             "", m.gpu.name, "gpu", m.gpu_backend or "", m.gpu_budget,
             "local/ram" if m.unified else "local/gpu",
-            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu), m.gpu.vendor)
-            * ratio, cls.layer_ms / ratio,
+            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu), m.gpu.vendor,
+                          c.quant) * ratio, cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
             matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta
-            * prefill_quant_factor(c.quant, m.gpu_backend), m.gpu.bandwidth_gbps))
+            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps))
     return devices, notes
 
 

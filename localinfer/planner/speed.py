@@ -7,7 +7,8 @@ bytes_d = the weights read on d (for a mixture of experts only the active expert
 the KV cache read at the current position (``decode_reads``; the ``Roofline`` of a loaded model
 is the same bytes over the bare bandwidth); eta_d = the achieved share of the bandwidth for the
 backend and device class (GPU_CLASSES, GPU_GENERATIONS; a multi-socket CPU gets one
-socket's), q = a factor < 1 for the low-bit quants whose kernels do more arithmetic per byte,
+socket's), q = a factor < 1 for the low-bit quants whose kernels do more arithmetic per byte
+(off Apple F16/BF16 weights x FLOAT_DECODE_GAIN: no dequantization),
 s_d = a fixed dispatch/synchronisation cost per layer, t_token = sampling and logits. On the CPU
 the bandwidth term is max(bytes / (eta x bw(threads)), bytes / (threads x per-core dequant
 throughput)): with few cores llama.cpp is compute-bound before memory-bound. The constants
@@ -22,7 +23,10 @@ Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device'
 FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS) x its class's
 matrix_eta (fitted per backend and generation: llama.cpp's quantized matrix kernels, not the
 data sheet, bound it) x the share its weights' type reaches (PREFILL_QUANT: legacy quants,
-K-quants, i-quants, F16); a CPU's cores x clock x FLOPs per cycle of its ISA.
+K-quants, i-quants, F16; PREFILL_QUANT_BY_PATH where a backend's kernels differ); a CPU's
+cores x clock x FLOPs per cycle of its ISA. An AMD or Intel GPU on Vulkan behind an ARM host
+gets ARM_HOST_LAYER_MS more per layer and ARM_HOST_PREFILL of its prefill rate
+(machine.host_gpu_class).
 """
 
 from __future__ import annotations
@@ -214,7 +218,7 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
         read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu),
-                             m.gpu.vendor)
+                             m.gpu.vendor, c.quant)
         ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu or n_moved:
@@ -236,7 +240,7 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     if share_gpu:
         assert m.gpu is not None and m.gpu_class is not None
         rate = (matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
-                * prefill_quant_factor(c.quant, m.gpu_backend))
+                * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor))
         prefill_s += flops * share_gpu / rate
         moved = sum(layer.expert_bytes for layer in c.layers[first_gpu:first_gpu + n_moved])
         if moved and not m.unified:
