@@ -3,6 +3,8 @@ and on a sliding-window cache (Gemma 3's), a checkpoint where the next prompt wi
 
 from __future__ import annotations
 
+import time
+
 from localinfer.runtime.fim import FIM_BATCH
 from localinfer.runtime.types import Priority, SamplingParams
 
@@ -28,12 +30,12 @@ def test_a_sliding_window_cache_keeps_the_prefix_through_a_checkpoint(fake_engin
     engine = fake_engine(fim=True, reply="ok", n_slots=2, window=8)
     done = keystrokes(engine)
     shared = prefix_tokens(engine)
-    # The first has nothing cached; the second cannot cut the window back to where it
-    # parts from the first (the suffix is longer than the window) and takes a checkpoint
-    # there; from the third on, each restores it.
-    assert [d.usage.cached_tokens for d in done[:2]] == [0, 0]
-    assert all(d.usage.cached_tokens >= shared for d in done[2:])
-    assert len(engine.backend.restored) == len(TYPED) - 2
+    # The first has nothing cached and takes a checkpoint where the text typed at the
+    # cursor begins; the window cannot be cut back there past its suffix and reply (longer
+    # than the window), so each of the next restores that checkpoint.
+    assert done[0].usage.cached_tokens == 0
+    assert all(d.usage.cached_tokens == shared for d in done[1:])
+    assert engine.backend.restored == [shared] * (len(TYPED) - 1)
     # The fake checks that each restored checkpoint holds the tokens the slot keeps.
     assert all(d.finish_reason == "stop" and d.text == "ok" for d in done)
 
@@ -59,14 +61,15 @@ def test_the_next_keystroke_returns_to_its_editors_slot(fake_engine):
 
 def test_a_checkpoint_of_another_prompt_is_never_restored(fake_engine):
     engine = fake_engine(fim=True, reply="ok", n_slots=1, window=8)
-    keystrokes(engine, typed=TYPED[:2])  # the second leaves a checkpoint
+    keystrokes(engine, typed=TYPED[:2])  # they leave a checkpoint
     other = "".join(f"class C{i}:\n    pass\n\n" for i in range(8))
     engine.submit(engine.infill_tokens(other, SUFFIX), SamplingParams(max_tokens=3),
                   priority=Priority.INTERACTIVE).result()
+    restored = len(engine.backend.restored)
     done = keystrokes(engine, typed=TYPED[2:3])[0]
     # The only slot's checkpoint was of the first file's prefix, dropped when the other file
     # took the slot: the next keystroke reads its prompt cold.
-    assert done.usage.cached_tokens == 0 and engine.backend.restored == []
+    assert done.usage.cached_tokens == 0 and len(engine.backend.restored) == restored
 
 
 def test_prefix_and_suffix_are_taken_to_fit_one_batch_as_llama_server_takes_them(fake_engine):
@@ -100,3 +103,61 @@ def test_a_superseding_request_takes_the_slot_of_the_one_it_cancels(fake_engine)
                            priority=Priority.INTERACTIVE)
     assert first.result().finish_reason == "cancelled"
     assert second.result().usage.cached_tokens >= prefix_tokens(engine)
+
+
+def test_the_cursor_is_where_the_typed_text_begins_in_either_order(fake_engine):
+    for spm in (False, True):
+        engine = fake_engine(fim=True, reply="ok")
+        engine.backend.fim_spm = spm
+        tokens = engine.infill_tokens(PREFIX, SUFFIX, prompt="    ret")
+        typed = engine.backend.tokenize("    ret", add_special=False)
+        assert tokens.cursor is not None
+        assert tokens[tokens.cursor:tokens.cursor + len(typed)] == typed
+        # The next keystroke's prompt is the same up to there.
+        after = engine.infill_tokens(PREFIX, SUFFIX, prompt="    retu")
+        assert after[:tokens.cursor] == tokens[:tokens.cursor]
+        assert engine.infill_tokens(PREFIX, SUFFIX).cursor is None  # nothing typed apart
+
+
+def test_a_superseded_prompt_read_is_not_interrupted():
+    """An editor's next keystroke cancels the request before it (its client leaves too):
+    a step reading that request's prompt runs to its end, as the next keystroke's prompt
+    starts with those tokens; a step of its reply is stopped."""
+    from localinfer.runtime.engine import Engine
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="ok " * 40, n_slots=1)
+    interrupts = []
+    backend.interrupt = lambda: interrupts.append(True)  # type: ignore[method-assign]
+    engine = Engine(backend)
+    params = SamplingParams(max_tokens=40, temperature=0, supersede="editor-1")
+
+    def in_step(request, replying: bool) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with engine._cv:
+                if engine._in_step == [request] and bool(request.generated) == replying:
+                    return
+            if replying:
+                backend.release()
+            time.sleep(0.005)
+        raise AssertionError("the step never came")
+
+    try:
+        first = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="r"), params,
+                              priority=Priority.INTERACTIVE)
+        in_step(first.request, replying=False)
+        first.cancel()  # while its prompt's step is in flight
+        assert interrupts == []
+        backend.release()
+        assert first.result().finish_reason == "cancelled"
+        second = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="re"), params,
+                               priority=Priority.INTERACTIVE)
+        in_step(second.request, replying=True)
+        second.cancel()  # while a step of its reply is in flight
+        assert interrupts == [True]
+        backend.open()
+        assert second.result().finish_reason == "cancelled"
+    finally:
+        backend.open()
+        engine.close()

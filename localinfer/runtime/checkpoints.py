@@ -114,12 +114,15 @@ class CacheKeeper:
         slot.checkpoint_at = None
         if request.params.supersede is None and self.backend.cut_reach:
             self._chat(slot, n_keep, len(request.prompt) - REREAD_TAIL)
+        # An autocomplete request: the next keystroke's prompt differs from this one at or
+        # after where the text typed at the cursor begins (a FIM prompt's ``cursor``), else
+        # where this one differs from the last (the cursor moves on), so the cache as it is
+        # there is worth keeping: past the reply that follows, a window cache could not be
+        # cut back to it (a 1,400-token prompt then read whole at every burst's first key).
+        at = request.cursor if request.cursor is not None else common
         if request.params.supersede is not None and self.backend.needs_checkpoints and \
-                common >= CHECKPOINT_MIN_TOKENS:
-            # An autocomplete request: the next keystroke's prompt differs from this one
-            # at or after where this one differs from the last (the cursor moves on), so
-            # the cache as it is there is worth keeping.
-            slot.checkpoint_at = common
+                CHECKPOINT_MIN_TOKENS <= at <= len(target) - REREAD_TAIL:
+            slot.checkpoint_at = at
             self.take_due(slot)
         return n_keep
 

@@ -44,7 +44,7 @@ from .checkpoints import CHECKPOINT_MIN_TOKENS as CHECKPOINT_MIN_TOKENS
 from .checkpoints import DEFAULT_CHAT_CHECKPOINTS, CacheKeeper, slot_score
 from .checkpoints import REREAD_TAIL as REREAD_TAIL
 from .disk_cache import PrefixCache
-from .fim import FimFile
+from .fim import FimFile, FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
 from .prompts import PromptBuilder
@@ -195,7 +195,7 @@ class Engine:
 
     def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
                       extra: Sequence[FimFile] = (), n_predict: int | None = None,
-                      ) -> list[int]:
+                      ) -> FimTokens:
         """The FIM prompt (``PromptBuilder.infill_tokens``)."""
         return self.prompt_builder.infill_tokens(prefix, suffix, prompt=prompt, extra=extra,
                                                  n_predict=n_predict)
@@ -311,6 +311,7 @@ class Engine:
             t_received=received_at,
             assembler=TextAssembler(params.stop, min_indent=params.n_indent),
             target=list(prompt),
+            cursor=prompt.cursor if isinstance(prompt, FimTokens) else None,
             closing=self.tokenize(params.reasoning_budget.close) if params.reasoning_budget else [],
         )
         generation.request = request
@@ -445,8 +446,11 @@ class Engine:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
                 generation._emit(done_event(request, "cancelled", time.perf_counter()))
-            if self._in_step and all(r.generation.cancelled for r in self._in_step):
-                self.backend.interrupt()  # nobody waits for the step in flight: stop it
+            # Nobody waits for the step in flight: stop it, unless it reads an autocomplete
+            # prompt, whose cache the next keystroke's request reads first.
+            if self._in_step and all(r.generation.cancelled for r in self._in_step) and \
+                    not any(r.params.supersede and not r.generated for r in self._in_step):
+                self.backend.interrupt()
             self._cv.notify()
 
     # --- the worker thread ----------------------------------------------------------------

@@ -49,6 +49,16 @@ class FimFile:
     text: str
 
 
+class FimTokens(list[int]):
+    """A FIM prompt's tokens, and where the text typed at the cursor begins in them
+    (``cursor``; None where the client sent none apart): the next keystroke's prompt parts
+    from this one there or after it, so the engine keeps the cache's state there
+    (``CacheKeeper.reuse``), which a sliding-window cache could not otherwise be cut back
+    to past the reply that follows."""
+
+    cursor: int | None = None
+
+
 class _Tokenizer(Protocol):
     fim_repo: tuple[str, str] | None
     fim_spm: bool
@@ -58,7 +68,7 @@ class _Tokenizer(Protocol):
 
 def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *,
                prompt: str = "", extra: Sequence[FimFile] = (),
-               n_predict: int | None = None) -> list[int]:
+               n_predict: int | None = None) -> FimTokens:
     """The FIM prompt's tokens (``info.fim`` must be set)."""
     assert info.fim is not None, "fim_prompt needs a model with FIM tokens"
     pre, suf, mid = info.fim
@@ -107,4 +117,8 @@ def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *
     head = tokens(pre) + prefix_tokens + typed
     tail = tokens(suf) + suffix_tokens
     first, second = (tail, head) if backend.fim_spm else (head, tail)
-    return bos + extra_tokens + first + second + tokens(mid)
+    out = FimTokens(bos + extra_tokens + first + second + tokens(mid))
+    if typed:
+        before = len(bos) + len(extra_tokens) + (len(tail) if backend.fim_spm else 0)
+        out.cursor = before + len(head) - len(typed)
+    return out

@@ -117,6 +117,8 @@ class Request:
     n_accepted: int = 0
     generated: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
+    cursor: int | None = None
+    """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
     """What must be in the KV cache before the next sample: the prompt, or after a
     preemption the prompt and everything generated so far."""
     sampler: object = None

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ContextOverflow, InvalidRequest
 from .backend import Backend
 from .chat_template import ChatTemplate
-from .fim import FimFile, fim_prompt
+from .fim import FimFile, FimTokens, fim_prompt
 from .prompt_cache import PromptTokenizer
 from .tools import ToolFormat, detect_format
 from .types import Message, ModelInfo
@@ -46,7 +46,7 @@ class PromptBuilder:
 
     def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
                       extra: Sequence[FimFile] = (), n_predict: int | None = None,
-                      ) -> list[int]:
+                      ) -> FimTokens:
         """The FIM prompt, built as llama-server's /infill builds it (see fim.py): ``extra``
         files as repo-level context (``<|file_sep|>`` for families that have it), then prefix,
         ``prompt`` (text typed at the cursor), suffix, in the family's order."""
