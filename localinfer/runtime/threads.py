@@ -9,7 +9,9 @@ decodes faster with 1 thread than with 2 (17.5 against 11.1 tok/s; 14.2 against 
 of 5-9). Which count is best depends on the CPU, the model and the load, so it is measured, not
 assumed: ``ThreadPolicy`` is the pure explore/exploit rule for one kind of step (fed with
 thread counts and step times), ``ThreadTuner`` applies one policy per kind of step to a backend
-and samples the other processes' CPU use, the cheap signal that says when to try.
+and samples the other processes' CPU use, the cheap signal that says when to try. A request that
+comes to an idle engine starts from the count learned for the cores other processes hold at
+that instant (``others_running_now``), which ``ThreadMemory`` keeps per model across processes.
 """
 
 from __future__ import annotations
@@ -355,8 +357,9 @@ class ThreadTuner:
         self.memory = memory or ThreadMemory(None, max_threads)
         self.policies: dict[str, ThreadPolicy] = {}
         self._busy: int | None = None
-        """The cores other processes held at the last admission (``admit``), until a load
-        sample over a step replaces it."""
+        """The cores other processes held at the last admission (``admit``); None before the
+        first, or where the kernel does not say. Between admissions the load sampled over the
+        steps (``others_cores``) stands for it."""
         self._applied = (max_threads, max_threads)
         self.others_cores = 0.0
         """Cores' worth of CPU the other processes used over the last sample."""
