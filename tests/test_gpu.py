@@ -27,6 +27,8 @@ from localinfer.planner.memory import device_memory
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.llama.tensor_placement import on_host
 from localinfer.runtime.types import SamplingParams
+from localinfer.store import ModelStore
+from memlimit import address_space_limit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.model]
 
@@ -273,6 +275,39 @@ def test_the_daemon_shows_the_gpu_and_its_allocations(gpu, starter_path):
         [loaded] = status["loaded"]
         assert loaded["info"]["gpu_backend"] == "Vulkan"
         assert processor_text(loaded["info"], loaded.get("memory")).endswith("(Vulkan)")
+
+
+def test_out_of_gpu_memory_at_load_is_a_clear_error_and_the_daemon_keeps_serving(
+        gpu, starter_path, home, tmp_path):
+    big = tmp_path / "zero.gguf"
+    size = ggufgen.write_zero_model(big)  # ~930 MiB of F16 zeros, a sparse file
+    ModelStore().add(big, name="zero:1b", link=True)
+    factory = engine_factory(Config(ctx=N_CTX, gpu_layers=-1), n_slots=1)
+    with serve(factory, max_loaded=2) as d:
+        client = ollama.Client(host=d.url)
+
+        def generate(model: str) -> str:
+            return client.generate(model=model, prompt=PROMPT, raw=True,
+                                   options={"num_predict": 6, "temperature": 0}).response
+
+        before = generate("gemma3:270m")
+        [held] = d.manager.loaded.values()
+        # Room for llama.cpp to map the big file and 256 MiB more, less than its weights on
+        # the GPU: the weights' device buffer cannot be allocated (llvmpipe mallocs it).
+        with address_space_limit(size + 256 * 2**20), pytest.raises(ollama.ResponseError) as e:
+            generate("zero:1b")
+        error = e.value
+        assert error.status_code == 500
+        assert "out of GPU memory loading zero.gguf" in error.error, error.error
+        assert f"MiB on {gpu.name} ({gpu.description}" in error.error  # what, where, how much
+        asked = float(error.error.split("allocate ")[1].split(" MiB")[0])
+        assert 0.9 * size / 2**20 < asked < size / 2**20
+        assert "for its weights, with 9/9 layers on the GPU" in error.error
+        assert "--gpu-layers 4" in error.error and "smaller --ctx" in error.error
+        # Still serving the model it had, the same engine, the same text.
+        assert [m.model for m in client.ps().models] == [held.name]
+        assert generate("gemma3:270m") == before
+        assert list(d.manager.loaded.values()) == [held]
 
 
 # --- a mixture of experts with its experts in RAM -------------------------------------------
