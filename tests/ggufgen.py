@@ -250,7 +250,7 @@ def lora_adapter(*, architecture: str = "bert", embd: int = 32, n_layers: int = 
                 data += b"\0" * ((-len(data)) % 32)
     return gguf(kvs, tensors, bytes(data))
 def _llama_kvs(name: str, n_layers: int, embd: int, n_ff: int, head_count: int,
-               head_kv: int, file_type: int) -> tuple[list[bytes], int]:
+               head_kv: int, file_type: int, context: int = 512) -> tuple[list[bytes], int]:
     """The metadata of a llama-architecture model with a byte-fallback SentencePiece
     vocabulary of 259 tokens plus a few words, and the vocabulary's size."""
     words = ["▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁it"]
@@ -261,7 +261,7 @@ def _llama_kvs(name: str, n_layers: int, embd: int, n_ff: int, head_count: int,
         kv("general.name", STRING, name),
         kv("general.file_type", U32, file_type),
         kv("llama.block_count", U32, n_layers),
-        kv("llama.context_length", U32, 512),
+        kv("llama.context_length", U32, context),
         kv("llama.embedding_length", U32, embd),
         kv("llama.feed_forward_length", U32, n_ff),
         kv("llama.attention.head_count", U32, head_count),
@@ -325,12 +325,14 @@ def moe_model(n_layers: int = 4, embd: int = 512, n_ff: int = 64, n_expert: int 
     return gguf(kvs, tensors, b"".join(blobs))
 
 
-def write_zero_model(path, *, n_layers: int = 8, embd: int = 2048, n_ff: int = 8192) -> int:
+def write_zero_model(path, *, n_layers: int = 8, embd: int = 2048, n_ff: int = 8192,
+                     context: int = 65536) -> int:
     """Write at ``path`` a dense llama-architecture model whose F16 weights are all zero, as a
     sparse file (its data takes no disk and no memory here): a model of a given size for load
-    tests, ~1 GiB as it comes. It loads and decodes (every logit 0). Returns its size."""
+    tests, ~1 GiB as it comes, trained for ``context`` tokens (its F16 KV cache: 16 KiB a
+    token). It loads and decodes (every logit 0). Returns its size."""
     head_count, head_kv = 16, 4
-    kvs, vocab = _llama_kvs("zero", n_layers, embd, n_ff, head_count, head_kv, 1)
+    kvs, vocab = _llama_kvs("zero", n_layers, embd, n_ff, head_count, head_kv, 1, context)
     kv_dim = embd // head_count * head_kv
     shapes: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (embd, vocab), False)]
     for i in range(n_layers):

@@ -353,22 +353,31 @@ def test_tokenizing_a_lone_surrogate_is_an_invalid_request(real_engine):
         real_engine.chat_tokens([Message("user", "\udc00")])
 
 
-def test_a_load_that_runs_out_of_memory_says_what_ran_out_and_what_to_do(tmp_path):
-    """Read into RAM (no mmap), a ~930 MiB model with 256 MiB of room left to this process:
-    llama.cpp's buffer for the weights cannot be allocated, and the error says so, with the
-    size it asked for. (The GPU lane does the same on a Vulkan device: tests/test_gpu.py.)"""
+@pytest.mark.parametrize("runs_out", ["weights", "kv"])
+def test_a_load_that_runs_out_of_memory_says_what_ran_out_and_what_to_do(tmp_path, runs_out):
+    """A ~930 MiB model with 256 MiB of room left to this process: read into RAM (no mmap),
+    its weights cannot be allocated; mapped (and room for the mapping), with a 65536-token
+    context, its 1 GiB KV cache cannot. The error says which and how much. (The GPU lane runs
+    a GPU out of memory the same way: tests/test_gpu.py.)"""
     big = tmp_path / "zero.gguf"
-    size = ggufgen.write_zero_model(big)
+    size = ggufgen.write_zero_model(big, context=65536)
     header = gguf.read_header(big)  # read first: the reader maps the whole file
-    with address_space_limit(256 * 2**20), pytest.raises(ModelLoadError) as e:
-        load_engine(big, LoadOptions(n_ctx=256, n_gpu_layers=0, use_mmap=False), name="zero",
-                    header=header)
+    weights = runs_out == "weights"
+    options = (LoadOptions(n_ctx=256, n_gpu_layers=0, use_mmap=False) if weights
+               else LoadOptions(n_ctx=65536, n_gpu_layers=0))
+    room = 256 * 2**20 + (0 if weights else size)
+    with address_space_limit(room), pytest.raises(ModelLoadError) as e:
+        load_engine(big, options, name="zero", header=header)
     message = str(e.value)
-    assert message.startswith("out of memory loading zero.gguf: llama.cpp could not allocate")
-    asked = float(message.split("allocate ")[1].split(" MiB")[0])
-    assert 0.9 * size / 2**20 < asked <= size / 2**20
-    assert "of RAM (CPU buffer) for its weights" in message and "smaller --ctx" in message
     assert e.value.title == "out of memory"
-    # Nothing held on: the same file loads at once with the room back (mapped, not read).
+    assert message.startswith("out of memory loading zero.gguf: llama.cpp could not allocate")
+    if weights:
+        asked = float(message.split("allocate ")[1].split(" MiB")[0])
+        assert 0.9 * size / 2**20 < asked <= size / 2**20
+        assert "of RAM (CPU buffer) for its weights. Use a smaller quantization" in message
+    else:  # 8 layers x K and V x 512 x 65536 x 2 bytes
+        assert ("allocate 1.00 GiB of RAM (CPU buffer) for its KV cache (65536 tokens x 1"
+                " slot). Use a smaller --ctx") in message
+    # Nothing held on: with the room back, it loads (mapped, a small context).
     engine = load_engine(big, LoadOptions(n_ctx=256, n_gpu_layers=0), name="zero")
     engine.close()

@@ -192,10 +192,9 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
-            part = (f"its KV cache ({options.n_ctx} tokens x {n_slots} slots)"
-                    if "kv cache" in _llama_said().lower() else
-                    f"its compute buffers ({options.n_ctx} tokens x {n_slots} slots, batches"
-                    f" of {n_ubatch})")
+            slots = f"{options.n_ctx} tokens x {n_slots} slot{'s' * (n_slots != 1)}"
+            part = (f"its KV cache ({slots})" if "kv cache" in _llama_said().lower() else
+                    f"its compute buffers ({slots}, batches of {n_ubatch})")
             raise _out_of_memory(path, part, options, n_layers) or ModelLoadError(
                 f"llama.cpp could not create a context of {options.n_ctx} tokens x {n_slots}"
                 f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
@@ -334,18 +333,20 @@ def _size_text(n: int) -> str:
 def _out_of_memory(path: Path, part: str, options: LoadOptions,
                    n_layers: int) -> ModelLoadError | None:
     """The error for a load that failed because llama.cpp could not allocate a buffer (of
-    ``part``: the weights, the KV cache...), saying on which device, how much it asked for and
+    ``part``: its weights, its KV cache...), saying on which device, how much it asked for and
     what to change; None when the log names no failed allocation."""
     failed = _failed_allocation()
     if failed is None:
         return None
     buffer_type, size = failed
+    weights = part == "its weights"
+    smaller = ("a smaller quantization" if weights else
+               "a smaller --ctx (a request's num_ctx), a q8_0 KV cache (--kv-type q8_0)")
     if on_host(buffer_type):
         return ModelLoadError(
             f"out of memory loading {path.name}: llama.cpp could not allocate"
-            f" {_size_text(size)} of RAM ({buffer_type} buffer) for {part}. Use a smaller"
-            " --ctx, a smaller quantization, or free memory (other loaded models:"
-            " `localinfer ps`; other programs).",
+            f" {_size_text(size)} of RAM ({buffer_type} buffer) for {part}. Use {smaller},"
+            " or free memory (other loaded models: `localinfer ps`; other programs).",
             title="out of memory")
     device = next((d for d in devices() if d.name == buffer_type), None)
     where = buffer_type
@@ -357,13 +358,13 @@ def _out_of_memory(path: Path, part: str, options: LoadOptions,
         where += ")"
     total = n_layers + 1  # the repeating layers and the output layer, as --gpu-layers counts
     on_gpu = total if options.n_gpu_layers < 0 else min(options.n_gpu_layers, total)
-    fewer = max(0, on_gpu // 2)
+    fewer = (f"fewer layers on the GPU (e.g. --gpu-layers {on_gpu // 2}, or gpu_layers ="
+             f" {on_gpu // 2} in config.toml; 0 keeps the model in RAM)")
+    todo = f"Put {fewer}, use {smaller}" if weights else f"Use {smaller}, put {fewer}"
     return ModelLoadError(
         f"out of GPU memory loading {path.name}: llama.cpp could not allocate"
         f" {_size_text(size)} on {where} for {part}, with {on_gpu}/{total} layers on the GPU."
-        f" Put fewer layers on the GPU (e.g. --gpu-layers {fewer}, or gpu_layers = {fewer} in"
-        " config.toml; 0 keeps the model in RAM), use a smaller --ctx, or free GPU memory"
-        " (other loaded models: `localinfer ps`; other programs).",
+        f" {todo}, or free GPU memory (other loaded models: `localinfer ps`; other programs).",
         title="out of GPU memory")
 
 
