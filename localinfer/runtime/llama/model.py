@@ -340,8 +340,9 @@ def _out_of_memory(path: Path, part: str, options: LoadOptions,
         return None
     buffer_type, size = failed
     weights = part == "its weights"
-    smaller = ("a smaller quantization" if weights else
-               "a smaller --ctx (a request's num_ctx), a q8_0 KV cache (--kv-type q8_0)")
+    smaller = "a smaller quantization" if weights else "a smaller --ctx (a request's num_ctx)"
+    if not weights and options.kv_type == "f16":
+        smaller += ", a q8_0 KV cache (--kv-type q8_0)"
     if on_host(buffer_type):
         return ModelLoadError(
             f"out of memory loading {path.name}: llama.cpp could not allocate"
@@ -360,7 +361,10 @@ def _out_of_memory(path: Path, part: str, options: LoadOptions,
     on_gpu = total if options.n_gpu_layers < 0 else min(options.n_gpu_layers, total)
     fewer = (f"fewer layers on the GPU (e.g. --gpu-layers {on_gpu // 2}, or gpu_layers ="
              f" {on_gpu // 2} in config.toml; 0 keeps the model in RAM)")
-    todo = f"Put {fewer}, use {smaller}" if weights else f"Use {smaller}, put {fewer}"
+    if not on_gpu:  # a buffer of the GPU's with no layer there: nothing to move off it
+        todo = f"Use {smaller}"
+    else:
+        todo = f"Put {fewer}, use {smaller}" if weights else f"Use {smaller}, put {fewer}"
     return ModelLoadError(
         f"out of GPU memory loading {path.name}: llama.cpp could not allocate"
         f" {_size_text(size)} on {where} for {part}, with {on_gpu}/{total} layers on the GPU."
