@@ -249,6 +249,46 @@ def lora_adapter(*, architecture: str = "bert", embd: int = 32, n_layers: int = 
                 data += values.tobytes()
                 data += b"\0" * ((-len(data)) % 32)
     return gguf(kvs, tensors, bytes(data))
+def _llama_kvs(name: str, n_layers: int, embd: int, n_ff: int, head_count: int,
+               head_kv: int, file_type: int, context: int = 512) -> tuple[list[bytes], int]:
+    """The metadata of a llama-architecture model with a byte-fallback SentencePiece
+    vocabulary of 259 tokens plus a few words, and the vocabulary's size."""
+    words = ["▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁it"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words
+    types = [2, 3, 3] + [6] * 256 + [1] * len(words)
+    kvs = [
+        kv("general.architecture", STRING, "llama"),
+        kv("general.name", STRING, name),
+        kv("general.file_type", U32, file_type),
+        kv("llama.block_count", U32, n_layers),
+        kv("llama.context_length", U32, context),
+        kv("llama.embedding_length", U32, embd),
+        kv("llama.feed_forward_length", U32, n_ff),
+        kv("llama.attention.head_count", U32, head_count),
+        kv("llama.attention.head_count_kv", U32, head_kv),
+        kv("llama.attention.layer_norm_rms_epsilon", F32, 1e-5),
+        kv("llama.rope.dimension_count", U32, embd // head_count),
+        kv("tokenizer.ggml.model", STRING, "llama"),
+        kv("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
+        kv("tokenizer.ggml.scores", ARRAY, (F32, [0.0] * 3 + [-1000.0] * 256
+                                            + [-float(i) for i in range(len(words))])),
+        kv("tokenizer.ggml.token_type", ARRAY, (I32, types)),
+        kv("tokenizer.ggml.bos_token_id", U32, 1),
+        kv("tokenizer.ggml.eos_token_id", U32, 2),
+        kv("tokenizer.ggml.unknown_token_id", U32, 0),
+    ]
+    return kvs, len(tokens)
+
+
+def _attention(i: int, embd: int, kv_dim: int) -> list[tuple[str, tuple[int, ...], bool]]:
+    return [(f"blk.{i}.attn_norm.weight", (embd,), True),
+            (f"blk.{i}.attn_q.weight", (embd, embd), False),
+            (f"blk.{i}.attn_k.weight", (embd, kv_dim), False),
+            (f"blk.{i}.attn_v.weight", (embd, kv_dim), False),
+            (f"blk.{i}.attn_output.weight", (embd, embd), False),
+            (f"blk.{i}.ffn_norm.weight", (embd,), True)]
+
+
 def moe_model(n_layers: int = 4, embd: int = 512, n_ff: int = 64, n_expert: int = 16,
               n_expert_used: int = 1, seed: int = 0) -> bytes:
     """A loadable mixture-of-experts model (llama architecture with experts, as Mixtral):
@@ -259,43 +299,15 @@ def moe_model(n_layers: int = 4, embd: int = 512, n_ff: int = 64, n_expert: int 
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    words = ["▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁it"]
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words
-    types = [2, 3, 3] + [6] * 256 + [1] * len(words)
     head_count, head_kv = 4, 2
-    kvs = [
-        kv("general.architecture", STRING, "llama"),
-        kv("general.name", STRING, "tiny-moe"),
-        kv("general.file_type", U32, 1),
-        kv("llama.block_count", U32, n_layers),
-        kv("llama.context_length", U32, 512),
-        kv("llama.embedding_length", U32, embd),
-        kv("llama.feed_forward_length", U32, n_ff),
-        kv("llama.attention.head_count", U32, head_count),
-        kv("llama.attention.head_count_kv", U32, head_kv),
-        kv("llama.attention.layer_norm_rms_epsilon", F32, 1e-5),
-        kv("llama.rope.dimension_count", U32, embd // head_count),
-        kv("llama.expert_count", U32, n_expert),
-        kv("llama.expert_used_count", U32, n_expert_used),
-        kv("tokenizer.ggml.model", STRING, "llama"),
-        kv("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
-        kv("tokenizer.ggml.scores", ARRAY, (F32, [0.0] * 3 + [-1000.0] * 256
-                                            + [-float(i) for i in range(len(words))])),
-        kv("tokenizer.ggml.token_type", ARRAY, (I32, types)),
-        kv("tokenizer.ggml.bos_token_id", U32, 1),
-        kv("tokenizer.ggml.eos_token_id", U32, 2),
-        kv("tokenizer.ggml.unknown_token_id", U32, 0),
-    ]
-    vocab, kv_dim = len(tokens), embd // head_count * head_kv
+    kvs, vocab = _llama_kvs("tiny-moe", n_layers, embd, n_ff, head_count, head_kv, 1)
+    kvs += [kv("llama.expert_count", U32, n_expert),
+            kv("llama.expert_used_count", U32, n_expert_used)]
+    kv_dim = embd // head_count * head_kv
     shapes: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (embd, vocab), False)]
     for i in range(n_layers):
-        shapes += [(f"blk.{i}.attn_norm.weight", (embd,), True),
-                   (f"blk.{i}.attn_q.weight", (embd, embd), False),
-                   (f"blk.{i}.attn_k.weight", (embd, kv_dim), False),
-                   (f"blk.{i}.attn_v.weight", (embd, kv_dim), False),
-                   (f"blk.{i}.attn_output.weight", (embd, embd), False),
-                   (f"blk.{i}.ffn_norm.weight", (embd,), True),
-                   (f"blk.{i}.ffn_gate_inp.weight", (embd, n_expert), False),
+        shapes += _attention(i, embd, kv_dim)
+        shapes += [(f"blk.{i}.ffn_gate_inp.weight", (embd, n_expert), False),
                    (f"blk.{i}.ffn_gate_exps.weight", (embd, n_ff, n_expert), False),
                    (f"blk.{i}.ffn_up_exps.weight", (embd, n_ff, n_expert), False),
                    (f"blk.{i}.ffn_down_exps.weight", (n_ff, embd, n_expert), False)]
@@ -311,3 +323,34 @@ def moe_model(n_layers: int = 4, embd: int = 512, n_ff: int = 64, n_expert: int 
         blobs.append(data)
         offset += len(data)
     return gguf(kvs, tensors, b"".join(blobs))
+
+
+def write_zero_model(path, *, n_layers: int = 8, embd: int = 2048, n_ff: int = 8192,
+                     context: int = 65536) -> int:
+    """Write at ``path`` a dense llama-architecture model whose F16 weights are all zero, as a
+    sparse file (its data takes no disk and no memory here): a model of a given size for load
+    tests, ~1 GiB as it comes, trained for ``context`` tokens (its F16 KV cache: 16 KiB a
+    token). It loads and decodes (every logit 0). Returns its size."""
+    head_count, head_kv = 16, 4
+    kvs, vocab = _llama_kvs("zero", n_layers, embd, n_ff, head_count, head_kv, 1, context)
+    kv_dim = embd // head_count * head_kv
+    shapes: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (embd, vocab), False)]
+    for i in range(n_layers):
+        shapes += _attention(i, embd, kv_dim)
+        shapes += [(f"blk.{i}.ffn_gate.weight", (embd, n_ff), False),
+                   (f"blk.{i}.ffn_up.weight", (embd, n_ff), False),
+                   (f"blk.{i}.ffn_down.weight", (n_ff, embd), False)]
+    shapes += [("output_norm.weight", (embd,), True), ("output.weight", (embd, vocab), False)]
+    tensors, offset = [], 0
+    for name, shape, is_norm in shapes:
+        count = 1
+        for d in shape:
+            count *= d
+        tensors.append((name, shape, 0 if is_norm else 1, offset))
+        size = count * (4 if is_norm else 2)
+        offset += size + (-size) % 32
+    head = gguf(kvs, tensors)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + offset)
+    return len(head) + offset

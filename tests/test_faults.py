@@ -1,7 +1,7 @@
 """Faults from outside: clients that leave (before the body ends, while a reply is made, mid-
 stream), two pulls of one model at once, a daemon stopped (SIGTERM, `stop`) during a pull, a
-pull that fails before its first byte, the chat killed mid-reply. Each is quiet (no traceback),
-counted, and leaves nothing behind but what can be resumed."""
+pull that fails before its first byte, the chat killed mid-reply, a load that runs out of memory.
+Each is quiet (no traceback), counted, and leaves nothing behind but what can be resumed."""
 
 from __future__ import annotations
 
@@ -22,14 +22,19 @@ import httpx
 import pytest
 from filelock import FileLock
 
+import ggufgen
 from daemon_util import fake_factory, install_fake_models, serve
 from hub_server import STARTER_BYTES
+from localinfer import gguf
 from localinfer.chats import ChatMessage, ChatStore
 from localinfer.cli import main
 from localinfer.daemon.bridge import PullJob
-from localinfer.errors import DownloadError, InvalidRequest, StoreError
+from localinfer.errors import DownloadError, InvalidRequest, ModelLoadError, StoreError
+from localinfer.loading import load_engine
+from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.types import Message
 from localinfer.store import ModelStore, pull_model
+from memlimit import address_space_limit
 from tui_util import REPLY, GatedBackend, Opener, in_process_app, streamed, until
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home
@@ -346,3 +351,33 @@ def test_tokenizing_a_lone_surrogate_is_an_invalid_request(real_engine):
         real_engine.completion_tokens("a cut emoji: \ud83d")
     with pytest.raises(InvalidRequest, match="unpaired UTF-16 surrogate"):
         real_engine.chat_tokens([Message("user", "\udc00")])
+
+
+@pytest.mark.parametrize("runs_out", ["weights", "kv"])
+def test_a_load_that_runs_out_of_memory_says_what_ran_out_and_what_to_do(tmp_path, runs_out):
+    """A ~930 MiB model with 256 MiB of room left to this process: read into RAM (no mmap),
+    its weights cannot be allocated; mapped (and room for the mapping), with a 65536-token
+    context, its 1 GiB KV cache cannot. The error says which and how much. (The GPU lane runs
+    a GPU out of memory the same way: tests/test_gpu.py.)"""
+    big = tmp_path / "zero.gguf"
+    size = ggufgen.write_zero_model(big, context=65536)
+    header = gguf.read_header(big)  # read first: the reader maps the whole file
+    weights = runs_out == "weights"
+    options = (LoadOptions(n_ctx=256, n_gpu_layers=0, use_mmap=False) if weights
+               else LoadOptions(n_ctx=65536, n_gpu_layers=0))
+    room = 256 * 2**20 + (0 if weights else size)
+    with address_space_limit(room), pytest.raises(ModelLoadError) as e:
+        load_engine(big, options, name="zero", header=header)
+    message = str(e.value)
+    assert e.value.title == "out of memory"
+    assert message.startswith("out of memory loading zero.gguf: llama.cpp could not allocate")
+    if weights:
+        asked = float(message.split("allocate ")[1].split(" MiB")[0])
+        assert 0.9 * size / 2**20 < asked <= size / 2**20
+        assert "of RAM (CPU buffer) for its weights. Use a smaller quantization" in message
+    else:  # 8 layers x K and V x 512 x 65536 x 2 bytes
+        assert ("allocate 1.00 GiB of RAM (CPU buffer) for its KV cache (65536 tokens x 1"
+                " slot). Use a smaller --ctx") in message
+    # Nothing held on: with the room back, it loads (mapped, a small context).
+    engine = load_engine(big, LoadOptions(n_ctx=256, n_gpu_layers=0), name="zero")
+    engine.close()

@@ -27,6 +27,8 @@ from localinfer.planner.memory import device_memory
 from localinfer.runtime.backend import LoadOptions
 from localinfer.runtime.llama.tensor_placement import on_host
 from localinfer.runtime.types import SamplingParams
+from localinfer.store import ModelStore
+from memlimit import address_space_limit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.model]
 
@@ -275,8 +277,44 @@ def test_the_daemon_shows_the_gpu_and_its_allocations(gpu, starter_path):
         assert processor_text(loaded["info"], loaded.get("memory")).endswith("(Vulkan)")
 
 
+def test_out_of_gpu_memory_at_load_is_a_clear_error_and_the_daemon_keeps_serving(
+        gpu, starter_path, home, tmp_path):
+    big = tmp_path / "zero.gguf"
+    size = ggufgen.write_zero_model(big)  # ~930 MiB of F16 zeros in a sparse file
+    ModelStore().add(big, name="zero:1b", link=True)
+    factory = engine_factory(Config(ctx=N_CTX, gpu_layers=-1), n_slots=1)
+    with serve(factory, max_loaded=2) as d:
+        client = ollama.Client(host=d.url)
+
+        def generate(model: str) -> str:
+            return client.generate(model=model, prompt=PROMPT, raw=True,
+                                   options={"num_predict": 6, "temperature": 0}).response
+
+        before = generate("gemma3:270m")
+        [held] = d.manager.loaded.values()
+        # Room for llama.cpp to map the big file and 256 MiB more, less than its weights on
+        # the GPU: the weights' device buffer cannot be allocated (llvmpipe mallocs it).
+        with address_space_limit(size + 256 * 2**20), pytest.raises(ollama.ResponseError) as e:
+            generate("zero:1b")
+        error = e.value
+        assert error.status_code == 500
+        assert "out of GPU memory loading zero.gguf" in error.error, error.error
+        assert f"MiB on {gpu.name} ({gpu.description}" in error.error  # what, where, how much
+        asked = float(error.error.split("allocate ")[1].split(" MiB")[0])
+        assert 0.9 * size / 2**20 < asked < size / 2**20
+        assert "for its weights, with 9/9 layers on the GPU" in error.error
+        assert "Put fewer layers on the GPU (e.g. --gpu-layers 4" in error.error
+        # Still serving the model it had, the same engine, the same text.
+        assert [m.model for m in client.ps().models] == [held.name]
+        assert generate("gemma3:270m") == before
+        assert list(d.manager.loaded.values()) == [held]
+
+
 # --- a mixture of experts with its experts in RAM -------------------------------------------
-def test_a_generated_moe_loads_with_the_planned_experts_in_ram(gpu, tmp_path, home):
+MOE_PROMPT = "the a is of and to in it the a"
+
+
+def test_a_generated_moe_loads_with_the_planned_experts_in_ram_and_decodes(gpu, tmp_path, home):
     path = tmp_path / "tiny-moe.gguf"
     path.write_bytes(ggufgen.moe_model())
     header = gguf.read_header(path)
@@ -291,7 +329,14 @@ def test_a_generated_moe_loads_with_the_planned_experts_in_ram(gpu, tmp_path, ho
     assert (chosen.n_gpu_layers, chosen.n_cpu_moe) == (c.n_layers + 1, 2), chosen.placements
     options = options_for(header, Config(ctx=256, slots=1), hardware=hw, name="tiny-moe")
     assert (options.n_gpu_layers, options.n_cpu_moe) == (c.n_layers + 1, 2)
+    # Flash attention off: with it, ggml-vulkan on llvmpipe segfaults in the driver's queue
+    # thread when a decode of several rows follows a one-row decode (the engine's warm-up)
+    # and has to grow flash attention's split-k scratch buffer in mid-graph; this llama-shaped
+    # model (head size 128) hits it, dense or MoE, the starter does not (docs/hardware.md).
+    options = dataclasses.replace(options, flash_attn=False)
     engine = load_engine(path, options, name="tiny-moe")
+    cpu = load_engine(path, LoadOptions(n_ctx=256, n_gpu_layers=0, flash_attn=False),
+                      name="tiny-moe")
     try:
         moved = {name for name, buft in engine.backend.overridden}
         assert moved == {f"blk.{i}.ffn_{p}_exps.weight" for i in range(2)
@@ -299,14 +344,20 @@ def test_a_generated_moe_loads_with_the_planned_experts_in_ram(gpu, tmp_path, ho
         # In RAM: llama.cpp picks the GPU backend's pinned host buffers ("Vulkan_Host").
         assert all(on_host(buft) for _, buft in engine.backend.overridden)
         info = engine.info
-        assert info.n_gpu_layers == c.n_layers + 1
+        assert info.n_gpu_layers == c.n_layers + 1 and info.n_cpu_moe == 2
         on_gpu = _buffers(info, "model", gpu=True)
         experts_in_ram = sum(layer.expert_bytes for layer in c.layers[:2])
         assert chosen.gpu is not None
         assert on_gpu == pytest.approx(chosen.gpu.weights_bytes, rel=0.10), info.buffers
         assert _buffers(info, "model", gpu=False) >= experts_in_ram
-        # Not decoded here: a decode of this generated llama-MoE on llvmpipe crashes the
-        # process inside llama.cpp, with its experts in RAM or not (tests/test_moe.py decodes
-        # it on the CPU).
+        assert _buffers(cpu.info, "model", gpu=True) == 0
+        # The same greedy text as the CPU's decode of the file (up to a near-tie).
+        reference = _greedy(cpu, MOE_PROMPT, max_tokens=16)
+        run = _greedy(engine, MOE_PROMPT, max_tokens=16)
+        assert run.done is not None and run.done.usage.completion_tokens == 16
+        assert run.request.prompt == reference.request.prompt
+        divergence = first_divergence(cpu, reference, run)
+        assert divergence is None or divergence.near_tie, divergence
     finally:
         engine.close()
+        cpu.close()

@@ -122,6 +122,20 @@ def test_the_runtime_keeps_the_planned_experts_in_ram(moe_path):
         engine.close()
 
 
+def test_a_text_of_more_tokens_than_bytes_tokenizes(moe_path):
+    """The tiny MoE's vocabulary spells most text in byte tokens ("▁" alone is three), so
+    a prompt can have more tokens than bytes: the tokenizer asks llama.cpp again with room."""
+    engine = load_engine(moe_path, LoadOptions(n_ctx=256), name="tiny-moe")
+    try:
+        text = "the a is of and to in it the a"
+        tokens = engine.backend.tokenize(text, add_special=True)
+        assert len(tokens) > len(text.encode()) + 8
+        spelled = b"".join(engine.backend.token_bytes(t) for t in tokens[1:])
+        assert spelled.decode().replace("▁", " ").strip() == text
+    finally:
+        engine.close()
+
+
 def test_experts_in_ram_for_a_dense_model_are_refused_by_name(starter_path):
     with pytest.raises(InvalidRequest, match="n_cpu_moe 2: .* is not a mixture-of-experts"):
         load_engine(starter_path, LoadOptions(n_ctx=256, n_cpu_moe=2), name="gemma3:270m")

@@ -22,10 +22,10 @@ from ..backend import LoadOptions, ProgressCallback
 from ..types import ModelInfo, kv_cache_types
 from .decode import EMBED_CTX_GENERATIVE, EMBED_CTX_MAX, EMBED_SEQS, Decoding
 from .ggml_devices import Device, _use_workers, _worker_split, devices, system_info
-from .native import _init, _llama_said, _physical_cores, _recent_log, _set
+from .native import _failed_allocation, _init, _llama_said, _physical_cores, _recent_log, _set
 from .sampling import Sampling
 from .seq_state import SeqStates, build_id
-from .tensor_placement import cpu_overrides, expert_patterns, read_report, start_report
+from .tensor_placement import cpu_overrides, expert_patterns, on_host, read_report, start_report
 from .vocab import VocabScan
 
 log = logging.getLogger(__package__)
@@ -134,7 +134,8 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         t0 = time.perf_counter()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {path}{_llama_said()}")
+            raise _out_of_memory(path, "its weights", options, header.block_count) or \
+                ModelLoadError(f"llama.cpp could not load {path}{_llama_said()}")
         self._vocab = L.llama_model_get_vocab(self._model)
         self._n_vocab = L.llama_vocab_n_tokens(self._vocab)
         self.never_sampled = self._scan_vocab()
@@ -191,7 +192,10 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
-            raise ModelLoadError(
+            slots = f"{options.n_ctx} tokens x {n_slots} slot{'s' * (n_slots != 1)}"
+            part = (f"its KV cache ({slots})" if "kv cache" in _llama_said().lower() else
+                    f"its compute buffers ({slots}, batches of {n_ubatch})")
+            raise _out_of_memory(path, part, options, n_layers) or ModelLoadError(
                 f"llama.cpp could not create a context of {options.n_ctx} tokens x {n_slots}"
                 f" slots for {path} (out of memory?){_llama_said()} Try a smaller --ctx."
             )
@@ -320,6 +324,52 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
+
+
+def _size_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _out_of_memory(path: Path, part: str, options: LoadOptions,
+                   n_layers: int) -> ModelLoadError | None:
+    """The error for a load that failed because llama.cpp could not allocate a buffer (of
+    ``part``: its weights, its KV cache...), saying on which device, how much it asked for and
+    what to change; None when the log names no failed allocation."""
+    failed = _failed_allocation()
+    if failed is None:
+        return None
+    buffer_type, size = failed
+    weights = part == "its weights"
+    smaller = "a smaller quantization" if weights else "a smaller --ctx (a request's num_ctx)"
+    if not weights and options.kv_type == "f16":
+        smaller += ", a q8_0 KV cache (--kv-type q8_0)"
+    if on_host(buffer_type):
+        return ModelLoadError(
+            f"out of memory loading {path.name}: llama.cpp could not allocate"
+            f" {_size_text(size)} of RAM ({buffer_type} buffer) for {part}. Use {smaller},"
+            " or free memory (other loaded models: `localinfer ps`; other programs).",
+            title="out of memory")
+    device = next((d for d in devices() if d.name == buffer_type), None)
+    where = buffer_type
+    if device is not None:
+        where += f" ({device.description}"
+        if device.memory_total:
+            where += (f"; it reports {_size_text(device.memory_free)} free of"
+                      f" {_size_text(device.memory_total)}")
+        where += ")"
+    total = n_layers + 1  # the repeating layers and the output layer, as --gpu-layers counts
+    on_gpu = total if options.n_gpu_layers < 0 else min(options.n_gpu_layers, total)
+    fewer = (f"fewer layers on the GPU (e.g. --gpu-layers {on_gpu // 2}, or gpu_layers ="
+             f" {on_gpu // 2} in config.toml; 0 keeps the model in RAM)")
+    if not on_gpu:  # a buffer of the GPU's with no layer there: nothing to move off it
+        todo = f"Use {smaller}"
+    else:
+        todo = f"Put {fewer}, use {smaller}" if weights else f"Use {smaller}, put {fewer}"
+    return ModelLoadError(
+        f"out of GPU memory loading {path.name}: llama.cpp could not allocate"
+        f" {_size_text(size)} on {where} for {part}, with {on_gpu}/{total} layers on the GPU."
+        f" {todo}, or free GPU memory (other loaded models: `localinfer ps`; other programs).",
+        title="out of GPU memory")
 
 
 def _lora_adapters(model, paths: tuple[str, ...]) -> tuple[Any, int, Any] | None:

@@ -8,6 +8,7 @@ import collections
 import ctypes
 import logging
 import os
+import re
 import threading
 from typing import Any
 
@@ -91,3 +92,16 @@ def _llama_said() -> str:
     recent = list(_recent_log)  # one copy: llama.cpp may log from another thread meanwhile
     errors = [line for line in recent if "error" in line.lower() or "failed" in line.lower()]
     return f" (llama.cpp: {errors[-1]})." if errors else "."
+
+
+_ALLOC_FAILED = re.compile(r"failed to allocate (\S+) buffer of size (\d+)")
+
+
+def _failed_allocation() -> tuple[str, int] | None:
+    """The buffer llama.cpp last failed to allocate since its log was cleared (ggml-alloc's
+    "failed to allocate Vulkan0 buffer of size N"): its buffer type ("Vulkan0", "CUDA0",
+    "CPU", "Vulkan_Host") and size in bytes. None if none failed."""
+    for line in reversed(list(_recent_log)):
+        if m := _ALLOC_FAILED.search(line):
+            return m.group(1), int(m.group(2))
+    return None

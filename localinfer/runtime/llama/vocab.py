@@ -149,6 +149,12 @@ class VocabScan(LlamaHandles):
         n_max = len(data) + 8
         buf = (L.llama_token * n_max)()
         n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+        if n < 0 and -n > n_max:
+            # More tokens than bytes: a vocabulary whose byte fallback spells a character
+            # in several tokens. llama.cpp said how many: ask again with room for them.
+            n_max = -n
+            buf = (L.llama_token * n_max)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
         if n < 0:
             raise LocalInferError(f"tokenization failed ({n})")
         return list(buf[:n])
