@@ -3,9 +3,16 @@ published_llama_bench.csv): per backend, the share of rows within +-10% and +-25
 (tg128) and prefill (pp512), on the rows its constants were fitted on and on the rows held out.
 Targets (issue 38), on held-out rows: decode within +-25% for >= 90% of all rows, >= 75% off
 Apple, >= 65% of discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The second table
-gives those slices, with the share of held-out rows inside the plan's interval.
+gives those slices, with the share of held-out rows inside the plan's interval; then the same
+for the fit rows and for each batch's held rows (38c: the clean hold-out of recent builds;
+38e: rows collected after the 38c refit).
 
-    python bench/planner_published.py [--rows]    (--rows: every row with its error)
+    python bench/planner_published.py [--rows] [--fit]
+        --rows: every row with its error
+        --fit: the refit table: per GPU class (and the CPU), the median measured/predicted of
+               the rows that set constants (published_rows.Row.fits: fit rows of recent builds,
+               llama-bench, PC hosts), and per backend the 10th-90th percentiles the plan's
+               intervals are set from
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from localinfer.planner.machine import gpu_class_for  # noqa: E402
 from published_rows import Outcome, load_rows, predict  # noqa: E402
 
 
@@ -58,6 +66,8 @@ def issue_table(outcomes: Sequence[Outcome], role: str = "held", batch: str = ""
     """The issue's table on the rows of ``role`` (of ``batch`` only, when given): within +-25%,
     the median error and the share inside the plan's interval."""
     title = f"{role} rows" + (f", batch {batch}" if batch else "")
+    if not any(o.row.role == role and (not batch or o.row.batch == batch) for o in outcomes):
+        return
     print(f"\n{title:22} {'decode ±25%':>12} {'median':>7} {'in int.':>8}"
           f"   {'prefill ±25%':>13} {'median':>7} {'in int.':>8}")
     for name, keep in SLICES:
@@ -81,9 +91,50 @@ def issue_table(outcomes: Sequence[Outcome], role: str = "held", batch: str = ""
               f" {(sum(bool(o.prefill_inside) for o in pre) / len(pre) if pre else 0):8.0%}")
 
 
+def quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def fit_table(outcomes: Sequence[Outcome]) -> None:
+    """Per class: rows that set constants, median measured/predicted (decode, prefill); per
+    backend: the 10th and 90th percentiles of the same ratios."""
+    classes: dict[str, list[Outcome]] = {}
+    backends: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        if not o.row.fits or o.row.apple:
+            continue
+        r = o.row
+        if r.machine.gpus:
+            g = r.machine.gpus[0]
+            c = gpu_class_for(g.name, g.vendor, g.kind, r.backend)
+            name = f"{r.backend} {g.kind} eta {c.eta} matrix {c.matrix_eta}"
+        else:
+            name = "CPU"
+        classes.setdefault(name, []).append(o)
+        backends.setdefault(r.backend, []).append(o)
+    print(f"\n{'class (rows that set constants)':44} {'n':>3} {'decode':>7} {'prefill':>8}")
+    for name, rows in sorted(classes.items()):
+        dec = [o.row.tg128 / o.decode_tps for o in rows]
+        pre = [o.row.pp512 / o.prefill_tps for o in rows if o.row.pp512]
+        print(f"{name:44} {len(rows):3d} {quantile(dec, 0.5):7.2f}"
+              f" {quantile(pre, 0.5) if pre else float('nan'):8.2f}")
+    print(f"\n{'backend':10} {'n':>3} {'decode p10-p90':>16} {'prefill p10-p90':>16}")
+    for name, rows in sorted(backends.items()):
+        dec = [o.row.tg128 / o.decode_tps for o in rows]
+        pre = [o.row.pp512 / o.prefill_tps for o in rows if o.row.pp512]
+        print(f"{name:10} {len(rows):3d} {quantile(dec, 0.1):7.2f}-{quantile(dec, 0.9):<8.2f}"
+              f" {quantile(pre, 0.1):7.2f}-{quantile(pre, 0.9):<8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row with its error")
+    parser.add_argument("--fit", action="store_true",
+                        help="print the refit table (the rows that set constants)")
     args = parser.parse_args()
     rows = load_rows()
     outcomes = [predict(row) for row in rows]
@@ -101,6 +152,10 @@ def main() -> None:
     issue_table(outcomes, "fit")
     issue_table(outcomes, "held", "38")
     issue_table(outcomes, "held", "38b")
+    issue_table(outcomes, "held", "38c")
+    issue_table(outcomes, "held", "38e")
+    if args.fit:
+        fit_table(outcomes)
     copied = sum(r.verified == "retrieved-copy" for r in rows)
     print(f"\n{len(rows)} rows from {len({r.source for r in rows})} retrieved sources:"
           f" {len(rows) - copied} read in the publication, {copied} in a public copy of it")

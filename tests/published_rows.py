@@ -21,6 +21,14 @@ ROWS_CSV = DATA / "published_llama_bench.csv"
 MODELS_TOML = DATA / "published_models.toml"
 GIB = 2**30
 VERIFIED = ("retrieved", "retrieved-copy")
+OLD_BUILD_SOURCES = (
+    "https://github.com/XiongjieDai/", "https://github.com/dmatora/",
+    *(f"https://github.com/ggml-org/llama.cpp/{page}" for page in (
+        "pull/5835", "pull/4766", "pull/5301", "pull/2917", "pull/2059", "pull/1556",
+        "issues/4763", "issues/34")))
+"""Publications of llama.cpp builds from before 2025 (2023-2024 tables, PRs and issues): their rows
+are "old builds"; every other source ran a 2025-2026 build. The planner predicts for the build a
+user runs today, so its constants are set on the fit rows of recent builds (Row.recent)."""
 ISA_FLAGS = {"avx512": ("avx", "avx2", "fma", "avx512f"), "avx2": ("avx", "avx2", "fma"),
              "neon-i8mm": ("neon", "asimddp", "i8mm"), "neon-dotprod": ("neon", "asimddp")}
 
@@ -41,13 +49,27 @@ class Row:
     source: str
     note: str
     batch: str
-    """The issue whose work collected it ("16", "38")."""
+    """The issue whose work collected it ("16", "38", "38b", "38c": the hold-out of recent
+    builds, "38d": fit rows found with it, "38e": held rows collected after the 38c refit)."""
     machine: HardwareProfile
     candidate: Candidate
 
     @property
     def what(self) -> str:
         return f"{self.device} {self.backend}, {self.model} {self.quant}"
+
+    @property
+    def recent(self) -> bool:
+        """A 2025-2026 llama.cpp build (not one of OLD_BUILD_SOURCES)."""
+        return not any(self.source == old or (old.endswith("/") and self.source.startswith(old))
+                       for old in OLD_BUILD_SOURCES)
+
+    @property
+    def fits(self) -> bool:
+        """Sets constants: a fit row of a recent build, run with llama-bench (not another harness
+        or Ollama's eval rate) on a PC host (not a GPU behind an SBC's PCIe lane)."""
+        return (self.role == "fit" and self.recent and not self.sbc_host
+                and "not llama-bench" not in self.note and "Ollama" not in self.note)
 
     @property
     def apple(self) -> bool:

@@ -5,7 +5,10 @@ user asks of a plan (``PlanPrefs``), and one profile read once into budgets and 
 
 The constants are fitted to published llama-bench results (tests/data/published_llama_bench.csv
 lists them with their sources; bench/planner_published.py reports the fit) and to this
-project's own measurements."""
+project's own measurements. They follow the llama.cpp builds users run now: a class's constants
+are set on its fit rows of 2025-2026 builds (``bench/planner_published.py --fit``); the rows of
+older builds, often slower (an RTX 3090's Q4_0 decode at 121 tok/s in Jan 2024, 158 in 2025),
+are kept and reported but not followed."""
 
 from __future__ import annotations
 
@@ -64,12 +67,15 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # Issue 38b refit on its two fit rows (decode 0.89, prefill 1.21 of the old figures).
     ("ROCm", "integrated"): GPUClass(eta=0.76, layer_ms=0.05, matrix_eta=0.16),
     # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
-    ("Vulkan", "discrete"): GPUClass(eta=0.80, layer_ms=0.03, matrix_eta=0.35),
+    # Issue 38c refit (the rows that set constants, bench/planner_published.py --fit: four
+    # RTX 30-50 rows of 2025 builds): decode 1.09, prefill 1.06 of the old figures.
+    ("Vulkan", "discrete"): GPUClass(eta=0.87, layer_ms=0.03, matrix_eta=0.37),
     # Radeon 780M/8060S, Ryzen Z1 (brand-o/normiebench, llm-tracker copies): decode at ~0.8 of
     # LPDDR5(X); prefill at ~0.2 of the dual-issue FP16 rate.
     # Issue 38b refit on the 780M and Z1 fit rows (decode 0.97; prefill 1.41, then K-quants
-    # at the legacy rate on AMD's Vulkan path: PREFILL_QUANT_BY_PATH).
-    ("Vulkan", "integrated"): GPUClass(eta=0.78, layer_ms=0.05, matrix_eta=0.22),
+    # at the legacy rate on AMD's Vulkan path: PREFILL_QUANT_BY_PATH). Issue 38c refit on its
+    # five rows of 2025-2026 builds (780M x2, Z1, Strix Halo x2): prefill 0.96 (0.21).
+    ("Vulkan", "integrated"): GPUClass(eta=0.78, layer_ms=0.05, matrix_eta=0.21),
     ("SYCL", "discrete"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
     # Arc 140V (Lunar Lake): SYCL decode reaches ~0.42 of LPDDR5X (issue 38: predicted
     # +41-54% at 0.6).
@@ -131,9 +137,11 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
     (r"\bRX [45]\d{2}\b|\bRX [56]\d{3}|\bW[56]\d{3}\b|Radeon VII|Vega", "amd", "Vulkan",
      "discrete", GPUClass(eta=0.87, layer_ms=0.015, matrix_eta=0.22)),
     # Issue 38b refit on seven fit rows on PC hosts: decode 0.95 of 0.92; prefill of RDNA3-4
-    # (KHR_coopmat on WMMA: RX 7900 XTX, 9070, 9070 XT, AI PRO R9700) 1.02 of 0.35.
+    # (KHR_coopmat on WMMA: RX 7900 XTX, 9070, 9070 XT, AI PRO R9700) 1.02 of 0.35. Issue 38c
+    # refit on its seven rows of 2025-2026 builds (the #10879 scoreboard and llama.cpp's -fa 1
+    # rows of an RX 9070 XT): decode 1.09 (prefill 0.95, within the 5% left alone).
     (r"", "amd", "Vulkan", "discrete",
-     GPUClass(eta=0.87, layer_ms=0.015, matrix_eta=0.36)),
+     GPUClass(eta=0.95, layer_ms=0.015, matrix_eta=0.36)),
 )
 FLOAT_DECODE_GAIN = 1.12
 """Off Apple, F16/BF16 weights stream at this many times the share quantized weights reach:
@@ -172,12 +180,18 @@ def quant_kind(quant: str) -> str:
 
 PREFILL_QUANT_BY_PATH: dict[tuple[str, str], dict[str, float]] = {
     ("Vulkan", "amd"): {"k": 1.0},
+    ("CUDA", "nvidia"): {"k": 1.0},
+    ("ROCm", "amd"): {"k": 1.0},
 }
 """Where a backend's matrix path treats the weight types differently from CUDA's int8 MMQ
 kernels: Vulkan on AMD GPUs dequantizes each tile into shared memory as it loads it, so
 K-quants prefill at the legacy quants' rate (issue 38b fit rows: an RX 6800 XT's Q6_K at 1.04
 of its class's Q4_0 rows once K-quants are not discounted; the Radeon 780M and Ryzen Z1 rows,
-Q4_K_M, then set the integrated class)."""
+Q4_K_M, then set the integrated class). CUDA's MMQ kernels of 2025-2026 builds multiply K-quants
+at the legacy quants' rate too (issue 38c: the two K-quant CUDA rows of recent builds that set
+constants, an RTX 2070 Max-Q and an RTX 4070 Laptop, prefilled at 1.19 and 1.29 of the 0.80
+rate, i.e. at ~1.0; the 2024 tables' K-quant rows at 1.03 of 0.80: the planner follows the
+builds users run now); HIP compiles the same kernels (ggml-cuda), so ROCm follows CUDA."""
 
 
 def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "") -> float:
@@ -199,7 +213,9 @@ that holds 80% of those held-out rows in both decode and prefill: 1.2 on Metal, 
 (issue 38b; the
 rows fitted on and of one publication sit closer together than publications of different
 llama.cpp builds do: an RTX 3090's Q4_0 decode was 121 tok/s in Jan 2024 and 158 in 2025).
-Batch 38b, the clean hold-out, was not used. bench/planner_published.py reports the shares."""
+Batch 38b, then the clean hold-out, was not used; the 38c refit left them as they were (batch
+38c, the hold-out of recent builds: 81% of decode and 65% of prefill figures inside).
+bench/planner_published.py reports the shares."""
 PREFILL_INTERVAL: dict[str, tuple[float, float]] = {
     "Metal": (0.94, 1.19), "CUDA": (0.66, 1.42), "ROCm": (0.22, 5.90), "Vulkan": (0.69, 1.23),
     "SYCL": (0.25, 4.00), "CPU": (0.55, 1.61)}
@@ -224,9 +240,10 @@ ACHIEVABLE_FRACTION_OF_SPEC = 0.80
 CPU_DOT_GBPS_PER_GHZ = {"avx512": 3.6, "avx2": 3.0, "avx": 1.5, "neon-i8mm": 2.0,
                         "neon-dotprod": 1.6, "neon": 1.0, "scalar": 0.5}
 # Effective prefill FLOPs per cycle per core (int8 dot-product kernels on quantized weights).
-# Issue 38b refit: the two fit rows with a prefill figure ran at 0.86 of the old table.
-CPU_FLOPS_PER_CYCLE = {"avx512": 24.0, "avx2": 14.0, "avx": 7.0, "neon-i8mm": 14.0,
-                       "neon-dotprod": 7.0, "neon": 3.5, "scalar": 1.7}
+# Issue 38b refit: the two fit rows with a prefill figure ran at 0.86 of the old table; issue
+# 38c refit: the eight CPU rows of 2025-2026 builds at 1.08 of it.
+CPU_FLOPS_PER_CYCLE = {"avx512": 26.0, "avx2": 15.0, "avx": 7.5, "neon-i8mm": 15.0,
+                       "neon-dotprod": 7.5, "neon": 3.8, "scalar": 1.8}
 # Dense FP16 matrix rate (TFLOPS, FP16 accumulate, no sparsity) of common GPUs, from the
 # vendors' data sheets (Intel Arc: the XMX rate), for profiles that do not give fp16_tflops.
 # Apple GPUs are not
