@@ -161,3 +161,31 @@ def test_a_superseded_prompt_read_is_not_interrupted():
     finally:
         backend.open()
         engine.close()
+
+
+def test_the_shortest_autocomplete_prompt_is_read_first():
+    """Two editors' requests being read at once: the one with less left to read goes first
+    (a keystroke past its checkpoint before another editor's cold file); in order of arrival
+    it would wait for the whole of the other."""
+    from localinfer.runtime.engine import Engine
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="ok", n_slots=2, n_batch=32)
+    engine = Engine(backend)
+    try:
+        long_prompt = engine.infill_tokens(PREFIX * 3, SUFFIX, prompt="r")
+        short_prompt = engine.infill_tokens("def h():\n", "\n", prompt="    r")
+        assert len(long_prompt) > 4 * len(short_prompt)
+        first = engine.submit(long_prompt, SamplingParams(max_tokens=2, supersede="editor-1"),
+                              priority=Priority.INTERACTIVE)
+        deadline = time.monotonic() + 30
+        while not engine._in_step and time.monotonic() < deadline:
+            time.sleep(0.005)  # the long prompt's first chunk is in flight
+        second = engine.submit(short_prompt, SamplingParams(max_tokens=2, supersede="editor-2"),
+                               priority=Priority.INTERACTIVE)
+        backend.open()
+        first.result(), second.result()
+        assert second.request.t_first < first.request.t_first
+    finally:
+        backend.open()
+        engine.close()

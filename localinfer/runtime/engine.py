@@ -624,7 +624,11 @@ class Engine:
             budget -= n
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
-        prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.running)
+        # Autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint
+        # before another editor's cold file: the least time waited in all); others in order.
+        prefilling = sorted((s for s in active if s.prefilling), key=lambda s: (
+            s.running.priority, len(s.running.target) - len(s.cached)
+            if s.running.params.supersede else 0, s.running))
         if prefilling:  # the most urgent prompts are read first, alone
             first = prefilling[0].running.priority
             prefilling = [s for s in prefilling if s.running.priority == first]
