@@ -78,14 +78,20 @@ def test_n_indent_ends_at_a_line_indented_less():
     assert text.stopped and text.indent_stopped
 
 
-def test_t_max_predict_ms_stops_at_a_new_line_after_the_time(fake_engine):
-    reply = "".join(f"line{i}\n" for i in range(40))
+def test_t_max_predict_ms_stops_once_a_line_has_ended_and_the_time_passed(fake_engine):
+    """llama-server's rule: once the completion has ended a line, the next token after the
+    time stops it (not the next line's end: a long line would run on)."""
+    reply = "first\n" + "word " * 200
     engine = fake_engine(reply=reply, step_delay_s=0.005)
     done = engine.complete("x", SamplingParams(max_tokens=500, t_max_predict_ms=30)).result()
     assert done.finish_reason == "length"
-    assert done.text.endswith("\n") and 2 <= done.text.count("\n") < 40
+    assert done.text.startswith("first\n") and 1 <= done.text.count("word") < 100
     whole = engine.complete("x", SamplingParams(max_tokens=500)).result()
-    assert whole.text.count("\n") == 40
+    assert whole.text.count("word") == 200
+    # One line: no limit (llama-server's too), the whole line comes.
+    one_line = fake_engine(reply="word " * 60, step_delay_s=0.005)
+    done = one_line.complete("x", SamplingParams(max_tokens=500, t_max_predict_ms=30)).result()
+    assert done.finish_reason == "stop" and done.text.count("word") == 60
 
 
 def test_a_newer_request_with_the_same_key_cancels_the_older(fake_engine):

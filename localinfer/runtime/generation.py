@@ -118,6 +118,9 @@ class Request:
     generated: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
     cursor: int | None = None
+    saw_newline: bool = False
+    """Its text has ended a line: ``t_max_predict_ms`` stops it from then on (llama-server's
+    rule: the time limit applies once the completion is more than one line)."""
     """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
     """What must be in the KV cache before the next sample: the prompt, or after a
     preemption the prompt and everything generated so far."""
