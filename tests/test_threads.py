@@ -4,6 +4,7 @@ on the fake backend with a CPU cost model shared with a simulated busy process."
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -212,6 +213,8 @@ def busy_engine():
     engine = Engine(backend)
     engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
     engine.thread_tuner.running_now = cpu.running_now
+    engine.thread_tuner._sample = None  # measured from here on, by the cost model
+    engine.thread_tuner._sample_load(time.perf_counter())
     yield engine, backend, cpu
     engine.close()
 
@@ -337,25 +340,44 @@ def test_the_first_step_starts_from_the_load_measured_since_the_engine_started()
 def test_an_admission_starts_from_the_cores_other_processes_hold_now():
     """The load of the moment a request comes, not of the idle minutes before it: a reply of
     a hundred tokens has no time to learn it (item 5 of issue 35)."""
-    busy = [0]
-    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
-                        running_now=lambda: busy[0])
-    tuner.admit()
+    import time
+
+    cpu = FakeCPU(cores=2)
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=cpu.cpu_seconds,
+                        running_now=cpu.running_now)
+
+    def admit(busy: int) -> None:
+        cpu.busy_cores = busy
+        time.sleep(0.12)  # the idle time before the request: the load is measured over it
+        tuner.admit()
+
+    admit(0)
     with tuner.step(1):
         pass
     assert tuner.threads == {"1 row": 2}
-    busy[0] = 1
-    tuner.admit()
+    admit(1)
     assert tuner.threads == {"1 row": 1}
     with tuner.step(512):  # a kind not seen yet starts from the same figure
         pass
     assert tuner.threads == {"1 row": 1, "65+ rows": 1}
-    busy[0] = 5  # more than the cores: all of them
-    tuner.admit()
+    admit(5)  # more than the cores: all of them
     assert tuner.others_cores == 2.0 and tuner.threads == {"1 row": 1, "65+ rows": 1}
-    busy[0] = 0
-    tuner.admit()
+    admit(0)
     assert tuner.threads == {"1 row": 2, "65+ rows": 2}
+
+
+def test_a_thread_in_the_run_queue_for_a_moment_is_not_a_busy_core():
+    """The client that sent the request (parsing the other streams it reads) is often in the
+    run queue as the request comes; it used next to no CPU since the last step."""
+    import time
+
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: 1)
+    time.sleep(0.12)
+    tuner.admit()
+    with tuner.step(1):
+        pass
+    assert tuner.threads == {"1 row": 2}
 
 
 def test_an_unknown_load_leaves_the_counts_to_the_step_times():
@@ -441,6 +463,7 @@ def test_the_run_queue_shows_a_process_that_keeps_a_core_busy():
 def test_the_engine_starts_a_busy_machine_at_the_core_left(busy_engine):
     engine, backend, cpu = busy_engine
     cpu.busy_cores = 1
+    time.sleep(0.12)  # busy for a while before the request
     engine.complete("Busy", SamplingParams(temperature=0, speculative=False)).result()
     # The prompt's step (n_threads_batch), then the first decode step's (n_threads): at the
     # core left from the first, none at 2.

@@ -397,8 +397,9 @@ class ThreadTuner:
 
     def admit(self) -> None:
         """A request comes to an idle engine: each kind of step starts from the count learned
-        for as many cores as other processes hold now (``others_running_now``), else from the
-        cores they leave; the step times go on from there. Replies are short: a count that has
+        for as many cores as other processes hold now (``others_running_now``, where their
+        CPU use since the last step agrees), else from the cores they leave; the step times
+        go on from there. Replies are short: a count that has
         to be learned again in each, or that follows the load of minutes ago, costs most of
         one (a 96-token reply with a core kept busy took 0.88x the best fixed count's rate)."""
         if not self.max_threads:
@@ -406,10 +407,13 @@ class ThreadTuner:
         busy = self.running_now()
         if busy is None:  # not known here: the load sampled over the steps decides
             return
-        self._busy = min(busy, self.max_threads)
+        # A thread in the run queue at this instant may be there for a moment only: the
+        # client that sent the request, still parsing other streams. A process that keeps a
+        # core busy also used that core since the last step (the idle time, a load): the
+        # cores counted are those both figures show.
+        self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
+        self._busy = min(busy, round(self.others_cores), self.max_threads)
         self.others_cores = float(self._busy)
-        self._sample = None  # the idle time before is no guide to the next steps'
-        self._sample_load(time.perf_counter())
         for group, policy in list(self.policies.items()):
             start = self._count_for(group)
             if start is not None and start != policy.n_threads:
