@@ -2,9 +2,10 @@
 (tests/data/published_moe.csv: llama.cpp's --n-cpu-moe N, or -ot "exps=CPU" for as many layers):
 for each row, the measured decode (and prefill where published) beside the planner's
 uncalibrated prediction for THAT placement (every layer on the GPU, the experts of N layers in
-RAM), and the plan's own choice for the machine (its N, decode and prefill at 4096 tokens of
-context, and the layer split it weighed against). Then the summary: median |error| and the
-share within +-25%. No planner constant was set on these rows: all are held out.
+RAM), and the plan's own choice for the machine: its N, decode and prefill at 4096 tokens of
+context, the VRAM it plans (GiB), and the decode of the layer split it weighed against. Then
+the summary: median |error| and the share within +-25%, overall and per publication. No
+planner constant was set on these rows: all are held out.
 
     python bench/moe_published.py [--sources]
         --sources: every row's address, what it had to assume, and its note
@@ -32,10 +33,11 @@ def _pct(error: float | None) -> str:
 def table(outcomes: list[Outcome]) -> None:
     print(f"{'GPU':16} {'host GB/s':>10} {'model':14} {'N':>3} {'tg':>6} {'pred':>6} {'err':>5}"
           f" {'pp':>6} {'pred':>6} {'err':>5} | {'plan: N':>7} {'decode':>6} {'prefill':>7}"
-          f" {'split':>6}")
+          f" {'VRAM':>5} {'split':>6}")
     for o in outcomes:
         r, e = o.row, o.chosen
         split = next((p.decode_tps for p in e.placements if p.n_cpu_moe == 0), None)
+        vram = e.gpu.total_bytes / 2**30 if e.gpu else 0.0
         pp = f"{r.pp:6.0f}" if r.pp else f"{'':6}"
         pred_pp = f"{o.prefill_tps:6.0f}" if r.pp else f"{'':6}"
         how = "m" if r.machine.bandwidth_source == "measured" else "s"
@@ -43,7 +45,7 @@ def table(outcomes: list[Outcome]) -> None:
         print(f"{_short(r.gpu)[:16]:16} {bw:>10} {r.model:14} {r.n_cpu_moe:3d} {r.tg:6.1f}"
               f" {o.decode_tps:6.1f} {_pct(o.decode_error)} {pp} {pred_pp}"
               f" {_pct(o.prefill_error)} | {e.n_cpu_moe:7d} {e.decode_tps:6.1f}"
-              f" {e.prefill_tps:7.0f} {split if split is None else f'{split:6.1f}'}")
+              f" {e.prefill_tps:7.0f} {vram:5.1f} {split if split is None else f'{split:6.1f}'}")
     s = summary(outcomes)
     print(f"\n{s['rows']} rows (host GB/s: m = the publication's measurement, s = data sheet)")
     print(f"decode:  median |error| {s['decode_median']:.0%}, within +-25%:"
