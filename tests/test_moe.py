@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import ggufgen
+import published_moe
 from localinfer import gguf
 from localinfer.catalog import load_catalog
 from localinfer.errors import InvalidRequest
@@ -169,22 +170,67 @@ def _small_gpu_profile(c: Candidate, backend: str = "CUDA"):
     return dataclasses.replace(base, gpus=(small,), backends=("CPU", backend))
 
 
-def test_the_prediction_against_a_published_n_cpu_moe_run():
-    """RTX 2080 8 GB + i9-10900X (quad-channel DDR4, ~102 GB/s measured), Qwen3-30B-A3B
-    Q4_K_M, llama-server -ngl 99 --n-cpu-moe 36: 36.7 tok/s generation as the server measured
-    it (https://github.com/AlexsJones/llmfit/pull/755). Predicted: 40.1 (+9%)."""
-    from localinfer.hardware.profile import CPUInfo, GPUInfo, HardwareProfile
-    from localinfer.planner.speed import predict_on
+OUTCOMES = [published_moe.predict(row) for row in published_moe.load_rows()]
 
-    c = _catalog("qwen3:30b-a3b-q4_k_m")
-    hw = HardwareProfile(
-        ram_total_gib=64, ram_available_gib=56, host_bandwidth_gbps=102,
-        bandwidth_source="measured", backends=("CPU", "CUDA"),
-        cpu=CPUInfo("Intel Core i9-10900X", physical_cores=10, logical_cores=20, ghz=3.7,
-                    flags=("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")),
-        gpus=(GPUInfo(name="NVIDIA GeForce RTX 2080", vendor="nvidia", kind="discrete",
-                      vram_total_gib=8, vram_free_gib=7.6, bandwidth_gbps=448),))
-    predicted = predict_on(c, machine_view(hw, PlanPrefs()), c.n_layers + 1, 64, n_cpu_moe=36)
-    assert predicted.decode_tps == pytest.approx(36.7, rel=0.15)
-    chosen = plan(hw, [c], PlanPrefs(n_ctx=4096, n_slots=1)).evaluations[0]
-    assert chosen.n_gpu_layers == c.n_layers + 1 and 30 <= chosen.n_cpu_moe <= 40
+
+def test_the_published_rows_name_their_sources_and_build_their_models():
+    rows = [o.row for o in OUTCOMES]
+    assert len(rows) >= 8 and len({r.source for r in rows}) >= 4
+    assert all(r.source.startswith("https://") and r.assumed and r.tool for r in rows)
+    assert {r.model for r in rows} >= {"qwen3:30b-a3b", "gpt-oss:120b"}
+    for r in rows:  # every placement is a real one: experts of at most every layer in RAM
+        assert r.candidate.has_experts and 0 < r.n_cpu_moe <= r.candidate.n_layers
+
+
+def test_the_prediction_against_published_n_cpu_moe_runs():
+    """The planner's uncalibrated decode for each published placement (no constant was set on
+    these rows): what it reaches today, as bench/moe_published.py prints it. The misses are
+    known: the mcgyvr rigs give a STREAM triad figure for their RAM, which reads below what
+    llama.cpp's expert reads reach (srv2 decodes 15 tok/s reading ~1.1 GB a token in RAM,
+    17 GB/s, over a 13.3 GB/s triad), so every one of their rows is ~40% low; and one run
+    decodes at 1.8 tok/s where its RAM reads ~30 (a 59 GiB file in 64 GB, through mmap)."""
+    s = published_moe.summary(OUTCOMES)
+    assert s["decode_median"] <= 0.45
+    assert s["decode_within25"] >= 0.2
+    first = OUTCOMES[0]  # the RTX 2080 run of llmfit#755: 36.7 measured, 39.7 predicted
+    assert first.row.gpu.endswith("RTX 2080")
+    assert first.decode_tps == pytest.approx(first.row.tg, rel=0.15)
+
+
+def test_the_sweeps_follow_the_measured_slope():
+    """Where the level misses (the host bandwidth given), the slope over N does not: on each
+    machine with a sweep, measured/predicted stays within 25% from end to end."""
+    by_machine: dict[tuple[str, str, float], list[float]] = {}
+    for o in OUTCOMES:
+        key = (o.row.gpu, o.row.cpu, o.row.machine.host_bandwidth_gbps)
+        by_machine.setdefault(key, []).append(o.row.tg / o.decode_tps)
+    sweeps = [ratios for ratios in by_machine.values() if len(ratios) >= 3]
+    assert len(sweeps) >= 3
+    assert all(max(r) / min(r) <= 1.25 for r in sweeps), sweeps
+
+
+def test_the_plans_own_placement_fits_where_the_published_one_loaded():
+    """The plan's own N (at 4096 tokens of context) against the fewest experts in RAM a
+    publication loaded at that context: never fewer (a placement that would not load), at most
+    five layers more (VRAM left unused)."""
+    fewest = {"NVIDIA GeForce GTX 1660 SUPER": 37,  # mcgyvr srv1: 36 refuses at -c 4096
+              "NVIDIA GeForce RTX 3060": 20}  # mcgyvr srv2: f16 KV; 16 and 14 refuse
+    checked = 0
+    for o in OUTCOMES:
+        e = o.chosen
+        assert e.n_gpu_layers == o.row.candidate.n_layers + 1 and e.n_cpu_moe > 0, o.row.what
+        if o.row.gpu in fewest:
+            assert fewest[o.row.gpu] <= e.n_cpu_moe <= fewest[o.row.gpu] + 5, o.row.what
+            checked += 1
+    assert checked >= 2
+
+
+def test_prefill_with_experts_in_ram_is_a_known_miss():
+    """Prefill with experts in RAM pays their copy to the GPU per 512-token batch at an assumed
+    25 GB/s. Published: the Quadro RTX 5000 (PCIe 3.0, in a VM) reaches ~7.6 GB/s, so the plan
+    is 3x high there; the RTX 4070 run of gpt-oss-120b prefills at 428 tok/s, which would need
+    45 GB/s of copies, so llama.cpp did not copy those experts (the CPU computed them) and the
+    plan is 2x low. A loose guard: within a factor of 3.5 both ways."""
+    errors = [e for o in OUTCOMES if (e := o.prefill_error) is not None]
+    assert len(errors) >= 5
+    assert all(1 / 3.5 <= 1 + e <= 3.5 for e in errors), errors
