@@ -378,6 +378,14 @@ def test_a_thread_in_the_run_queue_for_a_moment_is_not_a_busy_core():
     with tuner.step(1):
         pass
     assert tuner.threads == {"1 row": 2}
+    # A process's first request, just after the model's load, before any figure: the run
+    # queue alone (`localinfer run` beside a busy core).
+    first = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                        running_now=lambda: 1)
+    first.admit()
+    with first.step(1):
+        pass
+    assert first.threads == {"1 row": 1}
 
 
 def test_an_unknown_load_leaves_the_counts_to_the_step_times():

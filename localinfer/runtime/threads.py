@@ -56,6 +56,9 @@ SLACK_CORES = 0.5
 """How far the other processes' CPU use may exceed the cores this count leaves them before
 the machine counts as crowded (try fewer threads), and how far below what one more thread
 needs it must stay for there to be room (try more)."""
+BUSY_SHARE = 0.25
+"""The share of a core another process must have used since the last step for a thread of it
+in the run queue at an admission to count as a busy core (``ThreadTuner.admit``)."""
 LOAD_SAMPLE_S = 0.5
 """The shortest span over which the other processes' CPU use is measured."""
 FIRST_SAMPLE_S = 0.1
@@ -361,6 +364,7 @@ class ThreadTuner:
         first, or where the kernel does not say. Between admissions the load sampled over the
         steps (``others_cores``) stands for it."""
         self._applied = (max_threads, max_threads)
+        self._measured = False  # others_cores is a figure, not the 0 it starts as
         self.others_cores = 0.0
         """Cores' worth of CPU the other processes used over the last sample."""
         self._sample: tuple[float, float, float] | None = None
@@ -409,10 +413,14 @@ class ThreadTuner:
             return
         # A thread in the run queue at this instant may be there for a moment only: the
         # client that sent the request, still parsing other streams. A process that keeps a
-        # core busy also used that core since the last step (the idle time, a load): the
-        # cores counted are those both figures show.
+        # core busy also used a good share of it since the last step (the idle time, or the
+        # model's load, whose threads it shared the cores with: ~0.5): the cores counted are
+        # those both figures show.
+        # (No figure yet, as at a process's first request just after the model's load: the
+        # run queue alone.)
         self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
-        self._busy = min(busy, round(self.others_cores), self.max_threads)
+        recent = int(self.others_cores + 1 - BUSY_SHARE) if self._measured else busy
+        self._busy = min(busy, recent, self.max_threads)
         self.others_cores = float(self._busy)
         for group, policy in list(self.policies.items()):
             start = self._count_for(group)
@@ -460,4 +468,5 @@ class ThreadTuner:
         if self._sample is not None:
             t0, every0, own0 = self._sample
             self.others_cores = max(0.0, ((every - every0) - (own - own0)) / (now - t0))
+            self._measured = True
         self._sample = (now, every, own)
