@@ -116,16 +116,18 @@ def fit_table(outcomes: Sequence[Outcome]) -> None:
             name = "CPU"
         classes.setdefault(name, []).append(o)
         backends.setdefault(r.backend, []).append(o)
+    def measured_over_predicted(rows: list) -> tuple[list[float], list[float]]:
+        return ([o.row.tg128 / o.decode_tps for o in rows],
+                [o.row.pp512 / o.prefill_tps for o in rows if o.row.pp512])
+
     print(f"\n{'class (rows that set constants)':44} {'n':>3} {'decode':>7} {'prefill':>8}")
     for name, rows in sorted(classes.items()):
-        dec = [o.row.tg128 / o.decode_tps for o in rows]
-        pre = [o.row.pp512 / o.prefill_tps for o in rows if o.row.pp512]
+        dec, pre = measured_over_predicted(rows)
         print(f"{name:44} {len(rows):3d} {quantile(dec, 0.5):7.2f}"
               f" {quantile(pre, 0.5) if pre else float('nan'):8.2f}")
     print(f"\n{'backend':10} {'n':>3} {'decode p10-p90':>16} {'prefill p10-p90':>16}")
     for name, rows in sorted(backends.items()):
-        dec = [o.row.tg128 / o.decode_tps for o in rows]
-        pre = [o.row.pp512 / o.prefill_tps for o in rows if o.row.pp512]
+        dec, pre = measured_over_predicted(rows)
         print(f"{name:10} {len(rows):3d} {quantile(dec, 0.1):7.2f}-{quantile(dec, 0.9):<8.2f}"
               f" {quantile(pre, 0.1):7.2f}-{quantile(pre, 0.9):<8.2f}")
 

@@ -87,17 +87,12 @@ def prefix_store(config: Config) -> PrefixStore | None:
     return open_store(get_paths().prefix_cache_dir, int(config.prefix_cache_gb * 1e9))
 
 
-def prefix_cache(config: Config | None, path: str | Path, backend: Backend, name: str
+def prefix_cache(config: Config | None, model_id: str, backend: Backend, name: str
                  ) -> PrefixCache | None:
     """One loaded model's view of the prefix cache (None: off, or a backend that saves no
-    state, or no settings given)."""
+    state, or no settings given); ``model_id``: its file's ``model_file_id``."""
     store = prefix_store(config) if config is not None else None
     if store is None or not backend.state_format:
-        return None
-    try:
-        model_id = model_file_id(path)
-    except OSError as exc:
-        log.warning("prefix cache off for %s: %s", path, exc)
         return None
     return PrefixCache(store, identity(model_id, backend.state_format),
                        min_tokens=config.prefix_cache_min_tokens if config else 1024,
@@ -105,17 +100,27 @@ def prefix_cache(config: Config | None, path: str | Path, backend: Backend, name
                        cut_back=not backend.needs_checkpoints)
 
 
-def thread_memory(path: str | Path, backend: Backend) -> Path | None:
-    """The file the engine keeps the thread counts it learns for this model file and build in
-    (runtime.threads.ThreadMemory), or None where the count is fixed (``--threads``)."""
+def thread_memory(model_id: str, backend: Backend) -> Path | None:
+    """The file the engine keeps the thread counts it learns for this model file
+    (``model_id``) and build in (runtime.threads.ThreadMemory), or None where the count is
+    fixed (``--threads``)."""
     if not backend.adaptive_threads:
-        return None
-    try:
-        model_id = model_file_id(path)
-    except OSError:
         return None
     key = identity(model_id, f"{backend.state_format}|{backend.adaptive_threads} threads")
     return get_paths().thread_counts_dir / f"{key[:16]}.json"
+
+
+def engine_files(config: Config | None, path: str | Path, backend: Backend, name: str
+                 ) -> tuple[PrefixCache | None, Path | None]:
+    """What the engine keeps on disk for this model file and build: its view of the prefix
+    cache and the file of its learned thread counts, the file's identity read once; neither
+    where the file cannot be read for it."""
+    try:
+        model_id = model_file_id(path)
+    except OSError as exc:
+        log.warning("prefix cache and learned thread counts off for %s: %s", path, exc)
+        return None, None
+    return prefix_cache(config, model_id, backend, name), thread_memory(model_id, backend)
 
 
 def load_engine(
@@ -173,10 +178,10 @@ def load_engine(
 
         isolated = IsolatedBackend(path, options, name=name, progress=progress,
                                    answers=worker_answers)
+        cache, threads = engine_files(config, path, isolated, name)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
-                      chat_checkpoints=CHAT_CHECKPOINTS,
-                      prefix_cache=prefix_cache(config, path, isolated, name),
-                      thread_memory=thread_memory(path, isolated))
+                      chat_checkpoints=CHAT_CHECKPOINTS, prefix_cache=cache,
+                      thread_memory=threads)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     template = None
     if chat_template is not None:
@@ -187,10 +192,10 @@ def load_engine(
             backend.close()
             raise InvalidRequest(f"the chat template of {name} cannot be read: {exc}"
                                  ) from None
+    cache, threads = engine_files(config, path, backend, name)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template,
-                  prefix_cache=prefix_cache(config, path, backend, name),
-                  thread_memory=thread_memory(path, backend))
+                  prefix_cache=cache, thread_memory=threads)
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:

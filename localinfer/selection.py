@@ -177,6 +177,21 @@ def pull_target(store: ModelStore, ref: str, config: Config | None = None, *,
         return PullTarget(specs[0].variant_name(variant), specs[0], variant)
     candidates = [c for spec in specs for c in catalog_candidates(store, spec)]
     # The probes (~50 ms): only when the planner chooses.
+    result, chosen = _planned(store, candidates, config, hardware, prefs)
+    reason = result.summary
+    if result.choice is None:
+        reason += (f" Pulling the smallest, {chosen.name}, anyway; name another variant to"
+                   " choose it.")
+    spec, variant = store.catalog.lookup(chosen.name)
+    assert variant is not None
+    return PullTarget(chosen.name, spec, variant, reason=reason)
+
+
+def _planned(store: ModelStore, candidates: list[Candidate], config: Config | None,
+             hardware: HardwareProfile | None, prefs: PlanPrefs | None
+             ) -> tuple[Plan, Candidate]:
+    """The planner's result for ``candidates`` on this machine (probed unless given, with its
+    calibration), and the one to pull: its choice, else the smallest."""
     from .hardware import probe
     from .planner.calibration import load_ratios
 
@@ -185,14 +200,7 @@ def pull_target(store: ModelStore, ref: str, config: Config | None = None, *,
         prefs = plan_prefs(config or load_config(store.paths),
                            load_ratios(hardware, store.paths.cache_dir))
     result = plan(hardware, candidates, prefs)
-    chosen = best_or_smallest(result).candidate
-    reason = result.summary
-    if result.choice is None:
-        reason += (f" Pulling the smallest, {chosen.name}, anyway; name another variant to"
-                   " choose it.")
-    spec, variant = store.catalog.lookup(chosen.name)
-    assert variant is not None
-    return PullTarget(chosen.name, spec, variant, reason=reason)
+    return result, best_or_smallest(result).candidate
 
 
 def _hub_pull_target(store: ModelStore, ref: str, config: Config | None, *,
@@ -210,15 +218,7 @@ def _hub_pull_target(store: ModelStore, ref: str, config: Config | None, *,
             f"{parsed.model} has no {DEFAULT_QUANT} and none of its GGUF headers could be read"
             f" to choose another ({', '.join(unknown)}); name a quant:"
             f" {', '.join(listing.quant_names())}.")
-    from .hardware import probe
-    from .planner.calibration import load_ratios
-
-    hardware = hardware or probe()
-    if prefs is None:
-        prefs = plan_prefs(config or load_config(store.paths),
-                           load_ratios(hardware, store.paths.cache_dir))
-    result = plan(hardware, candidates, prefs)
-    chosen = best_or_smallest(result).candidate
+    result, chosen = _planned(store, candidates, config, hardware, prefs)
     reason = f"no {DEFAULT_QUANT} in hf.co/{listing.repo}; {result.summary}"
     if result.choice is None:
         reason += (f" Pulling the smallest, {chosen.name}, anyway; name another quant to"

@@ -420,20 +420,19 @@ def test_a_learned_count_is_kept_for_the_next_process(tmp_path, monkeypatch):
     path = tmp_path / "threads" / "model.json"
     learned = learn_one_thread(ThreadMemory(path, 2), monkeypatch)
     assert learned.threads == {"1 row": 1} and path.is_file()
-    # A new process (`localinfer run` is one each time): its first step at the learned count.
-    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
-                        running_now=lambda: 0, memory=ThreadMemory(path, 2))
-    tuner.admit()
-    with tuner.step(1):
-        pass
-    assert tuner.threads == {"1 row": 1}
+
+    def first_step(cores: int) -> dict[str, int]:
+        """A new process's (`localinfer run` is one each time) count at its first step."""
+        tuner = ThreadTuner(cores, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
+                            running_now=lambda: 0, memory=ThreadMemory(path, cores))
+        tuner.admit()
+        with tuner.step(1):
+            pass
+        return tuner.threads
+
+    assert first_step(2) == {"1 row": 1}  # the learned count
     # Another core count (another machine's home, a changed --threads cap): not used.
-    other = ThreadTuner(4, lambda n, nb: None, cpu_seconds=lambda: (0.0, 0.0),
-                        running_now=lambda: 0, memory=ThreadMemory(path, 4))
-    other.admit()
-    with other.step(1):
-        pass
-    assert other.threads == {"1 row": 4}
+    assert first_step(4) == {"1 row": 4}
 
 
 def test_a_torn_memory_file_is_ignored_with_a_warning(tmp_path, caplog):
