@@ -22,6 +22,7 @@ from localinfer.runtime.disk_cache import (
     TMP_PREFIX,
     PrefixCache,
     PrefixStore,
+    Saved,
     identity,
 )
 from localinfer.runtime.engine import Engine
@@ -95,6 +96,29 @@ def test_a_prompt_its_slot_held_is_saved_after_its_first_token_where_states_cut_
         assert again.timings.restored_tokens == len_prompt(engine) - REREAD_TAIL
         assert again.timings.prefill_tokens == REREAD_TAIL
         assert engine.backend.loaded == [len_prompt(engine)]
+
+
+def test_a_window_models_prompt_its_slot_held_is_saved_after_its_first_token(tmp_path):
+    """A sliding-window cache cannot be cut back: a prompt read again from its slot (there by
+    the checkpoint taken where its reply began) is saved after its first token, whole, with
+    that checkpoint of its window layers (saving the prefix alone would have to come before
+    that token: ~140 ms for a 20k-token prefix here). A new process restores it there."""
+    directory = tmp_path / "kv"
+    with engine_with(directory, window=4, chat_checkpoints=True) as engine:
+        first = ask(engine)
+        second = ask(engine)
+        n = len_prompt(engine) - REREAD_TAIL
+        assert second.usage.cached_tokens == n
+        assert engine.backend.saved == [len_prompt(engine)]  # the prompt, not the prefix
+    (path,) = files(directory)
+    assert f"-{n}-" in path.name
+    with engine_with(directory, window=4, chat_checkpoints=True) as engine:
+        again = ask(engine)
+        assert again.text == first.text
+        assert again.timings.restored_tokens == n
+        assert again.timings.prefill_tokens == REREAD_TAIL
+        assert engine.backend.loaded == [len_prompt(engine)]
+        assert engine.backend.restored == [n]  # cut back to the prefix by its checkpoint
 
 
 def test_read_before_holds_across_restarts(tmp_path):
@@ -228,7 +252,7 @@ def test_a_writer_killed_mid_save_leaves_only_a_temporary_file_that_is_swept(tmp
             os.kill(os.getpid(), signal.SIGKILL)
         os.fsync = die
         store = disk_cache.PrefixStore(disk_cache.Path({str(directory)!r}), 10**9)
-        store.save("x" * 64, list(range(100)), bytes(10**6))
+        store.save("x" * 64, list(range(100)), disk_cache.Saved(bytes(10**6), 100))
         store.flush(60)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -252,15 +276,16 @@ def test_two_stores_on_one_directory_write_the_same_prefixes_at_once(tmp_path):
     states = {n: bytes([n % 251]) * (200_000 + n) for n in range(100, 110)}
     for n, state in states.items():
         for store in stores:
-            assert store.save(ident, list(range(n)), state) or store.flush() or \
-                store.save(ident, list(range(n)), state)
+            saved = Saved(state, n)
+            assert store.save(ident, list(range(n)), saved) or store.flush() or \
+                store.save(ident, list(range(n)), saved)
     for store in stores:
         store.flush()
     assert len(files(directory)) == len(states)
     reader = PrefixStore(directory, 10**9)
     for entry in reader.entries():
-        state = reader.read(entry, ident, list(range(entry.n_tokens)))
-        assert state is not None and state.tobytes() == states[entry.n_tokens]
+        read = reader.read(entry, ident, list(range(entry.n_tokens)))
+        assert read is not None and read.state.tobytes() == states[entry.n_tokens]
     assert reader.counters.bad_files == 0
 
 
@@ -331,7 +356,7 @@ def test_a_state_llama_cpp_refuses_is_removed_and_the_prompt_read(tmp_path, capl
         tokens = engine.chat_tokens(CHAT)
         n = len(tokens) - REREAD_TAIL
         disk = engine._kept.disk
-        disk.save(tokens[:n], b"too\x00few\x00cells")
+        disk.save(tokens[:n], Saved(b"too\x00few\x00cells", n))
         disk.store.flush()
         assert len(files(directory)) == 1
         done = ask(engine)

@@ -221,6 +221,15 @@ class Backend(Protocol):
         Returns how many tokens are usable: ``n_keep``, ``n_checkpoint``, or 0."""
         ...
 
+    def checkpoint_data(self, state: Any) -> Any:
+        """A copy of a checkpoint ``seq_checkpoint`` returned, as a buffer of bytes, for the
+        prefix cache on disk (``disk_cache.Saved.window``)."""
+        ...
+
+    def checkpoint_state(self, data: Any) -> Any:
+        """A checkpoint for ``seq_restore`` from the bytes ``checkpoint_data`` gave."""
+        ...
+
     def seq_swap(self, a: int, b: int) -> bool:
         """Trade the caches of sequences ``a`` and ``b`` (either may be empty): each then
         holds what the other held, at the same positions. False when one could not be put

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ..errors import LocalInferError, WorkerLost
 from .backend import Backend
-from .disk_cache import PrefixCache
+from .disk_cache import PrefixCache, Saved
 from .generation import Request
 from .prompt_cache import common_prefix
 from .slots import Checkpoint, Slot
@@ -100,7 +100,7 @@ class CacheKeeper:
         # text as a cold one (see REREAD_TAIL).
         common = common_prefix(slot.cached, target)
         n_keep = self._cut(slot, min(common, max(0, len(target) - REREAD_TAIL)), target)
-        slot.save_at, slot.save_prompt = [], False
+        slot.save_at, slot.save_prompt = [], 0
         if self.disk is not None:
             n_keep = self._from_disk(slot, request, n_keep)
         del slot.cached[n_keep:]
@@ -139,9 +139,9 @@ class CacheKeeper:
             log.warning("prefix cache: cannot look up saved prefixes: %s", exc)
             found = None
         if found is not None:
-            entry, state = found
+            entry, saved = found
             n = entry.n_tokens
-            if self.backend.seq_load(slot.seq_id, state, n):
+            if self._load(slot, saved, n):
                 # A whole prompt saved (``first_token``): its tail is read again.
                 n = self.backend.seq_trim(slot.seq_id, min(n, len(target) - REREAD_TAIL))
                 disk.restored(n)
@@ -163,9 +163,10 @@ class CacheKeeper:
             except OSError as exc:
                 log.warning("prefix cache: cannot list saved prefixes: %s", exc)
                 points = []
-            if n_keep in points and n_keep == len(request.prompt) - REREAD_TAIL and \
-                    disk.cut_back:
-                slot.save_prompt = True  # held already: saved after its first token
+            if n_keep in points and (
+                    disk.cut_back and n_keep == len(request.prompt) - REREAD_TAIL
+                    or self._window_at(slot, n_keep) is not None):
+                slot.save_prompt = n_keep  # held already: saved after its first token
             elif n_keep in points:
                 self._save(slot, request.prompt[:n_keep])
             slot.save_at = [n for n in points if n > n_keep]
@@ -174,27 +175,55 @@ class CacheKeeper:
     def first_token(self, slot: Slot, flush: Callable[[], None]) -> None:
         """After each sampled token: at the running request's first, save its prompt where
         that was put off (``save_prompt``; the cache holds just the prompt until the next
-        step), once ``flush`` has sent the token, which the copy must not delay."""
-        if not slot.save_prompt or slot.running.n_generated != 1:
+        step), once ``flush`` has sent the token, which the copy must not delay: the whole
+        prompt where a state can be cut back, else with the checkpoint of its window layers
+        where the prefix ends."""
+        n, prompt = slot.save_prompt, slot.running.prompt
+        if not n or slot.running.n_generated != 1:
             return
-        slot.save_prompt = False
-        if len(slot.cached) == len(slot.running.prompt):
+        slot.save_prompt = 0
+        if len(slot.cached) != len(prompt):
+            return
+        assert self.disk is not None  # planned only with a prefix cache
+        if self.disk.cut_back:
             flush()
             self._save(slot, list(slot.cached))
+        elif (window := self._window_at(slot, n)) is not None:
+            flush()
+            self._save(slot, prompt[:n], window)
 
-    def _save(self, slot: Slot, tokens: list[int]) -> None:
-        """Save the slot's cache, which holds ``tokens``, to the prefix cache on disk."""
+    @staticmethod
+    def _window_at(slot: Slot, n: int) -> Checkpoint | None:
+        """The slot's checkpoint of exactly its first ``n`` cached tokens, or None."""
+        return next((c for c in slot.checkpoints
+                     if len(c.tokens) == n and c.tokens == slot.cached[:n]), None)
+
+    def _save(self, slot: Slot, tokens: list[int], window: Checkpoint | None = None) -> None:
+        """Save the slot's cache, which holds ``tokens`` (or, with the checkpoint ``window``
+        taken where they end, more), to the prefix cache on disk."""
         disk = self.disk
         assert disk is not None  # asked only with a prefix cache
+        n_full = len(tokens) if window is None else len(slot.cached)
         try:
-            state = self.backend.seq_save(slot.seq_id, len(tokens))
+            state = self.backend.seq_save(slot.seq_id, n_full)
+            data = None if window is None else self.backend.checkpoint_data(window.state)
         except WorkerLost:
             raise  # the model's process is gone: stop (``failed``), the owner reloads it
         except LocalInferError as exc:  # out of memory: the cache goes on without it
             log.warning("prefix cache: could not copy a sequence's cache: %s", exc)
             return
         if state is not None:
-            disk.save(tokens, state)
+            disk.save(tokens, Saved(state, n_full, data))
+
+    def _load(self, slot: Slot, saved: Saved, n: int) -> bool:
+        """Put back a state saved for a prefix of ``n`` tokens: whether the slot's cache
+        holds the prefix (or, a whole prompt saved where states cut back, more) now."""
+        if not self.backend.seq_load(slot.seq_id, saved.state, saved.n_full):
+            return False
+        if saved.window is None:
+            return True
+        window = self.backend.checkpoint_state(saved.window)
+        return self.backend.seq_restore(slot.seq_id, n, n, window) == n
 
     def _cut(self, slot: Slot, n_keep: int, target: list[int]) -> int:
         """Cut the slot's cache to ``n_keep`` tokens, or to its longest checkpoint within

@@ -5,7 +5,8 @@ reads only what follows them.
 A saved prefix is one file, ``<model>-<n_tokens>-<hash>.kv`` in one directory shared by every
 model and every daemon of a home (``cache/prefix-kv``): a header naming the model's identity
 (the file, the load options that shape its KV cache, the llama.cpp build: ``identity``), the
-prefix's tokens, and the sequence's state as llama.cpp saves it (``Backend.seq_save``), with a
+prefix's tokens, and the sequence's state as llama.cpp saves it (``Backend.seq_save``; for a
+sliding-window model, with its window layers' checkpoint at the prefix's end: ``Saved``), with a
 CRC-32 of the tokens and the state. A file is written to a unique temporary name, synced and
 renamed, so that a reader sees a whole file or none, and two daemons writing the same prefix
 both leave a whole one; a file that is torn, truncated, of another model or another build is
@@ -37,6 +38,7 @@ import os
 import queue
 import secrets
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -66,6 +68,7 @@ MAX_PENDING = 2
 """Saves waiting for the writer at most; a save beyond them is skipped (their states are
 held in memory until written)."""
 SAVES_PER_REQUEST = 2
+WRITER_NICENESS = 10
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:
@@ -104,6 +107,19 @@ class Entry:
     digest: str
     size: int
     mtime: float
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A sequence's state saved for a prefix: ``state`` (``Backend.seq_save``) holds
+    ``n_full`` positions, the prefix's or more. A sliding-window model's cache, which cannot be
+    cut back, is saved after the first token past the prefix (before it, the copy would delay
+    that token); ``window`` is then the checkpoint of its window layers at the prefix's end
+    (``Backend.checkpoint_data``), which returns the restored cache there."""
+
+    state: Any
+    n_full: int
+    window: Any = None
 
 
 @dataclass
@@ -167,17 +183,23 @@ class PrefixStore:
 
     def label(self, entry: Entry) -> str:
         """The model name a file's header gives ("?" where it cannot be read)."""
+        return str(self.header(entry).get("model") or "?")
+
+    @staticmethod
+    def header(entry: Entry) -> dict[str, Any]:
+        """A file's header, unchecked ({} where it cannot be read)."""
         try:
             with open(entry.path, "rb") as f:
                 head = f.read(len(MAGIC) + 4)
                 (n_header,) = struct.unpack("<I", head[len(MAGIC):])
                 if head[:len(MAGIC)] != MAGIC or n_header > 65536:
-                    return "?"
-                return str(json.loads(f.read(n_header)).get("model") or "?")
+                    return {}
+                header = json.loads(f.read(n_header))
+                return header if isinstance(header, dict) else {}
         except (OSError, ValueError, struct.error):
-            return "?"
+            return {}
 
-    def read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> np.ndarray | None:
+    def read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> Saved | None:
         """The state saved in ``entry`` for ``tokens`` (its first ``entry.n_tokens``), checked
         whole; None, with a warning and the file removed, where it is not that."""
         try:
@@ -192,7 +214,7 @@ class PrefixStore:
                 entry.path.unlink()
             return None
 
-    def _read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> np.ndarray | None:
+    def _read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> Saved | None:
         with open(entry.path, "rb") as f:
             head = f.read(len(MAGIC) + 4)
             if len(head) < len(MAGIC) + 4 or head[:len(MAGIC)] != MAGIC:
@@ -203,22 +225,30 @@ class PrefixStore:
             header = json.loads(f.read(n_header))
             n = int(header["n_tokens"])
             n_state = int(header["state_bytes"])
+            n_window = int(header.get("window_bytes", 0))
+            n_full = int(header.get("full_tokens", n))
             if header["identity"] != ident or n != entry.n_tokens:
                 raise _Bad("it was saved for another model, other load options or another"
                            " llama.cpp build")
+            if n_full < n or n_window < 0 or (n_full > n) != (n_window > 0):
+                raise _Bad("its header is damaged")
             stored = np.empty(n, dtype="<i4")
             state = np.empty(n_state, dtype=np.uint8)
+            window = np.empty(n_window, dtype=np.uint8)
             if f.readinto(stored.data.cast("B")) != 4 * n or \
-                    f.readinto(state.data) != n_state or f.read(1):
+                    f.readinto(state.data) != n_state or \
+                    f.readinto(window.data) != n_window or f.read(1):
                 raise _Bad("it is truncated or has extra bytes")
-        crc = zlib.crc32(state.data, zlib.crc32(stored.data.cast("B")))
+        crc = zlib.crc32(stored.data.cast("B"))
+        for part in (state, window):
+            crc = zlib.crc32(part.data, crc)
         if crc != header.get("crc32"):
             raise _Bad("its checksum does not match (a torn or damaged file)")
         if stored.tolist() != list(tokens[:n]):
             return None  # a hash collision: another prefix (left alone: it is valid)
         with contextlib.suppress(OSError):
             os.utime(entry.path)  # recently used
-        return state
+        return Saved(state, n_full, window if n_window else None)
 
     def remember(self, digests: Sequence[str]) -> set[str]:
         """Record prefixes as read, in memory and in the directory's ledger (``LEDGER``: one
@@ -276,8 +306,8 @@ class PrefixStore:
             log.debug("prefix cache: the ledger of read prefixes is not written: %s", exc)
 
     # --- writing ------------------------------------------------------------------------------
-    def save(self, ident: str, tokens: Sequence[int], state: Any, label: str = "") -> bool:
-        """Write ``state`` (a buffer the caller no longer touches) for ``tokens``, on the
+    def save(self, ident: str, tokens: Sequence[int], state: Saved, label: str = "") -> bool:
+        """Write ``state`` (buffers the caller no longer touches) for ``tokens``, on the
         writer thread; False when too many saves wait already (it is dropped). ``label``: the
         model's name, for ``localinfer cache``."""
         with self._lock:
@@ -302,6 +332,11 @@ class PrefixStore:
             time.sleep(0.01)
 
     def _write_loop(self) -> None:
+        if sys.platform.startswith("linux"):  # a thread's own niceness (a tid, not a pid)
+            # Below the engine's threads: a save must not slow the reading of the prompt
+            # after it and the reply (the checksum and the copy of ~50 MB take a core ~50 ms).
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         while True:
             job = self._queue.get()
             try:
@@ -312,16 +347,18 @@ class PrefixStore:
                 with self._lock:
                     self._pending -= 1
 
-    def _write(self, ident: str, tokens: list[int], state: Any, label: str) -> None:
+    def _write(self, ident: str, tokens: list[int], saved: Saved, label: str) -> None:
         data = token_bytes(tokens)
-        view = memoryview(state).cast("B")
+        view = memoryview(saved.state).cast("B")
+        window = memoryview(saved.window if saved.window is not None else b"").cast("B")
         header = json.dumps({
             "identity": ident, "n_tokens": len(tokens), "state_bytes": view.nbytes,
-            "crc32": zlib.crc32(view, zlib.crc32(data)), "created": time.time(),
-            "model": label,
+            "full_tokens": saved.n_full, "window_bytes": window.nbytes,
+            "crc32": zlib.crc32(window, zlib.crc32(view, zlib.crc32(data))),
+            "created": time.time(), "model": label,
         }).encode()
         name = f"{ident[:16]}-{len(tokens)}-{prefix_hash(ident, tokens)}{SUFFIX}"
-        total = len(MAGIC) + 4 + len(header) + len(data) + view.nbytes
+        total = len(MAGIC) + 4 + len(header) + len(data) + view.nbytes + window.nbytes
         if total > self.max_bytes:
             log.info("prefix cache: a %d-token prefix (%d bytes) is larger than the cache's"
                      " bound; not saved", len(tokens), total)
@@ -335,6 +372,7 @@ class PrefixStore:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)
                 f.write(data)
                 f.write(view)
+                f.write(window)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.directory / name)
@@ -460,7 +498,7 @@ class PrefixCache:
         state holds only the window): then a whole prompt is saved after its first token,
         and restored for a request that starts with it, cut to leave the tail."""
 
-    def lookup(self, target: Sequence[int], at_least: int) -> tuple[Entry, np.ndarray] | None:
+    def lookup(self, target: Sequence[int], at_least: int) -> tuple[Entry, Saved] | None:
         """The longest saved prefix of ``target`` that gives more than ``at_least`` tokens
         once cut to leave the tail every request reads again (a whole prompt saved is cut
         back on restoring): (its file, its state), or None."""
@@ -511,5 +549,5 @@ class PrefixCache:
             chosen = [chosen[0], chosen[-1]]
         return chosen
 
-    def save(self, tokens: Sequence[int], state: Any) -> bool:
+    def save(self, tokens: Sequence[int], state: Saved) -> bool:
         return self.store.save(self.identity, tokens, state, self.label)

@@ -354,6 +354,12 @@ class FakeBackend:
         self.checkpoints_reused += reuse is not None
         return state
 
+    def checkpoint_data(self, state: list[int]) -> bytes:
+        return "\x00".join(self._pieces[t] for t in state).encode()
+
+    def checkpoint_state(self, data: Any) -> list[int]:
+        return [self._id(p) for p in bytes(data).decode().split("\x00")]
+
     def seq_restore(self, seq_id: int, n_keep: int, n_checkpoint: int,
                     state: list[int]) -> int:
         cells = self._seqs.setdefault(seq_id, [])

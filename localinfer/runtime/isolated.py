@@ -254,6 +254,12 @@ class IsolatedBackend:
         kept: int = self._call("seq_restore", seq_id, n_keep, n_checkpoint, state)
         return kept
 
+    def checkpoint_data(self, state: bytes) -> bytes:
+        return state  # bytes already, and never written over (``seq_checkpoint``)
+
+    def checkpoint_state(self, data: Any) -> bytes:
+        return bytes(data)
+
     def seq_swap(self, a: int, b: int) -> bool:
         swapped: bool = self._call("seq_swap", a, b)
         return swapped

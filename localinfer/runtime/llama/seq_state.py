@@ -92,6 +92,13 @@ class SeqStates(LlamaHandles):
             raise LocalInferError(f"llama.cpp could not save a sequence's cache{_llama_said()}")
         return SeqState(buffer, size)
 
+    def checkpoint_data(self, state: SeqState) -> np.ndarray:
+        return np.frombuffer(state.buffer, np.uint8, state.size).copy()
+
+    def checkpoint_state(self, data: np.ndarray) -> SeqState:
+        buffer = (ctypes.c_uint8 * data.size).from_buffer(np.ascontiguousarray(data, np.uint8))
+        return SeqState(buffer, data.size)
+
     def seq_swap(self, a: int, b: int) -> bool:
         # Through host memory: the cells of both, written back each into the other's stream
         # (llama_memory_seq_cp across streams copies a whole stream, later, at the next
