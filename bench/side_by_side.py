@@ -17,8 +17,9 @@ chat (four turns of about 300 tokens each before it, each reply the server's own
 request pays when the client before it left its stream after the first token (its TTFT less a
 fresh message's), and a code edit (repeat a 60-line function with one change, on the
 completions route: where prompt-lookup speculation helps). ``--agent`` adds a coding agent's
-request: an ~18k-token system prompt (a repository's source) and a question, read cold, then
-sent again.
+request: an ~18k-token system prompt (a repository's source) and a question, read cold, sent
+again, and sent once more after the server was stopped and started again (localinfer on the
+same home: its prefix cache on disk; llama-server keeps none at its defaults).
 
 Each TTFT row also prints the server's own figure and the client's time less it (the HTTP path,
 JSON, the template, tokenizing: llama-server's ``prompt_ms`` covers only its prompt's
@@ -51,6 +52,7 @@ import httpx
 from localinfer import gguf
 from localinfer.bench.editor_workload import (
     Target,
+    serve_localinfer,
     start_llama_server_process,
     start_localinfer,
     stop,
@@ -121,8 +123,10 @@ def left_after_first_token(http: httpx.Client, url: str, body: dict) -> None:
                 break
 
 
-def measure(target: Target, quick: bool, agent: bool, http: httpx.Client) -> dict[str, Any]:
-    """Every row against one running server."""
+def measure(target: Target, quick: bool, agent: bool, http: httpx.Client,
+            restart: Callable[[], Target] | None = None) -> dict[str, Any]:
+    """Every row against one running server; ``restart`` stops it and starts it again (on the
+    same home), for the agent request after a restart."""
     n_tokens = 32 if quick else 64
     greedy = {"model": target.chat_model, "max_tokens": n_tokens, "temperature": 0}
     sampled = {**greedy, "temperature": 0.7, "seed": 1}
@@ -190,6 +194,13 @@ def measure(target: Target, quick: bool, agent: bool, http: httpx.Client) -> dic
         out["agent_prompt_tokens"] = (cold["usage"] or {}).get("prompt_tokens")
         out["agent_cold_ttft_ms"] = cold["ttft_ms"]
         out["agent_again_ttft_ms"] = again["ttft_ms"]
+        if restart is not None:  # localinfer: `stop` and `serve`; llama-server: reads it all
+            url = f"{restart().url}/v1/chat/completions"
+            after = stream(http, url, {**body, "messages": agent_messages(
+                "Which module holds the engine's batch loop?")})
+            out["agent_restart_ttft_ms"] = after["ttft_ms"]
+            out["agent_restart_cached"] = ((after["usage"] or {}).get(
+                "prompt_tokens_details") or {}).get("cached_tokens") or 0
     out["load_after"] = os.getloadavg()[0]
     return out
 
@@ -212,6 +223,7 @@ ROWS = [("1 stream, greedy (tok/s)", "greedy_tps"),
         ("code edit, greedy (tok/s)", "code_edit_tps"),
         ("agent prompt, cold TTFT (ms)", "agent_cold_ttft_ms"),
         ("agent prompt again, TTFT (ms)", "agent_again_ttft_ms"),
+        ("agent prompt after a restart, TTFT (ms)", "agent_restart_ttft_ms"),
         ("load average before / after", "load")]
 LOWER_IS_BETTER = ("ttft_ms", "fifth_ratio", "left_cost_ms")
 TRIPLES = {"server": "server_ms", "gap": "gap_ms"}
@@ -295,17 +307,19 @@ def main() -> int:
           f" llama-server {' '.join(server_args)}\nCPU {cpu.model}, {cpu.physical_cores}"
           f" cores, AVX-512: {'avx512f' in cpu.flags}; server logs in {logs}", flush=True)
 
-    def localinfer(round_: int) -> tuple[list, Target]:
+    def localinfer(round_: int, again: bool = False) -> tuple[list, Target]:
         home = logs / f"localinfer-home-{round_}"
+        if again:  # a restart: the same home, its prefix cache on disk
+            return serve_localinfer(home, logs / "localinfer.log", serve_args)
         home.mkdir()
         return start_localinfer(model, model, home, logs / "localinfer.log", serve_args)
 
-    def llama_server(round_: int) -> tuple[list, Target]:
+    def llama_server(round_: int, again: bool = False) -> tuple[list, Target]:
         proc, url = start_llama_server_process(args.llama_server, model, server_args,
                                                logs / "llama-server.log")
         return [proc], Target("llama-server", url, "bench", "bench", "bench")
 
-    servers: dict[str, Callable[[int], tuple[list, Target]]] = {
+    servers: dict[str, Callable[..., tuple[list, Target]]] = {
         "localinfer": localinfer, "llama-server": llama_server}
     figures: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     with client() as http:
@@ -313,8 +327,16 @@ def main() -> int:
             order = list(servers) if round_ % 2 == 0 else list(servers)[::-1]
             for name in order:
                 procs, target = servers[name](round_)
+
+                def restart(name: str = name, round_: int = round_,
+                            procs: list = procs) -> Target:
+                    stop(procs)
+                    procs[:], started = servers[name](round_, again=True)
+                    return started
+
                 try:
-                    figures[name].append(measure(target, args.quick, args.agent, http))
+                    figures[name].append(measure(target, args.quick, args.agent, http,
+                                                 restart))
                 finally:
                     stop(procs)
                 print(f"round {round_ + 1}, {name}: {json.dumps(figures[name][-1])}",

@@ -410,11 +410,19 @@ def start_localinfer(fim_file: Path, embed_file: Path, home: Path, log: Path,
     for path, name in ((fim_file, "bench-fim"), (embed_file, "bench-embed")):
         subprocess.run([sys.executable, "-m", "localinfer", "add", str(path), "--name", name,
                         "--link"], env=env, check=True, capture_output=True)
+    return serve_localinfer(home, log, serve_args)
+
+
+def serve_localinfer(home: Path, log: Path, serve_args: Sequence[str] = ()
+                     ) -> tuple[list[subprocess.Popen], Target]:
+    """``localinfer serve`` on ``home`` as ``start_localinfer`` left it (again: a restart), on
+    a free port, its output appended to ``log``."""
+    env = {**os.environ, "LOCALINFER_HOME": str(home)}
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "--port", str(port),
                              "--socket", str(home / "d.sock"), "--keep-alive", "-1",
                              *serve_args],
-                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                            env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", proc)
     return [proc], Target("localinfer", url, "bench-fim", "bench-fim", "bench-embed")

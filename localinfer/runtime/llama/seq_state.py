@@ -93,11 +93,11 @@ class SeqStates(LlamaHandles):
         return SeqState(buffer, size)
 
     def checkpoint_data(self, state: SeqState) -> np.ndarray:
-        return np.frombuffer(state.buffer, np.uint8, state.size).copy()
+        return np.ctypeslib.as_array(state.buffer)[:state.size].copy()
 
-    def checkpoint_state(self, data: np.ndarray) -> SeqState:
-        buffer = (ctypes.c_uint8 * data.size).from_buffer(np.ascontiguousarray(data, np.uint8))
-        return SeqState(buffer, data.size)
+    def checkpoint_state(self, data: Any) -> SeqState:
+        view = memoryview(data).cast("B")
+        return SeqState((ctypes.c_uint8 * view.nbytes).from_buffer_copy(view), view.nbytes)
 
     def seq_swap(self, a: int, b: int) -> bool:
         # Through host memory: the cells of both, written back each into the other's stream
