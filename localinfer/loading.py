@@ -41,6 +41,7 @@ from .runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 from .runtime.checkpoints import REREAD_TAIL
 from .runtime.disk_cache import PrefixCache, PrefixStore, identity, model_file_id, open_store
 from .runtime.engine import Engine
+from .runtime.turns import TURNS, Turns
 from .selection import model_settings, plan_prefs
 from .store import CopyProgress, ModelStore, ResolvedModel
 
@@ -181,7 +182,7 @@ def load_engine(
         cache, threads = engine_files(config, path, isolated, name)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
                       chat_checkpoints=CHAT_CHECKPOINTS, prefix_cache=cache,
-                      thread_memory=threads)
+                      thread_memory=threads, turns=cpu_turns(isolated))
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     template = None
     if chat_template is not None:
@@ -195,7 +196,14 @@ def load_engine(
     cache, threads = engine_files(config, path, backend, name)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template,
-                  prefix_cache=cache, thread_memory=threads)
+                  prefix_cache=cache, thread_memory=threads, turns=cpu_turns(backend))
+
+
+def cpu_turns(backend: Backend) -> Turns | None:
+    """The process's turns on the CPU cores (runtime/turns.py) for a model with layers on
+    the CPU; None for one wholly on a GPU, whose decodes take a core only to wait."""
+    info = backend.info
+    return TURNS if info.n_gpu_layers < info.n_layers else None
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:

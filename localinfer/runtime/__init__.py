@@ -16,6 +16,7 @@ handed (loading.py, above it, plans the load): it imports no planner, store or p
     fim.py            fill-in-the-middle prompts, as llama-server's /infill builds them
     speculate.py      prompt-lookup drafts, and which drafts and sequences a step takes
     threads.py        thread counts that follow the machine's load
+    turns.py          the engines of a process take turns on the CPU cores; indexing waits
     text.py           token bytes to text: UTF-8 reassembly and stop strings
     logprobs.py       log-probabilities from the raw logits
     grammar.py        what a reply must look like (JSON schema, GBNF) for llama.cpp's sampler

@@ -26,12 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import (
     Busy,
-    ContextOverflow,
     InvalidRequest,
     LocalInferError,
     ModelLoadError,
@@ -53,6 +53,7 @@ from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_r
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
 from .tools import ToolFormat
+from .turns import Turns, turn, turn_groups
 from .types import (
     DEFAULT_SAMPLING,
     Embeddings,
@@ -100,6 +101,7 @@ class Engine:
         chat_checkpoints: int = DEFAULT_CHAT_CHECKPOINTS,
         prefix_cache: PrefixCache | None = None,
         thread_memory: Path | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self.backend = backend
         self.info: ModelInfo = backend.info
@@ -148,6 +150,10 @@ class Engine:
         failed to: ``check()`` says which."""
         self.failed: BaseException | None = None
         self._closed = False
+        self._turns = turns
+        """Turns on the CPU cores with the process's other engines (turns.py), or None."""
+        if turns is not None:
+            turns.join(self, lambda: bool(self._pending or self._active()))
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -244,7 +250,8 @@ class Engine:
         if not inputs:
             raise InvalidRequest("there is nothing to embed: send at least one input.")
         started = time.perf_counter()
-        vectors = self._between_steps(lambda: self.backend.embed(inputs))
+        vectors = [v for group in turn_groups(inputs)  # a turn on the cores each
+                   for v in self._between_steps(partial(self.backend.embed, group))]
         return Embeddings(vectors=vectors, prompt_tokens=sum(len(t) for t in inputs),
                           total_ms=(time.perf_counter() - started) * 1000.0)
 
@@ -253,7 +260,8 @@ class Engine:
         as (query, document) pairs several to a decode, between two generation steps."""
         inputs = self.prompt_builder.rank_inputs(query, documents)
         started = time.perf_counter()
-        scores = self._between_steps(lambda: [v[0] for v in self.backend.embed(inputs)])
+        scores = [v[0] for group in turn_groups(inputs)  # a turn on the cores each
+                  for v in self._between_steps(partial(self.backend.embed, group))]
         return Ranking(scores=scores, prompt_tokens=sum(len(t) for t in inputs),
                        total_ms=(time.perf_counter() - started) * 1000.0)
 
@@ -283,21 +291,7 @@ class Engine:
         params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
         if params.grammar is not None:
             self.backend.check_grammar(params.grammar)
-        n_ctx = self.info.n_ctx
-        if self.info.embedding_only:
-            raise InvalidRequest(f"{self.info.name} is an embedding model: it returns vectors"
-                                 " and generates no text. Use /api/embed or /v1/embeddings,"
-                                 " or a chat or code model here.")
-        if not prompt:
-            raise InvalidRequest("the prompt is empty after tokenization.")
-        if len(prompt) >= n_ctx:
-            raise ContextOverflow(
-                f"the prompt is {len(prompt)} tokens but the context window is {n_ctx} tokens"
-                " (and at least one token must be left to generate). Shorten the prompt, start"
-                " a new chat, or load the model with a larger context (--ctx).",
-                n_prompt=len(prompt),
-                n_ctx=n_ctx,
-            )
+        self.prompt_builder.check_prompt(prompt)
         generation = Generation(self._on_cancel, sink)
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         request = Request(
@@ -407,6 +401,8 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+        if self._turns is not None:
+            self._turns.leave(self)
         self.backend.close()
 
     def _check_open(self) -> None:
@@ -492,7 +488,8 @@ class Engine:
                     self._admit()
                 self._kept.compact(self._slots)
                 if self._active():
-                    self._step()
+                    with turn(self._turns, self):
+                        self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
             if not isinstance(exc, WorkerLost):  # logged where it was found out, no bug
                 log.exception("engine worker crashed")
@@ -512,7 +509,8 @@ class Engine:
             jobs, self._step_jobs = self._step_jobs, []
         for fn, future in jobs:
             try:
-                future.set_result(fn())
+                with turn(self._turns, self, background=True):
+                    future.set_result(fn())
             except BaseException as exc:  # delivered to the caller
                 future.set_exception(exc)
 

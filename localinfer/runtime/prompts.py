@@ -44,6 +44,24 @@ class PromptBuilder:
             raise InvalidRequest("prompt must not be empty.")
         return self.backend.tokenize(prompt, add_special=True)
 
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        """Refuse a prompt this model cannot generate after."""
+        info, n_ctx = self.info, self.info.n_ctx
+        if info.embedding_only:
+            raise InvalidRequest(f"{info.name} is an embedding model: it returns vectors"
+                                 " and generates no text. Use /api/embed or /v1/embeddings,"
+                                 " or a chat or code model here.")
+        if not prompt:
+            raise InvalidRequest("the prompt is empty after tokenization.")
+        if len(prompt) >= n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {len(prompt)} tokens but the context window is {n_ctx} tokens"
+                " (and at least one token must be left to generate). Shorten the prompt, start"
+                " a new chat, or load the model with a larger context (--ctx).",
+                n_prompt=len(prompt),
+                n_ctx=n_ctx,
+            )
+
     def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
                       extra: Sequence[FimFile] = (), n_predict: int | None = None,
                       ) -> FimTokens:

@@ -1,0 +1,109 @@
+"""The engines of one process take turns on the CPU cores (runtime/turns.py): never two
+decodes at once, and embeddings (indexing) wait while another engine generates, for at most
+BACKGROUND_WAIT_S, in groups of at most BACKGROUND_TURN_TOKENS tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from localinfer.runtime import turns as turns_module
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend
+from localinfer.runtime.turns import BACKGROUND_TURN_TOKENS, Turns, turn_groups
+from localinfer.runtime.types import Message, SamplingParams
+
+
+class Overlap:
+    """Counts the decodes and embeddings of several backends running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.spans: dict[str, list[tuple[float, float]]] = {}
+
+    def watch(self, backend: FakeBackend, name: str, method: str) -> None:
+        real = getattr(backend, method)
+
+        def watched(*args, **kwargs):
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            started = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.running -= 1
+                self.spans.setdefault(name, []).append((started, time.perf_counter()))
+
+        setattr(backend, method, watched)
+
+
+def engines(shared: Turns | None, overlap: Overlap, *, step_delay_s=0.01,
+            embed_delay_s=0.05) -> tuple[Engine, Engine]:
+    chat = FakeBackend(reply="word " * 200, name="fake:chat", step_delay_s=step_delay_s)
+    index = FakeBackend(name="fake:embed", embedding_only=True, embed_delay_s=embed_delay_s)
+    overlap.watch(chat, "chat", "decode")
+    overlap.watch(index, "embed", "embed")
+    return Engine(chat, turns=shared), Engine(index, turns=shared)
+
+
+def test_two_engines_never_decode_at_once_and_embeddings_wait_for_generation():
+    overlap = Overlap()
+    chat, index = engines(Turns(), overlap)
+    with chat, index:
+        reply = chat.chat([Message("user", "Go on.")], SamplingParams(max_tokens=30))
+        time.sleep(0.05)  # generating now
+        inputs = [index.embedding_tokens(f"chunk {i} " * 20) for i in range(3)]
+        started = time.perf_counter()
+        vectors = index.embed(inputs).vectors
+        waited = time.perf_counter() - started
+        done = reply.result()
+    assert len(vectors) == 3 and done.usage.completion_tokens == 30
+    assert overlap.most == 1  # one decode at a time, over both engines
+    # The embeddings waited for the generation's end (~0.3 s of steps), not a second more.
+    last_step = max(end for _, end in overlap.spans["chat"])
+    first_embed = min(start for start, _ in overlap.spans["embed"])
+    assert first_embed >= last_step
+    assert waited < turns_module.BACKGROUND_WAIT_S + 0.5
+
+
+def test_without_turns_they_overlap():
+    """The same two engines without shared turns decode at the same time (the test above
+    can fail)."""
+    overlap = Overlap()
+    chat, index = engines(None, overlap)
+    with chat, index:
+        reply = chat.chat([Message("user", "Go on.")], SamplingParams(max_tokens=30))
+        time.sleep(0.05)
+        index.embed([index.embedding_tokens("chunk " * 20)] * 3)
+        reply.result()
+    assert overlap.most == 2
+
+
+def test_embeddings_take_a_turn_after_waiting_at_most_the_bound(monkeypatch):
+    """Generation that goes on and on does not stop indexing: a background decode waits
+    BACKGROUND_WAIT_S at most, then takes its turn between two steps."""
+    monkeypatch.setattr(turns_module, "BACKGROUND_WAIT_S", 0.2)
+    overlap = Overlap()
+    chat, index = engines(Turns(), overlap, step_delay_s=0.02)
+    with chat, index:
+        reply = chat.chat([Message("user", "Go on.")], SamplingParams(max_tokens=150))
+        time.sleep(0.05)
+        started = time.perf_counter()
+        index.embed([index.embedding_tokens("chunk " * 20)])
+        waited = time.perf_counter() - started
+        assert not reply.done  # still generating: the embedding did not wait for its end
+        reply.cancel()
+    assert 0.2 <= waited < 1.0
+    assert overlap.most == 1
+
+
+def test_turn_groups_bound_each_turn():
+    inputs = [[1] * 300, [2] * 200, [3] * 100, [4] * 700, [5] * 10]
+    groups = list(turn_groups(inputs))
+    assert [len(g) for g in groups] == [2, 1, 1, 1]
+    assert [t for g in groups for t in g] == inputs  # in order, none lost
+    assert all(sum(map(len, g)) <= BACKGROUND_TURN_TOKENS or len(g) == 1 for g in groups)
