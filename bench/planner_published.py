@@ -156,6 +156,7 @@ def main() -> None:
     issue_table(outcomes, "held", "38b")
     issue_table(outcomes, "held", "38c")
     issue_table(outcomes, "held", "38e")
+    issue_table(outcomes, "held", "38f")
     if args.fit:
         fit_table(outcomes)
     copied = sum(r.verified == "retrieved-copy" for r in rows)
