@@ -166,6 +166,18 @@ Q4_0 above it). Metal's kernels dequantize into its matrix units at one rate (it
 without it)."""
 
 
+PREFILL_LAYER_MS = 0.25
+"""Off Apple, a GPU's prompt batch (one ubatch of N_UBATCH rows) pays this many milliseconds per
+layer besides its matrix FLOPs: ~25 kernels a layer (norms, RoPE, attention, the activations'
+int8 quantization before each quantized matrix multiply, the residual adds), each ~10 us of
+launch and ramp; CUDA graphs serve only single-token batches. Set from that count, not fitted
+(no fit row varies the model on one GPU); checked on held rows: a wide GPU's prompt of a small
+model falls short of the matrix rate by about this (an RTX 5090 on Qwen2.5 3B to 32B, batch 38e,
+~0.3 ms; an RTX 4090 on a 3B, batch 38f). The classes' matrix_eta were not refitted with it: a
+refit to the fit rows' median (CUDA 1.15, Vulkan RDNA 1.15) raised no fit row into +-25% and
+put held rows of older builds further off (issue 38f). Metal's rows fit without it."""
+
+
 def quant_kind(quant: str) -> str:
     """"float", "legacy", "k" or "iq": how llama.cpp multiplies weights of this type."""
     q = quant.upper()

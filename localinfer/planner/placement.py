@@ -27,6 +27,7 @@ from .machine import (
     CPU_LAYER_MS,
     GIB,
     MIB,
+    PREFILL_LAYER_MS,
     SAMPLING_NS_PER_VOCAB,
     TOKEN_MS,
     Machine,
@@ -105,6 +106,8 @@ class _Device:
     """The bandwidth figure used (given, or assumed: see ``note``)."""
     note: str = ""
     """What was assumed about it, in words for the plan."""
+    prefill_layer_ms: float = 0.0
+    """A prompt batch's fixed time per layer on it (machine.PREFILL_LAYER_MS off Apple)."""
 
     @property
     def remote(self) -> bool:
@@ -356,7 +359,7 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
                 cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
                 matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta
                 * prefill_quant_factor(c.quant, backend, vendor), bandwidth,
-                note))
+                note, 0.0 if unified else PREFILL_LAYER_MS))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
         raise InvalidRequest(f"the workers offer {len(devices) - 1} devices; a split is planned"
                              f" over {MAX_REMOTE_DEVICES} at most.")
@@ -370,7 +373,8 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
                           c.quant) * ratio, cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
             matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta
-            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps))
+            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps,
+            prefill_layer_ms=0.0 if m.gpu.vendor == "apple" else PREFILL_LAYER_MS))
     return devices, notes
 
 
@@ -587,7 +591,8 @@ def _prefill_tps(c: Candidate, hw: HardwareProfile, devices: Sequence[_Device],
     for d, k in zip(devices, counts, strict=True):
         if not k:
             continue
-        seconds += c.prefill_flops_per_token * k / max(1, c.n_layers) / d.flops
+        seconds += (c.prefill_flops_per_token * k / max(1, c.n_layers) / d.flops
+                    + k * d.prefill_layer_ms / 1e3 / N_UBATCH)
         if d.remote:
             rtt, gbps = _link(hw, d.endpoint)
             seconds += 2 * 4 * c.n_embd / (gbps * 1e9) + rtt / 1e3 / N_UBATCH

@@ -39,6 +39,7 @@ from .machine import (
     CPU_DOT_GBPS_PER_GHZ,
     CPU_FLOPS_PER_CYCLE,
     CPU_LAYER_MS,
+    PREFILL_LAYER_MS,
     SAMPLING_NS_PER_VOCAB,
     TOKEN_MS,
     Machine,
@@ -242,6 +243,8 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
         rate = (matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
                 * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor))
         prefill_s += flops * share_gpu / rate
+        if m.gpu.vendor != "apple":
+            prefill_s += n_gpu * PREFILL_LAYER_MS / 1e3 / N_UBATCH
         moved = sum(layer.expert_bytes for layer in c.layers[first_gpu:first_gpu + n_moved])
         if moved and not m.unified:
             prefill_s += moved / (EXPERT_COPY_GBPS * 1e9) / N_UBATCH
