@@ -44,6 +44,10 @@ class GPUClass:
     """Why the backend is immature on this class (said in the plan); "" = mature."""
 
 
+ROCM_VECTOR_MATRIX_ETA = 0.40
+"""Prefill on HIP with the shader cores' int8 dot products (RDNA1-2, GCN: no matrix cores), as a
+share of the FP16 figure (twice the FP32 rate on these generations): fitted on an RX 6700 XT
+(ggml-org/llama.cpp#5835)."""
 GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
     # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
@@ -60,7 +64,7 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     ("Metal", "integrated"): GPUClass(eta=0.88, layer_ms=0.14, matrix_eta=0.62),
     # RDNA1-2 on HIP (ggml-org/llama.cpp#5835: RX 6700 XT fit, RX 5700 XT held out); RDNA3
     # has its own rule (GPU_GENERATIONS).
-    ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.40),
+    ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA),
     # Strix Halo: decode at ~0.85 of LPDDR5X; prefill through HIP's MMQ kernels far below the
     # WMMA rate: 574 tok/s on a 3B model (geerlingguy/ai-benchmarks#21, fit), 1300-1500 on 7B
     # with AMD's tuned branch (held out): 0.05-0.3 of the FP16 rate, the spread in the interval.
@@ -106,10 +110,20 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
     # none of these rows was retrieved, only copies without an address). Issue 38: an MI300X
     # decoded 31% slower than 0.25 predicts and prefilled at a 1/11th of 0.15: llama.cpp's
     # HIP kernels use none of CDNA's matrix cores for quantized weights.
-    (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm", "",
+    # GCN (Vega, Radeon VII, Instinct MI25/MI50/MI60) has no matrix cores: llama.cpp's HIP
+    # kernels multiply quantized weights with the int8 dot products of the shader cores (MMQ on
+    # dp4a: only CDNA and RDNA3-4 leave it for hipBLAS on prompt batches, ggml-cuda/mmq.cu), as on
+    # RDNA1-2, whose FP16:FP32:int8 rates GCN5 shares: prefill at the ROCm RDNA1-2 share of the
+    # FP16 figure (ROCM_VECTOR_MATRIX_ETA), not CDNA's share of a matrix-core figure (issue 38f:
+    # a 2x MI50 prefilled 7-40x faster than the CDNA rule predicted). Decode as CDNA.
+    (r"\b(MI(?:25|50|60|8)|Radeon VII|Vega)\b", "amd", "ROCm", "",
+     GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA,
+              immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
+                       " bandwidth (GCN)")),
+    (r"\bMI\d{3}X?\b", "amd", "ROCm", "",
      GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=0.014,
               immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
-                       " bandwidth (CDNA/GCN)")),
+                       " bandwidth (CDNA)")),
     # Intel GPUs on Vulkan, fitted on an A770 and a Tiger Lake Xe remembered rather than
     # retrieved; the retrieved ggml-org/llama.cpp#10879 rows: an A770 decodes at 0.4 of its
     # bandwidth and prefills at ~0.1 of its XMX rate (as here), a B580 at 0.6 and 0.07.
