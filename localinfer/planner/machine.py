@@ -48,6 +48,15 @@ ROCM_VECTOR_MATRIX_ETA = 0.40
 """Prefill on HIP with the shader cores' int8 dot products (RDNA1-2, GCN: no matrix cores), as a
 share of the FP16 figure (twice the FP32 rate on these generations): fitted on an RX 6700 XT
 (ggml-org/llama.cpp#5835)."""
+ROCM_IGPU_MATRIX_ETA = 0.19
+"""AMD integrated GPUs on HIP (Strix Halo, 780M/890M): prefill at this share of the FP16 figure.
+Refitted in issue 38f on the class's one fit row of a single-node build (38d, ROCm 7 RC + rocWMMA,
+Nov 2025: 1.19 of the old 0.16); the other fit row ran llama.cpp through its RPC backend on one
+node (published_rows.Row.fits leaves such builds out: each graph op crosses the RPC layer).
+Published rows of this chip span 0.05-0.37 of the figure with the build, ROCm release and
+hipBLASLt (issue 38's checker found earlier builds 1.5-5.7x slower than 0.40; batch 38f's ROCm 7
+rows ran at ~0.25): the interval carries that spread. Cross-check: the RDNA3 discrete HIP share
+scaled by Vulkan's integrated/discrete ratio (0.40 x 0.21 / 0.36) is 0.23."""
 GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
     # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
@@ -65,11 +74,12 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # RDNA1-2 on HIP (ggml-org/llama.cpp#5835: RX 6700 XT fit, RX 5700 XT held out); RDNA3
     # has its own rule (GPU_GENERATIONS).
     ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA),
-    # Strix Halo: decode at ~0.85 of LPDDR5X; prefill through HIP's MMQ kernels far below the
-    # WMMA rate: 574 tok/s on a 3B model (geerlingguy/ai-benchmarks#21, fit), 1300-1500 on 7B
-    # with AMD's tuned branch (held out): 0.05-0.3 of the FP16 rate, the spread in the interval.
-    # Issue 38b refit on its two fit rows (decode 0.89, prefill 1.21 of the old figures).
-    ("ROCm", "integrated"): GPUClass(eta=0.76, layer_ms=0.05, matrix_eta=0.16),
+    # Strix Halo: decode at ~0.85 of LPDDR5X; prefill far below the WMMA rate (2025 builds
+    # dequantize and multiply through hipBLAS on RDNA3/3.5, 2026 builds use MMQ): 574 tok/s on a
+    # 3B model through the RPC backend (geerlingguy/ai-benchmarks#21), 1300-1500 on 7B with
+    # AMD's tuned branch: 0.05-0.37 of the FP16 rate, the spread in the interval. Issue 38b
+    # refit on its two fit rows (decode 0.89, prefill 1.21); issue 38f: ROCM_IGPU_MATRIX_ETA.
+    ("ROCm", "integrated"): GPUClass(eta=0.76, layer_ms=0.05, matrix_eta=ROCM_IGPU_MATRIX_ETA),
     # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
     # Issue 38c refit (the rows that set constants, bench/planner_published.py --fit: four
     # RTX 30-50 rows of 2025 builds): decode 1.09, prefill 1.06 of the old figures.
