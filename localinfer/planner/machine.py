@@ -348,6 +348,21 @@ def host_gpu_class(cls: GPUClass, vendor: str, backend: str, host_simd: str) -> 
     return cls
 
 
+FP16_AT_FP32_RATE = r"\bRX [45]\d{2}\b"
+"""GPUs whose FP16 runs at the FP32 rate (Polaris: RX 460-590; Vulkan reports `fp16: 0`), so
+their dense FP16 figure is their FP32 rate. The constants for shader-core work (the decode cap
+DECODE_GBPS_PER_TFLOP, the no-matrix-core prefill shares) were fitted on GPUs with packed FP16
+at twice the FP32 rate (RDNA1-3, GCN5), and dequantization and int8/FP32 dot products run at the
+FP32 rate: such a GPU's figure counts double there (shader_tflops). Issue 38f: an RX 480 decoded
+2.1x and prefilled 1.7x faster than its FP16 figure predicted."""
+
+
+def shader_tflops(name: str, tflops: float) -> float:
+    """``tflops`` (a GPU's dense FP16 figure) in the units the shader-core constants were fitted
+    in: doubled for a GPU of FP16_AT_FP32_RATE."""
+    return tflops * 2 if re.search(FP16_AT_FP32_RATE, name) else tflops
+
+
 def matrix_tflops(gpu: GPUInfo) -> float:
     """The GPU's dense FP16 matrix rate: the profile's figure, else GPU_MATRIX_TFLOPS by name
     (the longest matching name), else a guess from its bandwidth."""

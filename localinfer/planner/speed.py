@@ -49,6 +49,7 @@ from .machine import (
     matrix_tflops,
     prefill_quant_factor,
     quant_factor,
+    shader_tflops,
 )
 from .memory import N_UBATCH, kv_bytes_per_element
 
@@ -216,10 +217,10 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     n_moved = max(0, min(n_cpu_moe, n) - first_gpu)
     cpu_bytes, gpu_bytes = decode_reads(c, k, m.kv_type, n_cpu_moe).bytes_at(position)
     ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
+    tflops = shader_tflops(m.gpu.name, matrix_tflops(m.gpu)) if m.gpu is not None else 0.0
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu),
-                             m.gpu.vendor, c.quant)
+        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant)
         ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu or n_moved:
@@ -240,7 +241,7 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     prefill_s = flops * (1 - share_gpu) / cpu_flops
     if share_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        rate = (matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
+        rate = (tflops * 1e12 * m.gpu_class.matrix_eta
                 * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor))
         prefill_s += flops * share_gpu / rate
         if m.gpu.vendor != "apple":
