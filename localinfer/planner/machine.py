@@ -296,6 +296,22 @@ GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
     ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 16.6),
     ("Arc B580", 116.0), ("Arc A770", 137.6), ("Arc A310", 24.6), ("Arc 140V", 32.0),
     ("RX 580", 6.2),
+    # Issue 38f, from the data sheets (dense FP16: NVIDIA's tensor rate with FP16 accumulate,
+    # RDNA3's WMMA rate, Intel's XMX rate, else the packed-FP16 shader rate; no row checks them):
+    # a profile without fp16_tflops (the probe gives it only on Apple) otherwise gets a guess
+    # from its bandwidth, far off for an integrated GPU.
+    ("RTX 5060", 76.7), ("RTX 4080 SUPER", 208.9), ("RTX 4070 Ti SUPER", 176.4),
+    ("RTX 4070 SUPER", 142.0), ("RTX 3090 Ti", 160.0), ("RTX 3080 Ti", 136.4),
+    ("RTX 3070 Ti", 87.0), ("RTX 3050", 36.4), ("RTX 2080", 80.5), ("RTX A6000", 154.8),
+    ("RTX A5000", 111.1), ("RTX A4000", 76.7), ("L4", 121.0), ("V100", 125.0),
+    ("H200", 989.4),
+    ("RX 7900 GRE", 92.0), ("RX 7700 XT", 70.3), ("RX 7600 XT", 45.1), ("RX 6950 XT", 47.3),
+    ("RX 6900 XT", 46.1), ("RX 6800", 32.3), ("RX 6700 XT", 26.4), ("RX 6600 XT", 21.2),
+    ("RX 6600", 17.9), ("RX 5700 XT", 19.5), ("Radeon VII", 27.7), ("MI50", 26.5),
+    ("MI60", 29.5), ("RX 570", 5.1), ("RX 480", 5.8), ("8050S", 45.9), ("880M", 17.8),
+    ("760M", 10.6), ("680M", 7.4),
+    ("Arc A750", 117.6), ("Arc A580", 83.6), ("Arc A380", 32.8), ("Arc B570", 92.2),
+    ("Arc 130V", 26.5), ("Iris Xe", 4.1), ("Iris(R) Xe", 4.1),
     ("M1 Ultra", 21.2), ("M1 Max", 10.4), ("M1 Pro", 5.2), ("M1", 2.6),
     ("M2 Ultra", 27.2), ("M2 Max", 13.6), ("M2 Pro", 6.8), ("M2", 3.6),
     ("M3 Ultra", 28.4), ("M3 Max", 16.4), ("M3 Pro", 7.4), ("M3", 4.1),
