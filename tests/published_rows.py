@@ -50,7 +50,8 @@ class Row:
     note: str
     batch: str
     """The issue whose work collected it ("16", "38", "38b", "38c": the hold-out of recent
-    builds, "38d": fit rows found with it, "38e": held rows collected after the 38c refit)."""
+    builds, "38d": fit rows found with it, "38e": held rows collected after the 38c refit,
+    "38f": held rows collected before the 38f prefill pass)."""
     machine: HardwareProfile
     candidate: Candidate
 

@@ -20,11 +20,13 @@ Off Apple a GPU's read rate is also capped by its shader cores (DECODE_GBPS_PER_
 4-CU iGPU cannot dequantize as fast as its LPDDR5 delivers).
 
 Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
-FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS) x its class's
-matrix_eta (fitted per backend and generation: llama.cpp's quantized matrix kernels, not the
-data sheet, bound it) x the share its weights' type reaches (PREFILL_QUANT: legacy quants,
-K-quants, i-quants, F16; PREFILL_QUANT_BY_PATH where a backend's kernels differ); a CPU's
-cores x clock x FLOPs per cycle of its ISA. An AMD or Intel GPU on Vulkan behind an ARM host
+FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS; shader_tflops doubles it
+for a GPU whose FP16 runs at its FP32 rate) x its class's matrix_eta (fitted per backend and
+generation: llama.cpp's quantized matrix kernels, not the data sheet, bound it; GPUs without
+matrix cores get a shader-core share) x the share its weights' type reaches (PREFILL_QUANT:
+legacy quants, K-quants, i-quants, F16; PREFILL_QUANT_BY_PATH where a backend's kernels
+differ), plus off Apple PREFILL_LAYER_MS per GPU layer and prompt batch of N_UBATCH rows; a
+CPU's cores x clock x FLOPs per cycle of its ISA. An AMD or Intel GPU on Vulkan behind an ARM host
 gets ARM_HOST_LAYER_MS more per layer and ARM_HOST_PREFILL of its prefill rate
 (machine.host_gpu_class).
 """
