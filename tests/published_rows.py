@@ -50,7 +50,8 @@ class Row:
     note: str
     batch: str
     """The issue whose work collected it ("16", "38", "38b", "38c": the hold-out of recent
-    builds, "38d": fit rows found with it, "38e": held rows collected after the 38c refit)."""
+    builds, "38d": fit rows found with it, "38e": held rows collected after the 38c refit,
+    "38f": held rows collected before the 38f prefill pass)."""
     machine: HardwareProfile
     candidate: Candidate
 
@@ -67,9 +68,11 @@ class Row:
     @property
     def fits(self) -> bool:
         """Sets constants: a fit row of a recent build, run with llama-bench (not another harness
-        or Ollama's eval rate) on a PC host (not a GPU behind an SBC's PCIe lane)."""
+        or Ollama's eval rate) on a PC host (not a GPU behind an SBC's PCIe lane), with the
+        backend alone (not a build that runs it through llama.cpp's RPC layer)."""
         return (self.role == "fit" and self.recent and not self.sbc_host
-                and "not llama-bench" not in self.note and "Ollama" not in self.note)
+                and "not llama-bench" not in self.note and "Ollama" not in self.note
+                and "RPC" not in self.note)
 
     @property
     def apple(self) -> bool:

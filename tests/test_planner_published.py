@@ -40,26 +40,23 @@ def within(outcome: Outcome, decode: float, prefill: tuple[float, float]) -> boo
 
 def test_rows_are_within_a_factor_of_two():
     # A physics error (bandwidths summed over sockets, FP16 counted twice) shows up as 2x or more
-    # on a whole class of rows. Past 2x today (16 of 219 rows off SBC hosts): a Radeon 780M at
+    # on a whole class of rows. Past 2x today (13 of 244 rows off SBC hosts): a Radeon 780M at
     # 53 tok/s prefill where another publication of it has 254 (normiebench #6 and #10); a 3B
     # Strix Halo prefill on a ROCm+RPC build; two normiebench setups far below their GPUs (an
     # Arc A770 at 5.9 tok/s, an RTX 4080 SUPER at 30); a QCS6490 run on all eight of its big and
-    # little cores; old builds held out (Dec 2023 Q4_0 prefill on power-limited RTX 5000/6000
-    # Ada cards, an early 2024 CPU prefill, the March 2024 Vulkan build on an RX 6700 XT); and
-    # from batch 38c, never fitted on: Strix Halo's Vulkan prefill of a 70B model with -fa 1
-    # (26 tok/s where another publication's no-FA run has 79), its HIP prefill of BF16 weights
-    # (hipBLASLt, far above the quantized path), and all four rows of a 2x Instinct MI50 (GCN,
-    # no matrix cores): the CDNA/GCN rule's constants were set from an MI300X's figures against
-    # its matrix-core data sheet and no fit row covers GCN -- a class-level miss this guard
-    # exists to show, left open rather than fitted on held rows (docs/benchmarks.md). GPUs
-    # behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their host's
-    # driver path: machine.ARM_HOST_*).
+    # little cores; old builds held out (Dec 2023 Q4_0 prefill on a power-limited RTX 6000 Ada,
+    # an early 2024 CPU prefill, the March 2024 Vulkan build on an RX 6700 XT); Strix Halo's
+    # Vulkan prefill of a 70B model with -fa 1 in a mid-2025 build (26 tok/s where another
+    # publication's no-FA run has 79); two rows of the 2x Instinct MI50 (BF16 prefill, no BF16
+    # units on GCN; F16 decode); and an ASUS GX10 (GB10) whose whole run decoded at a third of
+    # its LPDDR5X bandwidth (batch 38f). GPUs behind a Raspberry Pi's or a RISC-V board's PCIe
+    # lane are out of this guard (their host's driver path: machine.ARM_HOST_*).
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
-    assert len(outside) <= 0.08 * len(outcomes), outside
-    # Past 3x: only such rows (11 of 219).
+    assert len(outside) <= 0.06 * len(outcomes), outside
+    # Past 3x: only such rows (7 of 244).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
-    assert len(far) <= 0.055 * len(outcomes), far
+    assert len(far) <= 0.035 * len(outcomes), far
 
 
 def share_within(outcomes: list[Outcome], what: str) -> float:
@@ -72,53 +69,73 @@ def test_most_held_out_rows_are_within_25_percent():
     held = [o for o in OUTCOMES if o.row.role == "held"]
     report = ", ".join(f"{o.row.what}: {o.decode_error:+.0%}" for o in held)
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
-    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (124): the
+    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (149): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batch 38c and batch 38e. Met: decode 86% of all (goal 90%:
-    # NOT met), 74% off Apple (goal 75%: NOT met), 67% of discrete GPUs (goal 65%: met); prefill
-    # 68% of all (goal 75%: NOT met), 39% off Apple (goal 55%: NOT met). These assert what is
-    # met, so that a regression fails; bench/planner_published.py prints the tables.
+    # those too fast, on purpose), batches 38c, 38e and 38f. Met: decode 80% of all (goal 90%:
+    # NOT met), 67% off Apple (goal 75%: NOT met), 62% of discrete GPUs (goal 65%: NOT met);
+    # prefill 66% of all (goal 75%: NOT met), 44% off Apple (goal 55%: NOT met). On the 124
+    # held rows before batch 38f: decode 86% / 74% / 67% (unchanged by the 38f pass), prefill
+    # 73% of all and 48% off Apple (68% and 39% before it). These assert what is met, so that a
+    # regression fails; bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.85, report
-    assert share_within(off_apple, "decode") >= 0.70, report
-    assert share_within(discrete, "decode") >= 0.65, report
+    assert share_within(held, "decode") >= 0.79, report
+    assert share_within(off_apple, "decode") >= 0.66, report
+    assert share_within(discrete, "decode") >= 0.61, report
     assert share_within(held, "prefill") >= 0.65
-    assert share_within(off_apple, "prefill") >= 0.37
+    assert share_within(off_apple, "prefill") >= 0.43
+    before = [o for o in held if o.row.batch != "38f"]
+    assert share_within(before, "decode") >= 0.86
+    assert share_within(before, "prefill") >= 0.72
+    assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
 
 
 def test_the_recent_builds_hold_out_stays_held_and_is_within_25_percent():
     # Batch 38c: 27 rows of 2025-2026 builds (Strix Halo on HIP and Vulkan, RX 7900 XTX, a 2x
     # Instinct MI50, RTX 3060, Radeon 890M, three CPUs), collected and predicted before the 38c
     # refit and never fitted on. Decode: 78% within +-25% (goal 75% off Apple: met); prefill:
-    # 42% (goal 55% off Apple: NOT met; it was 31% before the refit).
+    # 54% (goal 55% off Apple: NOT met; 31% before the 38c refit, 42% after it).
     batch = [o for o in OUTCOMES if o.row.batch == "38c"]
     assert len(batch) >= 27 and all(o.row.role == "held" and o.row.recent for o in batch)
     assert share_within(batch, "decode") >= 0.75
-    assert share_within(batch, "prefill") >= 0.40
+    assert share_within(batch, "prefill") >= 0.50
 
 
 def test_the_rows_collected_after_the_refit_are_within_25_percent():
     # Batch 38e: six rows of an RTX 5090 on an April 2026 CUDA build (Qwen2.5 3B to 32B, Q4_K_M
     # and Q8_0), collected after the 38c refit: a check of its constants on rows nobody had
-    # seen. Decode: 6 of 6 within +-25%; prefill: 5 of 6 (the 3B at +53%: a small model's
-    # prefill is short of the matrix rate on a card this wide).
+    # seen. Decode: 6 of 6 within +-25%; prefill: 6 of 6 since the per-layer cost of a prompt
+    # batch (machine.PREFILL_LAYER_MS; before it the 3B was at +53%).
     batch = [o for o in OUTCOMES if o.row.batch == "38e"]
     assert len(batch) >= 6 and all(o.row.role == "held" and o.row.recent for o in batch)
     assert share_within(batch, "decode") >= 0.99
-    assert share_within(batch, "prefill") >= 0.80
+    assert share_within(batch, "prefill") >= 0.99
+
+
+def test_the_38f_hold_out_stays_held():
+    # Batch 38f: 25 rows of 2025-2026 builds collected before the 38f prefill pass changed any
+    # constant (Strix Halo on RADV, AMDVLK and ROCm with 12B-72B Q8_0 models, an RX 480 and an
+    # RTX 2070 on Vulkan without matrix cores, an RTX 4090 on a 3B, a 2x MI50's K-quants, an
+    # ASUS GX10, an RX 7900 XTX without coopmat). Before the pass: decode 40%, prefill 24%
+    # within +-25%; after: 48% and 32% (goals 75% and 55% off Apple: NOT met). Seven of the 25
+    # are one GX10 run at a third of its bandwidth, five more the MI50 and the RTX 2070, whose
+    # Vulkan driver offered neither integer dot products nor matrix cores.
+    batch = [o for o in OUTCOMES if o.row.batch == "38f"]
+    assert len(batch) >= 25 and all(o.row.role == "held" and o.row.recent for o in batch)
+    assert share_within(batch, "decode") >= 0.48
+    assert share_within(batch, "prefill") >= 0.32
 
 
 def test_the_plans_intervals_hold_most_held_out_rows():
     # Issue 38 asks for ~80%. The intervals (machine.DECODE_INTERVAL, PREFILL_INTERVAL) were
     # widened until 80% of batches 16/38's held rows fell inside (issue 38b); unchanged by the
-    # 38c refit. On every held row today 85% of decode and 75% of prefill figures fall inside;
-    # on batch 38c alone 81% and 65% (prefill short of ~80%: Strix Halo's -fa 1 Vulkan rows and
-    # the MI50).
+    # 38c refit and the 38f pass. On every held row today 80% of decode and 79% of prefill
+    # figures fall inside (85% and 82% of the rows before batch 38f); on batch 38c alone 81%
+    # and 85%, on 38f 56% and 68% (the GX10 run, the RTX 2070's driver).
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
-    assert sum(o.decode_inside for o in held) >= 0.80 * len(held)
-    assert sum(bool(o.prefill_inside) for o in pre) >= 0.74 * len(pre)
+    assert sum(o.decode_inside for o in held) >= 0.79 * len(held)
+    assert sum(bool(o.prefill_inside) for o in pre) >= 0.79 * len(pre)
 
 
 def test_an_immature_backend_says_so_in_the_plan():

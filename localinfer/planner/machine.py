@@ -44,6 +44,19 @@ class GPUClass:
     """Why the backend is immature on this class (said in the plan); "" = mature."""
 
 
+ROCM_VECTOR_MATRIX_ETA = 0.40
+"""Prefill on HIP with the shader cores' int8 dot products (RDNA1-2, GCN: no matrix cores), as a
+share of the FP16 figure (twice the FP32 rate on these generations): fitted on an RX 6700 XT
+(ggml-org/llama.cpp#5835)."""
+ROCM_IGPU_MATRIX_ETA = 0.19
+"""AMD integrated GPUs on HIP (Strix Halo, 780M/890M): prefill at this share of the FP16 figure.
+Refitted in issue 38f on the class's one fit row of a single-node build (38d, ROCm 7 RC + rocWMMA,
+Nov 2025: 1.19 of the old 0.16); the other fit row ran llama.cpp through its RPC backend on one
+node (published_rows.Row.fits leaves such builds out: each graph op crosses the RPC layer).
+Published rows of this chip span 0.05-0.37 of the figure with the build, ROCm release and
+hipBLASLt (issue 38's checker found earlier builds 1.5-5.7x slower than 0.40; batch 38f's ROCm 7
+rows ran at ~0.25): the interval carries that spread. Cross-check: the RDNA3 discrete HIP share
+scaled by Vulkan's integrated/discrete ratio (0.40 x 0.21 / 0.36) is 0.23."""
 GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
     # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
@@ -60,12 +73,13 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     ("Metal", "integrated"): GPUClass(eta=0.88, layer_ms=0.14, matrix_eta=0.62),
     # RDNA1-2 on HIP (ggml-org/llama.cpp#5835: RX 6700 XT fit, RX 5700 XT held out); RDNA3
     # has its own rule (GPU_GENERATIONS).
-    ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=0.40),
-    # Strix Halo: decode at ~0.85 of LPDDR5X; prefill through HIP's MMQ kernels far below the
-    # WMMA rate: 574 tok/s on a 3B model (geerlingguy/ai-benchmarks#21, fit), 1300-1500 on 7B
-    # with AMD's tuned branch (held out): 0.05-0.3 of the FP16 rate, the spread in the interval.
-    # Issue 38b refit on its two fit rows (decode 0.89, prefill 1.21 of the old figures).
-    ("ROCm", "integrated"): GPUClass(eta=0.76, layer_ms=0.05, matrix_eta=0.16),
+    ("ROCm", "discrete"): GPUClass(eta=0.75, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA),
+    # Strix Halo: decode at ~0.85 of LPDDR5X; prefill far below the WMMA rate (2025 builds
+    # dequantize and multiply through hipBLAS on RDNA3/3.5, 2026 builds use MMQ): 574 tok/s on a
+    # 3B model through the RPC backend (geerlingguy/ai-benchmarks#21), 1300-1500 on 7B with
+    # AMD's tuned branch: 0.05-0.37 of the FP16 rate, the spread in the interval. Issue 38b
+    # refit on its two fit rows (decode 0.89, prefill 1.21); issue 38f: ROCM_IGPU_MATRIX_ETA.
+    ("ROCm", "integrated"): GPUClass(eta=0.76, layer_ms=0.05, matrix_eta=ROCM_IGPU_MATRIX_ETA),
     # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
     # Issue 38c refit (the rows that set constants, bench/planner_published.py --fit: four
     # RTX 30-50 rows of 2025 builds): decode 1.09, prefill 1.06 of the old figures.
@@ -106,10 +120,20 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
     # none of these rows was retrieved, only copies without an address). Issue 38: an MI300X
     # decoded 31% slower than 0.25 predicts and prefilled at a 1/11th of 0.15: llama.cpp's
     # HIP kernels use none of CDNA's matrix cores for quantized weights.
-    (r"\b(MI\d{2,3}X?|Radeon VII|Vega)\b", "amd", "ROCm", "",
+    # GCN (Vega, Radeon VII, Instinct MI25/MI50/MI60) has no matrix cores: llama.cpp's HIP
+    # kernels multiply quantized weights with the int8 dot products of the shader cores (MMQ on
+    # dp4a: only CDNA and RDNA3-4 leave it for hipBLAS on prompt batches, ggml-cuda/mmq.cu), as on
+    # RDNA1-2, whose FP16:FP32:int8 rates GCN5 shares: prefill at the ROCm RDNA1-2 share of the
+    # FP16 figure (ROCM_VECTOR_MATRIX_ETA), not CDNA's share of a matrix-core figure (issue 38f:
+    # a 2x MI50 prefilled 7-40x faster than the CDNA rule predicted). Decode as CDNA.
+    (r"\b(MI(?:25|50|60|8)|Radeon VII|Vega)\b", "amd", "ROCm", "",
+     GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA,
+              immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
+                       " bandwidth (GCN)")),
+    (r"\bMI\d{3}X?\b", "amd", "ROCm", "",
      GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=0.014,
               immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
-                       " bandwidth (CDNA/GCN)")),
+                       " bandwidth (CDNA)")),
     # Intel GPUs on Vulkan, fitted on an A770 and a Tiger Lake Xe remembered rather than
     # retrieved; the retrieved ggml-org/llama.cpp#10879 rows: an A770 decodes at 0.4 of its
     # bandwidth and prefills at ~0.1 of its XMX rate (as here), a B580 at 0.6 and 0.07.
@@ -164,6 +188,18 @@ int8 MMQ kernels): K-quants unpack more per block, i-quants look up grids, F16/B
 BLAS with the activations converted (RTX 3090/4080/4090 rows: Q4_K_M at 0.75-0.9 of F16,
 Q4_0 above it). Metal's kernels dequantize into its matrix units at one rate (its rows fit
 without it)."""
+
+
+PREFILL_LAYER_MS = 0.25
+"""Off Apple, a GPU's prompt batch (one ubatch of N_UBATCH rows) pays this many milliseconds per
+layer besides its matrix FLOPs: ~25 kernels a layer (norms, RoPE, attention, the activations'
+int8 quantization before each quantized matrix multiply, the residual adds), each ~10 us of
+launch and ramp; CUDA graphs serve only single-token batches. Set from that count, not fitted
+(no fit row varies the model on one GPU); checked on held rows: a wide GPU's prompt of a small
+model falls short of the matrix rate by about this (an RTX 5090 on Qwen2.5 3B to 32B, batch 38e,
+~0.3 ms; an RTX 4090 on a 3B, batch 38f). The classes' matrix_eta were not refitted with it: a
+refit to the fit rows' median (CUDA 1.15, Vulkan RDNA 1.15) raised no fit row into +-25% and
+put held rows of older builds further off (issue 38f). Metal's rows fit without it."""
 
 
 def quant_kind(quant: str) -> str:
@@ -260,6 +296,22 @@ GPU_MATRIX_TFLOPS: tuple[tuple[str, float], ...] = (
     ("MI210", 181.0), ("8060S", 59.4), ("890M", 23.8), ("780M", 16.6),
     ("Arc B580", 116.0), ("Arc A770", 137.6), ("Arc A310", 24.6), ("Arc 140V", 32.0),
     ("RX 580", 6.2),
+    # Issue 38f, from the data sheets (dense FP16: NVIDIA's tensor rate with FP16 accumulate,
+    # RDNA3's WMMA rate, Intel's XMX rate, else the packed-FP16 shader rate; no row checks them):
+    # a profile without fp16_tflops (the probe gives it only on Apple) otherwise gets a guess
+    # from its bandwidth, far off for an integrated GPU.
+    ("RTX 5060", 76.7), ("RTX 4080 SUPER", 208.9), ("RTX 4070 Ti SUPER", 176.4),
+    ("RTX 4070 SUPER", 142.0), ("RTX 3090 Ti", 160.0), ("RTX 3080 Ti", 136.4),
+    ("RTX 3070 Ti", 87.0), ("RTX 3050", 36.4), ("RTX 2080", 80.5), ("RTX A6000", 154.8),
+    ("RTX A5000", 111.1), ("RTX A4000", 76.7), ("L4", 121.0), ("V100", 125.0),
+    ("H200", 989.4),
+    ("RX 7900 GRE", 92.0), ("RX 7700 XT", 70.3), ("RX 7600 XT", 45.1), ("RX 6950 XT", 47.3),
+    ("RX 6900 XT", 46.1), ("RX 6800", 32.3), ("RX 6700 XT", 26.4), ("RX 6600 XT", 21.2),
+    ("RX 6600", 17.9), ("RX 5700 XT", 19.5), ("Radeon VII", 27.7), ("MI50", 26.5),
+    ("MI60", 29.5), ("RX 570", 5.1), ("RX 480", 5.8), ("8050S", 45.9), ("880M", 17.8),
+    ("760M", 10.6), ("680M", 7.4),
+    ("Arc A750", 117.6), ("Arc A580", 83.6), ("Arc A380", 32.8), ("Arc B570", 92.2),
+    ("Arc 130V", 26.5), ("Iris Xe", 4.1), ("Iris(R) Xe", 4.1),
     ("M1 Ultra", 21.2), ("M1 Max", 10.4), ("M1 Pro", 5.2), ("M1", 2.6),
     ("M2 Ultra", 27.2), ("M2 Max", 13.6), ("M2 Pro", 6.8), ("M2", 3.6),
     ("M3 Ultra", 28.4), ("M3 Max", 16.4), ("M3 Pro", 7.4), ("M3", 4.1),
@@ -310,6 +362,21 @@ def host_gpu_class(cls: GPUClass, vendor: str, backend: str, host_simd: str) -> 
         return replace(cls, layer_ms=cls.layer_ms + ARM_HOST_LAYER_MS,
                        matrix_eta=cls.matrix_eta * ARM_HOST_PREFILL)
     return cls
+
+
+FP16_AT_FP32_RATE = r"\bRX [45]\d{2}\b"
+"""GPUs whose FP16 runs at the FP32 rate (Polaris: RX 460-590; Vulkan reports `fp16: 0`), so
+their dense FP16 figure is their FP32 rate. The constants for shader-core work (the decode cap
+DECODE_GBPS_PER_TFLOP, the no-matrix-core prefill shares) were fitted on GPUs with packed FP16
+at twice the FP32 rate (RDNA1-3, GCN5), and dequantization and int8/FP32 dot products run at the
+FP32 rate: such a GPU's figure counts double there (shader_tflops). Issue 38f: an RX 480 decoded
+2.1x and prefilled 1.7x faster than its FP16 figure predicted."""
+
+
+def shader_tflops(name: str, tflops: float) -> float:
+    """``tflops`` (a GPU's dense FP16 figure) in the units the shader-core constants were fitted
+    in: doubled for a GPU of FP16_AT_FP32_RATE."""
+    return tflops * 2 if re.search(FP16_AT_FP32_RATE, name) else tflops
 
 
 def matrix_tflops(gpu: GPUInfo) -> float:

@@ -27,6 +27,7 @@ from .machine import (
     CPU_LAYER_MS,
     GIB,
     MIB,
+    PREFILL_LAYER_MS,
     SAMPLING_NS_PER_VOCAB,
     TOKEN_MS,
     Machine,
@@ -39,6 +40,7 @@ from .machine import (
     matrix_tflops_for,
     prefill_quant_factor,
     quant_factor,
+    shader_tflops,
 )
 from .memory import (
     GPU_OVERHEAD,
@@ -105,6 +107,8 @@ class _Device:
     """The bandwidth figure used (given, or assumed: see ``note``)."""
     note: str = ""
     """What was assumed about it, in words for the plan."""
+    prefill_layer_ms: float = 0.0
+    """A prompt batch's fixed time per layer on it (machine.PREFILL_LAYER_MS off Apple)."""
 
     @property
     def remote(self) -> bool:
@@ -348,29 +352,31 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             unified = vendor == "apple"
             gpu_name = dev.description or dev.name
             cls = gpu_class_for(gpu_name, vendor, "integrated" if unified else "discrete", backend)
+            tflops = shader_tflops(gpu_name, matrix_tflops_for(gpu_name, 0.0, bandwidth))
             devices.append(_Device(
                 worker.endpoint, dev.name, "gpu", backend, budget,
                 f"{worker.endpoint}/ram" if unified else f"{worker.endpoint}/{dev.name}",
-                gpu_read_gbps(cls, q, bandwidth, matrix_tflops_for(gpu_name, 0.0, bandwidth),
-                              "apple" if unified else vendor, c.quant),
+                gpu_read_gbps(cls, q, bandwidth, tflops, "apple" if unified else vendor, c.quant),
                 cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
-                matrix_tflops_for(gpu_name, 0.0, bandwidth) * 1e12 * cls.matrix_eta
-                * prefill_quant_factor(c.quant, backend, vendor), bandwidth,
-                note))
+                tflops * 1e12 * cls.matrix_eta * prefill_quant_factor(c.quant, backend, vendor),
+                bandwidth,
+                note, 0.0 if unified else PREFILL_LAYER_MS))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
         raise InvalidRequest(f"the workers offer {len(devices) - 1} devices; a split is planned"
                              f" over {MAX_REMOTE_DEVICES} at most.")
     if m.gpu is not None and m.gpu_class is not None:
         cls = m.gpu_class
         ratio = calibration_ratio(prefs, m.gpu_backend or "")
+        tflops = shader_tflops(m.gpu.name, matrix_tflops(m.gpu))
         devices.append(_Device(
             "", m.gpu.name, "gpu", m.gpu_backend or "", m.gpu_budget,
             "local/ram" if m.unified else "local/gpu",
-            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu), m.gpu.vendor,
-                          c.quant) * ratio, cls.layer_ms / ratio,
+            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant) * ratio,
+            cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
-            matrix_tflops(m.gpu) * 1e12 * cls.matrix_eta
-            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps))
+            tflops * 1e12 * cls.matrix_eta
+            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps,
+            prefill_layer_ms=0.0 if m.gpu.vendor == "apple" else PREFILL_LAYER_MS))
     return devices, notes
 
 
@@ -587,7 +593,8 @@ def _prefill_tps(c: Candidate, hw: HardwareProfile, devices: Sequence[_Device],
     for d, k in zip(devices, counts, strict=True):
         if not k:
             continue
-        seconds += c.prefill_flops_per_token * k / max(1, c.n_layers) / d.flops
+        seconds += (c.prefill_flops_per_token * k / max(1, c.n_layers) / d.flops
+                    + k * d.prefill_layer_ms / 1e3 / N_UBATCH)
         if d.remote:
             rtt, gbps = _link(hw, d.endpoint)
             seconds += 2 * 4 * c.n_embd / (gbps * 1e9) + rtt / 1e3 / N_UBATCH

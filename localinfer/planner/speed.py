@@ -20,11 +20,13 @@ Off Apple a GPU's read rate is also capped by its shader cores (DECODE_GBPS_PER_
 4-CU iGPU cannot dequantize as fast as its LPDDR5 delivers).
 
 Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
-FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS) x its class's
-matrix_eta (fitted per backend and generation: llama.cpp's quantized matrix kernels, not the
-data sheet, bound it) x the share its weights' type reaches (PREFILL_QUANT: legacy quants,
-K-quants, i-quants, F16; PREFILL_QUANT_BY_PATH where a backend's kernels differ); a CPU's
-cores x clock x FLOPs per cycle of its ISA. An AMD or Intel GPU on Vulkan behind an ARM host
+FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS; shader_tflops doubles it
+for a GPU whose FP16 runs at its FP32 rate) x its class's matrix_eta (fitted per backend and
+generation: llama.cpp's quantized matrix kernels, not the data sheet, bound it; GPUs without
+matrix cores get a shader-core share) x the share its weights' type reaches (PREFILL_QUANT:
+legacy quants, K-quants, i-quants, F16; PREFILL_QUANT_BY_PATH where a backend's kernels
+differ), plus off Apple PREFILL_LAYER_MS per GPU layer and prompt batch of N_UBATCH rows; a
+CPU's cores x clock x FLOPs per cycle of its ISA. An AMD or Intel GPU on Vulkan behind an ARM host
 gets ARM_HOST_LAYER_MS more per layer and ARM_HOST_PREFILL of its prefill rate
 (machine.host_gpu_class).
 """
@@ -39,6 +41,7 @@ from .machine import (
     CPU_DOT_GBPS_PER_GHZ,
     CPU_FLOPS_PER_CYCLE,
     CPU_LAYER_MS,
+    PREFILL_LAYER_MS,
     SAMPLING_NS_PER_VOCAB,
     TOKEN_MS,
     Machine,
@@ -48,6 +51,7 @@ from .machine import (
     matrix_tflops,
     prefill_quant_factor,
     quant_factor,
+    shader_tflops,
 )
 from .memory import N_UBATCH, kv_bytes_per_element
 
@@ -215,10 +219,10 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     n_moved = max(0, min(n_cpu_moe, n) - first_gpu)
     cpu_bytes, gpu_bytes = decode_reads(c, k, m.kv_type, n_cpu_moe).bytes_at(position)
     ms: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "fixed": TOKEN_MS}
+    tflops = shader_tflops(m.gpu.name, matrix_tflops(m.gpu)) if m.gpu is not None else 0.0
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, matrix_tflops(m.gpu),
-                             m.gpu.vendor, c.quant)
+        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant)
         ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu or n_moved:
@@ -239,9 +243,11 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     prefill_s = flops * (1 - share_gpu) / cpu_flops
     if share_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        rate = (matrix_tflops(m.gpu) * 1e12 * m.gpu_class.matrix_eta
+        rate = (tflops * 1e12 * m.gpu_class.matrix_eta
                 * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor))
         prefill_s += flops * share_gpu / rate
+        if m.gpu.vendor != "apple":
+            prefill_s += n_gpu * PREFILL_LAYER_MS / 1e3 / N_UBATCH
         moved = sum(layer.expert_bytes for layer in c.layers[first_gpu:first_gpu + n_moved])
         if moved and not m.unified:
             prefill_s += moved / (EXPERT_COPY_GBPS * 1e9) / N_UBATCH
