@@ -10,7 +10,7 @@ import time
 from localinfer.runtime import turns as turns_module
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
-from localinfer.runtime.turns import BACKGROUND_TURN_TOKENS, Turns, turn_groups
+from localinfer.runtime.turns import BACKGROUND_TURN_TOKENS, Turns, in_turns
 from localinfer.runtime.types import Message, SamplingParams
 
 
@@ -101,9 +101,19 @@ def test_embeddings_take_a_turn_after_waiting_at_most_the_bound(monkeypatch):
     assert overlap.most == 1
 
 
-def test_turn_groups_bound_each_turn():
-    inputs = [[1] * 300, [2] * 200, [3] * 100, [4] * 700, [5] * 10]
-    groups = list(turn_groups(inputs))
-    assert [len(g) for g in groups] == [2, 1, 1, 1]
-    assert [t for g in groups for t in g] == inputs  # in order, none lost
-    assert all(sum(map(len, g)) <= BACKGROUND_TURN_TOKENS or len(g) == 1 for g in groups)
+def test_embeddings_come_in_short_turns_only_while_another_engine_generates():
+    inputs = [[1] * 100, [2] * 20, [3] * 8, [4] * 700, [5] * 10]
+    shared, calls = Turns(), []
+
+    def fn(group):
+        calls.append([len(t) for t in group])
+        return [t[0] for t in group]
+
+    for generating, expected in ((False, [[100, 20, 8, 700, 10]]),
+                                 (True, [[100, 20, 8], [700], [10]])):
+        shared.join("other", lambda g=generating: g)
+        calls.clear()
+        out = in_turns(shared, "this", inputs, fn, lambda job: job())
+        assert out == [1, 2, 3, 4, 5]  # in order, none lost
+        assert calls == expected
+        assert all(sum(c) <= BACKGROUND_TURN_TOKENS or len(c) == 1 for c in calls[1:])

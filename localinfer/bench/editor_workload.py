@@ -279,7 +279,8 @@ async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: 
 
 async def indexing_client(http: httpx.AsyncClient, t: Target, w: Workload,
                           out: Figures) -> None:
-    corpus = "".join(source_file(w.seed * 1000 + i, 60) for i in range(8)).splitlines()
+    n_files = -(-12 * w.embed_chunks // 60) + 1  # 12 lines a chunk, none of them empty
+    corpus = "".join(source_file(w.seed * 1000 + i, 60) for i in range(n_files)).splitlines()
     chunks = ["\n".join(corpus[i:i + 12]) for i in range(0, 12 * w.embed_chunks, 12)]
     url = f"{t.embed_url or t.url}/v1/embeddings"
     started = time.perf_counter()

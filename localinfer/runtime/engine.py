@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,7 +52,7 @@ from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_r
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
 from .tools import ToolFormat
-from .turns import Turns, turn, turn_groups
+from .turns import Turns, in_turns, turn
 from .types import (
     DEFAULT_SAMPLING,
     Embeddings,
@@ -250,8 +249,7 @@ class Engine:
         if not inputs:
             raise InvalidRequest("there is nothing to embed: send at least one input.")
         started = time.perf_counter()
-        vectors = [v for group in turn_groups(inputs)  # a turn on the cores each
-                   for v in self._between_steps(partial(self.backend.embed, group))]
+        vectors = in_turns(self._turns, self, inputs, self.backend.embed, self._between_steps)
         return Embeddings(vectors=vectors, prompt_tokens=sum(len(t) for t in inputs),
                           total_ms=(time.perf_counter() - started) * 1000.0)
 
@@ -260,8 +258,8 @@ class Engine:
         as (query, document) pairs several to a decode, between two generation steps."""
         inputs = self.prompt_builder.rank_inputs(query, documents)
         started = time.perf_counter()
-        scores = [v[0] for group in turn_groups(inputs)  # a turn on the cores each
-                  for v in self._between_steps(partial(self.backend.embed, group))]
+        scores = [v[0] for v in in_turns(self._turns, self, inputs, self.backend.embed,
+                                         self._between_steps)]
         return Ranking(scores=scores, prompt_tokens=sum(len(t) for t in inputs),
                        total_ms=(time.perf_counter() - started) * 1000.0)
 

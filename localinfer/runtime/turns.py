@@ -9,7 +9,8 @@ embeddings on 2 cores, against ~0.2 s alone. So the engines of a process take tu
 waits for the one running to end. Embeddings and reranking (indexing: ``background``) also
 wait while another engine has requests to generate for, for at most ``BACKGROUND_WAIT_S``, and
 then take one turn, so that an index still grows while an editor types; the engine cuts them
-into decodes of at most ``BACKGROUND_TURN_TOKENS`` tokens, so that a turn is short. An engine
+into decodes of at most ``BACKGROUND_TURN_TOKENS`` tokens while others generate, so that a
+turn is short. An engine
 whose model is wholly on a GPU takes no turns (loading.py gives it none).
 """
 
@@ -19,13 +20,21 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 BACKGROUND_WAIT_S = 1.0
 """The longest a background decode waits for other engines' generation to pause."""
-BACKGROUND_TURN_TOKENS = 512
-"""Embedding inputs are decoded in groups of at most this many tokens (an input longer than
-that alone), each a turn of its own: ~0.4 s on a 2-core CPU for a 270M model. Larger groups
-read no faster on a CPU (the matrix kernels are already full at a few dozen rows)."""
+BACKGROUND_TURN_TOKENS = 128
+"""While another engine generates (or did lately), embedding inputs are decoded in groups of
+at most this many tokens (an input longer than that alone), each a turn of its own: one
+12-line chunk of code, ~0.3 s on a 2-core CPU for a 270M model. Alone, all the inputs of a
+request take one turn (decoded several to a decode, as many as fit): 8 inputs one by one
+embedded ~25% slower here."""
+RECENT_S = 2.0
+"""Another engine that generated this recently still counts as busy for the size of a
+background turn: a pause between an editor's requests must not let in a turn of seconds."""
 POLL_S = 0.02
 """How often a waiting background decode looks again at whether the others still generate
 (an engine does not announce a new request to the others)."""
@@ -40,6 +49,8 @@ class Turns:
         self._due = 0
         """Background decodes that have waited long enough: they go before any other."""
         self._generating: dict[object, Callable[[], bool]] = {}
+        self._last_turn: dict[object, float] = {}
+        """When each engine last took a turn to generate (``time.monotonic()``)."""
 
     def join(self, engine: object, generating: Callable[[], bool]) -> None:
         """Take part; ``generating()`` says whether ``engine`` has requests to generate for
@@ -50,17 +61,20 @@ class Turns:
     def leave(self, engine: object) -> None:
         with self._cv:
             self._generating.pop(engine, None)
+            self._last_turn.pop(engine, None)
             self._cv.notify_all()
 
     @contextlib.contextmanager
     def turn(self, engine: object, *, background: bool = False) -> Iterator[None]:
         """Hold the cores for one decode of ``engine``'s (``background``: indexing)."""
         with self._cv:
+            if not background:
+                self._last_turn[engine] = time.monotonic()
             deadline = time.monotonic() + BACKGROUND_WAIT_S
             due = False  # a background decode that has waited long enough goes next
             while True:
                 if background and not due and (time.monotonic() >= deadline
-                                                or not self._others_generating(engine)):
+                                                or not self._generating_now(engine)):
                     due = True
                     self._due += 1
                 if not self._held and (due or not background and not self._due):
@@ -76,7 +90,15 @@ class Turns:
                 self._held = False
                 self._cv.notify_all()
 
-    def _others_generating(self, engine: object) -> bool:
+    def others_active(self, engine: object) -> bool:
+        """Whether an engine but ``engine`` has requests to generate for, or had within the
+        last RECENT_S (an editor between two keystrokes' requests, a chat between turns)."""
+        with self._cv:
+            recent = time.monotonic() - RECENT_S
+            return self._generating_now(engine) or any(
+                at > recent for other, at in self._last_turn.items() if other is not engine)
+
+    def _generating_now(self, engine: object) -> bool:
         return any(generating() for other, generating in self._generating.items()
                    if other is not engine)
 
@@ -89,17 +111,32 @@ def turn(turns: Turns | None, engine: object, *, background: bool = False
     return turns.turn(engine, background=background)
 
 
-def turn_groups(inputs: Sequence[Sequence[int]]) -> Iterator[list[Sequence[int]]]:
-    """``inputs`` in order, in groups of at most BACKGROUND_TURN_TOKENS tokens (a longer
-    input alone): one background turn each."""
-    group: list[Sequence[int]] = []
-    for tokens in inputs:
-        if group and sum(map(len, group)) + len(tokens) > BACKGROUND_TURN_TOKENS:
-            yield group
-            group = []
-        group.append(tokens)
-    if group:
-        yield group
+def in_turns(turns: Turns | None, engine: object, inputs: Sequence[Sequence[int]],
+             fn: Callable[[Sequence[Sequence[int]]], list[T]],
+             run: Callable[[Callable[[], tuple[int, list[T]]]], tuple[int, list[T]]]
+             ) -> list[T]:
+    """``fn`` (embeddings, scores) of ``inputs``, in order, as background turns that
+    ``run`` (the engine's worker, between two steps) takes: all that remain in one turn
+    where no other engine generates or did lately (``Turns.others_active``), else at most
+    BACKGROUND_TURN_TOKENS tokens (an input longer than that alone), decided once the turn
+    is held."""
+    out: list[T] = []
+    rest = list(inputs)
+
+    def one_turn() -> tuple[int, list[T]]:
+        n = len(rest)
+        if turns is not None and turns.others_active(engine):
+            n, total = 1, len(rest[0])
+            while n < len(rest) and total + len(rest[n]) <= BACKGROUND_TURN_TOKENS:
+                total += len(rest[n])
+                n += 1
+        return n, fn(rest[:n])
+
+    while rest:
+        n, part = run(one_turn)
+        out += part
+        del rest[:n]
+    return out
 
 
 TURNS = Turns()
