@@ -179,9 +179,10 @@ builds there report neither integer dot products nor matrix cores (an RX 9070 XT
 prefill runs at ~0.2 of a PC host's rate (0.19; fit rows: RX 9070 XT and Arc A310 on a Pi 5/500+,
 AI PRO R9700 on a CM5). NVIDIA's driver there runs near its PC speed (RTX 3060 on a CM5)."""
 DECODE_GBPS_PER_TFLOP = 8.0
-"""Off Apple, a GPU dequantizes and multiplies the weights with its shader cores: a small one
-cannot keep up with its memory. Decode reads at most this many GB/s per dense FP16 TFLOPS
-(fitted on a Ryzen Z1's 4 CUs: 47 GB/s of 102, brand-o/normiebench#20)."""
+"""Off Apple, a GPU dequantizes and multiplies quantized weights with its shader cores: a small
+one cannot keep up with its memory. Decode reads quantized weights at most this many GB/s per
+dense FP16 TFLOPS (fitted on a Ryzen Z1's 4 CUs: 47 GB/s of 102, brand-o/normiebench#20), in
+dequant_tflops' units; F16/BF16 weights need no dequantizing and are not bound by it."""
 PREFILL_QUANT = {"legacy": 1.0, "k": 0.80, "iq": 0.65, "float": 0.85}
 """Prefill off Apple by the weights' type, a share of the legacy quants' rate (Q4_0, Q8_0: the
 int8 MMQ kernels): K-quants unpack more per block, i-quants look up grids, F16/BF16 go through
@@ -342,16 +343,34 @@ def gpu_class_for(name: str, vendor: str, kind: str, backend: str) -> GPUClass:
 
 
 def gpu_read_gbps(cls: GPUClass, q: float, bandwidth_gbps: float, tflops: float,
-                  vendor: str, quant: str = "") -> float:
+                  vendor: str, quant: str = "", name: str = "") -> float:
     """GB/s a GPU of class ``cls`` streams the weights of type ``quant`` at for decode: eta x q
-    x its bandwidth (off Apple F16/BF16 weights x FLOAT_DECODE_GAIN), off Apple at most
-    DECODE_GBPS_PER_TFLOP x its FP16 rate."""
+    x its bandwidth (off Apple F16/BF16 weights x FLOAT_DECODE_GAIN), off Apple and for
+    quantized weights at most DECODE_GBPS_PER_TFLOP x ``name``'s dequantizing rate
+    (dequant_tflops of its FP16 figure ``tflops``)."""
     rate = cls.eta * q * bandwidth_gbps
-    if vendor != "apple" and quant and quant_kind(quant) == "float":
+    floating = bool(quant) and quant_kind(quant) == "float"
+    if vendor != "apple" and floating:
         rate *= FLOAT_DECODE_GAIN
-    if vendor != "apple" and tflops > 0:
-        rate = min(rate, DECODE_GBPS_PER_TFLOP * tflops)
+    if vendor != "apple" and tflops > 0 and not floating:
+        rate = min(rate, DECODE_GBPS_PER_TFLOP * dequant_tflops(name, tflops))
     return rate
+
+
+SINGLE_ISSUE_FP16 = (r"\bRX [56]\d{3}|\bW[56]\d{3}\b|Radeon VII|\bVega\b|\bMI(?:25|50|60)\b"
+                     r"|\b6[0-9]0M\b")
+"""AMD GPUs whose data-sheet FP16 rate is what their shader cores issue (GCN5 and RDNA1-2:
+packed FP16, one instruction per lane and cycle). DECODE_GBPS_PER_TFLOP was fitted on an RDNA3
+iGPU (Ryzen Z1), whose data-sheet FP16 figure counts RDNA3's dual issue, twice what the
+dequantizing shader code issues: per FP16 operation it runs, a GCN5/RDNA1-2 GPU dequantizes as
+fast, so its figure counts double for the cap (issue 38g). Polaris already counts double
+(shader_tflops); NVIDIA's and Intel's figures are matrix-core rates far above the cap."""
+
+
+def dequant_tflops(name: str, tflops: float) -> float:
+    """``tflops`` (shader_tflops of a GPU's FP16 figure) in the units DECODE_GBPS_PER_TFLOP
+    was fitted in: doubled for a GPU of SINGLE_ISSUE_FP16."""
+    return tflops * 2 if re.search(SINGLE_ISSUE_FP16, name) else tflops
 
 
 def host_gpu_class(cls: GPUClass, vendor: str, backend: str, host_simd: str) -> GPUClass:
