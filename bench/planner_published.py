@@ -5,7 +5,8 @@ Targets (issue 38), on held-out rows: decode within +-25% for >= 90% of all rows
 Apple, >= 65% of discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The second table
 gives those slices, with the share of held-out rows inside the plan's interval; then the same
 for the fit rows and for each batch's held rows (38c: the clean hold-out of recent builds;
-38e: rows collected after the 38c refit; 38f: rows collected before the 38f prefill pass).
+38e: rows collected after the 38c refit; 38f: rows collected before the 38f prefill pass;
+38g: rows collected before the 38g decode pass).
 
     python bench/planner_published.py [--rows] [--fit]
         --rows: every row with its error
@@ -157,6 +158,7 @@ def main() -> None:
     issue_table(outcomes, "held", "38c")
     issue_table(outcomes, "held", "38e")
     issue_table(outcomes, "held", "38f")
+    issue_table(outcomes, "held", "38g")
     if args.fit:
         fit_table(outcomes)
     copied = sum(r.verified == "retrieved-copy" for r in rows)

@@ -40,21 +40,22 @@ def within(outcome: Outcome, decode: float, prefill: tuple[float, float]) -> boo
 
 def test_rows_are_within_a_factor_of_two():
     # A physics error (bandwidths summed over sockets, FP16 counted twice) shows up as 2x or more
-    # on a whole class of rows. Past 2x today (13 of 244 rows off SBC hosts): a Radeon 780M at
+    # on a whole class of rows. Past 2x today (13 of 261 rows off SBC hosts): a Radeon 780M at
     # 53 tok/s prefill where another publication of it has 254 (normiebench #6 and #10); a 3B
     # Strix Halo prefill on a ROCm+RPC build; two normiebench setups far below their GPUs (an
     # Arc A770 at 5.9 tok/s, an RTX 4080 SUPER at 30); a QCS6490 run on all eight of its big and
     # little cores; old builds held out (Dec 2023 Q4_0 prefill on a power-limited RTX 6000 Ada,
-    # an early 2024 CPU prefill, the March 2024 Vulkan build on an RX 6700 XT); Strix Halo's
-    # Vulkan prefill of a 70B model with -fa 1 in a mid-2025 build (26 tok/s where another
-    # publication's no-FA run has 79); two rows of the 2x Instinct MI50 (BF16 prefill, no BF16
-    # units on GCN; F16 decode); and an ASUS GX10 (GB10) whose whole run decoded at a third of
-    # its LPDDR5X bandwidth (batch 38f). GPUs behind a Raspberry Pi's or a RISC-V board's PCIe
+    # an early 2024 CPU prefill, the March 2024 Vulkan builds on an RX 6700 XT and an RX 5700 XT,
+    # whose decode then ran at 0.6x of what a May 2025 build reaches on the same card, batch
+    # 38g); Strix Halo's Vulkan prefill of a 70B model with -fa 1 in a mid-2025 build (26 tok/s
+    # where another publication's no-FA run has 79); the 2x Instinct MI50's BF16 prefill (no BF16
+    # units on GCN); and an ASUS GX10 (GB10) whose whole run decoded at a third of its LPDDR5X
+    # bandwidth (batch 38f). GPUs behind a Raspberry Pi's or a RISC-V board's PCIe
     # lane are out of this guard (their host's driver path: machine.ARM_HOST_*).
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
     assert len(outside) <= 0.06 * len(outcomes), outside
-    # Past 3x: only such rows (7 of 244).
+    # Past 3x: only such rows (8 of 261).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
     assert len(far) <= 0.035 * len(outcomes), far
 
@@ -69,23 +70,24 @@ def test_most_held_out_rows_are_within_25_percent():
     held = [o for o in OUTCOMES if o.row.role == "held"]
     report = ", ".join(f"{o.row.what}: {o.decode_error:+.0%}" for o in held)
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
-    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (149): the
+    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (166): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batches 38c, 38e and 38f. Met: decode 80% of all (goal 90%:
-    # NOT met), 67% off Apple (goal 75%: NOT met), 62% of discrete GPUs (goal 65%: NOT met);
-    # prefill 66% of all (goal 75%: NOT met), 44% off Apple (goal 55%: NOT met). On the 124
-    # held rows before batch 38f: decode 86% / 74% / 67% (unchanged by the 38f pass), prefill
-    # 73% of all and 48% off Apple (68% and 39% before it). These assert what is met, so that a
-    # regression fails; bench/planner_published.py prints the tables.
+    # those too fast, on purpose), batches 38c, 38e, 38f and 38g. Met: decode 85% of all (goal
+    # 90%: NOT met), 77% off Apple (goal 75%: met), 78% of discrete GPUs (goal 65%: met);
+    # prefill 64% of all (goal 75%: NOT met), 44% off Apple (goal 55%: NOT met). Before the 38g
+    # decode pass (with batch 38g in): decode 81% / 70% / 67%, prefill unchanged. On the 124
+    # held rows before batch 38f: decode 90% (86% before the 38g pass), prefill 73% of all and
+    # 48% off Apple. These assert what is met, so that a regression fails;
+    # bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.79, report
-    assert share_within(off_apple, "decode") >= 0.66, report
-    assert share_within(discrete, "decode") >= 0.61, report
-    assert share_within(held, "prefill") >= 0.65
+    assert share_within(held, "decode") >= 0.84, report
+    assert share_within(off_apple, "decode") >= 0.75, report
+    assert share_within(discrete, "decode") >= 0.77, report
+    assert share_within(held, "prefill") >= 0.64
     assert share_within(off_apple, "prefill") >= 0.43
-    before = [o for o in held if o.row.batch != "38f"]
-    assert share_within(before, "decode") >= 0.86
+    before = [o for o in held if o.row.batch not in ("38f", "38g")]
+    assert share_within(before, "decode") >= 0.90
     assert share_within(before, "prefill") >= 0.72
     assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
 
@@ -93,11 +95,12 @@ def test_most_held_out_rows_are_within_25_percent():
 def test_the_recent_builds_hold_out_stays_held_and_is_within_25_percent():
     # Batch 38c: 27 rows of 2025-2026 builds (Strix Halo on HIP and Vulkan, RX 7900 XTX, a 2x
     # Instinct MI50, RTX 3060, Radeon 890M, three CPUs), collected and predicted before the 38c
-    # refit and never fitted on. Decode: 78% within +-25% (goal 75% off Apple: met); prefill:
-    # 54% (goal 55% off Apple: NOT met; 31% before the 38c refit, 42% after it).
+    # refit and never fitted on. Decode: 93% within +-25% (78% before the 38g decode pass, whose
+    # GCN rule brought the MI50 rows in; goal 75% off Apple: met); prefill: 54% (goal 55% off
+    # Apple: NOT met; 31% before the 38c refit, 42% after it).
     batch = [o for o in OUTCOMES if o.row.batch == "38c"]
     assert len(batch) >= 27 and all(o.row.role == "held" and o.row.recent for o in batch)
-    assert share_within(batch, "decode") >= 0.75
+    assert share_within(batch, "decode") >= 0.92
     assert share_within(batch, "prefill") >= 0.50
 
 
@@ -117,25 +120,27 @@ def test_the_38f_hold_out_stays_held():
     # constant (Strix Halo on RADV, AMDVLK and ROCm with 12B-72B Q8_0 models, an RX 480 and an
     # RTX 2070 on Vulkan without matrix cores, an RTX 4090 on a 3B, a 2x MI50's K-quants, an
     # ASUS GX10, an RX 7900 XTX without coopmat). Before the pass: decode 40%, prefill 24%
-    # within +-25%; after: 48% and 32% (goals 75% and 55% off Apple: NOT met). Seven of the 25
-    # are one GX10 run at a third of its bandwidth, five more the MI50 and the RTX 2070, whose
-    # Vulkan driver offered neither integer dot products nor matrix cores.
+    # within +-25%; after: 48% and 32%; after the 38g decode pass 52% and 32% (goals 75% and 55%
+    # off Apple: NOT met). Seven of the 25 are one GX10 run at a third of its bandwidth, four
+    # more the RTX 2070, whose Vulkan driver offered neither integer dot products nor matrix
+    # cores, and the MI50's K-quants (+31%, +33% since the 38g GCN rule).
     batch = [o for o in OUTCOMES if o.row.batch == "38f"]
     assert len(batch) >= 25 and all(o.row.role == "held" and o.row.recent for o in batch)
-    assert share_within(batch, "decode") >= 0.48
+    assert share_within(batch, "decode") >= 0.52
     assert share_within(batch, "prefill") >= 0.32
 
 
 def test_the_plans_intervals_hold_most_held_out_rows():
     # Issue 38 asks for ~80%. The intervals (machine.DECODE_INTERVAL, PREFILL_INTERVAL) were
     # widened until 80% of batches 16/38's held rows fell inside (issue 38b); unchanged by the
-    # 38c refit and the 38f pass. On every held row today 80% of decode and 79% of prefill
-    # figures fall inside (85% and 82% of the rows before batch 38f); on batch 38c alone 81%
-    # and 85%, on 38f 56% and 68% (the GX10 run, the RTX 2070's driver).
+    # 38c refit and the 38f pass; the 38g pass re-set ROCm's decode interval by the same recipe.
+    # On every held row today 84% of decode and 77% of prefill figures fall inside (84% of
+    # decode off Apple); on batch 38c alone 96% and 85%, on 38f 56% and 68% (the GX10 run, the
+    # RTX 2070's driver), on 38g 100% and 45%.
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
-    assert sum(o.decode_inside for o in held) >= 0.79 * len(held)
-    assert sum(bool(o.prefill_inside) for o in pre) >= 0.79 * len(pre)
+    assert sum(o.decode_inside for o in held) >= 0.83 * len(held)
+    assert sum(bool(o.prefill_inside) for o in pre) >= 0.76 * len(pre)
 
 
 def test_an_immature_backend_says_so_in_the_plan():
@@ -150,3 +155,16 @@ def test_full_offload_is_what_the_published_gpu_rows_ran():
         if outcome.row.machine.gpus:
             assert str(outcome.row.candidate.n_layers + 1) + "/" in outcome.reason, \
                 outcome.row.what
+
+
+def test_the_38g_hold_out_stays_held():
+    # Batch 38g: 17 rows of 2025-2026 builds collected before the 38g decode pass changed any
+    # constant (RTX 3080/4080 on CUDA, RTX 3090, RX 9070 XT and RX 5700 XT on Vulkan, an RX
+    # 7900 XTX on ROCm (two models), Strix Halo's Q2_K-Q4_K_S decode on Vulkan and ROCm).
+    # Before the pass: decode 15 of 17 within +-25%, prefill 5 of 11; after it decode 16 of 17
+    # (the RX 5700 XT, -39% -> +18%: its data-sheet FP16 counts double for the dequantizing
+    # cap); prefill unchanged.
+    batch = [o for o in OUTCOMES if o.row.batch == "38g"]
+    assert len(batch) >= 17 and all(o.row.role == "held" and o.row.recent for o in batch)
+    assert share_within(batch, "decode") >= 0.94
+    assert share_within(batch, "prefill") >= 0.45

@@ -125,11 +125,16 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
     # dp4a: only CDNA and RDNA3-4 leave it for hipBLAS on prompt batches, ggml-cuda/mmq.cu), as on
     # RDNA1-2, whose FP16:FP32:int8 rates GCN5 shares: prefill at the ROCm RDNA1-2 share of the
     # FP16 figure (ROCM_VECTOR_MATRIX_ETA), not CDNA's share of a matrix-core figure (issue 38f:
-    # a 2x MI50 prefilled 7-40x faster than the CDNA rule predicted). Decode as CDNA.
+    # a 2x MI50 prefilled 7-40x faster than the CDNA rule predicted).
+    # Decode (issue 38g): CDNA's 0.19 is not a bandwidth share but an MI300X's fixed per-token
+    # cost spread over its 5.3 TB/s (3.8 GB read in 0.7 ms, a token in 4.3 ms); a GCN card at
+    # 1 TB/s streams like the RDNA3 cards on HIP (0.62, fitted on the RX 7900 XTX rows) until its
+    # shader cores bound dequantizing (DECODE_GBPS_PER_TFLOP, dequant_tflops: GCN5 issues its
+    # data-sheet FP16): an MI50 decodes quantized weights at ~0.4 of its HBM, F16/BF16 at ~0.6.
     (r"\b(MI(?:25|50|60|8)|Radeon VII|Vega)\b", "amd", "ROCm", "",
-     GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA,
-              immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
-                       " bandwidth (GCN)")),
+     GPUClass(eta=0.62, layer_ms=0.03, matrix_eta=ROCM_VECTOR_MATRIX_ETA,
+              immature="llama.cpp's HIP kernels dequantize on this GPU's shader cores (GCN):"
+                       " quantized weights stream at about 0.4 of its HBM bandwidth")),
     (r"\bMI\d{3}X?\b", "amd", "ROCm", "",
      GPUClass(eta=0.19, layer_ms=0.03, matrix_eta=0.014,
               immature="llama.cpp's HIP kernels reach about a fifth of this GPU's HBM"
@@ -179,9 +184,10 @@ builds there report neither integer dot products nor matrix cores (an RX 9070 XT
 prefill runs at ~0.2 of a PC host's rate (0.19; fit rows: RX 9070 XT and Arc A310 on a Pi 5/500+,
 AI PRO R9700 on a CM5). NVIDIA's driver there runs near its PC speed (RTX 3060 on a CM5)."""
 DECODE_GBPS_PER_TFLOP = 8.0
-"""Off Apple, a GPU dequantizes and multiplies the weights with its shader cores: a small one
-cannot keep up with its memory. Decode reads at most this many GB/s per dense FP16 TFLOPS
-(fitted on a Ryzen Z1's 4 CUs: 47 GB/s of 102, brand-o/normiebench#20)."""
+"""Off Apple, a GPU dequantizes and multiplies quantized weights with its shader cores: a small
+one cannot keep up with its memory. Decode reads quantized weights at most this many GB/s per
+dense FP16 TFLOPS (fitted on a Ryzen Z1's 4 CUs: 47 GB/s of 102, brand-o/normiebench#20), in
+dequant_tflops' units; F16/BF16 weights need no dequantizing and are not bound by it."""
 PREFILL_QUANT = {"legacy": 1.0, "k": 0.80, "iq": 0.65, "float": 0.85}
 """Prefill off Apple by the weights' type, a share of the legacy quants' rate (Q4_0, Q8_0: the
 int8 MMQ kernels): K-quants unpack more per block, i-quants look up grids, F16/BF16 go through
@@ -240,7 +246,7 @@ def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "") -> f
 
 
 DECODE_INTERVAL: dict[str, tuple[float, float]] = {
-    "Metal": (0.87, 1.06), "CUDA": (0.71, 1.17), "ROCm": (0.92, 1.80), "Vulkan": (0.72, 1.28),
+    "Metal": (0.87, 1.06), "CUDA": (0.71, 1.17), "ROCm": (0.76, 1.17), "Vulkan": (0.72, 1.28),
     "SYCL": (0.56, 1.56), "CPU": (0.66, 1.32)}
 """The interval a plan shows around its decode figure, as factors: the 10th and 90th
 percentiles of measured/predicted over the rows fitted on and the held-out rows of batches 16
@@ -250,7 +256,9 @@ that holds 80% of those held-out rows in both decode and prefill: 1.2 on Metal, 
 rows fitted on and of one publication sit closer together than publications of different
 llama.cpp builds do: an RTX 3090's Q4_0 decode was 121 tok/s in Jan 2024 and 158 in 2025).
 Batch 38b, then the clean hold-out, was not used; the 38c refit left them as they were (batch
-38c, the hold-out of recent builds: 81% of decode and 65% of prefill figures inside).
+38c, the hold-out of recent builds: 81% of decode and 65% of prefill figures inside). Issue 38g:
+ROCm's (0.92, 1.80) carried the old GCN rule's under-prediction; re-set by the same recipe on
+the ROCm rows of batches 16 and 38 with the 38g decode model (0.87-1.08, squared).
 bench/planner_published.py reports the shares."""
 PREFILL_INTERVAL: dict[str, tuple[float, float]] = {
     "Metal": (0.94, 1.19), "CUDA": (0.66, 1.42), "ROCm": (0.22, 5.90), "Vulkan": (0.69, 1.23),
@@ -342,16 +350,34 @@ def gpu_class_for(name: str, vendor: str, kind: str, backend: str) -> GPUClass:
 
 
 def gpu_read_gbps(cls: GPUClass, q: float, bandwidth_gbps: float, tflops: float,
-                  vendor: str, quant: str = "") -> float:
+                  vendor: str, quant: str = "", name: str = "") -> float:
     """GB/s a GPU of class ``cls`` streams the weights of type ``quant`` at for decode: eta x q
-    x its bandwidth (off Apple F16/BF16 weights x FLOAT_DECODE_GAIN), off Apple at most
-    DECODE_GBPS_PER_TFLOP x its FP16 rate."""
+    x its bandwidth (off Apple F16/BF16 weights x FLOAT_DECODE_GAIN), off Apple and for
+    quantized weights at most DECODE_GBPS_PER_TFLOP x ``name``'s dequantizing rate
+    (dequant_tflops of its FP16 figure ``tflops``)."""
     rate = cls.eta * q * bandwidth_gbps
-    if vendor != "apple" and quant and quant_kind(quant) == "float":
+    floating = bool(quant) and quant_kind(quant) == "float"
+    if vendor != "apple" and floating:
         rate *= FLOAT_DECODE_GAIN
-    if vendor != "apple" and tflops > 0:
-        rate = min(rate, DECODE_GBPS_PER_TFLOP * tflops)
+    if vendor != "apple" and tflops > 0 and not floating:
+        rate = min(rate, DECODE_GBPS_PER_TFLOP * dequant_tflops(name, tflops))
     return rate
+
+
+SINGLE_ISSUE_FP16 = (r"\bRX [56]\d{3}|\bW[56]\d{3}\b|Radeon VII|\bVega\b|\bMI(?:25|50|60)\b"
+                     r"|\b6[0-9]0M\b")
+"""AMD GPUs whose data-sheet FP16 rate is what their shader cores issue (GCN5 and RDNA1-2:
+packed FP16, one instruction per lane and cycle). DECODE_GBPS_PER_TFLOP was fitted on an RDNA3
+iGPU (Ryzen Z1), whose data-sheet FP16 figure counts RDNA3's dual issue, twice what the
+dequantizing shader code issues: per FP16 operation it runs, a GCN5/RDNA1-2 GPU dequantizes as
+fast, so its figure counts double for the cap (issue 38g). Polaris already counts double
+(shader_tflops); NVIDIA's and Intel's figures are matrix-core rates far above the cap."""
+
+
+def dequant_tflops(name: str, tflops: float) -> float:
+    """``tflops`` (shader_tflops of a GPU's FP16 figure) in the units DECODE_GBPS_PER_TFLOP
+    was fitted in: doubled for a GPU of SINGLE_ISSUE_FP16."""
+    return tflops * 2 if re.search(SINGLE_ISSUE_FP16, name) else tflops
 
 
 def host_gpu_class(cls: GPUClass, vendor: str, backend: str, host_simd: str) -> GPUClass:

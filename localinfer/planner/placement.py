@@ -356,7 +356,8 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             devices.append(_Device(
                 worker.endpoint, dev.name, "gpu", backend, budget,
                 f"{worker.endpoint}/ram" if unified else f"{worker.endpoint}/{dev.name}",
-                gpu_read_gbps(cls, q, bandwidth, tflops, "apple" if unified else vendor, c.quant),
+                gpu_read_gbps(cls, q, bandwidth, tflops, "apple" if unified else vendor, c.quant,
+                              gpu_name),
                 cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
                 tflops * 1e12 * cls.matrix_eta * prefill_quant_factor(c.quant, backend, vendor),
                 bandwidth,
@@ -371,7 +372,8 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
         devices.append(_Device(
             "", m.gpu.name, "gpu", m.gpu_backend or "", m.gpu_budget,
             "local/ram" if m.unified else "local/gpu",
-            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant) * ratio,
+            gpu_read_gbps(cls, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant,
+                          m.gpu.name) * ratio,
             cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
             tflops * 1e12 * cls.matrix_eta

@@ -16,8 +16,9 @@ throughput)): with few cores llama.cpp is compute-bound before memory-bound. The
 lists them with their sources; bench/planner_published.py reports the fit) and to this
 project's own measurements.
 
-Off Apple a GPU's read rate is also capped by its shader cores (DECODE_GBPS_PER_TFLOP: a
-4-CU iGPU cannot dequantize as fast as its LPDDR5 delivers).
+Off Apple a GPU's read rate of quantized weights is also capped by its shader cores
+(DECODE_GBPS_PER_TFLOP x dequant_tflops: a 4-CU iGPU cannot dequantize as fast as its LPDDR5
+delivers; F16/BF16 weights need no dequantizing).
 
 Prefill, per token: 2 x (non-embedding parameters in use) FLOPs over the device's achievable
 FLOP/s: a GPU's data-sheet dense FP16 matrix rate (GPU_MATRIX_TFLOPS; shader_tflops doubles it
@@ -222,7 +223,8 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     tflops = shader_tflops(m.gpu.name, matrix_tflops(m.gpu)) if m.gpu is not None else 0.0
     if n_gpu or output_on_gpu:
         assert m.gpu is not None and m.gpu_class is not None
-        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant)
+        read = gpu_read_gbps(m.gpu_class, q, m.gpu.bandwidth_gbps, tflops, m.gpu.vendor, c.quant,
+                             m.gpu.name)
         ms["gpu"] = gpu_bytes / (read * 1e9) * 1e3
         ms["fixed"] += n_gpu * m.gpu_class.layer_ms
     if n_cpu or not output_on_gpu or n_moved:
