@@ -132,15 +132,18 @@ def test_the_38f_hold_out_stays_held():
 
 def test_the_plans_intervals_hold_most_held_out_rows():
     # Issue 38 asks for ~80%. The intervals (machine.DECODE_INTERVAL, PREFILL_INTERVAL) were
-    # widened until 80% of batches 16/38's held rows fell inside (issue 38b); unchanged by the
-    # 38c refit and the 38f pass; the 38g pass re-set ROCm's decode interval by the same recipe.
-    # On every held row today 84% of decode and 77% of prefill figures fall inside (84% of
-    # decode off Apple); on batch 38c alone 96% and 85%, on 38f 56% and 68% (the GX10 run, the
-    # RTX 2070's driver), on 38g 100% and 45%.
+    # widened until 80% of batches 16/38's held rows fell inside (issue 38b); the 38g pass re-set
+    # ROCm's decode interval by the same recipe, the 38h pass the CUDA, ROCm and Vulkan prefill
+    # intervals on the rows of 2025-2026 builds (batch 38h left out). On every held row today 84%
+    # of decode and 86% of prefill figures fall inside (82% of prefill off Apple; 73% and 64%
+    # before the 38h pass: 43% of the held Vulkan rows fell in 0.69-1.23); on batch 38h 12 of 19
+    # prefill figures (8 before).
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
     assert sum(o.decode_inside for o in held) >= 0.83 * len(held)
-    assert sum(bool(o.prefill_inside) for o in pre) >= 0.73 * len(pre)
+    assert sum(bool(o.prefill_inside) for o in pre) >= 0.85 * len(pre)
+    off_apple = [o for o in pre if not o.row.apple]
+    assert sum(bool(o.prefill_inside) for o in off_apple) >= 0.80 * len(off_apple)
 
 
 def test_an_immature_backend_says_so_in_the_plan():
