@@ -6,14 +6,15 @@ Apple, >= 65% of discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. Th
 gives those slices, with the share of held-out rows inside the plan's interval; then the same
 for the fit rows and for each batch's held rows (38c: the clean hold-out of recent builds;
 38e: rows collected after the 38c refit; 38f: rows collected before the 38f prefill pass;
-38g: rows collected before the 38g decode pass).
+38g: rows collected before the 38g decode pass; 38h: rows collected before the second
+prefill pass).
 
     python bench/planner_published.py [--rows] [--fit]
         --rows: every row with its error
         --fit: the refit table: per GPU class (and the CPU), the median measured/predicted of
                the rows that set constants (published_rows.Row.fits: fit rows of recent builds,
-               llama-bench, PC hosts), and per backend the 10th-90th percentiles the plan's
-               intervals are set from
+               llama-bench, PC hosts), per backend their 10th-90th percentiles, and the recipe
+               the CUDA, ROCm and Vulkan prefill intervals were set by
 """
 
 from __future__ import annotations
@@ -131,6 +132,27 @@ def fit_table(outcomes: Sequence[Outcome]) -> None:
         dec, pre = measured_over_predicted(rows)
         print(f"{name:10} {len(rows):3d} {quantile(dec, 0.1):7.2f}-{quantile(dec, 0.9):<8.2f}"
               f" {quantile(pre, 0.1):7.2f}-{quantile(pre, 0.9):<8.2f}")
+    prefill_interval_recipe(outcomes)
+
+
+def prefill_interval_recipe(outcomes: Sequence[Outcome], left_out: str = "38h") -> None:
+    """The recipe machine.PREFILL_INTERVAL's CUDA, ROCm and Vulkan figures were set by (issue
+    38h): over the rows of 2025-2026 builds on PC hosts, fitted on and held out (batch
+    ``left_out`` kept aside to check them), the 10th-90th percentiles of measured/predicted
+    prefill, raised to the least power (steps of 0.2) that holds 80% of their held rows."""
+    print(f"\n{'prefill interval (recent builds, ' + left_out + ' left out)':44} {'n':>3}"
+          f" {'p10-p90':>11} {'power':>5} {'interval':>11}")
+    for backend in ("CUDA", "ROCm", "Vulkan"):
+        rows = [o for o in outcomes if o.row.backend == backend and o.row.recent and o.row.pp512
+                and o.row.batch != left_out and not o.row.sbc_host]
+        ratios = [o.row.pp512 / o.prefill_tps for o in rows if o.row.pp512]
+        held = [r for o, r in zip(rows, ratios, strict=True) if o.row.role == "held"]
+        low, high = quantile(ratios, 0.1), quantile(ratios, 0.9)
+        power = 1.0
+        while sum(min(low**power, 1) <= r <= max(high**power, 1) for r in held) < 0.8 * len(held):
+            power = round(power + 0.2, 1)
+        print(f"{backend:44} {len(rows):3d} {low:5.2f}-{high:<5.2f} {power:5.1f}"
+              f" {min(low**power, 1):5.2f}-{max(high**power, 1):<5.2f}")
 
 
 def main() -> None:
@@ -159,6 +181,7 @@ def main() -> None:
     issue_table(outcomes, "held", "38e")
     issue_table(outcomes, "held", "38f")
     issue_table(outcomes, "held", "38g")
+    issue_table(outcomes, "held", "38h")
     if args.fit:
         fit_table(outcomes)
     copied = sum(r.verified == "retrieved-copy" for r in rows)

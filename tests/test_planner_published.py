@@ -40,7 +40,7 @@ def within(outcome: Outcome, decode: float, prefill: tuple[float, float]) -> boo
 
 def test_rows_are_within_a_factor_of_two():
     # A physics error (bandwidths summed over sockets, FP16 counted twice) shows up as 2x or more
-    # on a whole class of rows. Past 2x today (13 of 261 rows off SBC hosts): a Radeon 780M at
+    # on a whole class of rows. Past 2x today (18 of 280 rows off SBC hosts): a Radeon 780M at
     # 53 tok/s prefill where another publication of it has 254 (normiebench #6 and #10); a 3B
     # Strix Halo prefill on a ROCm+RPC build; two normiebench setups far below their GPUs (an
     # Arc A770 at 5.9 tok/s, an RTX 4080 SUPER at 30); a QCS6490 run on all eight of its big and
@@ -50,14 +50,16 @@ def test_rows_are_within_a_factor_of_two():
     # 38g); Strix Halo's Vulkan prefill of a 70B model with -fa 1 in a mid-2025 build (26 tok/s
     # where another publication's no-FA run has 79); the 2x Instinct MI50's BF16 prefill (no BF16
     # units on GCN); and an ASUS GX10 (GB10) whose whole run decoded at a third of its LPDDR5X
-    # bandwidth (batch 38f). GPUs behind a Raspberry Pi's or a RISC-V board's PCIe
-    # lane are out of this guard (their host's driver path: machine.ARM_HOST_*).
+    # bandwidth (batch 38f); a Radeon 890M's prefill on AMDVLK without matrix cores (70B) and on
+    # ROCm 6.3 with gfx1151 kernels forced (four rows, 3.6-3.7x too fast; batch 38h). GPUs
+    # behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their host's
+    # driver path: machine.ARM_HOST_*).
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
-    assert len(outside) <= 0.06 * len(outcomes), outside
-    # Past 3x: only such rows (8 of 261).
+    assert len(outside) <= 0.065 * len(outcomes), outside
+    # Past 3x: only such rows (12 of 280).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
-    assert len(far) <= 0.035 * len(outcomes), far
+    assert len(far) <= 0.045 * len(outcomes), far
 
 
 def share_within(outcomes: list[Outcome], what: str) -> float:
@@ -70,23 +72,25 @@ def test_most_held_out_rows_are_within_25_percent():
     held = [o for o in OUTCOMES if o.row.role == "held"]
     report = ", ".join(f"{o.row.what}: {o.decode_error:+.0%}" for o in held)
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
-    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (166): the
+    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (185): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batches 38c, 38e, 38f and 38g. Met: decode 85% of all (goal
-    # 90%: NOT met), 77% off Apple (goal 75%: met), 78% of discrete GPUs (goal 65%: met);
-    # prefill 64% of all (goal 75%: NOT met), 44% off Apple (goal 55%: NOT met). Before the 38g
-    # decode pass (with batch 38g in): decode 81% / 70% / 67%, prefill unchanged. On the 124
-    # held rows before batch 38f: decode 90% (86% before the 38g pass), prefill 73% of all and
-    # 48% off Apple. These assert what is met, so that a regression fails;
+    # those too fast, on purpose), batches 38c, 38e, 38f, 38g and 38h. Met: decode 83% of all
+    # (goal 90%: NOT met), 74.6% off Apple (goal 75%: NOT met since batch 38h's May 2025 Vulkan
+    # builds came in; 77% before them), 70% of discrete GPUs (goal 65%: met); prefill 59% of all
+    # (goal 75%: NOT met), 39% off Apple (goal 55%: NOT met; 44% before batch 38h). The 38h pass
+    # changed no point prediction (docs/benchmarks.md lists what was tried and why none was kept),
+    # only the prefill intervals. Before the 38g decode pass (with batch 38g in): decode 81% /
+    # 70% / 67%. On the 124 held rows before batch 38f: decode 90%, prefill 73% of all and 48%
+    # off Apple. These assert what is met, so that a regression fails;
     # bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.84, report
-    assert share_within(off_apple, "decode") >= 0.75, report
-    assert share_within(discrete, "decode") >= 0.77, report
-    assert share_within(held, "prefill") >= 0.64
-    assert share_within(off_apple, "prefill") >= 0.43
-    before = [o for o in held if o.row.batch not in ("38f", "38g")]
+    assert share_within(held, "decode") >= 0.82, report
+    assert share_within(off_apple, "decode") >= 0.74, report
+    assert share_within(discrete, "decode") >= 0.70, report
+    assert share_within(held, "prefill") >= 0.58
+    assert share_within(off_apple, "prefill") >= 0.38
+    before = [o for o in held if o.row.batch not in ("38f", "38g", "38h")]
     assert share_within(before, "decode") >= 0.90
     assert share_within(before, "prefill") >= 0.72
     assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
@@ -132,15 +136,18 @@ def test_the_38f_hold_out_stays_held():
 
 def test_the_plans_intervals_hold_most_held_out_rows():
     # Issue 38 asks for ~80%. The intervals (machine.DECODE_INTERVAL, PREFILL_INTERVAL) were
-    # widened until 80% of batches 16/38's held rows fell inside (issue 38b); unchanged by the
-    # 38c refit and the 38f pass; the 38g pass re-set ROCm's decode interval by the same recipe.
-    # On every held row today 84% of decode and 77% of prefill figures fall inside (84% of
-    # decode off Apple); on batch 38c alone 96% and 85%, on 38f 56% and 68% (the GX10 run, the
-    # RTX 2070's driver), on 38g 100% and 45%.
+    # widened until 80% of batches 16/38's held rows fell inside (issue 38b); the 38g pass re-set
+    # ROCm's decode interval by the same recipe, the 38h pass the CUDA, ROCm and Vulkan prefill
+    # intervals on the rows of 2025-2026 builds (batch 38h left out). On every held row today 84%
+    # of decode and 86% of prefill figures fall inside (82% of prefill off Apple; 73% and 64%
+    # before the 38h pass: 43% of the held Vulkan rows fell in 0.69-1.23); on batch 38h 12 of 19
+    # prefill figures (8 before).
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
     assert sum(o.decode_inside for o in held) >= 0.83 * len(held)
-    assert sum(bool(o.prefill_inside) for o in pre) >= 0.76 * len(pre)
+    assert sum(bool(o.prefill_inside) for o in pre) >= 0.85 * len(pre)
+    off_apple = [o for o in pre if not o.row.apple]
+    assert sum(bool(o.prefill_inside) for o in off_apple) >= 0.80 * len(off_apple)
 
 
 def test_an_immature_backend_says_so_in_the_plan():
@@ -168,3 +175,16 @@ def test_the_38g_hold_out_stays_held():
     assert len(batch) >= 17 and all(o.row.role == "held" and o.row.recent for o in batch)
     assert share_within(batch, "decode") >= 0.94
     assert share_within(batch, "prefill") >= 0.45
+
+
+def test_the_38h_hold_out_stays_held():
+    # Batch 38h: 19 rows of 2025-2026 builds off Apple collected before the second prefill pass
+    # changed any constant (an RTX 3090 on Vulkan with coopmat2 and with coopmat1 only, an RX
+    # 7800 XT and an RX 9070 XT on Vulkan with and without coopmat flash attention, a Radeon Pro
+    # VII (GCN5) on Vulkan, Strix Halo on Vulkan with coopmat, a Radeon 890M on AMDVLK without
+    # matrix cores and on ROCm, 7B to 70B). Before the pass: decode 12 of 19 within +-25%,
+    # prefill 2 of 19 (the 890M's prefill predicted 2.4x too fast on Vulkan, 3.7x on ROCm).
+    batch = [o for o in OUTCOMES if o.row.batch == "38h"]
+    assert len(batch) >= 19 and all(o.row.role == "held" and o.row.recent for o in batch)
+    assert share_within(batch, "decode") >= 0.63
+    assert share_within(batch, "prefill") >= 0.10
