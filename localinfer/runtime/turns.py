@@ -10,9 +10,8 @@ waits for the one running to end. Embeddings and reranking (indexing: ``backgrou
 wait while another engine has requests to generate for, for at most ``BACKGROUND_WAIT_S``, and
 then take one turn, so that an index still grows while an editor types; the engine cuts them
 into decodes of at most ``BACKGROUND_TURN_TOKENS`` tokens while others generate, so that a
-turn is short. An engine
-whose model is wholly on a GPU takes no turns (loading.py gives it none).
-"""
+turn is short. An engine whose model is wholly on a GPU takes no turns (loading.py gives it
+none). Measured in docs/benchmarks.md (the editor workload, with turns and without)."""
 
 from __future__ import annotations
 
