@@ -121,6 +121,27 @@ def test_a_window_models_prompt_its_slot_held_is_saved_after_its_first_token(tmp
         assert engine.backend.restored == [n]  # cut back to the prefix by its checkpoint
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_window_models_damaged_checkpoint_is_skipped_and_removed(tmp_path, damage, caplog):
+    """The window layers' checkpoint ends the file: a torn or flipped one fails the file's
+    checksum like its state would, and is never given to the backend."""
+    directory = tmp_path / "kv"
+    window = {"window": 4, "chat_checkpoints": True}
+    with engine_with(directory, **window) as engine:
+        expected = ask(engine).text
+        ask(engine)
+    (path,) = files(directory)
+    data = path.read_bytes()
+    path.write_bytes(data[:-5] if damage == "truncated"
+                     else data[:-3] + bytes([data[-3] ^ 0xFF]) + data[-2:])
+    with engine_with(directory, **window) as engine:
+        done = ask(engine)
+        assert done.text == expected and done.timings.restored_tokens == 0
+        assert engine.backend.loaded == [] and engine.backend.restored == []
+        assert engine._kept.disk.store.counters.bad_files == 1
+    assert "prefix cache: skipping" in caplog.text
+
+
 def test_read_before_holds_across_restarts(tmp_path):
     """Read once in one process, once in the next: saved then (the directory's ledger says
     it was read before), restored in the third."""
