@@ -7,6 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+import pytest
+
+from localinfer.errors import StepInterrupted
 from localinfer.runtime import turns as turns_module
 from localinfer.runtime.engine import Engine
 from localinfer.runtime.fake import FakeBackend
@@ -101,6 +105,31 @@ def test_embeddings_take_a_turn_after_waiting_at_most_the_bound(monkeypatch):
     assert overlap.most == 1
 
 
+def test_a_request_to_generate_interrupts_indexing_that_took_idle_cores():
+    """Embeddings that took the cores while nothing generated stop for a chat that comes
+    (within llama.cpp's next check), and are decoded again after it: the chat does not wait
+    for them, and every vector comes back, in order."""
+    overlap = Overlap()
+    chat, index = engines(Turns(), overlap, step_delay_s=0.005, embed_delay_s=1.0)
+    with chat, index:
+        inputs = [index.embedding_tokens(f"chunk {i}") for i in range(2)]
+        embedding = threading.Thread(target=lambda: results.append(index.embed(inputs)))
+        results: list = []
+        embedding.start()
+        time.sleep(0.2)  # the embeddings hold the cores now
+        started = time.perf_counter()
+        reply = chat.chat([Message("user", "Go on.")], SamplingParams(max_tokens=5)).result()
+        waited = time.perf_counter() - started
+        embedding.join(10)
+        expected = index.embed(inputs).vectors  # alone, uninterrupted
+    assert reply.usage.completion_tokens == 5
+    assert waited < 0.5  # not the second its embeddings' decode would have taken
+    assert index.backend.interrupted_calls >= 1
+    (done,) = results
+    assert done.vectors == expected  # all of them, as asked
+    assert overlap.most == 1
+
+
 def test_embeddings_come_in_short_turns_only_while_another_engine_generates():
     inputs = [[1] * 100, [2] * 20, [3] * 8, [4] * 700, [5] * 10]
     shared, calls = Turns(), []
@@ -117,3 +146,53 @@ def test_embeddings_come_in_short_turns_only_while_another_engine_generates():
         assert out == [1, 2, 3, 4, 5]  # in order, none lost
         assert calls == expected
         assert all(sum(c) <= BACKGROUND_TURN_TOKENS or len(c) == 1 for c in calls[1:])
+
+
+@pytest.mark.model
+def test_two_real_engines_take_turns_and_a_chat_interrupts_their_embeddings(starter_path):
+    """The starter loaded twice in one process (a chat model and an embedding model, as a
+    daemon holds them): their llama.cpp decodes never overlap, a chat interrupts embeddings
+    that took idle cores (llama.cpp's abort callback on the embedding context) and they are
+    read again after it, giving the vectors an uninterrupted run gives."""
+    from localinfer import gguf
+    from localinfer.loading import load_engine
+    from localinfer.runtime.backend import LoadOptions
+    from localinfer.runtime.turns import TURNS
+
+    header = gguf.read_header(starter_path)
+    options = LoadOptions(n_ctx=1024, n_slots=1)
+    overlap = Overlap()
+    chat = load_engine(starter_path, options, name="chat", header=header)
+    index = load_engine(starter_path, options, name="index", header=header)
+    assert chat._turns is TURNS and index._turns is TURNS
+    overlap.watch(chat.backend, "chat", "decode")
+    overlap.watch(index.backend, "embed", "embed")
+    with chat, index:
+        inputs = [index.embedding_tokens("def f(x):\n    return x * 2\n" * 30)] * 4
+        expected = index.embed(inputs).vectors
+        interrupted: list[int] = []
+        real_embed = index.backend.embed
+
+        def counted(group):
+            try:
+                return real_embed(group)
+            except StepInterrupted:
+                interrupted.append(len(group))
+                raise
+
+        index.backend.embed = counted
+        results: list = []
+        for _ in range(20):  # until a chat lands while the embeddings hold the cores
+            results.clear()
+            embedding = threading.Thread(target=lambda: results.append(index.embed(inputs)))
+            embedding.start()
+            time.sleep(0.05)
+            reply = chat.chat([Message("user", "Say hi.")],
+                              SamplingParams(max_tokens=4, temperature=0)).result()
+            embedding.join(60)
+            assert reply.usage.completion_tokens >= 1
+            assert results and np.allclose(results[0].vectors, expected, rtol=1e-4, atol=1e-5)
+            if interrupted:
+                break
+    assert interrupted, "no chat ever interrupted the embeddings"
+    assert overlap.most == 1

@@ -475,7 +475,8 @@ class Engine:
                         break
                     idle = not self._has_work()
                 if idle:
-                    self._read_ahead_total += self._kept.read_ahead(self._slots)
+                    with turn(self._turns, self):
+                        self._read_ahead_total += self._kept.read_ahead(self._slots)
                     continue
                 # Cancelled requests leave first: a superseding keystroke's request then finds
                 # the slot (and cache) of the one it cancelled free.
@@ -507,7 +508,8 @@ class Engine:
             jobs, self._step_jobs = self._step_jobs, []
         for fn, future in jobs:
             try:
-                with turn(self._turns, self, background=True):
+                with turn(self._turns, self, background=True, interrupt=self.backend.interrupt):
+                    self.backend.clear_interrupt()
                     future.set_result(fn())
             except BaseException as exc:  # delivered to the caller
                 future.set_exception(exc)

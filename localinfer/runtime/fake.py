@@ -395,8 +395,9 @@ class FakeBackend:
         """A bag-of-pieces vector: the mean of one fixed pseudo-random vector per token, so
         that equal texts get equal vectors and texts sharing words point the same way."""
         self.embed_calls.append(len(inputs))
-        if self.embed_delay_s:
-            time.sleep(self.embed_delay_s)
+        if self.embed_delay_s and self._interrupt.wait(self.embed_delay_s):
+            self.interrupted_calls += 1
+            raise StepInterrupted("fake embed: interrupted")
         vectors = []
         for tokens in inputs:
             if not tokens or len(tokens) > self.n_ctx_embed:

@@ -10,8 +10,10 @@ waits for the one running to end. Embeddings and reranking (indexing: ``backgrou
 wait while another engine has requests to generate for, for at most ``BACKGROUND_WAIT_S``, and
 then take one turn, so that an index still grows while an editor types; the engine cuts them
 into decodes of at most ``BACKGROUND_TURN_TOKENS`` tokens while others generate, so that a
-turn is short. An engine whose model is wholly on a GPU takes no turns (loading.py gives it
-none). Measured in docs/benchmarks.md (the editor workload, with turns and without)."""
+turn is short; a turn taken while no other engine generated is interrupted by one that comes
+to generate, and taken again. An engine whose model is wholly on a GPU takes no turns
+(loading.py gives it none). Measured in docs/benchmarks.md (the editor workload, with turns
+and without)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
+
+from ..errors import StepInterrupted
 
 T = TypeVar("T")
 
@@ -50,6 +54,8 @@ class Turns:
         self._generating: dict[object, Callable[[], bool]] = {}
         self._last_turn: dict[object, float] = {}
         """When each engine last took a turn to generate (``time.monotonic()``)."""
+        self._interruptible: Callable[[], None] | None = None
+        """How to stop the background decode holding the cores, where it may be stopped."""
 
     def join(self, engine: object, generating: Callable[[], bool]) -> None:
         """Take part; ``generating()`` says whether ``engine`` has requests to generate for
@@ -64,29 +70,39 @@ class Turns:
             self._cv.notify_all()
 
     @contextlib.contextmanager
-    def turn(self, engine: object, *, background: bool = False) -> Iterator[None]:
-        """Hold the cores for one decode of ``engine``'s (``background``: indexing)."""
+    def turn(self, engine: object, *, background: bool = False,
+             interrupt: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold the cores for one decode of ``engine``'s (``background``: indexing). A
+        background turn taken while no other engine generated is cut short by one that comes
+        to generate: ``interrupt`` stops its decode (``Backend.interrupt``), which is then
+        asked again (``in_turns``); one that waited ``BACKGROUND_WAIT_S`` is not."""
         with self._cv:
             if not background:
                 self._last_turn[engine] = time.monotonic()
             deadline = time.monotonic() + BACKGROUND_WAIT_S
-            due = False  # a background decode that has waited long enough goes next
+            due = waited_out = False  # a background decode that may go next, and why
             while True:
-                if background and not due and (time.monotonic() >= deadline
-                                                or not self._generating_now(engine)):
-                    due = True
-                    self._due += 1
+                if background and not due:
+                    waited_out = time.monotonic() >= deadline
+                    if waited_out or not self._generating_now(engine):
+                        due = True
+                        self._due += 1
                 if not self._held and (due or not background and not self._due):
                     break
+                if not background and self._interruptible is not None:
+                    self._interruptible()  # the indexing in flight stops for this one
+                    self._interruptible = None
                 self._cv.wait(POLL_S if background and not due else None)
             if due:
                 self._due -= 1
             self._held = True
+            self._interruptible = interrupt if background and not waited_out else None
         try:
             yield
         finally:
             with self._cv:
                 self._held = False
+                self._interruptible = None
                 self._cv.notify_all()
 
     def others_active(self, engine: object) -> bool:
@@ -102,12 +118,13 @@ class Turns:
                    if other is not engine)
 
 
-def turn(turns: Turns | None, engine: object, *, background: bool = False
+def turn(turns: Turns | None, engine: object, *, background: bool = False,
+         interrupt: Callable[[], None] | None = None
          ) -> contextlib.AbstractContextManager[None]:
     """``engine``'s turn on the cores where it shares them (``turns``), else nothing."""
     if turns is None:
         return contextlib.nullcontext()
-    return turns.turn(engine, background=background)
+    return turns.turn(engine, background=background, interrupt=interrupt)
 
 
 def in_turns(turns: Turns | None, engine: object, inputs: Sequence[Sequence[int]],
@@ -132,7 +149,10 @@ def in_turns(turns: Turns | None, engine: object, inputs: Sequence[Sequence[int]
         return n, fn(rest[:n])
 
     while rest:
-        n, part = run(one_turn)
+        try:
+            n, part = run(one_turn)
+        except StepInterrupted:  # a request to generate took the cores: these inputs again
+            continue
         out += part
         del rest[:n]
     return out

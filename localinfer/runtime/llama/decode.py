@@ -144,6 +144,9 @@ class Decoding(LlamaHandles):
                                       f"{_llama_said()}")
             if self._lora is not None:  # the same weights as the generation's context
                 L.llama_set_adapters_lora(ctx, *self._lora)
+            if self._abort_callback is not None:  # another engine's turn may stop it
+                L.llama_set_abort_callback(ctx, self._abort_callback,
+                                           ctypes.cast(self._interrupt_flag, ctypes.c_void_p))
             self._embed_ctx = ctx
         if self._embed_batch is None:
             self._embed_batch = L.llama_batch_init(self.n_ctx_embed, 0, 1)
@@ -183,6 +186,8 @@ class Decoding(LlamaHandles):
             batch.n_tokens = k
             try:
                 rc = L.llama_decode(ctx, batch)
+                if rc == 2 and self._interrupt_flag[0] != b"\0":
+                    raise StepInterrupted("the embedding was interrupted")
                 if rc != 0:
                     raise LocalInferError(f"llama_decode failed while embedding (error {rc})"
                                           f"{_llama_said()}")
