@@ -21,7 +21,9 @@ were in an earlier request's prompt (read at least once before, in any process o
 the directory keeps a ledger of their hashes) or belong to a request that asked for it
 (Anthropic's ``cache_control``: ``SamplingParams.cache_prompt``). The engine saves
 one where its reading reaches it (the prompt's chunk ends there) or, read before and still in
-the slot, when the request is admitted; the file is written on a thread of its own.
+the slot, after the request's first token (checkpoints.CacheKeeper.first_token; where the
+slot holds no checkpoint there on a sliding-window cache, when the request is admitted); the
+file is written on a thread of its own, at a lower priority than the engine's.
 """
 
 from __future__ import annotations
