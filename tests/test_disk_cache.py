@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -209,7 +210,7 @@ def test_lru_bound(tmp_path):
         assert engine._kept.disk.store.counters.evicted == 1
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "garbage"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "garbage", "huge"])
 def test_a_damaged_or_foreign_file_is_skipped_removed_and_never_loaded(tmp_path, damage,
                                                                       caplog):
     directory = tmp_path / "kv"
@@ -224,6 +225,12 @@ def test_a_damaged_or_foreign_file_is_skipped_removed_and_never_loaded(tmp_path,
         path.write_bytes(data[:-3] + bytes([data[-3] ^ 0xFF]) + data[-2:])
     elif damage == "garbage":
         path.write_bytes(b"not a cache file at all")
+    elif damage == "huge":  # a whole header that asks for a terabyte: refused before it is taken
+        (n_header,) = struct.unpack("<I", data[8:12])
+        header = json.loads(data[12:12 + n_header])
+        header["state_bytes"] = 10**12
+        new = json.dumps(header).encode()
+        path.write_bytes(data[:8] + struct.pack("<I", len(new)) + new + data[12 + n_header:])
     else:  # another model's file under this model's name (a copy, a collision)
         with engine_with(tmp_path / "other", name="fake:other") as other:
             ask(other, MARKED)

@@ -232,8 +232,10 @@ class PrefixStore:
             if header["identity"] != ident or n != entry.n_tokens:
                 raise _Bad("it was saved for another model, other load options or another"
                            " llama.cpp build")
-            if n_full < n or n_window < 0 or (n_full > n) != (n_window > 0):
+            if n_full < n or min(n, n_state, n_window) < 0 or (n_full > n) != (n_window > 0):
                 raise _Bad("its header is damaged")
+            if 4 * n + n_state + n_window > entry.size:  # before any memory is taken for them
+                raise _Bad("it is truncated or has extra bytes")
             stored = np.empty(n, dtype="<i4")
             state = np.empty(n_state, dtype=np.uint8)
             window = np.empty(n_window, dtype=np.uint8)
