@@ -415,7 +415,7 @@ class ChatStore:
             return Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise ChatError(f"there is no chat {chat_id} (deleted?).") from None
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ChatError(f"{path} cannot be read ({exc}); it is left as it is.") from None
 
     def summaries(self) -> list[ChatSummary]:
@@ -428,7 +428,7 @@ class ChatStore:
                 continue
             try:
                 chat = Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError, KeyError) as exc:
+            except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
                 log.warning("skipping unreadable chat %s: %s", path, exc)
                 continue
             out.append(ChatSummary(chat.id, chat.display_title, chat.updated,

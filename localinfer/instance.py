@@ -80,7 +80,7 @@ def _read_locked(path: Path) -> dict | None:
             with os.fdopen(os.dup(fd), "r") as f:
                 try:
                     return json.loads(f.read() or "{}")
-                except ValueError:
+                except (ValueError, RecursionError):
                     return {}
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None  # nobody holds it: a crashed daemon's leftover

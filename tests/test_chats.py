@@ -121,9 +121,12 @@ def test_unreadable_files_are_skipped_and_left_alone(home):
     newer = store.root / "20240101-000001-abcdef.json"
     newer.write_text(json.dumps({"schema": 99, "id": "x"}), encoding="utf-8")
     (store.root / "notes.txt").write_text("mine", encoding="utf-8")
+    nested = store.root / "20240101-000002-abcdef.json"
+    nested.write_text("[" * 100_000, encoding="utf-8")  # deeper than Python's json recurses
     assert [s.id for s in store.summaries()] == [good.id]
-    with pytest.raises(ChatError, match="left as it is"):
-        store.load(broken.stem)
+    for path in (broken, nested):
+        with pytest.raises(ChatError, match="left as it is"):
+            store.load(path.stem)
     assert broken.read_text(encoding="utf-8") == "{ not json"
 
 

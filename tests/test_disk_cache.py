@@ -210,7 +210,8 @@ def test_lru_bound(tmp_path):
         assert engine._kept.disk.store.counters.evicted == 1
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "garbage", "huge"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "garbage", "huge",
+                                    "nested"])
 def test_a_damaged_or_foreign_file_is_skipped_removed_and_never_loaded(tmp_path, damage,
                                                                       caplog):
     directory = tmp_path / "kv"
@@ -225,6 +226,8 @@ def test_a_damaged_or_foreign_file_is_skipped_removed_and_never_loaded(tmp_path,
         path.write_bytes(data[:-3] + bytes([data[-3] ^ 0xFF]) + data[-2:])
     elif damage == "garbage":
         path.write_bytes(b"not a cache file at all")
+    elif damage == "nested":  # a header deeper than Python's json recurses
+        path.write_bytes(data[:8] + struct.pack("<I", 60_000) + b"[" * 60_000)
     elif damage == "huge":  # a whole header that asks for a terabyte: refused before it is taken
         (n_header,) = struct.unpack("<I", data[8:12])
         header = json.loads(data[12:12 + n_header])

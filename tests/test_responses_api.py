@@ -315,18 +315,19 @@ def test_a_corrupt_stored_file_is_skipped_with_a_warning(daemon, caplog):
     good = client.responses.create(model="fake:1b", input="hi")
     folder = get_paths().data_dir / "responses"
     whole = (folder / f"{good.id}.json").read_text()
-    torn, garbage, wrong = "resp_torn", "resp_garbage", "resp_wrong"
+    torn, garbage, wrong, nested = "resp_torn", "resp_garbage", "resp_wrong", "resp_nested"
     (folder / f"{torn}.json").write_text(whole[: len(whole) // 2])
     (folder / f"{garbage}.json").write_bytes(b"\xff\xfe\x00garbage")
     (folder / f"{wrong}.json").write_text('{"response": 1}')
+    (folder / f"{nested}.json").write_text("[" * 100_000)  # deeper than json recurses
     with caplog.at_level(logging.WARNING, logger="localinfer"):
-        for ident in (torn, garbage, wrong):
+        for ident in (torn, garbage, wrong, nested):
             with pytest.raises(openai.NotFoundError):
                 client.responses.retrieve(ident)
             with pytest.raises(openai.NotFoundError):
                 client.responses.create(model="fake:1b", input="x", previous_response_id=ident)
     warned = " ".join(r.getMessage() for r in caplog.records)
-    assert all(ident in warned for ident in (torn, garbage, wrong)), warned
+    assert all(ident in warned for ident in (torn, garbage, wrong, nested)), warned
     assert client.responses.retrieve(good.id).output_text == REPLY  # the others still serve
     assert client.responses.create(model="fake:1b", input="again",
                                    previous_response_id=good.id).status == "completed"

@@ -444,6 +444,8 @@ def test_a_torn_memory_file_is_ignored_with_a_warning(tmp_path, caplog):
     assert ThreadMemory(path, 2).counts == {"1 row@0": 1}
     path.write_text('{"max_threads": 2, "counts": {"1 row@0": 7}}')  # more than the cores
     assert ThreadMemory(path, 2).counts == {}
+    path.write_text("[" * 100_000)  # deeper than Python's json recurses
+    assert ThreadMemory(path, 2).counts == {}
 
 
 def test_the_run_queue_shows_a_process_that_keeps_a_core_busy():

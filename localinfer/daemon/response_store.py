@@ -108,7 +108,7 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         log.warning("stored response %s is torn or corrupt (%s); skipped", path.name, exc)
         return None
     if not (isinstance(record, dict) and isinstance(record.get("response"), dict)

@@ -254,6 +254,8 @@ class HardwareProfile:
             raise ConfigError(
                 f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
             ) from None
+        except RecursionError:
+            raise ConfigError(f"{source} nests JSON too deeply to be a profile.") from None
         return cls.from_dict(data, source)
 
 

@@ -198,7 +198,7 @@ class PrefixStore:
                     return {}
                 header = json.loads(f.read(n_header))
                 return header if isinstance(header, dict) else {}
-        except (OSError, ValueError, struct.error):
+        except (OSError, ValueError, struct.error, RecursionError):
             return {}
 
     def read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> Saved | None:
@@ -208,7 +208,7 @@ class PrefixStore:
             return self._read(entry, ident, tokens)
         except FileNotFoundError:
             return None  # evicted by another daemon since it was listed
-        except (_Bad, OSError, ValueError, KeyError, TypeError) as exc:
+        except (_Bad, OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             log.warning("prefix cache: skipping %s: %s; removing it", entry.path.name, exc)
             with self._lock:
                 self.counters.bad_files += 1

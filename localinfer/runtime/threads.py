@@ -307,7 +307,8 @@ class ThreadMemory:
                                    if 1 <= int(v) <= max_threads}
             except FileNotFoundError:
                 pass
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                    RecursionError) as exc:
                 log.warning("ignoring the learned thread counts in %s: %s", path, exc)
 
     def get(self, group: str, busy: int) -> int | None:

@@ -233,7 +233,7 @@ class ModelStore:
             model = InstalledModel(**data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             log.warning("ignoring unreadable manifest %s: %s", path, exc)
             return None
         return model

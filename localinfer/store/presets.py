@@ -300,7 +300,7 @@ class PresetStore:
             return Preset(**data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
             log.warning("ignoring unreadable preset %s: %s", path, exc)
             return None
 
