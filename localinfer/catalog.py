@@ -287,6 +287,8 @@ def parse_catalog(text: str, source: str = "models.toml", base: Catalog | None =
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: it nests arrays or tables too deeply.") from None
     lines = _Lines(text, source)
     unknown = sorted(set(data) - {"schema", "families", "models"})
     if unknown:

@@ -168,6 +168,9 @@ def load_config(paths: Paths | None = None, environ: Mapping[str, str] | None = 
                 raw = tomllib.load(toml_file)
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} cannot be read: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"{path} cannot be read: it nests arrays or tables too deeply."
+                              ) from None
         for key, value in raw.items():
             if key == "models":
                 values[key] = _models(value, str(path))
@@ -213,8 +216,8 @@ def _models(raw: Any, where: str) -> dict[str, ModelSettings]:
 def _parse_env(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text  # a bare string
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return text  # a bare string (or one nested too deeply to be a value)
 
 
 def _check(key: str, value: Any, where: str) -> Any:

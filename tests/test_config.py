@@ -45,6 +45,7 @@ def test_file_then_environment(home):
     ("ctx = 'big'", ["ctx must be int"]),
     ("color = 1", ["unknown setting 'color'"]),
     ("ctx = [", ["cannot be read"]),
+    ("ctx = " + "[" * 100_000, ["cannot be read", "too deeply"]),
     ("port = -1", ["port must be positive"]),
     ('flash_attn = "yes"', ['flash_attn must be "auto", "on" or "off"']),
     ('kv_type = "q4_1"', ["kv_type: unknown KV cache type 'q4_1'", "f16, q8_0, q4_0"]),
