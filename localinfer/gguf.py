@@ -343,12 +343,18 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     beside it, which llama.cpp loads with it."""
     header = _read_one(Path(path))
     count = split_count(header)
-    if count <= 1:
-        return header
-    prefix = split_prefix(Path(path), header)
-    shards = [header] + [_read_one(Path(f"{prefix}-{i:05d}-of-{count:05d}.gguf"), shard=True)
-                         for i in range(2, count + 1)]
-    return merge_split(shards, source=str(path))
+    if count > 1:
+        prefix = split_prefix(Path(path), header)
+        shards = [header] + [_read_one(Path(f"{prefix}-{i:05d}-of-{count:05d}.gguf"),
+                                       shard=True) for i in range(2, count + 1)]
+        header = merge_split(shards, source=str(path))
+    # Every layer has tensors of its own: a count past them is a damaged or hostile header
+    # (the planner lists each layer: 2**31 of them took all the memory).
+    if header.tensors and not 0 <= header.block_count <= len(header.tensors):
+        raise InvalidModelFile(f"{path} is not a valid GGUF file: it declares"
+                               f" {header.block_count} layers but holds {len(header.tensors)}"
+                               " tensors.")
+    return header
 
 
 def split_count(header: GGUFHeader) -> int:

@@ -120,6 +120,17 @@ def test_absurd_counts(tmp_path):
     _expect_invalid(_write(tmp_path, data), "more than the file holds")
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("layers", [2**31, 2**32 - 1, 8])
+def test_more_layers_than_tensors_is_refused_before_the_planner_lists_them(tmp_path, layers):
+    """A header whose block_count outnumbers its tensors (each layer has tensors of its own):
+    2**31 layers made `plan` take all the memory listing them."""
+    data = g.tiny_model(n_layers=2)
+    data = data.replace(g.kv("llama.block_count", g.U32, 2),
+                        g.kv("llama.block_count", g.U32, layers), 1)
+    _expect_invalid(_write(tmp_path, data), f"declares {layers} layers", "holds 7 tensors")
+
+
 @pytest.mark.timeout(5)
 def test_deeply_nested_arrays_are_rejected_quickly(tmp_path):
     nested = struct.pack("<IQ", g.ARRAY, 1) * 10_000 + struct.pack("<IQ", g.U8, 0)
