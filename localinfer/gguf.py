@@ -350,10 +350,15 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         header = merge_split(shards, source=str(path))
     # Every layer has tensors of its own: a count past them is a damaged or hostile header
     # (the planner lists each layer: 2**31 of them took all the memory).
-    if header.tensors and not 0 <= header.block_count <= len(header.tensors):
+    n_tensors = len(header.tensors)
+    if n_tensors and not 0 <= header.block_count <= n_tensors:
         raise InvalidModelFile(f"{path} is not a valid GGUF file: it declares"
-                               f" {header.block_count} layers but holds {len(header.tensors)}"
-                               " tensors.")
+                               f" {header.block_count} layers but holds {n_tensors} tensors.")
+    for t in header.tensors:
+        match = _LAYER_RE.match(t.name)
+        if match and int(match.group(1)) >= n_tensors:
+            raise InvalidModelFile(f"{path} is not a valid GGUF file: its tensor {t.name!r}"
+                                   f" names a layer past the {n_tensors} tensors it holds.")
     return header
 
 

@@ -131,6 +131,12 @@ def test_more_layers_than_tensors_is_refused_before_the_planner_lists_them(tmp_p
     _expect_invalid(_write(tmp_path, data), f"declares {layers} layers", "holds 7 tensors")
 
 
+def test_a_tensor_of_a_layer_past_the_tensors_is_refused(tmp_path):
+    """``blk.999999999999.*``: the planner would size a list of that many layers."""
+    data = g.tiny_model(n_layers=2).replace(b"blk.1.ffn_up.weight", b"blk.9999999999999.x", 1)
+    _expect_invalid(_write(tmp_path, data), "blk.9999999999999.x", "names a layer past")
+
+
 @pytest.mark.timeout(5)
 def test_deeply_nested_arrays_are_rejected_quickly(tmp_path):
     nested = struct.pack("<IQ", g.ARRAY, 1) * 10_000 + struct.pack("<IQ", g.U8, 0)
