@@ -388,7 +388,13 @@ def test_hw_json_is_a_profile_plan_can_read(tmp_path):
     assert profile.bandwidth_source == "measured" and profile.host_bandwidth_gbps > 1
     plan = cli("plan", "qwen3:0.6b", "--hardware", str(path), "--json")
     assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["choice"]["model"] == "qwen3:0.6b"
+    data = json.loads(plan.stdout)
+    # Planned for the profile's own figures. Whether a quant reaches `plan`'s 10 tok/s depends
+    # on the bandwidth measured just now: under load (a full test run beside it) none did,
+    # and "choice" was null.
+    assert data["hardware"]["host_bandwidth_gbps"] == profile.host_bandwidth_gbps
+    assert data["candidates"] and {c["model"] for c in data["candidates"]} == {"qwen3:0.6b"}
+    assert data["choice"] is None or data["choice"]["model"] == "qwen3:0.6b"
 
 
 def test_plan_for_a_recorded_laptop():
