@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidRequest, LocalInferError
-from .paths import Paths, atomic_write_text, get_paths
+from .paths import Paths, atomic_write_text, get_paths, parse_json
 from .runtime.types import Done, Message, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -412,10 +412,10 @@ class ChatStore:
     def load(self, chat_id: str) -> Chat:
         path = self._file(chat_id)
         try:
-            return Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            return Chat.from_dict(parse_json(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise ChatError(f"there is no chat {chat_id} (deleted?).") from None
-        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ChatError(f"{path} cannot be read ({exc}); it is left as it is.") from None
 
     def summaries(self) -> list[ChatSummary]:
@@ -427,8 +427,8 @@ class ChatStore:
             if not _ID_RE.match(path.stem):
                 continue
             try:
-                chat = Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+                chat = Chat.from_dict(parse_json(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.warning("skipping unreadable chat %s: %s", path, exc)
                 continue
             out.append(ChatSummary(chat.id, chat.display_title, chat.updated,

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from .errors import DaemonError
-from .paths import Paths, get_paths
+from .paths import Paths, get_paths, parse_json
 
 SOCKET_NAME = "localinfer.sock"
 PID_NAME = "localinfer.pid"
@@ -79,8 +79,8 @@ def _read_locked(path: Path) -> dict | None:
         except BlockingIOError:  # held by the running daemon
             with os.fdopen(os.dup(fd), "r") as f:
                 try:
-                    return json.loads(f.read() or "{}")
-                except (ValueError, RecursionError):
+                    return parse_json(f.read() or "{}")
+                except ValueError:
                     return {}
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None  # nobody holds it: a crashed daemon's leftover

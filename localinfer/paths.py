@@ -13,6 +13,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -88,12 +89,22 @@ def ensure_dir(path: Path, mode: int = 0o755) -> Path:
     return path
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` for files this project reads back: JSON nested deeper than Python's
+    parser recurses (a hostile or damaged file) is a ValueError, as any other unreadable
+    JSON, not a RecursionError that the readers' handling lets through."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("it nests JSON too deeply") from None
+
+
 def read_json_object(path: Path) -> dict:
     """A JSON object from ``path``, or {} when it is missing or unreadable (caches)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
+    except (OSError, ValueError):
         return {}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LocalInferError
-from ..paths import atomic_write_text, get_paths
+from ..paths import atomic_write_text, get_paths, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,8 @@ def _read(path: Path) -> dict[str, Any] | None:
         log.warning("stored response %s cannot be read (%s); skipped", path.name, exc)
         return None
     try:
-        record = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        record = parse_json(text)
+    except ValueError as exc:
         log.warning("stored response %s is torn or corrupt (%s); skipped", path.name, exc)
         return None
     if not (isinstance(record, dict) and isinstance(record.get("response"), dict)

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..paths import parse_json
 
 SCHEMA = 1
 
@@ -249,13 +250,13 @@ class HardwareProfile:
     @classmethod
     def from_json(cls, text: str, source: str = "profile") -> HardwareProfile:
         try:
-            data = json.loads(text)
+            data = parse_json(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
             ) from None
-        except RecursionError:
-            raise ConfigError(f"{source} nests JSON too deeply to be a profile.") from None
+        except ValueError as exc:  # nested too deeply
+            raise ConfigError(f"{source} cannot be a profile: {exc}.") from None
         return cls.from_dict(data, source)
 
 

@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from ..paths import parse_json
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"LIKVPC01"
@@ -196,9 +198,9 @@ class PrefixStore:
                 (n_header,) = struct.unpack("<I", head[len(MAGIC):])
                 if head[:len(MAGIC)] != MAGIC or n_header > 65536:
                     return {}
-                header = json.loads(f.read(n_header))
+                header = parse_json(f.read(n_header))
                 return header if isinstance(header, dict) else {}
-        except (OSError, ValueError, struct.error, RecursionError):
+        except (OSError, ValueError, struct.error):
             return {}
 
     def read(self, entry: Entry, ident: str, tokens: Sequence[int]) -> Saved | None:
@@ -208,7 +210,7 @@ class PrefixStore:
             return self._read(entry, ident, tokens)
         except FileNotFoundError:
             return None  # evicted by another daemon since it was listed
-        except (_Bad, OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (_Bad, OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("prefix cache: skipping %s: %s; removing it", entry.path.name, exc)
             with self._lock:
                 self.counters.bad_files += 1
@@ -224,7 +226,7 @@ class PrefixStore:
             (n_header,) = struct.unpack("<I", head[len(MAGIC):])
             if n_header > 65536:
                 raise _Bad("its header is damaged")
-            header = json.loads(f.read(n_header))
+            header = parse_json(f.read(n_header))
             n = int(header["n_tokens"])
             n_state = int(header["state_bytes"])
             n_window = int(header.get("window_bytes", 0))

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..paths import parse_json
+
 log = logging.getLogger(__name__)
 
 WINDOW_STEPS = 6
@@ -301,14 +303,13 @@ class ThreadMemory:
         """``"<kind of step>@<busy cores>"`` -> thread count."""
         if path is not None:
             try:
-                saved = json.loads(path.read_text())
+                saved = parse_json(path.read_text())
                 if saved.get("max_threads") == max_threads:
                     self.counts = {str(k): int(v) for k, v in saved["counts"].items()
                                    if 1 <= int(v) <= max_threads}
             except FileNotFoundError:
                 pass
-            except (OSError, ValueError, KeyError, TypeError, AttributeError,
-                    RecursionError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("ignoring the learned thread counts in %s: %s", path, exc)
 
     def get(self, group: str, busy: int) -> int | None:

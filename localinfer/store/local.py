@@ -32,7 +32,14 @@ from pathlib import Path
 from .. import gguf
 from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
 from ..errors import InvalidModelFile, InvalidRequest, ModelNotFound, StoreError
-from ..paths import Paths, atomic_write_text, ensure_dir, get_paths, read_json_object
+from ..paths import (
+    Paths,
+    atomic_write_text,
+    ensure_dir,
+    get_paths,
+    parse_json,
+    read_json_object,
+)
 from . import hub, hub_names
 from .presets import Preset, PresetStore
 from .starter import (
@@ -229,11 +236,11 @@ class ModelStore:
 
     def _read_manifest(self, path: Path) -> InstalledModel | None:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"))
             model = InstalledModel(**data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError, RecursionError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             log.warning("ignoring unreadable manifest %s: %s", path, exc)
             return None
         return model

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRequest, ModelNotFound
-from ..paths import atomic_write_text
+from ..paths import atomic_write_text, parse_json
 from ..runtime.types import Message
 
 log = logging.getLogger(__name__)
@@ -293,14 +293,14 @@ class PresetStore:
         except InvalidRequest:
             return None
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"))
             data["messages"] = tuple((m["role"], m["content"]) for m in data["messages"])
             data["license"] = tuple(data.get("license") or ())
             data["adapters"] = tuple(data.get("adapters") or ())
             return Preset(**data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("ignoring unreadable preset %s: %s", path, exc)
             return None
 
