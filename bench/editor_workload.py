@@ -8,7 +8,7 @@ defaults; llama-server with llama.vscode's CPU-only FIM flags and a second llama
 
     python bench/editor_workload.py --fim-file F.gguf [--embed-file E.gguf]
         [--llama-server PATH] [--only localinfer|llama-server] [--kinds chat,fim,embed]
-        [--quick] [--rounds N] [--json OUT.json]
+        [--quick] [--rounds N] [--completions N] [--json OUT.json]
 
 FIM needs a model with FIM tokens. Without a code model at hand, a copy of the starter whose
 header names three unused tokens as FIM tokens serves to measure the servers (not the
@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from localinfer.bench.editor_workload import (
+    COMPLETIONS,
     LLAMA_SERVER_EMBED_ARGS,
     LLAMA_SERVER_FIM_ARGS,
     Workload,
@@ -57,6 +58,9 @@ def main() -> int:
     parser.add_argument("--kinds", default="chat,fim,embed",
                         help="client kinds to run, comma-separated (default all)")
     parser.add_argument("--quick", action="store_true", help="fewer requests per client")
+    parser.add_argument("--completions", type=int, default=COMPLETIONS, metavar="N",
+                        help="completions of each FIM prompt (llama.vscode's"
+                             f" max_parallel_completions, sent as n_cmpl; {COMPLETIONS})")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run both servers this many times, alternating which goes first")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
@@ -67,7 +71,8 @@ def main() -> int:
         starter = ModelStore().resolve("gemma3:270m").path
     fim_file = (args.fim_file or starter).resolve()
     embed_file = (args.embed_file or starter).resolve()
-    workload = Workload(kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
+    workload = Workload(kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
+                        completions=args.completions)
     if args.quick:
         workload = replace(workload, chat_turns=3, fim_completed=3, embed_chunks=16)
     logs = Path(tempfile.mkdtemp(prefix="editor-workload-"))

@@ -14,6 +14,7 @@ import pytest
 
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
 from localinfer.errors import InvalidRequest
+from localinfer.runtime.engine import REREAD_TAIL
 from localinfer.runtime.fim import FimFile
 from localinfer.runtime.text import TextAssembler
 from localinfer.runtime.types import Priority, SamplingParams
@@ -169,13 +170,48 @@ def test_ollama_generate_does_not_chat_wrap_base_models(home):
         assert out.response == "|[bos]Once upon a time|"
 
 
-LLAMA_VSCODE = {  # llama.vscode's request (src/llama-server.ts createRequestPayload)
-    "input_prefix": "import os\n\ndef main():\n", "input_suffix": "\n    return 0\n",
+LLAMA_VSCODE = {  # llama.vscode's request (src/llama-server.ts createRequestPayload), with
+    # its setting max_parallel_completions at 1 (n_cmpl: 3 by default, below)
+    "id_slot": 0, "input_prefix": "import os\n\ndef main():\n", "input_suffix": "\n    return 0\n",
     "input_extra": [{"filename": "util.py", "text": "def helper(): pass\n"}],
-    "prompt": "    ", "n_predict": 128, "top_k": 40, "top_p": 0.99, "stream": False,
+    "prompt": "    ", "n_predict": 128, "n_cmpl": 1, "top_k": 40, "top_p": 0.99, "stream": False,
     "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
-    "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+    "t_max_prompt_ms": 500, "t_max_predict_ms": 500,
 }
+LLAMA_VSCODE_PREP = {  # its request that reads new context chunks ahead (noPredict)
+    "id_slot": 0, "input_prefix": "", "input_suffix": "",
+    "input_extra": LLAMA_VSCODE["input_extra"], "prompt": "", "n_predict": 0, "samplers": [],
+    "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1,
+}
+
+
+def test_another_completion_copies_the_prompt_its_leader_read(fake_engine):
+    """n_cmpl: the second completion waits until the first has read the prompt, then copies
+    that slot's cache (through host memory) and reads only the re-read tail."""
+    engine = fake_engine(fim=True, reply="abc def ghi", prompt_delay_s=0.002)
+    prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
+    first = engine.submit(prompt, SamplingParams(max_tokens=20, seed=1))
+    second = engine.submit(prompt, SamplingParams(max_tokens=20, seed=2), follows=first)
+    done = [first.result(), second.result()]
+    assert [d.text for d in done] == ["abc def ghi"] * 2
+    assert done[0].timings.cached_tokens == 0
+    assert done[1].timings.cached_tokens == len(prompt) - REREAD_TAIL
+    assert engine.backend.loaded == [len(prompt) - REREAD_TAIL]  # one copy, where it paused
+
+
+def test_another_completion_reads_the_prompt_when_its_leader_is_cancelled(fake_engine):
+    engine = fake_engine(fim=True, reply="abc", step_delay_s=0.05)
+    prompt = engine.infill_tokens("x " * 50, "y")
+    busy = [engine.submit(prompt[:5] + [7] * i, SamplingParams(max_tokens=40))
+            for i in range(1, 5)]  # every slot taken: the first waits in the queue
+    first = engine.submit(prompt, SamplingParams(max_tokens=3))
+    second = engine.submit(prompt, SamplingParams(max_tokens=3), follows=first)
+    first.cancel()
+    for generation in busy:
+        generation.cancel()
+    assert second.result().text == "abc"
+    assert first.result().finish_reason == "cancelled"
+    assert engine.backend.loaded == []  # nothing to copy: it read the prompt itself
 
 
 def test_infill_with_llama_vscode_request(coder):
@@ -193,6 +229,71 @@ def test_infill_with_llama_vscode_request(coder):
     assert body["tokens_evaluated"] > 10 and body["timings"]["predicted_n"] > 0
     assert {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_per_second"} <= set(
         body["timings"])
+
+
+def test_infill_with_llama_vscode_parallel_completions(coder):
+    """llama.vscode's default request asks three completions (n_cmpl: 3) of slot 0: an array
+    of three replies, the two others copying the prompt the first read."""
+    with coder.tcp() as http:
+        reply = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b", "n_cmpl": 3,
+                                           "input_prefix": "import os\n" * 40})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert [r["index"] for r in body] == [0, 1, 2]
+        assert all(r["content"] == "|[bos][repo_name]myproject\n" for r in body)
+        evaluated = body[0]["tokens_evaluated"]
+        assert [r["tokens_cached"] for r in body] == [0] + [evaluated - REREAD_TAIL] * 2
+        alias = {**LLAMA_VSCODE, "model": "coder:1b", "n": 2}
+        del alias["n_cmpl"]
+        assert http.post("/infill", json=alias).json()[1]["index"] == 1  # llama-server's
+        too_many = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
+                                              "n_cmpl": 7})
+        assert too_many.status_code == 400
+        # llama-server's words: llama.vscode recognises them and names its setting
+        assert too_many.json()["error"]["message"].startswith(
+            "Field 'n_cmpl': Value must be between 1 <= value <= 4, but got 7")
+        streamed = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
+                                              "n_cmpl": 3, "stream": True})
+        assert streamed.status_code == 400 and "n_cmpl" in streamed.text
+
+
+def test_infill_with_llama_vscode_context_ahead(coder):
+    """Its n_predict 0 request reads the context chunks into the cache and predicts nothing;
+    the completion after it finds them there."""
+    with coder.tcp() as http:
+        ahead = http.post("/infill", json={**LLAMA_VSCODE_PREP, "model": "coder:1b"})
+        assert ahead.status_code == 200, ahead.text
+        body = ahead.json()
+        assert body["content"] == "" and body["tokens_predicted"] == 0
+        assert body["timings"]["predicted_n"] == 0 and body["tokens_evaluated"] > 5
+        after = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b"}).json()
+    # the prompt's start: <bos><repo_name>myproject\n<file_sep>util.py\n ... the file
+    assert after["tokens_cached"] >= body["tokens_evaluated"] - REREAD_TAIL - 3
+
+
+def test_infill_with_llama_vim_requests(coder):
+    """llama.vim (autoload/llama.vim): its ring-buffer update (n_predict 0, no samplers, only
+    the field "" asked back) and its completion (slot 0, the fields it shows)."""
+    extra = [{"filename": "util.py", "text": "def helper(): pass\n" * 20}]
+    with coder.tcp() as http:
+        ahead = http.post("/infill", json={
+            "id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": extra,
+            "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
+            "response_fields": [""], "model": "coder:1b"})
+        assert ahead.status_code == 200 and ahead.json() == {}, ahead.text
+        fields = ["content", "timings/prompt_n", "timings/predicted_n", "truncated",
+                  "tokens_cached"]
+        reply = http.post("/infill", json={
+            "id_slot": 0, "input_prefix": "def main():\n", "input_suffix": "\n",
+            "input_extra": extra, "prompt": "    ", "n_predict": 128, "stop": [],
+            "n_indent": 4, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"],
+            "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500,
+            "t_max_predict_ms": 250, "response_fields": fields, "model": "coder:1b"})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+    assert set(body) == set(fields) and body["content"].startswith("|[bos][repo_name]")
+    assert body["tokens_cached"] > 100  # the context the update read
 
 
 def test_infill_with_a_bad_stream_value_holds_no_model(coder):
@@ -230,7 +331,7 @@ def test_infill_streams_and_picks_the_loaded_fim_model(coder):
 def test_infill_refuses_what_it_cannot_honour(coder):
     with coder.tcp() as http:
         for body, word in [({"n_probs": 3}, "n_probs"), ({"return_tokens": True}, "return_tokens"),
-                           ({"id_slot": 2}, "id_slot"), ({"grammar": 7}, "grammar"),
+                           ({"n_cmpl": 0}, "n_cmpl"), ({"grammar": 7}, "grammar"),
                            ({"cache_prompt": False}, "cache_prompt"),
                            ({"samplers": ["mirostat"]}, "mirostat"),
                            ({"input_extra": "x"}, "input_extra"),

@@ -388,6 +388,26 @@ def test_a_cache_moved_to_another_slot_goes_on_as_it_would_have(real_engine):
     assert moved == plain
 
 
+def test_another_completion_copies_the_prompt_and_goes_on_as_a_cached_read(real_engine):
+    """llama-server's n_cmpl: a second completion of a prompt copies the first's cache once
+    that has read the prompt (through host memory: llama.cpp's whole-sequence state, sliding
+    window included) and reads only REREAD_TAIL tokens; greedy, it writes what a prompt
+    cached in its own slot writes."""
+    from localinfer.bench.engine_bench import _PARAGRAPH
+
+    prompt = real_engine.completion_tokens(f"{_PARAGRAPH * 8} In short, the harbour")
+    params = SamplingParams(temperature=0, max_tokens=32, speculative=False)
+    real_engine.clear_cache()
+    first = real_engine.submit(prompt, params)
+    second = real_engine.submit(prompt, params, follows=first)
+    done = [first.result(), second.result()]
+    assert len(prompt) > 512 and done[0].usage.cached_tokens == 0
+    assert done[1].usage.cached_tokens == len(prompt) - REREAD_TAIL
+    again = real_engine.submit(prompt, params).result()  # cached in its own slot
+    assert again.usage.cached_tokens == len(prompt) - REREAD_TAIL
+    assert done[1].text == again.text
+
+
 @pytest.mark.parametrize("sharing", ["a system prompt", "the BOS alone"])
 def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_path, sharing):
     """A slot whose sliding-window layers have moved on past where a new prompt parts from

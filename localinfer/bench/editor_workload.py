@@ -4,8 +4,9 @@ against localinfer's daemon or llama-server (the same requests, over HTTP), with
 - one chat client in a multi-turn conversation (``/v1/chat/completions``, streamed): TTFT as
   the client sees the first token;
 - three editor clients sending fill-in-the-middle requests in llama.vscode's ``/infill`` shape
-  (``input_prefix``/``input_suffix``/``input_extra``/``prompt``, ``n_predict``, ``n_indent``,
-  ``t_max_prompt_ms``/``t_max_predict_ms``, its samplers, not streamed) on a ~1,500-token
+  at its default settings (``id_slot`` 0, ``input_prefix``/``input_suffix``/``input_extra``/
+  ``prompt``, ``n_predict`` 128, three completions (``n_cmpl``), ``n_indent``,
+  ``t_max_prompt_ms``/``t_max_predict_ms`` 500, its samplers, not streamed) on a ~1,500-token
   file that changes by one keystroke between requests; a keystroke that comes while the
   previous request runs supersedes it, and the client cancels it (closes the connection, as
   an editor aborts the fetch): FIM latency from sending to the whole reply;
@@ -37,10 +38,14 @@ import httpx
 from ..errors import LocalInferError, WorkerError
 from ..hardware.rpc import RPCConnection
 
-# llama.vscode's /infill request (src/llama-server.ts) with its default settings (as llama.vim's).
-FIM_DEFAULTS = {"top_k": 40, "top_p": 0.99, "stream": False,
+# llama.vscode's /infill request (src/llama-server.ts createRequestPayload) with its default
+# settings (package.json; llama.vim's t_max_predict_ms is 1000, and it asks one completion).
+FIM_DEFAULTS = {"id_slot": 0, "top_k": 40, "top_p": 0.99, "stream": False,
                 "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
-                "t_max_prompt_ms": 500, "t_max_predict_ms": 1000}
+                "t_max_prompt_ms": 500, "t_max_predict_ms": 500}
+COMPLETIONS = 3
+"""llama.vscode's max_parallel_completions (sent as ``n_cmpl``): the editor offers the others
+with Alt+]."""
 N_PREDICT = 128
 KEYSTROKE_S = 0.075
 """Between two keystrokes of a burst (llama.vscode's debounce is 75 ms)."""
@@ -82,6 +87,8 @@ class Workload:
     burst: int = 3
     """Keystrokes per burst: all but the last supersede the request before them."""
     n_predict: int = N_PREDICT
+    completions: int = COMPLETIONS
+    """Completions of each FIM prompt (``n_cmpl``)."""
     file_lines: int = 170
     """About 1,500 tokens of Python with Gemma's or Qwen's tokenizer."""
     embed_chunks: int = 48
@@ -162,7 +169,7 @@ def source_file(seed: int, lines: int) -> str:
 
 
 def fim_body(text: str, cursor: int, extra: list[dict[str, str]], model: str,
-             n_predict: int) -> dict[str, Any]:
+             n_predict: int, completions: int = COMPLETIONS) -> dict[str, Any]:
     """llama.vscode's /infill request for a cursor at ``cursor`` in ``text``: the lines before
     the cursor's line (at most 256), the line up to the cursor as ``prompt``, the rest of the
     line and the next 64 lines as the suffix."""
@@ -172,7 +179,8 @@ def fim_body(text: str, cursor: int, extra: list[dict[str, str]], model: str,
     line = text[line_start:cursor]
     return {"model": model, "input_prefix": "".join(before), "input_suffix": "".join(after),
             "input_extra": extra, "prompt": line, "n_predict": n_predict,
-            "n_indent": len(line) - len(line.lstrip(" ")), **FIM_DEFAULTS}
+            "n_cmpl": completions, "n_indent": len(line) - len(line.lstrip(" ")),
+            **FIM_DEFAULTS}
 
 
 def completion_tokens(body: dict[str, Any]) -> int:
@@ -248,7 +256,7 @@ async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: 
             typed += 1
             text = text[:cursor] + char + text[cursor:]
             cursor += 1
-            body = fim_body(text, cursor, extra, t.fim_model, w.n_predict)
+            body = fim_body(text, cursor, extra, t.fim_model, w.n_predict, w.completions)
             started = time.perf_counter()
             request = asyncio.ensure_future(http.post(f"{t.url}/infill", json=body))
             last = key == w.burst - 1
@@ -263,10 +271,11 @@ async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: 
             if r.status_code != 200:
                 out.errors.append(f"infill: HTTP {r.status_code} {r.text[:200]}")
                 return
-            reply = r.json()
+            replies = r.json()  # an array with n_cmpl above 1, as llama-server answers
+            replies = replies if isinstance(replies, list) else [replies]
             out.fim_latency_ms.append((time.perf_counter() - started) * 1000)
-            out.fim_tokens += completion_tokens(reply)
-            ttft, prompt_tokens = prompt_figures(reply)
+            out.fim_tokens += sum(completion_tokens(reply) for reply in replies)
+            ttft, prompt_tokens = prompt_figures(replies[0])  # the one that read the prompt
             if ttft is not None:
                 out.fim_ttft_ms.append(ttft)
             if prompt_tokens is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -98,6 +99,8 @@ class EventStream(ThreadBridge[Event]):
     def __init__(self, submit: Callable[[Sink], Generation]) -> None:
         super().__init__()
         self.generation = submit(self._sink)
+        self.others: list[EventStream] = []
+        """The other completions of the same prompt (``start_generation``'s ``copies``)."""
 
     def _sink(self, event: Event | BaseException) -> None:
         if isinstance(event, BaseException):
@@ -221,13 +224,16 @@ async def start_generation(
     params: SamplingParams | Callable[[Engine], SamplingParams], priority: Priority, *,
     keep_alive_s: float | None = None,
     num_ctx: int | None = None,
+    copies: int = 1,
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
     loop must keep streaming other replies meanwhile) and submit. A prompt longer than the
     loaded context reloads the model with a larger one when the request names no ``num_ctx``
     (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
     queue, fails here, before any response is sent. Closing the returned stack gives the model
-    back."""
+    back. ``copies`` above 1 asks for that many completions of the prompt (llama-server's
+    ``n_cmpl``): the others, in the returned stream's ``others``, copy its cache once it has
+    read the prompt, each with its own seed."""
     received_at = RECEIVED_AT.get()
     # A preset's own settings (its parameters over the model's), and its context as a
     # request's num_ctx when the request names none (as Ollama merges a model's options).
@@ -257,6 +263,20 @@ async def start_generation(
         chosen = with_model_defaults(chosen, own, stop=stop)
         events = EventStream(lambda sink: engine.submit(tokens, chosen, priority=priority,
                                                         sink=sink, received_at=received_at))
+
+        def another(sampling: SamplingParams) -> Callable[[Sink], Generation]:
+            return lambda sink: engine.submit(tokens, sampling, priority=priority, sink=sink,
+                                              received_at=received_at, follows=events.generation)
+
+        try:
+            for i in range(1, copies):
+                events.others.append(EventStream(another(
+                    chosen if chosen.seed is None else
+                    dataclasses.replace(chosen, seed=(chosen.seed + i) % 2**32))))
+        except BaseException:
+            for stream in (events, *events.others):
+                stream.cancel()
+            raise
     except BaseException:
         await stack.aclose()
         raise
@@ -273,6 +293,37 @@ async def whole_reply(state: DaemonState, request: Request, events: EventStream,
     assert isinstance(done, Done)  # a generation's last event
     state.record(done)
     return done
+
+
+async def whole_replies(state: DaemonState, request: Request, events: EventStream,
+                        stack: contextlib.AsyncExitStack) -> list[Done]:
+    """``whole_reply`` for a stream and its ``others`` (several completions of one prompt),
+    in that order; a client that leaves, or an error in one, stops them all."""
+    streams = [events, *events.others]
+
+    async def last(stream: EventStream) -> Event | None:
+        final: Event | None = None
+        async for event in stream:
+            final = event
+        return final
+
+    def cancel() -> None:
+        for stream in streams:
+            stream.cancel()
+
+    try:
+        work = asyncio.gather(*(last(stream) for stream in streams))
+        try:
+            dones = await unless_disconnected(request, work, cancel)
+        except BaseException:
+            cancel()
+            raise
+    finally:
+        await stack.aclose()
+    for done in dones:
+        assert isinstance(done, Done)  # a generation's last event
+        state.record(done)
+    return [done for done in dones if isinstance(done, Done)]
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T],

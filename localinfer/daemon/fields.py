@@ -237,16 +237,15 @@ API_OPTIONS = RouteFields(
 INFILL = RouteFields(
     honoured=("model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict",
               "max_tokens", "t_max_predict_ms", "n_indent", "stream", "samplers",
-              "response_fields", *_SAMPLING, *_LOCALINFER),
+              "response_fields", "n_cmpl", "n", *_SAMPLING, *_LOCALINFER),
     elsewhere=("grammar", "json_schema"),
-    ignored={"t_max_prompt_ms": "llama-server reads it and does not enforce it either"},
+    ignored={"t_max_prompt_ms": "llama-server reads it and does not enforce it either",
+             "id_slot": "the engine puts a prompt in the slot whose cache holds most of it,"
+                        " which is the slot that the same editor's last request used"},
     refused={
         "cache_prompt": Refused("false is not supported: the KV cache of an earlier request"
                                 " with the same start is always reused.",
                                 lambda v: v is True, "true"),
-        "id_slot": Refused("must be -1: the engine picks the slot whose cache the prompt"
-                           " shares most.", lambda v: v == -1 and not isinstance(v, bool),
-                           "-1"),
         "n_probs": Refused("token probabilities are not returned by /infill; send 0 or leave"
                            " it out (/v1/completions returns them with 'logprobs').",
                            lambda v: v == 0 and not isinstance(v, bool), "0"),

@@ -31,9 +31,9 @@ from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
-from ..runtime.types import DEFAULT_SAMPLING, Done, SamplingParams, Token
+from ..runtime.types import DEFAULT_SAMPLING, Done, Priority, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
-from .bridge import BridgeResponse, start_generation, whole_reply
+from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .requests import Fields, read_json, sampling
@@ -56,18 +56,45 @@ def routes(state: DaemonState) -> list[Route]:
         fields = _response_fields(body.get("response_fields"))
         streamed = f.boolean("stream", False)  # read before the generation starts: a bad value
         # after it would leave the lease held and the generation running
+        copies = _copies(f)
+        if streamed and copies > 1:
+            raise InvalidRequest("'n_cmpl' above 1 is answered whole: send 'stream': false"
+                                 " (as llama.vscode does), or ask one completion per stream.")
         name = f.string("model", None) or _default_model(state)
+        # n_predict 0 (llama.vscode's and llama.vim's request that reads new context into
+        # the cache ahead of the next completion): the prompt is read, nothing is predicted.
+        warm_only = f.integer("n_predict", None) == 0
+        if warm_only and copies > 1:
+            raise InvalidRequest("'n_predict': 0 reads the prompt into the cache and predicts"
+                                 " nothing: send 'n_cmpl': 1 with it.")
         params = dataclasses.replace(_params(f),
                                      grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
         params = autocomplete_params(params, request, name, prefix)
+        priority = autocomplete_priority(request, body)
+        if warm_only:
+            params = dataclasses.replace(params, max_tokens=1)
+            if "priority" not in body and "x-localinfer-priority" not in request.headers:
+                priority = Priority.BACKGROUND  # no one waits for it
 
         def encode(engine: Engine) -> list[int]:
+            if copies > engine.info.n_slots:  # llama-server's words, which llama.vscode reads
+                raise InvalidRequest(f"Field 'n_cmpl': Value must be between 1 <= value <="
+                                     f" {engine.info.n_slots}, but got {copies}")
             return engine.infill_tokens(prefix, suffix, prompt=typed, extra=extra,
                                         n_predict=params.max_tokens)
 
         entry, events, stack = await start_generation(
-            state.manager, name, encode, params, autocomplete_priority(request, body))
+            state.manager, name, encode, params, priority, copies=copies)
         model = entry.name
+        if warm_only:
+            done = await whole_reply(state, request, events, stack)
+            final = _only(fields, _final(done, model, "", predicted=False))
+            return Response(_sse(final), media_type="text/event-stream") if streamed \
+                else JSONResponse(final)
+        if copies > 1:  # an array, as llama-server answers n_cmpl
+            dones = await whole_replies(state, request, events, stack)
+            return JSONResponse([_only(fields, _final(done, model, done.text, index=i))
+                                 for i, done in enumerate(dones)])
         if not streamed:
             done = await whole_reply(state, request, events, stack)
             return JSONResponse(_only(fields, _final(done, model, done.text)))
@@ -144,12 +171,18 @@ def _default_model(state: DaemonState) -> str:
                          " set default_model in config.toml.")
 
 
+def _copies(f: Fields) -> int:
+    """How many completions of the prompt: ``n_cmpl``, or its alias ``n`` (llama-server's)."""
+    copies: int = f.integer("n_cmpl", None, low=1)
+    return copies if copies is not None else f.integer("n", 1, low=1)
+
+
 def _params(f: Fields) -> SamplingParams:
     n_predict = f.integer("n_predict", None)
     if n_predict is None:
         n_predict = f.integer("max_tokens", None)
     if n_predict == 0:
-        raise InvalidRequest("'n_predict' must be positive (or -1 for no limit).")
+        n_predict = None  # the caller reads the prompt only (``warm_only``)
     defaults = DEFAULT_SAMPLING
     samplers = f.data.get("samplers")
     if samplers is not None:
@@ -172,20 +205,26 @@ def _params(f: Fields) -> SamplingParams:
                                n_indent=f.integer("n_indent", 0, low=0)).validate()
 
 
-def _final(done: Done, model: str, content: str) -> dict[str, Any]:
+def _final(done: Done, model: str, content: str, *, index: int = 0, predicted: bool = True
+           ) -> dict[str, Any]:
+    """llama-server's final completion object; ``predicted`` False for a request that only
+    read its prompt (n_predict 0), whose one sampled token is not part of the reply."""
     t = done.timings
+    n = t.completion_tokens if predicted else 0
     stop_type = {"stop": "eos", "length": "limit"}.get(done.finish_reason, "none")
+    if not predicted and done.finish_reason != "cancelled":
+        stop_type = "limit"
     return {
-        "index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True,
-        "model": model, "tokens_predicted": t.completion_tokens,
+        "index": index, "content": content, "tokens": [], "id_slot": -1, "stop": True,
+        "model": model, "tokens_predicted": n,
         "tokens_evaluated": t.prompt_tokens, "tokens_cached": t.cached_tokens,
-        "truncated": False, "has_new_line": "\n" in done.text, "stop_type": stop_type,
+        "truncated": False, "has_new_line": predicted and "\n" in done.text, "stop_type": stop_type,
         "stopping_word": "", "superseded": done.finish_reason == "cancelled",
         "timings": {
             "prompt_n": t.prefill_tokens, "prompt_ms": t.prefill_ms,
             "prompt_per_token_ms": t.prefill_ms / t.prefill_tokens if t.prefill_tokens else 0.0,
-            "prompt_per_second": t.prefill_tps, "predicted_n": t.completion_tokens,
-            "predicted_ms": t.decode_ms,
+            "prompt_per_second": t.prefill_tps, "predicted_n": n,
+            "predicted_ms": t.decode_ms if predicted else 0.0,
             "predicted_per_token_ms": t.decode_ms / t.decode_tokens if t.decode_tokens else 0.0,
             "predicted_per_second": t.decode_tps, "cache_n": t.cached_tokens,
         },

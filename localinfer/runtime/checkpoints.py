@@ -45,6 +45,14 @@ for every prompt: the last token's logits after 8 rows re-read differed from a c
 10 of the 40 lengths from 9 to 48 tokens of one text, none of 61, 97, 130, 200 and 333 (2-core
 AVX2, at 1 and 2 threads alike)."""
 
+READ_AHEAD_IDLE_S = 0.3
+"""After a chat reply, once the engine has been idle this long, the chat template's opening of
+the next user turn (Gemma: ``<end_of_turn>\n<start_of_turn>user\n``, 5 tokens) is read into
+that slot's cache (``CacheKeeper.read_ahead``), so the next turn reads only its own message: 5
+of the ~20 tokens a short question takes (starter, ~4 ms each on a 2-core CPU). A person reads
+the reply and types for longer than this; a script that sends its next request at once finds
+the engine as it was, and reads those tokens with its prompt."""
+
 DEFAULT_CHAT_CHECKPOINTS = 2
 """Checkpoints a chat's slot keeps on a window cache (see ``CacheKeeper._chat``) where the
 engine is not told how many: loading.py passes the planner's CHAT_CHECKPOINTS, whose memory
@@ -58,20 +66,38 @@ def slot_score(slot: Slot, request: Request, backend: Backend
     there), else one whose cached tokens it mostly shares or that holds its whole prompt (the
     longest such prefix wins), else the least recently used of those that are empty or keep
     the little they share with it (a new chat's template opening: on a sliding-window cache
-    only a short sequence can be cut back that far), else the least recently used, so that a
+    only a short sequence can be cut back that far, or back to a checkpoint within the shared
+    prefix), else the least recently used, so that a
     small shared prefix (a common system prompt) does not evict a long cached conversation.
     A prompt cached whole is one asked again (a regenerated reply, a client retrying, several
     clients asking alike): what it drops there is the reply that followed it, which the asker
     is replacing. (llama-server takes the slot holding the largest share of a new prompt, and
-    keeps what it drops in host memory.)"""
+    keeps what it drops in host memory.) Another completion of a prompt (``Request.follows``)
+    copies it: it takes an empty slot, else the least recently used (a finished one's slot
+    counts as never used: its cache repeats its leader's)."""
+    if request.follows is not None:  # it copies its prompt: an empty or the stalest cache
+        return False, False, 0, not slot.cached, -slot.last_used
     key = request.params.supersede
     target = request.target
     common = common_prefix(slot.cached, target)
     keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target))
     n_keep = min(common, len(target) - REREAD_TAIL)
-    keeps = not slot.cached or (n_keep > 0 and backend.can_cut(len(slot.cached), n_keep))
+    keeps = not slot.cached or (n_keep > 0 and (
+        backend.can_cut(len(slot.cached), n_keep) or any(
+            0 < len(c.tokens) <= n_keep and c.tokens == target[:len(c.tokens)]
+            for c in slot.checkpoints)))
     return (key is not None and slot.supersede == key, keeps_most,
             common if keeps_most else 0, keeps, -slot.last_used)
+
+
+def waits(request: Request, slots: list[Slot]) -> bool:
+    """Whether ``request`` waits for the one it follows (``Request.follows``) to read their
+    prompt up to where it copies that slot's cache."""
+    first = request.follows
+    if first is None or first.generated or first.ended or first.generation.cancelled:
+        return False
+    at = first.copy_at if first.copy_at is not None else len(first.prompt)
+    return not any(s.req is first and len(s.cached) >= at for s in slots)
 
 
 class CacheKeeper:
@@ -125,6 +151,33 @@ class CacheKeeper:
             slot.checkpoint_at = at
             self.take_due(slot)
         return n_keep
+
+    def copy_shared(self, slot: Slot, target: list[int], slots: list[Slot]) -> None:
+        """Before ``reuse``: where another slot's cache holds at least CHECKPOINT_MIN_TOKENS
+        more of ``target`` than ``slot``'s (the prompt another completion of it has just read:
+        ``Request.follows``), copy that cache into ``slot`` through host memory (~30 MB for a
+        1,500-token prompt of the starter, milliseconds; reading it takes seconds here). The
+        copy holds no more than ``reuse`` keeps where the source paused at ``copy_at``: a
+        sliding window's copy holds only the window, and cannot be cut back."""
+        here = common_prefix(slot.cached, target)
+        source = max(slots, key=lambda s: common_prefix(s.cached, target))
+        if common_prefix(source.cached, target) < here + CHECKPOINT_MIN_TOKENS:
+            return
+        n = len(source.cached)
+        try:
+            state = self.backend.seq_save(source.seq_id, n)
+        except WorkerLost:
+            raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except LocalInferError as exc:  # out of memory: the prompt is read instead
+            log.warning("could not copy a sequence's cache: %s", exc)
+            return
+        if state is None:
+            return
+        slot.checkpoints, slot.spare = [], None
+        if self.backend.seq_load(slot.seq_id, state, n):
+            slot.cached[:] = source.cached
+        else:  # refused: the slot's cache is empty now
+            slot.cached.clear()
 
     def _from_disk(self, slot: Slot, request: Request, n_keep: int) -> int:
         """Restore the longest saved prefix of the request's target longer than the slot's

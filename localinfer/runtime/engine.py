@@ -40,14 +40,14 @@ from ..errors import (
 from .backend import Backend
 from .chat_template import ChatTemplate
 from .checkpoints import CHECKPOINT_MIN_TOKENS as CHECKPOINT_MIN_TOKENS
-from .checkpoints import DEFAULT_CHAT_CHECKPOINTS, CacheKeeper, slot_score
+from .checkpoints import DEFAULT_CHAT_CHECKPOINTS, READ_AHEAD_IDLE_S, CacheKeeper, slot_score, waits
 from .checkpoints import REREAD_TAIL as REREAD_TAIL
 from .disk_cache import PrefixCache
 from .fim import FimFile, FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
 from .prompts import PromptBuilder
-from .slots import Slot, bare_decode_rate
+from .slots import Slot, bare_decode_rate, preemption_victim
 from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
@@ -76,13 +76,6 @@ YIELDING_PROMPT_ROWS = 64
 """A step reading this many prompt tokens or more, all of requests less urgent than one that
 arrives, is interrupted (``Backend.interrupt``) so that the new one starts now, not after a
 chunk of a second or more; the cache keeps the micro-batches the step finished."""
-READ_AHEAD_IDLE_S = 0.3
-"""After a chat reply, once the engine has been idle this long, the chat template's opening of
-the next user turn (Gemma: ``<end_of_turn>\n<start_of_turn>user\n``, 5 tokens) is read into
-that slot's cache, so the next turn reads only its own message: 5 of the ~20 tokens a short
-question takes (starter, ~4 ms each on a 2-core CPU). A person reads the reply and types
-for longer than this; a script that sends its next request at once finds the engine as it
-was, and reads those tokens with its prompt."""
 
 T = TypeVar("T")
 
@@ -283,9 +276,10 @@ class Engine:
         priority: Priority = Priority.NORMAL,
         sink: Sink | None = None,
         received_at: float = 0.0,
+        follows: Generation | None = None,
     ) -> Generation:
         """Queue ``prompt`` for generation. ``received_at`` (a ``time.perf_counter()``) is
-        when the caller got the request, for the timings' ``prepare_ms``."""
+        when the caller got the request (the timings' ``prepare_ms``); ``Request.follows``."""
         params = params.validate().bounded(self.info.n_ctx, self.info.n_vocab)
         if params.grammar is not None:
             self.backend.check_grammar(params.grammar)
@@ -305,9 +299,12 @@ class Engine:
             target=list(prompt),
             cursor=prompt.cursor if isinstance(prompt, FimTokens) else None,
             closing=self.tokenize(params.reasoning_budget.close) if params.reasoning_budget else [],
+            follows=follows.request if follows is not None else None,
         )
         generation.request = request
-        if params.supersede is not None:
+        if request.follows is not None:  # its leader's reading pauses where it copies it
+            request.follows.copy_at = max(0, len(prompt) - REREAD_TAIL)
+        elif params.supersede is not None:
             self._supersede(params.supersede)
         with self._cv:
             self._check_open()
@@ -545,19 +542,26 @@ class Engine:
             for request in cancelled:
                 self._free_sampler(request)
                 self._post(request, done_event(request, "cancelled", time.perf_counter()))
-        if self._pending and not any(s.req is None for s in self._slots):
-            self._preempt_for(self._pending[0])
+        ready = [r for r in self._pending if not waits(r, self._slots)]
+        if ready and not any(s.req is None for s in self._slots):
+            self._preempt_for(min(ready))
         free = [s for s in self._slots if s.req is None]
-        if self._pending and len(free) == len(self._slots):
+        if ready and len(free) == len(self._slots):
             self.thread_tuner.admit()  # from idle: the cores other processes hold now
+        waiting = []
         while self._pending and free:
             request = heapq.heappop(self._pending)
+            if waits(request, self._slots):
+                waiting.append(request)
+                continue
             slot = max(free, key=lambda s: slot_score(s, request, self.backend))
             free.remove(slot)
-            slot.supersede = request.params.supersede
+            slot.supersede = None if request.follows else request.params.supersede
             slot.ahead = []  # the request's own prompt decides what this cache holds
             # In its slot first: should anything below fail, _fail_all finds it there.
             slot.req, slot.next_token = request, None
+            if request.follows is not None:  # its prompt is in the slot of the one it follows
+                self._kept.copy_shared(slot, request.target, self._slots)
             # Its cache's shared prefix less REREAD_TAIL tokens, its checkpoints planned.
             n_keep = self._kept.reuse(slot, request)
             if request.sampler is None:  # first admission (not a resumption)
@@ -573,15 +577,13 @@ class Engine:
                     request.lookup = PromptLookup(request.prompt, self.drafts.acceptance)
                 self._prompt_tokens_total += len(request.prompt)
                 self._cached_tokens_total += n_keep
+        for request in waiting:
+            heapq.heappush(self._pending, request)
 
     def _preempt_for(self, waiting: Request) -> None:
-        if waiting.priority != Priority.INTERACTIVE:
+        slot = preemption_victim(self._active(), waiting)
+        if slot is None:
             return
-        victims = [s for s in self._active() if s.running.priority > waiting.priority]
-        if not victims:
-            return
-        # The lowest priority first; among equals the one that started last loses least.
-        slot = max(victims, key=lambda s: (int(s.running.priority), s.running.t_start))
         request = slot.running
         # Everything generated so far is already streamed; it resumes by reading it back
         # (mostly from this slot's cache, if nobody overwrote it) and sampling on.
@@ -850,10 +852,10 @@ class Engine:
 
     def _release(self, slot: Slot, now: float) -> None:
         if slot.req is not None:
+            slot.req.ended = True
             self._free_sampler(slot.req)
-        slot.req = None
-        slot.next_token = None
-        slot.draft = []
+            now = now if slot.req.follows is None else 0.0  # its leader's cache is the one kept
+        slot.req, slot.next_token, slot.draft = None, None, []
         slot.last_used = now
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -117,13 +117,22 @@ class Request:
     n_accepted: int = 0
     generated: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
+    """What must be in the KV cache before the next sample: the prompt, or after a
+    preemption the prompt and everything generated so far."""
     cursor: int | None = None
+    """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
     saw_newline: bool = False
     """Its text has ended a line: ``t_max_predict_ms`` stops it from then on (llama-server's
     rule: the time limit applies once the completion is more than one line)."""
-    """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
-    """What must be in the KV cache before the next sample: the prompt, or after a
-    preemption the prompt and everything generated so far."""
+    follows: Request | None = None
+    """The request this one is another completion of (llama-server's ``n_cmpl``): admitted
+    once that one has read their prompt up to its ``copy_at``, it copies that slot's cache
+    instead of reading it (``checkpoints.waits``)."""
+    copy_at: int | None = None
+    """Where the reading of its prompt pauses for the requests that follow it to copy the
+    cache: ``REREAD_TAIL`` tokens before its end, which they read again each."""
+    ended: bool = False
+    """It has left its slot for good (finished, cancelled or failed)."""
     sampler: object = None
     lookup: PromptLookup | None = None
     assembler: TextAssembler = field(default_factory=TextAssembler)

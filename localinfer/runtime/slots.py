@@ -9,6 +9,7 @@ from typing import Any
 
 from .backend import Backend
 from .generation import Request
+from .types import Priority
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Slot:
         from the same editor comes back to this slot's cache."""
         self.ahead: list[int] = []
         """Tokens to read into this free slot's cache when the engine is idle: the opening
-        of the next turn after a chat reply (see engine.READ_AHEAD_IDLE_S)."""
+        of the next turn after a chat reply (see checkpoints.READ_AHEAD_IDLE_S)."""
 
     @property
     def running(self) -> Request:
@@ -67,8 +68,10 @@ class Slot:
 
     def chunk_limit(self, start: int, n: int) -> int:
         """How many of ``n`` prompt tokens from ``start`` one chunk reads: it ends at the next
-        checkpoint or save to disk planned past ``start``."""
-        stops = [at for at in (self.checkpoint_at, *self.save_at) if at is not None and at > start]
+        checkpoint, save to disk or copy (``Request.copy_at``) planned past ``start``."""
+        copy_at = self.req.copy_at if self.req is not None else None
+        stops = [at for at in (self.checkpoint_at, *self.save_at, copy_at)
+                 if at is not None and at > start]
         return min(n, min(stops) - start) if stops else n
 
     def exchange(self, other: Slot) -> None:
@@ -78,6 +81,18 @@ class Slot:
         for name in mine:
             if name != "seq_id":
                 mine[name], theirs[name] = theirs[name], mine[name]
+
+
+def preemption_victim(active: list[Slot], waiting: Request) -> Slot | None:
+    """The slot an interactive request that finds every slot busy takes: the lowest-priority
+    request's, among equals the one that started last (it loses least); None when the waiting
+    request is not interactive or every running one is as urgent."""
+    if waiting.priority != Priority.INTERACTIVE:
+        return None
+    victims = [s for s in active if s.running.priority > waiting.priority]
+    if not victims:
+        return None
+    return max(victims, key=lambda s: (int(s.running.priority), s.running.t_start))
 
 
 def bare_decode_rate(backend: Backend, slot: Slot, n_steps: int) -> float:

@@ -451,4 +451,4 @@ class EngineStats:
     interrupted_steps_total: int = 0
     """Decodes stopped part way: every request in them cancelled, or a long prompt chunk
     yielding to a more urgent request."""
-    """Tokens of next turns' openings read while idle (engine.READ_AHEAD_IDLE_S)."""
+    """Tokens of next turns' openings read while idle (checkpoints.READ_AHEAD_IDLE_S)."""
