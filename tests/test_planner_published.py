@@ -40,7 +40,7 @@ def within(outcome: Outcome, decode: float, prefill: tuple[float, float]) -> boo
 
 def test_rows_are_within_a_factor_of_two():
     # A physics error (bandwidths summed over sockets, FP16 counted twice) shows up as 2x or more
-    # on a whole class of rows. Past 2x today (18 of 280 rows off SBC hosts): a Radeon 780M at
+    # on a whole class of rows. Past 2x today (20 of 305 rows off SBC hosts): a Radeon 780M at
     # 53 tok/s prefill where another publication of it has 254 (normiebench #6 and #10); a 3B
     # Strix Halo prefill on a ROCm+RPC build; two normiebench setups far below their GPUs (an
     # Arc A770 at 5.9 tok/s, an RTX 4080 SUPER at 30); a QCS6490 run on all eight of its big and
@@ -51,15 +51,18 @@ def test_rows_are_within_a_factor_of_two():
     # where another publication's no-FA run has 79); the 2x Instinct MI50's BF16 prefill (no BF16
     # units on GCN); and an ASUS GX10 (GB10) whose whole run decoded at a third of its LPDDR5X
     # bandwidth (batch 38f); a Radeon 890M's prefill on AMDVLK without matrix cores (70B) and on
-    # ROCm 6.3 with gfx1151 kernels forced (four rows, 3.6-3.7x too fast; batch 38h). GPUs
+    # ROCm 6.3 with gfx1151 kernels forced (four rows, 3.6-3.7x too fast; batch 38h); Strix
+    # Halo's prefill on AMDVLK v2025.Q2.1, which reports half its shared memory (306 tok/s where
+    # RADV reaches 1,074 on the same build), and an Arc A770 on Windows' Vulkan driver without
+    # integer dot products or matrix cores (gemma2 2B, 3.2x too fast; batch 38i). GPUs
     # behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their host's
     # driver path: machine.ARM_HOST_*).
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
-    assert len(outside) <= 0.065 * len(outcomes), outside
-    # Past 3x: only such rows (12 of 280).
+    assert len(outside) <= 0.066 * len(outcomes), outside
+    # Past 3x: only such rows (14 of 305).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
-    assert len(far) <= 0.045 * len(outcomes), far
+    assert len(far) <= 0.046 * len(outcomes), far
 
 
 def share_within(outcomes: list[Outcome], what: str) -> float:
@@ -164,6 +167,14 @@ HOLD_OUTS = [
     # matrix cores and on ROCm, 7B to 70B). Before the pass: decode 12 of 19 within +-25%,
     # prefill 2 of 19 (the 890M's prefill predicted 2.4x too fast on Vulkan, 3.7x on ROCm).
     ("38h", 19, 0.63, 0.10),
+    # Batch 38i: 25 rows of 2025-2026 builds off Apple collected before the third prefill pass
+    # changed any constant: Strix Halo (GMKtec EVO-X2, Feb 2026 build) on RADV with coopmat
+    # (1.1B to 70B), on ROCm 7.2 and on AMDVLK; a Strix Halo Vulkan run of Aug 2025; an Arc
+    # A770 on Windows' Vulkan driver; and decode-only rows of seven discrete GPUs on Vulkan in
+    # one Intel PC (RTX 4090, 3080 Ti, 4070 Ti, 2080 Ti, 3060, RTX A4000, Radeon AI PRO R9700;
+    # Llama 3.2 3B and a Qwen2.5 14B). Before the pass: decode 25 of 25 within +-25%, prefill
+    # 8 of 12.
+    ("38i", 25, 0.99, 0.66),
 ]
 
 
