@@ -236,12 +236,26 @@ rate, i.e. at ~1.0; the 2024 tables' K-quant rows at 1.03 of 0.80: the planner f
 builds users run now); HIP compiles the same kernels (ggml-cuda), so ROCm follows CUDA."""
 
 
-def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "") -> float:
+DP4A_ONLY_HIP = (r"\bRX [56]\d{3}|\bW[56]\d{3}\b|Radeon VII|\bVega\b|\bMI(?:25|50|60)\b"
+                 r"|\b6[0-9]0M\b|\bRX [45]\d{2}\b")
+"""AMD GPUs without int8 matrix instructions (GCN, Polaris, RDNA1-2): llama.cpp's HIP MMQ
+kernels multiply quantized weights with the shader cores' dp4a there, where unpacking a
+K-quant block costs what it costs on the generic path (PREFILL_QUANT's 0.80), not the nothing
+it costs behind RDNA3-4's WMMA or CDNA's MFMA int8 tiles (ggml-cuda/mmq.cuh; issue 38i: an
+MI50's Q4_K_S prompt at 0.73 of its Q4_0 at ubatch 256 in ggml-org/llama.cpp#27841, the PR
+that tuned GCN's MMQ tiles)."""
+
+
+def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "",
+                         name: str = "") -> float:
     """The share of a GPU's fitted prefill rate that ``quant`` reaches (PREFILL_QUANT, with
-    PREFILL_QUANT_BY_PATH's exceptions for ``backend`` on ``vendor``'s GPUs); 1 on Metal."""
+    PREFILL_QUANT_BY_PATH's exceptions for ``backend`` on ``vendor``'s GPUs, but on HIP not for
+    a GPU ``name`` of DP4A_ONLY_HIP); 1 on Metal."""
     if backend == "Metal":
         return 1.0
     kind = quant_kind(quant)
+    if backend == "ROCm" and name and re.search(DP4A_ONLY_HIP, name):
+        return PREFILL_QUANT[kind]
     return PREFILL_QUANT_BY_PATH.get((backend or "", vendor), {}).get(kind, PREFILL_QUANT[kind])
 
 
