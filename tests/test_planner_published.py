@@ -40,7 +40,7 @@ def within(outcome: Outcome, decode: float, prefill: tuple[float, float]) -> boo
 
 def test_rows_are_within_a_factor_of_two():
     # A physics error (bandwidths summed over sockets, FP16 counted twice) shows up as 2x or more
-    # on a whole class of rows. Past 2x today (18 of 280 rows off SBC hosts): a Radeon 780M at
+    # on a whole class of rows. Past 2x today (20 of 305 rows off SBC hosts): a Radeon 780M at
     # 53 tok/s prefill where another publication of it has 254 (normiebench #6 and #10); a 3B
     # Strix Halo prefill on a ROCm+RPC build; two normiebench setups far below their GPUs (an
     # Arc A770 at 5.9 tok/s, an RTX 4080 SUPER at 30); a QCS6490 run on all eight of its big and
@@ -51,15 +51,18 @@ def test_rows_are_within_a_factor_of_two():
     # where another publication's no-FA run has 79); the 2x Instinct MI50's BF16 prefill (no BF16
     # units on GCN); and an ASUS GX10 (GB10) whose whole run decoded at a third of its LPDDR5X
     # bandwidth (batch 38f); a Radeon 890M's prefill on AMDVLK without matrix cores (70B) and on
-    # ROCm 6.3 with gfx1151 kernels forced (four rows, 3.6-3.7x too fast; batch 38h). GPUs
+    # ROCm 6.3 with gfx1151 kernels forced (four rows, 3.6-3.7x too fast; batch 38h); Strix
+    # Halo's prefill on AMDVLK v2025.Q2.1, which reports half its shared memory (306 tok/s where
+    # RADV reaches 1,074 on the same build), and an Arc A770 on Windows' Vulkan driver without
+    # integer dot products or matrix cores (gemma2 2B, 3.2x too fast; batch 38i). GPUs
     # behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their host's
     # driver path: machine.ARM_HOST_*).
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
-    assert len(outside) <= 0.065 * len(outcomes), outside
-    # Past 3x: only such rows (12 of 280).
+    assert len(outside) <= 0.066 * len(outcomes), outside
+    # Past 3x: only such rows (14 of 305).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
-    assert len(far) <= 0.045 * len(outcomes), far
+    assert len(far) <= 0.046 * len(outcomes), far
 
 
 def share_within(outcomes: list[Outcome], what: str) -> float:
@@ -72,25 +75,23 @@ def test_most_held_out_rows_are_within_25_percent():
     held = [o for o in OUTCOMES if o.row.role == "held"]
     report = ", ".join(f"{o.row.what}: {o.decode_error:+.0%}" for o in held)
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
-    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (185): the
+    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (210): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batches 38c, 38e, 38f, 38g and 38h. Met: decode 83% of all
-    # (goal 90%: NOT met), 74.6% off Apple (goal 75%: NOT met since batch 38h's May 2025 Vulkan
-    # builds came in; 77% before them), 70% of discrete GPUs (goal 65%: met); prefill 59% of all
-    # (goal 75%: NOT met), 39% off Apple (goal 55%: NOT met; 44% before batch 38h). The 38h pass
-    # changed no point prediction (docs/benchmarks.md lists what was tried and why none was kept),
-    # only the prefill intervals. Before the 38g decode pass (with batch 38g in): decode 81% /
-    # 70% / 67%. On the 124 held rows before batch 38f: decode 90%, prefill 73% of all and 48%
-    # off Apple. These assert what is met, so that a regression fails;
+    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h and 38i. Met: decode 85% of
+    # all (goal 90%: NOT met), 79% off Apple (goal 75%: met, by 4 points; 74.6% before batch
+    # 38i's 25 rows, all within 25%, came in), 75% of discrete GPUs (goal 65%: met); prefill 62%
+    # of all (goal 75%: NOT met), 46% off Apple (goal 55%: NOT met; 41% with batch 38i before
+    # the 38i pass, 39% before the batch). These assert what is met, so that a regression fails;
     # bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.82, report
-    assert share_within(off_apple, "decode") >= 0.74, report
-    assert share_within(discrete, "decode") >= 0.70, report
-    assert share_within(held, "prefill") >= 0.58
-    assert share_within(off_apple, "prefill") >= 0.38
-    before = [o for o in held if o.row.batch not in ("38f", "38g", "38h")]
+    assert share_within(held, "decode") >= 0.84, report
+    assert share_within(off_apple, "decode") >= 0.78, report
+    assert share_within(discrete, "decode") >= 0.75, report
+    assert share_within(held, "prefill") >= 0.62
+    assert share_within(off_apple, "prefill") >= 0.45
+    # The 124 held rows before batch 38f: decode 90%, prefill 73% of all and 48% off Apple.
+    before = [o for o in held if o.row.batch not in ("38f", "38g", "38h", "38i")]
     assert share_within(before, "decode") >= 0.90
     assert share_within(before, "prefill") >= 0.72
     assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
@@ -100,10 +101,11 @@ def test_the_plans_intervals_hold_most_held_out_rows():
     # Issue 38 asks for ~80%. The intervals (machine.DECODE_INTERVAL, PREFILL_INTERVAL) were
     # widened until 80% of batches 16/38's held rows fell inside (issue 38b); the 38g pass re-set
     # ROCm's decode interval by the same recipe, the 38h pass the CUDA, ROCm and Vulkan prefill
-    # intervals on the rows of 2025-2026 builds (batch 38h left out). On every held row today 84%
-    # of decode and 86% of prefill figures fall inside (82% of prefill off Apple; 73% and 64%
-    # before the 38h pass: 43% of the held Vulkan rows fell in 0.69-1.23); on batch 38h 12 of 19
-    # prefill figures (8 before).
+    # intervals on the rows of 2025-2026 builds (batch 38h left out), the 38i pass ROCm's again
+    # by that recipe once its AMD iGPU share moved. On every held row today 86% of decode and
+    # 86% of prefill figures fall inside (82% of prefill off Apple; 73% and 64% before the 38h
+    # pass: 43% of the held Vulkan rows fell in 0.69-1.23); on batch 38h 12 of 19 prefill figures
+    # (8 before); on batch 38i 25 of 25 decode and 10 of 12 prefill figures (9 before the pass).
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
     assert sum(o.decode_inside for o in held) >= 0.83 * len(held)
@@ -148,8 +150,9 @@ HOLD_OUTS = [
     # within +-25%; after: 48% and 32%; after the 38g decode pass 52% and 32% (goals 75% and 55%
     # off Apple: NOT met). Seven of the 25 are one GX10 run at a third of its bandwidth, four
     # more the RTX 2070, whose Vulkan driver offered neither integer dot products nor matrix
-    # cores, and the MI50's K-quants (+31%, +33% since the 38g GCN rule).
-    ("38f", 25, 0.52, 0.32),
+    # cores, and the MI50's K-quants (+31%, +33% since the 38g GCN rule). Prefill 48% since the
+    # 38i pass (the Strix Halo ROCm 7 rows at the derived iGPU share, the MI50's K-quants on dp4a).
+    ("38f", 25, 0.52, 0.48),
     # Batch 38g: 17 rows of 2025-2026 builds collected before the 38g decode pass changed any
     # constant (RTX 3080/4080 on CUDA, RTX 3090, RX 9070 XT and RX 5700 XT on Vulkan, an RX
     # 7900 XTX on ROCm (two models), Strix Halo's Q2_K-Q4_K_S decode on Vulkan and ROCm).
@@ -164,6 +167,15 @@ HOLD_OUTS = [
     # matrix cores and on ROCm, 7B to 70B). Before the pass: decode 12 of 19 within +-25%,
     # prefill 2 of 19 (the 890M's prefill predicted 2.4x too fast on Vulkan, 3.7x on ROCm).
     ("38h", 19, 0.63, 0.10),
+    # Batch 38i: 25 rows of 2025-2026 builds off Apple collected before the third prefill pass
+    # changed any constant: Strix Halo (GMKtec EVO-X2, Feb 2026 build) on RADV with coopmat
+    # (1.1B to 70B), on ROCm 7.2 and on AMDVLK; a Strix Halo Vulkan run of Aug 2025; an Arc
+    # A770 on Windows' Vulkan driver; and decode-only rows of seven discrete GPUs on Vulkan in
+    # one Intel PC (RTX 4090, 3080 Ti, 4070 Ti, 2080 Ti, 3060, RTX A4000, Radeon AI PRO R9700;
+    # Llama 3.2 3B and a Qwen2.5 14B). Before the pass: decode 25 of 25 within +-25%, prefill
+    # 8 of 12; after it prefill 10 of 12 (the two ROCm 7.2 rows, at the derived AMD iGPU share
+    # on HIP, machine.ROCM_IGPU_MATRIX_ETA). Out: Strix Halo on AMDVLK and the Arc A770.
+    ("38i", 25, 0.99, 0.83),
 ]
 
 

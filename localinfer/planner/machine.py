@@ -48,15 +48,28 @@ ROCM_VECTOR_MATRIX_ETA = 0.40
 """Prefill on HIP with the shader cores' int8 dot products (RDNA1-2, GCN: no matrix cores), as a
 share of the FP16 figure (twice the FP32 rate on these generations): fitted on an RX 6700 XT
 (ggml-org/llama.cpp#5835)."""
-ROCM_IGPU_MATRIX_ETA = 0.19
-"""AMD integrated GPUs on HIP (Strix Halo, 780M/890M): prefill at this share of the FP16 figure.
-Refitted in issue 38f on the class's one fit row of a single-node build (38d, ROCm 7 RC + rocWMMA,
-Nov 2025: 1.19 of the old 0.16); the other fit row ran llama.cpp through its RPC backend on one
-node (published_rows.Row.fits leaves such builds out: each graph op crosses the RPC layer).
-Published rows of this chip span 0.05-0.37 of the figure with the build, ROCm release and
-hipBLASLt (issue 38's checker found earlier builds 1.5-5.7x slower than 0.40; batch 38f's ROCm 7
-rows ran at ~0.25): the interval carries that spread. Cross-check: the RDNA3 discrete HIP share
-scaled by Vulkan's integrated/discrete ratio (0.40 x 0.21 / 0.36) is 0.23."""
+ROCM_RDNA3_MATRIX_ETA = 0.40
+"""Prefill of RDNA3-4 discrete GPUs on HIP, a share of the WMMA FP16 figure (fitted on the RX
+7900 XTX rows; GPU_GENERATIONS)."""
+VULKAN_IGPU_MATRIX_ETA = 0.21
+"""Prefill of integrated GPUs on Vulkan, a share of the FP16 figure (issue 38c refit on five rows
+of 2025-2026 builds: Radeon 780M x2, Ryzen Z1, Strix Halo x2)."""
+VULKAN_RDNA3_MATRIX_ETA = 0.36
+"""Prefill of RDNA3-4 discrete GPUs on Vulkan with KHR_coopmat (issue 38b refit on seven rows)."""
+ROCM_IGPU_MATRIX_ETA = ROCM_RDNA3_MATRIX_ETA * VULKAN_IGPU_MATRIX_ETA / VULKAN_RDNA3_MATRIX_ETA
+"""AMD integrated GPUs on HIP (Strix Halo, 780M/890M): prefill at this share of the FP16 figure
+(0.233): the RDNA3 discrete share on HIP times the integrated/discrete ratio the same silicon
+family shows on Vulkan, where 12 fit rows set both. The ratio is the iGPU's (its sustained clocks
+and power share, its memory system), not the API's, so it carries across backends; it replaces
+0.19, set on the class's one fit row of a single-node llama-bench build (38d, ROCm 7 RC +
+rocWMMA, Nov 2025), which the derivation predicts at 1.21 of its rate (in +-25%). Issue 38i:
+the derivation was written here as a cross-check before batch 38i was collected (the 38h pass
+left it out: the held rows then in view had suggested it); on 38i's two ROCm rows of a Feb 2026
+ROCm 7.2 build it brings both within 25% (-27% and -34% at 0.19; -11% and -19%). Published rows
+of this chip span 0.05-0.37 of the figure with the build, ROCm release and hipBLASLt (issue 38's
+checker found earlier builds 1.5-5.7x slower; HSA_OVERRIDE_GFX_VERSION runs slower still): the
+interval carries that spread. The other fit rows run llama.cpp through its RPC backend on one
+node or AMD's own harness (published_rows.Row.fits leaves both out)."""
 GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # ggml-org/llama.cpp#15013 (Llama 2 7B Q4_0, RTX 30/40/50): 0.80-0.95 of bandwidth once
     # ~0.8 ms per token of launches is taken out; pp512 at ~0.55 of the FP16 tensor rate.
@@ -78,7 +91,7 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # dequantize and multiply through hipBLAS on RDNA3/3.5, 2026 builds use MMQ): 574 tok/s on a
     # 3B model through the RPC backend (geerlingguy/ai-benchmarks#21), 1300-1500 on 7B with
     # AMD's tuned branch: 0.05-0.37 of the FP16 rate, the spread in the interval. Issue 38b
-    # refit on its two fit rows (decode 0.89, prefill 1.21); issue 38f: ROCM_IGPU_MATRIX_ETA.
+    # refit on its two fit rows (decode 0.89, prefill 1.21); issues 38f, 38i: ROCM_IGPU_MATRIX_ETA.
     ("ROCm", "integrated"): GPUClass(eta=0.76, layer_ms=0.05, matrix_eta=ROCM_IGPU_MATRIX_ETA),
     # ggml-org/llama.cpp#10879 (RX 7900 XTX RADV, RTX 30/40 on Vulkan).
     # Issue 38c refit (the rows that set constants, bench/planner_published.py --fit: four
@@ -89,7 +102,8 @@ GPU_CLASSES: dict[tuple[str, str], GPUClass] = {
     # Issue 38b refit on the 780M and Z1 fit rows (decode 0.97; prefill 1.41, then K-quants
     # at the legacy rate on AMD's Vulkan path: PREFILL_QUANT_BY_PATH). Issue 38c refit on its
     # five rows of 2025-2026 builds (780M x2, Z1, Strix Halo x2): prefill 0.96 (0.21).
-    ("Vulkan", "integrated"): GPUClass(eta=0.78, layer_ms=0.05, matrix_eta=0.21),
+    ("Vulkan", "integrated"): GPUClass(eta=0.78, layer_ms=0.05,
+                                       matrix_eta=VULKAN_IGPU_MATRIX_ETA),
     ("SYCL", "discrete"): GPUClass(eta=0.60, layer_ms=0.05, matrix_eta=0.15),
     # Arc 140V (Lunar Lake): SYCL decode reaches ~0.42 of LPDDR5X (issue 38: predicted
     # +41-54% at 0.6).
@@ -146,7 +160,7 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
     # ggml-org/llama.cpp#26284); at 0.75 the RDNA3 rows decoded 20-48% slower than predicted
     # (issue 38).
     (r"\b(RX 7\d{3}|W7\d{3}|7900)", "amd", "ROCm", "discrete",
-     GPUClass(eta=0.62, layer_ms=0.03, matrix_eta=0.40)),
+     GPUClass(eta=0.62, layer_ms=0.03, matrix_eta=ROCM_RDNA3_MATRIX_ETA)),
     # Turing and older NVIDIA on Vulkan: no cooperative-matrix support, prefill on the shader
     # cores (an RTX 2080 Ti at 7,094 tok/s on a 1.1B model, geerlingguy/ai-benchmarks#46).
     (r"\b(RTX 20\d{2}|GTX|TITAN RTX|T4|Quadro RTX)\b", "nvidia", "Vulkan", "",
@@ -170,7 +184,7 @@ GPU_GENERATIONS: tuple[tuple[str, str, str, str, GPUClass], ...] = (
     # refit on its seven rows of 2025-2026 builds (the #10879 scoreboard and llama.cpp's -fa 1
     # rows of an RX 9070 XT): decode 1.09 (prefill 0.95, within the 5% left alone).
     (r"", "amd", "Vulkan", "discrete",
-     GPUClass(eta=0.95, layer_ms=0.015, matrix_eta=0.36)),
+     GPUClass(eta=0.95, layer_ms=0.015, matrix_eta=VULKAN_RDNA3_MATRIX_ETA)),
 )
 FLOAT_DECODE_GAIN = 1.12
 """Off Apple, F16/BF16 weights stream at this many times the share quantized weights reach:
@@ -236,12 +250,26 @@ rate, i.e. at ~1.0; the 2024 tables' K-quant rows at 1.03 of 0.80: the planner f
 builds users run now); HIP compiles the same kernels (ggml-cuda), so ROCm follows CUDA."""
 
 
-def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "") -> float:
+DP4A_ONLY_HIP = (r"\bRX [56]\d{3}|\bW[56]\d{3}\b|Radeon VII|\bVega\b|\bMI(?:25|50|60)\b"
+                 r"|\b6[0-9]0M\b|\bRX [45]\d{2}\b")
+"""AMD GPUs without int8 matrix instructions (GCN, Polaris, RDNA1-2): llama.cpp's HIP MMQ
+kernels multiply quantized weights with the shader cores' dp4a there, where unpacking a
+K-quant block costs what it costs on the generic path (PREFILL_QUANT's 0.80), not the nothing
+it costs behind RDNA3-4's WMMA or CDNA's MFMA int8 tiles (ggml-cuda/mmq.cuh; issue 38i: an
+MI50's Q4_K_S prompt at 0.73 of its Q4_0 at ubatch 256 in ggml-org/llama.cpp#27841, the PR
+that tuned GCN's MMQ tiles)."""
+
+
+def prefill_quant_factor(quant: str, backend: str | None, vendor: str = "",
+                         name: str = "") -> float:
     """The share of a GPU's fitted prefill rate that ``quant`` reaches (PREFILL_QUANT, with
-    PREFILL_QUANT_BY_PATH's exceptions for ``backend`` on ``vendor``'s GPUs); 1 on Metal."""
+    PREFILL_QUANT_BY_PATH's exceptions for ``backend`` on ``vendor``'s GPUs, but on HIP not for
+    a GPU ``name`` of DP4A_ONLY_HIP); 1 on Metal."""
     if backend == "Metal":
         return 1.0
     kind = quant_kind(quant)
+    if backend == "ROCm" and name and re.search(DP4A_ONLY_HIP, name):
+        return PREFILL_QUANT[kind]
     return PREFILL_QUANT_BY_PATH.get((backend or "", vendor), {}).get(kind, PREFILL_QUANT[kind])
 
 
@@ -261,7 +289,7 @@ ROCm's (0.92, 1.80) carried the old GCN rule's under-prediction; re-set by the s
 the ROCm rows of batches 16 and 38 with the 38g decode model (0.87-1.08, squared).
 bench/planner_published.py reports the shares."""
 PREFILL_INTERVAL: dict[str, tuple[float, float]] = {
-    "Metal": (0.94, 1.19), "CUDA": (0.46, 1.27), "ROCm": (0.54, 1.48), "Vulkan": (0.39, 1.34),
+    "Metal": (0.94, 1.19), "CUDA": (0.46, 1.27), "ROCm": (0.50, 1.37), "Vulkan": (0.39, 1.34),
     "SYCL": (0.25, 4.00), "CPU": (0.55, 1.61)}
 """The same for prefill (SYCL's base a guessed 0.5-2). Issue 38h re-set CUDA, ROCm and Vulkan by
 the same recipe on the rows of 2025-2026 builds (the builds the constants follow; batch 38h left
@@ -272,7 +300,9 @@ scoreboards' best runs, sit closer together than the builds, drivers and flags o
 publications) and spanned 27x on ROCm. They lean low: a published run is more often slower than
 the prediction (Vulkan without coopmat or with mid-2025 scalar flash attention, AMDVLK, old
 drivers) than faster. Batch 38h, after: 12 of 15 Vulkan rows inside (4 before); its four ROCm
-rows of a Radeon 890M run with gfx1151 kernels (HSA_OVERRIDE_GFX_VERSION) fall below."""
+rows of a Radeon 890M run with gfx1151 kernels (HSA_OVERRIDE_GFX_VERSION) fall below. Issue 38i
+re-set ROCm's by the same recipe once ROCM_IGPU_MATRIX_ETA moved (0.55-1.52 -> 0.50-1.37: 23 of
+the 31 held ROCm rows inside, 22 with the old figures)."""
 DEFAULT_INTERVAL = (0.6, 1.4)
 """A backend with no published rows here."""
 

@@ -359,7 +359,8 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
                 gpu_read_gbps(cls, q, bandwidth, tflops, "apple" if unified else vendor, c.quant,
                               gpu_name),
                 cls.layer_ms, GPU_OVERHEAD.get(backend, 256 * MIB),
-                tflops * 1e12 * cls.matrix_eta * prefill_quant_factor(c.quant, backend, vendor),
+                tflops * 1e12 * cls.matrix_eta
+                * prefill_quant_factor(c.quant, backend, vendor, gpu_name),
                 bandwidth,
                 note, 0.0 if unified else PREFILL_LAYER_MS))
     if len(devices) - 1 > MAX_REMOTE_DEVICES:
@@ -377,7 +378,8 @@ def _devices(c: Candidate, hw: HardwareProfile, m: Machine, prefs: PlanPrefs
             cls.layer_ms / ratio,
             GPU_OVERHEAD.get(m.gpu_backend or "", 256 * MIB),
             tflops * 1e12 * cls.matrix_eta
-            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor), m.gpu.bandwidth_gbps,
+            * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor, m.gpu.name),
+            m.gpu.bandwidth_gbps,
             prefill_layer_ms=0.0 if m.gpu.vendor == "apple" else PREFILL_LAYER_MS))
     return devices, notes
 

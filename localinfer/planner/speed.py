@@ -246,7 +246,7 @@ def predict_on(c: Candidate, m: Machine, n_gpu_layers: int, position: int, n_cpu
     if share_gpu:
         assert m.gpu is not None and m.gpu_class is not None
         rate = (tflops * 1e12 * m.gpu_class.matrix_eta
-                * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor))
+                * prefill_quant_factor(c.quant, m.gpu_backend, m.gpu.vendor, m.gpu.name))
         prefill_s += flops * share_gpu / rate
         if m.gpu.vendor != "apple":
             prefill_s += n_gpu * PREFILL_LAYER_MS / 1e3 / N_UBATCH
