@@ -62,6 +62,7 @@ from .memory import (
     KV_ELEMENT_BYTES,
     MAX_AUTO_SLOTS,
     N_UBATCH,
+    NOTED_SLOTS,
     POOLED_CTX,
     WINDOW_SHARE_MIN,
     DeviceUse,
@@ -160,7 +161,7 @@ class Evaluation:
     """The layers across this machine and RPC workers, when the plan pools them (then
     ``n_gpu_layers`` is llama.cpp's count over every offload device, ``gpu`` this machine's)."""
     slots_note: str = ""
-    """Why automatic slots stopped short of MAX_AUTO_SLOTS although more fit (the KV cap,
+    """Why automatic slots stopped short of NOTED_SLOTS although more fit (the KV cap,
     ``memory.auto_kv_cap``); "" otherwise."""
     n_cpu_moe: int = 0
     """A mixture of experts: the first n_cpu_moe layers keep their expert tensors in RAM
@@ -339,8 +340,8 @@ def _auto_slots(c: Candidate, m: Machine, prefs: PlanPrefs, ladder: list[int], n
                 ) -> tuple[int, int, DeviceUse, DeviceUse | None, str]:
     """As many slots (up to MAX_AUTO_SLOTS) as fit without moving layers off the GPU and
     keep the KV cache within AUTO_KV_SHARE of each device (``kv_past_cap``); and, when that
-    held them back, why: what more would take, and the context at which MAX_AUTO_SLOTS
-    would stay within it."""
+    held them below NOTED_SLOTS, why: what more would take, and the context at which
+    NOTED_SLOTS would stay within it."""
     past: tuple[int, str] | None = None  # the most slots that fit, but past the cap
     chosen = (1, k, host, gpu)
     for more in range(MAX_AUTO_SLOTS, 1, -1):
@@ -351,16 +352,17 @@ def _auto_slots(c: Candidate, m: Machine, prefs: PlanPrefs, ladder: list[int], n
         if not over:
             chosen = (more, k2, host2, gpu2)
             break
-        past = past or (more, over)
+        if more <= NOTED_SLOTS:
+            past = past or (more, over)
     if past is None:
         return (*chosen, "")
     slots = chosen[0]
     note = (f"{slots} slot{'s' if slots > 1 else ''}: {past[0]} of {n_ctx} tokens would put"
             f" {past[1]}; --slots {past[0]} asks for them")
     for smaller in (ctx for ctx in ladder if ctx < n_ctx):
-        k3, host3, gpu3 = _placement(c, m, prefs, smaller, MAX_AUTO_SLOTS)
+        k3, host3, gpu3 = _placement(c, m, prefs, smaller, NOTED_SLOTS)
         if k3 >= k and all_fit(host3, gpu3) and not kv_past_cap(host3, gpu3, m.unified):
-            note += f", or --ctx {smaller} fits {MAX_AUTO_SLOTS} slots within it"
+            note += f", or --ctx {smaller} fits {NOTED_SLOTS} slots within it"
             break
     return (*chosen, note)
 
