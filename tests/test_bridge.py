@@ -46,3 +46,22 @@ def test_a_client_leaving_a_non_streaming_request_is_not_a_server_error(home):
                 time.sleep(0.02)
             assert engine.stats().active == 0  # the generation was cancelled
             assert 'status="500"' not in c.get("/metrics").text
+
+
+def test_a_client_leaving_an_infill_of_several_completions_frees_every_slot(home):
+    """n_cmpl 3 (llama.vscode's default): the editor aborts the fetch; the three completions
+    stop and their slots are free."""
+    install_fake_models("coder:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005, fim=True)) as d:
+        with d.uds() as c:
+            with pytest.raises(httpx.ReadTimeout):
+                c.post("/infill", json={"model": "coder:1b", "input_prefix": "x = 1\n" * 30,
+                                        "input_suffix": "", "n_cmpl": 3, "id_slot": 0},
+                       timeout=httpx.Timeout(5, read=0.5))
+            engine = d.manager.loaded["coder:1b-f16"].engine
+            assert engine.stats().requests_total == 3
+            deadline = time.monotonic() + 10
+            while engine.stats().active and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert engine.stats().active == 0
+            assert engine.stats().generated_tokens_total < 3000
