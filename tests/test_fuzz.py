@@ -92,7 +92,13 @@ ollama_common = {"stream": maybe(st.booleans()), "keep_alive": maybe(texts | sma
                  "options": maybe(options), "format": values, "priority": maybe(texts),
                  "think": maybe(st.booleans() | st.sampled_from(["low", "high"])),
                  "logprobs": maybe(st.booleans()), "top_logprobs": maybe(small_ints)}
-openai_common = {**sampling, "stream": maybe(st.booleans()), "max_tokens": maybe(small_ints),
+llama_server = {"n_predict": maybe(small_ints), "id_slot": values, "response_fields": values,
+                "samplers": maybe(st.lists(maybe(st.sampled_from(
+                    ["top_k", "top_p", "min_p", "temperature", "infill", "dry"])), max_size=3)
+                    | values)}
+"""llama-server's own fields, on its routes and the OpenAI ones (llama.vim sends them)."""
+openai_common = {**sampling, **llama_server, "stream": maybe(st.booleans()),
+                 "max_tokens": maybe(small_ints),
                  "max_completion_tokens": maybe(small_ints), "n": maybe(small_ints),
                  "logprobs": values, "top_logprobs": maybe(small_ints),
                  "reasoning_effort": maybe(st.sampled_from(["none", "low", "high"])),
@@ -200,10 +206,10 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
                                     "keep_alive": maybe(texts | small_ints)}),
     ("POST", "/infill"): st.fixed_dictionaries(
         {"input_prefix": maybe(texts), "input_suffix": maybe(texts)},
-        optional={**sampling, "model": model, "prompt": maybe(texts),
+        optional={**sampling, **llama_server, "model": model, "prompt": maybe(texts),
                   "input_extra": maybe(st.lists(st.fixed_dictionaries(
                       {"filename": maybe(texts), "text": maybe(texts)}), max_size=2)),
-                  "n_predict": maybe(small_ints), "t_max_predict_ms": maybe(small_ints),
+                  "t_max_predict_ms": maybe(small_ints),
                   "n_indent": maybe(small_ints), "stream": maybe(st.booleans())}),
     ("POST", "/api/embed"): st.fixed_dictionaries(
         {"model": model}, optional={"input": maybe(texts | st.lists(texts, max_size=3)),

@@ -12,6 +12,7 @@ served over a Unix socket and loopback TCP in the OpenAI, Anthropic and Ollama w
     ollama_routes.py     /api/version, tags, ps, show, chat, generate, pull, delete
     native_routes.py     /health, /metrics, /localinfer/* (in ../protocol.py's wire format)
     llama_routes.py      llama-server's /infill for editor autocomplete plugins
+    llama_fields.py      llama-server's n_predict, samplers, default model; on /infill and /v1
     embedding_routes.py  /api/embed, /api/embeddings, /v1/embeddings; /v1/rerank, /rerank
     preset_routes.py     /api/create (presets, quantizing), /api/copy; /api/push refused
     autocomplete.py      a FIM request's interactive priority; the next keystroke cancels it

@@ -103,21 +103,33 @@ _OPENAI_REFUSED = {
     "moderation": Refused("no moderation model runs here."),
 }
 
+_ID_SLOT = ("the engine puts a prompt in the slot whose cache holds most of it, which is the"
+            " slot that the same editor's last request used")
+
+_LLAMA_SERVER = ("n_predict", "samplers")
+"""llama-server's own fields that it reads on its OpenAI routes too (llama_fields.py)."""
+
+_LLAMA_SERVER_IGNORED = {
+    "id_slot": _ID_SLOT,
+    "response_fields": "llama-server reads it here and applies it only to /infill and"
+                       " /completion replies: the reply keeps OpenAI's shape",
+}
+
 V1_CHAT = RouteFields(
     honoured=("model", "messages", "stream", "stream_options", "n", "max_tokens",
               "max_completion_tokens", "logprobs", "top_logprobs", "reasoning_effort",
-              "chat_template_kwargs", *_SAMPLING, *_LOCALINFER),
+              "chat_template_kwargs", *_SAMPLING, *_LLAMA_SERVER, *_LOCALINFER),
     elsewhere=("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar",
                "json_schema"),
-    ignored=_OPENAI_IGNORED,
+    ignored={**_OPENAI_IGNORED, **_LLAMA_SERVER_IGNORED},
     refused=_OPENAI_REFUSED,
 )
 
 V1_COMPLETIONS = RouteFields(
     honoured=("model", "prompt", "stream", "stream_options", "n", "max_tokens", "logprobs",
-              *_SAMPLING, *_LOCALINFER),
+              *_SAMPLING, *_LLAMA_SERVER, *_LOCALINFER),
     elsewhere=("suffix", "response_format", "grammar", "json_schema"),
-    ignored=_OPENAI_IGNORED,
+    ignored={**_OPENAI_IGNORED, **_LLAMA_SERVER_IGNORED},
     refused={
         "best_of": Refused("one candidate per request; send best_of: 1 or leave it out.",
                            _one, "1"),
@@ -235,13 +247,12 @@ API_OPTIONS = RouteFields(
 )
 
 INFILL = RouteFields(
-    honoured=("model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict",
-              "max_tokens", "t_max_predict_ms", "n_indent", "stream", "samplers",
+    honoured=("model", "input_prefix", "input_suffix", "input_extra", "prompt",
+              *_LLAMA_SERVER, "max_tokens", "t_max_predict_ms", "n_indent", "stream",
               "response_fields", "n_cmpl", "n", *_SAMPLING, *_LOCALINFER),
     elsewhere=("grammar", "json_schema"),
     ignored={"t_max_prompt_ms": "llama-server reads it and does not enforce it either",
-             "id_slot": "the engine puts a prompt in the slot whose cache holds most of it,"
-                        " which is the slot that the same editor's last request used"},
+             "id_slot": _ID_SLOT},
     refused={
         "cache_prompt": Refused("false is not supported: the KV cache of an earlier request"
                                 " with the same start is always reused.",

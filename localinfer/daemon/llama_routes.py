@@ -12,9 +12,8 @@ object (``content``, ``stop``, ``stop_type``, ``tokens_predicted``, ``tokens_eva
 ``stream`` its server-sent events, one per piece of text, the last with ``stop: true``.
 
 llama.vscode always sends ``t_max_prompt_ms``, which llama-server reads but does not enforce;
-it is accepted here likewise. Its ``samplers`` list turns off the samplers it leaves out (as in
-llama.cpp, a missing ``temperature`` means 1); the ``infill`` sampler it names is accepted and
-not applied: the standard chain samples.
+it is accepted here likewise. ``n_predict`` (0: read the prompt only) and ``samplers`` are read
+as on the OpenAI routes (llama_fields.py).
 """
 
 from __future__ import annotations
@@ -31,16 +30,21 @@ from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
-from ..runtime.types import DEFAULT_SAMPLING, Done, Priority, SamplingParams, Token
+from ..runtime.types import Done, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
-from .requests import Fields, read_json, sampling
+from .llama_fields import (
+    default_model,
+    llama_sampling,
+    n_predict,
+    prompt_only,
+    prompt_only_priority,
+)
+from .requests import Fields, read_json
 from .state import DaemonState
 from .structured import LLAMA_OUTPUT_FIELDS, output_grammar
-
-SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -60,21 +64,20 @@ def routes(state: DaemonState) -> list[Route]:
         if streamed and copies > 1:
             raise InvalidRequest("'n_cmpl' above 1 is answered whole: send 'stream': false"
                                  " (as llama.vscode does), or ask one completion per stream.")
-        name = f.string("model", None) or _default_model(state)
+        name = f.string("model", None) or default_model(state, "/infill", fim=True)
         # n_predict 0 (llama.vscode's and llama.vim's request that reads new context into
         # the cache ahead of the next completion): the prompt is read, nothing is predicted.
-        warm_only = f.integer("n_predict", None) == 0
+        predict = n_predict(f, f.integer("max_tokens", None, low=-1))
+        warm_only = predict == 0
         if warm_only and copies > 1:
             raise InvalidRequest("'n_predict': 0 reads the prompt into the cache and predicts"
                                  " nothing: send 'n_cmpl': 1 with it.")
-        params = dataclasses.replace(_params(f),
+        params = dataclasses.replace(_params(f, predict),
                                      grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
         params = autocomplete_params(params, request, name, prefix)
         priority = autocomplete_priority(request, body)
         if warm_only:
-            params = dataclasses.replace(params, max_tokens=1)
-            if "priority" not in body and "x-localinfer-priority" not in request.headers:
-                priority = Priority.BACKGROUND  # no one waits for it
+            priority = prompt_only_priority(request, body, priority)
 
         def encode(engine: Engine) -> list[int]:
             if copies > engine.info.n_slots:  # llama-server's words, which llama.vscode reads
@@ -88,7 +91,7 @@ def routes(state: DaemonState) -> list[Route]:
         model = entry.name
         if warm_only:
             done = await whole_reply(state, request, events, stack)
-            final = _only(fields, _final(done, model, "", predicted=False))
+            final = _only(fields, _final(prompt_only(done), model, ""))
             return Response(_sse(final), media_type="text/event-stream") if streamed \
                 else JSONResponse(final)
         if copies > 1:  # an array, as llama-server answers n_cmpl
@@ -159,72 +162,35 @@ def _only(paths: list[str], reply: dict[str, Any]) -> dict[str, Any]:
 _ABSENT = object()
 
 
-def _default_model(state: DaemonState) -> str:
-    manager = state.manager
-    with_fim = [e for e in manager.loaded.values() if e.engine.info.fim is not None]
-    if with_fim:
-        return max(with_fim, key=lambda e: e.last_used).name
-    if manager.config.default_model:
-        return manager.config.default_model
-    raise InvalidRequest("/infill needs a model: send 'model' (a code model with"
-                         " fill-in-the-middle tokens, e.g. qwen2.5-coder:1.5b), load one, or"
-                         " set default_model in config.toml.")
-
-
 def _copies(f: Fields) -> int:
     """How many completions of the prompt: ``n_cmpl``, or its alias ``n`` (llama-server's)."""
     copies: int = f.integer("n_cmpl", None, low=1)
     return copies if copies is not None else f.integer("n", 1, low=1)
 
 
-def _params(f: Fields) -> SamplingParams:
-    n_predict = f.integer("n_predict", None)
-    if n_predict is None:
-        n_predict = f.integer("max_tokens", None)
-    if n_predict == 0:
-        n_predict = None  # the caller reads the prompt only (``warm_only``)
-    defaults = DEFAULT_SAMPLING
-    samplers = f.data.get("samplers")
-    if samplers is not None:
-        if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
-            raise InvalidRequest("'samplers' must be a list of sampler names.")
-        unknown = sorted(set(samplers) - SAMPLER_NAMES)
-        if unknown:
-            raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
-                                 f" {', '.join(sorted(SAMPLER_NAMES))}).")
-        # As in llama.cpp, a sampler left out of the list does not run.
-        defaults = SamplingParams(
-            top_k=defaults.top_k if "top_k" in samplers else 0,
-            top_p=defaults.top_p if "top_p" in samplers else 1.0,
-            min_p=defaults.min_p if "min_p" in samplers else 0.0,
-            temperature=defaults.temperature if "temperature" in samplers else 1.0)
-    params = sampling(f, max_tokens=None if n_predict is None or n_predict < 0 else n_predict,
-                      defaults=defaults)
+def _params(f: Fields, predict: int | None) -> SamplingParams:
+    params = llama_sampling(f, predict)
     t_max = f.number("t_max_predict_ms", None)
     return dataclasses.replace(params, t_max_predict_ms=t_max if t_max and t_max > 0 else None,
                                n_indent=f.integer("n_indent", 0, low=0)).validate()
 
 
-def _final(done: Done, model: str, content: str, *, index: int = 0, predicted: bool = True
-           ) -> dict[str, Any]:
-    """llama-server's final completion object; ``predicted`` False for a request that only
-    read its prompt (n_predict 0), whose one sampled token is not part of the reply."""
+def _final(done: Done, model: str, content: str, *, index: int = 0) -> dict[str, Any]:
+    """llama-server's final completion object."""
     t = done.timings
-    n = t.completion_tokens if predicted else 0
+    n = t.completion_tokens
     stop_type = {"stop": "eos", "length": "limit"}.get(done.finish_reason, "none")
-    if not predicted and done.finish_reason != "cancelled":
-        stop_type = "limit"
     return {
         "index": index, "content": content, "tokens": [], "id_slot": -1, "stop": True,
         "model": model, "tokens_predicted": n,
         "tokens_evaluated": t.prompt_tokens, "tokens_cached": t.cached_tokens,
-        "truncated": False, "has_new_line": predicted and "\n" in done.text, "stop_type": stop_type,
+        "truncated": False, "has_new_line": "\n" in done.text, "stop_type": stop_type,
         "stopping_word": "", "superseded": done.finish_reason == "cancelled",
         "timings": {
             "prompt_n": t.prefill_tokens, "prompt_ms": t.prefill_ms,
             "prompt_per_token_ms": t.prefill_ms / t.prefill_tokens if t.prefill_tokens else 0.0,
             "prompt_per_second": t.prefill_tps, "predicted_n": n,
-            "predicted_ms": t.decode_ms if predicted else 0.0,
+            "predicted_ms": t.decode_ms,
             "predicted_per_token_ms": t.decode_ms / t.decode_tokens if t.decode_tokens else 0.0,
             "predicted_per_second": t.decode_tps, "cache_n": t.cached_tokens,
         },

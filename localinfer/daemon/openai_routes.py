@@ -4,6 +4,8 @@
 Shapes follow the OpenAI API so that the official clients and editor plugins work unchanged.
 Every chunk also carries a ``timings`` object (tokens so far, live decode tok/s, TTFT, prefill
 tok/s) that standard clients ignore; the final chunk carries the request's full timings.
+llama-server's own fields (``n_predict``, ``samplers``; no ``model``) are read as it reads them
+here (llama_fields.py), for llama.vim's instruction requests.
 """
 
 from __future__ import annotations
@@ -30,10 +32,18 @@ from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
+from .llama_fields import (
+    default_model,
+    llama_sampling,
+    n_predict,
+    prompt_only,
+    prompt_only_events,
+    prompt_only_priority,
+)
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
 from .replies import Piece, reply_parts, whole_parts
-from .requests import Fields, parse_messages, priority_of, read_json, sampling, top_logprobs
+from .requests import Fields, parse_messages, priority_of, read_json, top_logprobs
 from .state import DaemonState
 from .structured import (
     OPENAI_OUTPUT_FIELDS,
@@ -102,13 +112,14 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/v1/chat/completions", body)
         f = Fields(body)
-        messages = await state.manager.with_preset(f.string("model"),
-                                                   parse_messages(body.get("messages")))
+        # llama-server's clients may name no model (it serves one): llama.vim does.
+        name = f.string("model", None) or default_model(state, "/v1/chat/completions")
+        messages = await state.manager.with_preset(name, parse_messages(body.get("messages")))
         thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
         constraints = openai_constraints(body)
         params = replace(_params(f), logprobs=top_logprobs(f, asked=f.boolean("logprobs",
                                                                                False)))
-        return await _generate(state, request, f, constraints.encoder(messages, thinking),
+        return await _generate(state, request, f, name, constraints.encoder(messages, thinking),
                                params, priority_of(request, body), chat=True,
                                thinking=thinking, constraints=constraints)
 
@@ -116,6 +127,7 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/v1/completions", body)
         f = Fields(body)
+        name = f.string("model", None) or default_model(state, "/v1/completions")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -126,11 +138,11 @@ def routes(state: DaemonState) -> list[Route]:
                          grammar=output_grammar(body, OPENAI_OUTPUT_FIELDS)[0])
         suffix = f.string("suffix", "")
         if suffix:  # fill-in-the-middle: an editor's autocomplete
-            return await _generate(state, request, f, lambda e: e.infill_tokens(prompt, suffix),
-                                   autocomplete_params(params, request, f.string("model"),
-                                                       prompt),
+            return await _generate(state, request, f, name,
+                                   lambda e: e.infill_tokens(prompt, suffix),
+                                   autocomplete_params(params, request, name, prompt),
                                    autocomplete_priority(request, body), chat=False)
-        return await _generate(state, request, f, lambda e: e.completion_tokens(prompt),
+        return await _generate(state, request, f, name, lambda e: e.completion_tokens(prompt),
                                params, priority_of(request, body), chat=False)
 
     return [
@@ -151,19 +163,23 @@ def _params(f: Fields) -> SamplingParams:
     max_tokens = f.integer("max_completion_tokens", None, low=1)
     if max_tokens is None:
         max_tokens = f.integer("max_tokens", None, low=1)
-    return sampling(f, max_tokens=max_tokens)
+    # llama-server's n_predict and samplers (llama.vim's instruction requests send them).
+    return llama_sampling(f, n_predict(f, max_tokens))
 
 
-async def _generate(state: DaemonState, request: Request, f: Fields,
+async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                     encode: Callable[[Engine], list[int]], params: SamplingParams,
                     priority: Priority, *, chat: bool, thinking: Thinking | None = None,
                     constraints: Constraints | None = None
                     ) -> Response:
     stream = f.boolean("stream", False)
+    read_only = n_predict(f, None) == 0  # llama-server's n_predict 0: only read the prompt
+    if read_only:
+        priority = prompt_only_priority(request, f.data, priority)
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     entry, events, stack = await start_generation(
-        state.manager, f.string("model"), encode,
+        state.manager, name, encode,
         constraints.sampling(params) if constraints is not None else params, priority)
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
@@ -179,6 +195,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
 
     if not stream:
         done = await whole_reply(state, request, events, stack)
+        if read_only:
+            done = prompt_only(done)
         if chat:
             reasoning, content, calls = whole_parts(done, thinking, constraints)
             message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -231,7 +249,8 @@ async def _generate(state: DaemonState, request: Request, f: Fields,
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
         try:
-            async for part in reply_parts(state, events, thinking, constraints):
+            async for part in reply_parts(state, prompt_only_events(events) if read_only
+                                          else events, thinking, constraints):
                 if isinstance(part, Piece):
                     yield chunk(part.content or None if part.reasoning else part.content, None,
                                 live_json(part.live), part.logprobs, part.reasoning)

@@ -1,0 +1,110 @@
+"""llama-server's own request fields, read the way it reads them on each completion route
+(``/infill``, ``/v1/chat/completions``, ``/v1/completions``: it parses all three with one
+schema), so that editor plugins written against it (llama.vscode, llama.vim) work unchanged.
+
+``n_predict`` caps the reply (-1: no cap) and wins over the route's own cap (``max_tokens``);
+0 reads the prompt into the cache and predicts nothing (llama.vim's and llama.vscode's
+warm-up requests): the engine samples one token to finish reading, and it is dropped from the
+reply (``prompt_only``), which runs at background priority since no one waits for it.
+llama-server serves one model, so its clients may name none (llama.vim does, unless
+configured otherwise): ``default_model`` picks the one to answer.
+``samplers`` turns off the samplers it leaves out (as in llama.cpp, a missing
+``temperature`` means 1); the ``infill`` sampler it names is accepted and not applied: the
+standard chain samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+
+from ..errors import InvalidRequest
+from ..runtime.types import (
+    DEFAULT_SAMPLING,
+    Done,
+    Event,
+    FinishReason,
+    Priority,
+    SamplingParams,
+)
+from .requests import Fields, sampling
+from .state import DaemonState
+
+SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
+
+
+def default_model(state: DaemonState, route: str, *, fim: bool = False) -> str:
+    """The model for a request that names none: the loaded model used last (one with
+    fill-in-the-middle tokens for ``fim``; one that generates text otherwise), else
+    config.toml's ``default_model``."""
+    manager = state.manager
+    loaded = [e for e in manager.loaded.values()
+              if (e.engine.info.fim is not None if fim else not e.engine.info.embedding_only)]
+    if loaded:
+        return max(loaded, key=lambda e: e.last_used).name
+    if manager.config.default_model:
+        return manager.config.default_model
+    kind = (" (a code model with fill-in-the-middle tokens, e.g. qwen2.5-coder:1.5b)" if fim
+            else "")
+    raise InvalidRequest(f"{route} needs a model: send 'model'{kind}, load one, or set"
+                         " default_model in config.toml.")
+
+
+def n_predict(f: Fields, cap: int | None) -> int | None:
+    """``n_predict`` if the request gives it, else ``cap`` (the route's own field, checked
+    by the route); 0 reads the prompt only, -1 or None is no cap."""
+    value: int | None = f.integer("n_predict", None, low=-1)
+    return cap if value is None else value
+
+
+def llama_sampling(f: Fields, predict: int | None) -> SamplingParams:
+    """The request's sampling with ``samplers`` applied and ``predict`` (``n_predict``'s
+    value) as its cap: 0 samples the one token that finishes reading the prompt."""
+    defaults = DEFAULT_SAMPLING
+    samplers = f.data.get("samplers")
+    if samplers is not None:
+        if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
+            raise InvalidRequest("'samplers' must be a list of sampler names.")
+        unknown = sorted(set(samplers) - SAMPLER_NAMES)
+        if unknown:
+            raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
+                                 f" {', '.join(sorted(SAMPLER_NAMES))}).")
+        # As in llama.cpp, a sampler left out of the list does not run.
+        defaults = SamplingParams(
+            top_k=defaults.top_k if "top_k" in samplers else 0,
+            top_p=defaults.top_p if "top_p" in samplers else 1.0,
+            min_p=defaults.min_p if "min_p" in samplers else 0.0,
+            temperature=defaults.temperature if "temperature" in samplers else 1.0)
+    cap = None if predict is None or predict < 0 else max(predict, 1)
+    return sampling(f, max_tokens=cap, defaults=defaults)
+
+
+def prompt_only_priority(request: Request, body: dict[str, Any], priority: Priority
+                         ) -> Priority:
+    """An ``n_predict`` 0 request's priority: background (no one waits for it), unless the
+    client named one."""
+    if "priority" in body or "x-localinfer-priority" in request.headers:
+        return priority
+    return Priority.BACKGROUND
+
+
+def prompt_only(done: Done) -> Done:
+    """The reply to an ``n_predict`` 0 request: the prompt read, nothing predicted (the one
+    token sampled to finish the read is no part of it); it ends at its limit unless it was
+    cancelled."""
+    reason: FinishReason = "cancelled" if done.finish_reason == "cancelled" else "length"
+    return dataclasses.replace(
+        done, text="", finish_reason=reason, logprobs=(), stop_sequence="",
+        usage=dataclasses.replace(done.usage, completion_tokens=0),
+        timings=dataclasses.replace(done.timings, completion_tokens=0, decode_tokens=0,
+                                    decode_ms=0.0))
+
+
+async def prompt_only_events(events: AsyncIterable[Event]) -> AsyncIterator[Event]:
+    """A streamed ``n_predict`` 0 request's events: only its ``prompt_only`` end."""
+    async for event in events:
+        if isinstance(event, Done):
+            yield prompt_only(event)
