@@ -47,6 +47,22 @@ def test_openai_completions_and_max_tokens(daemon):
     assert chat.choices[0].finish_reason == "length"
 
 
+def test_openai_n_choices_of_one_prompt(daemon):
+    """n: several choices, each a completion of the one prompt (the others copy its cache
+    once it is read); usage counts the prompt once and every choice's tokens."""
+    client = openai_client(daemon)
+    one = client.chat.completions.create(model="fake:1b", messages=[
+        {"role": "user", "content": "hi"}])
+    out = client.chat.completions.create(model="fake:1b", n=3, messages=[
+        {"role": "user", "content": "hi"}])
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.message.content == REPLY and c.finish_reason == "stop" for c in out.choices)
+    assert out.usage.prompt_tokens == one.usage.prompt_tokens
+    assert out.usage.completion_tokens == 3 * one.usage.completion_tokens
+    text = client.completions.create(model="fake:1b", prompt="Once", max_tokens=3, n=2)
+    assert [c.index for c in text.choices] == [0, 1] and text.usage.completion_tokens == 6
+
+
 def test_openai_models_and_stop(daemon):
     client = openai_client(daemon)
     ids = {m.id for m in client.models.list()}
@@ -63,8 +79,11 @@ def test_openai_errors_have_openai_shape(daemon):
                                                                    "content": "x"}])
     assert info.value.body["code"] == "model_not_found"
     assert "nope:1b" in info.value.body["message"]
-    with pytest.raises(openai.BadRequestError, match="'n' must be 1"):
-        client.chat.completions.create(model="fake:1b", n=2, messages=[
+    with pytest.raises(openai.BadRequestError, match="'n' must be at most 4"):
+        client.chat.completions.create(model="fake:1b", n=5, messages=[
+            {"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="'n' above 1 is answered whole"):
+        client.chat.completions.create(model="fake:1b", n=2, stream=True, messages=[
             {"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="must not be empty"):
         client.chat.completions.create(model="fake:1b", messages=[])

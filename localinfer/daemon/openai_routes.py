@@ -29,7 +29,7 @@ from ..runtime.types import Done, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel, ModelStore
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
-from .bridge import BridgeResponse, start_generation, whole_reply
+from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .llama_fields import (
@@ -157,9 +157,6 @@ def routes(state: DaemonState) -> list[Route]:
 
 
 def _params(f: Fields) -> SamplingParams:
-    n = f.integer("n", 1)
-    if n != 1:
-        raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n}.")
     max_tokens = f.integer("max_completion_tokens", None, low=1)
     if max_tokens is None:
         max_tokens = f.integer("max_tokens", None, low=1)
@@ -176,11 +173,23 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
     read_only = n_predict(f, None) == 0  # llama-server's n_predict 0: only read the prompt
     if read_only:
         priority = prompt_only_priority(request, f.data, priority)
+    copies = f.integer("n", 1, low=1)  # choices: each a completion of the one prompt
+    if copies > 1 and (stream or read_only):
+        raise InvalidRequest("'n' above 1 is answered whole: send 'stream': false (and no"
+                             " 'n_predict': 0), or one request per choice.")
+
+    def encode_checked(engine: Engine) -> list[int]:
+        if copies > engine.info.n_slots:
+            raise InvalidRequest(f"'n' must be at most {engine.info.n_slots} (this model's"
+                                 f" slots: each choice is a sequence of its own), got {copies}.")
+        return encode(engine)
+
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     entry, events, stack = await start_generation(
-        state.manager, name, encode,
-        constraints.sampling(params) if constraints is not None else params, priority)
+        state.manager, name, encode_checked,
+        constraints.sampling(params) if constraints is not None else params, priority,
+        copies=copies)
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = entry.name
@@ -193,28 +202,35 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
             return {"content": entries_json(entries)}
         return completion_json(entries, offset=sent[0])
 
+    def whole_choice(done: Done, index: int) -> dict[str, Any]:
+        if not chat:
+            return {"index": index, "text": done.text, "logprobs": logprobs(done.logprobs),
+                    "finish_reason": finish_reason(done)}
+        reasoning, content, calls = whole_parts(done, thinking, constraints)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        choice = {"index": index, "message": message,
+                  "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
+        if calls:
+            message.update(content=content or None, tool_calls=openai_calls(calls))
+            if done.finish_reason != "length":
+                choice["finish_reason"] = "tool_calls"
+        return choice
+
     if not stream:
-        done = await whole_reply(state, request, events, stack)
+        dones = await whole_replies(state, request, events, stack) if copies > 1 else \
+            [await whole_reply(state, request, events, stack)]
         if read_only:
-            done = prompt_only(done)
-        if chat:
-            reasoning, content, calls = whole_parts(done, thinking, constraints)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            choice = {"index": 0, "message": message,
-                      "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
-            if calls:
-                message.update(content=content or None, tool_calls=openai_calls(calls))
-                if done.finish_reason != "length":
-                    choice["finish_reason"] = "tool_calls"
-        else:
-            choice = {"index": 0, "text": done.text, "logprobs": logprobs(done.logprobs),
-                      "finish_reason": finish_reason(done)}
+            dones = [prompt_only(dones[0])]
+        usage = usage_json(dones[0])  # the prompt once, every choice's completion
+        usage["completion_tokens"] = sum(d.usage.completion_tokens for d in dones)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return JSONResponse({
             "id": ident, "object": "chat.completion" if chat else "text_completion",
-            "created": created, "model": model, "choices": [choice],
-            "usage": usage_json(done), "timings": timings_json(done.timings),
+            "created": created, "model": model,
+            "choices": [whole_choice(done, i) for i, done in enumerate(dones)],
+            "usage": usage, "timings": timings_json(dones[0].timings),
         })
 
     kind = "chat.completion.chunk" if chat else "text_completion"
