@@ -40,7 +40,7 @@ def within(outcome: Outcome, decode: float, prefill: tuple[float, float]) -> boo
 
 def test_rows_are_within_a_factor_of_two():
     # A physics error (bandwidths summed over sockets, FP16 counted twice) shows up as 2x or more
-    # on a whole class of rows. Past 2x today (20 of 305 rows off SBC hosts): a Radeon 780M at
+    # on a whole class of rows. Past 2x today (20 of 318 rows off SBC hosts): a Radeon 780M at
     # 53 tok/s prefill where another publication of it has 254 (normiebench #6 and #10); a 3B
     # Strix Halo prefill on a ROCm+RPC build; two normiebench setups far below their GPUs (an
     # Arc A770 at 5.9 tok/s, an RTX 4080 SUPER at 30); a QCS6490 run on all eight of its big and
@@ -60,7 +60,7 @@ def test_rows_are_within_a_factor_of_two():
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
     assert len(outside) <= 0.066 * len(outcomes), outside
-    # Past 3x: only such rows (14 of 305).
+    # Past 3x: only such rows (14 of 318).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
     assert len(far) <= 0.046 * len(outcomes), far
 
@@ -75,23 +75,23 @@ def test_most_held_out_rows_are_within_25_percent():
     held = [o for o in OUTCOMES if o.row.role == "held"]
     report = ", ".join(f"{o.row.what}: {o.decode_error:+.0%}" for o in held)
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
-    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (210): the
+    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (223): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h and 38i. Met: decode 85% of
-    # all (goal 90%: NOT met), 79% off Apple (goal 75%: met, by 4 points; 74.6% before batch
-    # 38i's 25 rows, all within 25%, came in), 75% of discrete GPUs (goal 65%: met); prefill 62%
-    # of all (goal 75%: NOT met), 46% off Apple (goal 55%: NOT met; 41% with batch 38i before
-    # the 38i pass, 39% before the batch). These assert what is met, so that a regression fails;
-    # bench/planner_published.py prints the tables.
+    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h, 38i and 38j. Met: decode 83%
+    # of all (goal 90%: NOT met; 85% before batch 38j's 13 rows came in), 77% off Apple (goal
+    # 75%: met; 79% before 38j), 73% of discrete GPUs (goal 65%: met; 75% before 38j); prefill
+    # 61% of all (goal 75%: NOT met; 62% before 38j), 46% off Apple (goal 55%: NOT met; 46%
+    # before 38j, 41% with batch 38i before the 38i pass, 39% before that batch). These assert
+    # what is met, so that a regression fails; bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.84, report
-    assert share_within(off_apple, "decode") >= 0.78, report
-    assert share_within(discrete, "decode") >= 0.75, report
-    assert share_within(held, "prefill") >= 0.62
+    assert share_within(held, "decode") >= 0.83, report
+    assert share_within(off_apple, "decode") >= 0.77, report
+    assert share_within(discrete, "decode") >= 0.73, report
+    assert share_within(held, "prefill") >= 0.61
     assert share_within(off_apple, "prefill") >= 0.45
     # The 124 held rows before batch 38f: decode 90%, prefill 73% of all and 48% off Apple.
-    before = [o for o in held if o.row.batch not in ("38f", "38g", "38h", "38i")]
+    before = [o for o in held if o.row.batch not in ("38f", "38g", "38h", "38i", "38j")]
     assert share_within(before, "decode") >= 0.90
     assert share_within(before, "prefill") >= 0.72
     assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
@@ -176,6 +176,17 @@ HOLD_OUTS = [
     # 8 of 12; after it prefill 10 of 12 (the two ROCm 7.2 rows, at the derived AMD iGPU share
     # on HIP, machine.ROCM_IGPU_MATRIX_ETA). Out: Strix Halo on AMDVLK and the Arc A770.
     ("38i", 25, 0.99, 0.83),
+    # Batch 38j: 13 rows of discrete GPUs on 2025-2026 builds collected before the fourth
+    # prefill pass changed any constant: an AI PRO R9700 (RDNA4) on ROCm 6.4.4, 7.1.1, 7.9 and a
+    # ROCm 7 nightly, one GPU of two (kyuz0/amd-r9700-ai-toolboxes, Dec 2025 build 7423, fa 1;
+    # Llama 2 7B Q4_0, Gemma 3 12B Q8_0, Gemma 3 4B Q3_K_S) and an RX 7900 XTX on AMDVLK
+    # (ROCm/legacy-rocm-build#4868). Twelve of the 13 are one machine: they test the RDNA4 HIP
+    # class, not the spread of publications. Before the pass: decode 8 of 13 within +-25%
+    # (out: Gemma 3 4B +27..+29%, the 7900 XTX on AMDVLK +59%), prefill 6 of 13 (out: the
+    # nightly toolbox's Q4_0/Q8_0 at half the other toolboxes' rate on the same build,
+    # +122..+125%; Gemma 3 4B Q3_K_S +56..+59%; AMDVLK +43%). No constant changed in the pass
+    # (docs/benchmarks.md).
+    ("38j", 13, 0.61, 0.46),
 ]
 
 
