@@ -116,10 +116,13 @@ class CacheKeeper:
         """(the tokens a chat prompt ends with, the next user turn's opening), or None:
         ``PromptBuilder.chat_turn_marks``."""
 
-    def reuse(self, slot: Slot, request: Request) -> int:
+    def reuse(self, slot: Slot, request: Request, slots: list[Slot]) -> int:
         """Cut ``slot``'s cache to what ``request`` (just admitted there) reuses of it, keep the
-        checkpoints of its prompt and plan the ones it takes: how many tokens it keeps."""
+        checkpoints of its prompt and plan the ones it takes: how many tokens it keeps. Another
+        completion of a prompt first copies the cache of the slot that read it (``slots``)."""
         target = request.target
+        if request.follows is not None:
+            self.copy_shared(slot, target, slots)
         # The last REREAD_TAIL tokens are always read again (at least the last one must
         # be, for its logits): then the last token's logits come from a batch of as many
         # rows as when the prompt is read cold, and a cached prompt gives the same greedy
@@ -153,7 +156,7 @@ class CacheKeeper:
         return n_keep
 
     def copy_shared(self, slot: Slot, target: list[int], slots: list[Slot]) -> None:
-        """Before ``reuse``: where another slot's cache holds at least CHECKPOINT_MIN_TOKENS
+        """In ``reuse``, first: where another slot's cache holds at least CHECKPOINT_MIN_TOKENS
         more of ``target`` than ``slot``'s (the prompt another completion of it has just read:
         ``Request.follows``), copy that cache into ``slot`` through host memory (~30 MB for a
         1,500-token prompt of the starter, milliseconds; reading it takes seconds here). The

@@ -70,7 +70,8 @@ from .types import (
 log = logging.getLogger(__name__)
 
 # While other sequences are decoding, a prompt is read in chunks this small so that their
-# streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU).
+# streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU); not while
+# only autocomplete replies decode, which editors show whole (docs/benchmarks.md).
 PREFILL_CHUNK_WHILE_DECODING = 64
 YIELDING_PROMPT_ROWS = 64
 """A step reading this many prompt tokens or more, all of requests less urgent than one that
@@ -560,10 +561,8 @@ class Engine:
             slot.ahead = []  # the request's own prompt decides what this cache holds
             # In its slot first: should anything below fail, _fail_all finds it there.
             slot.req, slot.next_token = request, None
-            if request.follows is not None:  # its prompt is in the slot of the one it follows
-                self._kept.copy_shared(slot, request.target, self._slots)
             # Its cache's shared prefix less REREAD_TAIL tokens, its checkpoints planned.
-            n_keep = self._kept.reuse(slot, request)
+            n_keep = self._kept.reuse(slot, request, self._slots)
             if request.sampler is None:  # first admission (not a resumption)
                 request.t_start = time.perf_counter()
                 request.n_cached = n_keep
@@ -623,7 +622,8 @@ class Engine:
             outputs.extend([True] * n)
             budget -= n
 
-        chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
+        chunk_cap = budget if all(s.running.params.supersede for s in decoding) else \
+            PREFILL_CHUNK_WHILE_DECODING  # small only while a streamed reply decodes
         # Autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint
         # before another editor's cold file: the least time waited in all); others in order.
         prefilling = sorted((s for s in active if s.prefilling), key=lambda s: (
