@@ -313,19 +313,6 @@ def test_long_prompt_is_chunked_while_others_decode(fake_engine):
     assert max(engine.backend.decode_calls[1:]) <= 1 + MAX_DRAFT + 64
 
 
-def test_a_prompt_is_read_in_whole_batches_while_only_autocomplete_replies_decode(fake_engine):
-    """Editors show an autocomplete reply whole: no stream to keep flowing, so a prompt read
-    beside it takes the whole batch."""
-    engine = fake_engine(reply="tok " * 100, n_slots=2, n_batch=256, step_delay_s=0.001)
-    completing = engine.complete("a", SamplingParams(max_tokens=None, supersede="editor 1"))
-    stream = started(completing)
-    long = engine.complete("word " * 400, SamplingParams(max_tokens=2, supersede="editor 2"))
-    assert long.result().finish_reason == "length"
-    completing.cancel()
-    assert list(stream)[-1].finish_reason == "cancelled"
-    assert max(engine.backend.decode_calls[1:]) == 256  # its token and 255 prompt rows
-
-
 def test_interactive_requests_jump_the_queue(fake_engine):
     engine = fake_engine(reply="tok " * 20, n_slots=1, step_delay_s=0.001)
     blocker = engine.complete("busy", SamplingParams(max_tokens=None))

@@ -70,8 +70,8 @@ from .types import (
 log = logging.getLogger(__name__)
 
 # While other sequences are decoding, a prompt is read in chunks this small so that their
-# streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU); not while
-# only autocomplete replies decode, which editors show whole (docs/benchmarks.md).
+# streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU), even beside
+# autocomplete replies alone, which editors show whole (whole batches measured no better).
 PREFILL_CHUNK_WHILE_DECODING = 64
 YIELDING_PROMPT_ROWS = 64
 """A step reading this many prompt tokens or more, all of requests less urgent than one that
@@ -622,8 +622,7 @@ class Engine:
             outputs.extend([True] * n)
             budget -= n
 
-        chunk_cap = budget if all(s.running.params.supersede for s in decoding) else \
-            PREFILL_CHUNK_WHILE_DECODING  # small only while a streamed reply decodes
+        chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
         # Autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint
         # before another editor's cold file: the least time waited in all); others in order.
         prefilling = sorted((s for s in active if s.prefilling), key=lambda s: (
