@@ -103,8 +103,8 @@ _OPENAI_REFUSED = {
     "moderation": Refused("no moderation model runs here."),
 }
 
-_ID_SLOT = ("the engine puts a prompt in the slot whose cache holds most of it, which is the"
-            " slot that the same editor's last request used")
+_ID_SLOT = ("the engine puts a prompt in the slot whose cache holds most of it (an editor's:"
+            " the slot its last request used)")
 
 _LLAMA_SERVER = ("n_predict", "samplers")
 """llama-server's own fields that it reads on its OpenAI routes too (llama_fields.py)."""
