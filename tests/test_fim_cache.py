@@ -16,7 +16,7 @@ TYPED = ["r", "r e", "r e s", "r e s u", "r e s u l"]
 def keystrokes(engine, key="editor-1", typed=TYPED, suffix=SUFFIX):
     """One FIM request per keystroke, each to its end; the Done of each."""
     params = SamplingParams(max_tokens=3, temperature=0, supersede=key)
-    return [engine.submit(engine.infill_tokens(PREFIX, suffix, prompt="    " + t), params,
+    return [engine.submit(engine.infill_tokens(PREFIX, suffix, prompt=t and "    " + t), params,
                           priority=Priority.INTERACTIVE).result() for t in typed]
 
 
@@ -117,6 +117,19 @@ def test_the_cursor_is_where_the_typed_text_begins_in_either_order(fake_engine):
         after = engine.infill_tokens(PREFIX, SUFFIX, prompt="    retu")
         assert after[:tokens.cursor] == tokens[:tokens.cursor]
         assert engine.infill_tokens(PREFIX, SUFFIX).cursor is None  # nothing typed apart
+        # Typed apart and empty (a cursor at the start of a line): where the prefix ends.
+        empty = engine.infill_tokens(PREFIX, SUFFIX, prompt="")
+        assert empty.cursor is not None and after[:empty.cursor] == empty[:empty.cursor]
+
+
+def test_a_keystroke_at_a_line_start_keeps_the_prefix_for_the_next(fake_engine):
+    """llama.vscode and llama.vim send the text typed on the cursor's line apart: at the
+    start of a line it is empty, and the checkpoint still goes where the prefix ends, so the
+    first key typed there reads only what follows it."""
+    engine = fake_engine(fim=True, reply="ok", n_slots=2, window=8)
+    done = keystrokes(engine, typed=["", "r"])
+    assert done[0].usage.cached_tokens == 0
+    assert done[1].usage.cached_tokens == prefix_tokens(engine)
 
 
 def test_a_superseded_prompt_read_is_not_interrupted():

@@ -54,7 +54,7 @@ def routes(state: DaemonState) -> list[Route]:
         f = Fields(body)
         prefix = f.string("input_prefix", "")
         suffix = f.string("input_suffix", "")
-        typed = f.string("prompt", "")
+        typed = f.string("prompt", None)  # None: the prefix runs to the cursor
         extra = _extra(body.get("input_extra"))
         f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
         fields = _response_fields(body.get("response_fields"))

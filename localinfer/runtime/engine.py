@@ -192,7 +192,7 @@ class Engine:
         return self.submit(self.infill_tokens(prefix, suffix), params, priority=priority,
                            sink=sink)
 
-    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
+    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str | None = None,
                       extra: Sequence[FimFile] = (), n_predict: int | None = None,
                       ) -> FimTokens:
         """The FIM prompt (``PromptBuilder.infill_tokens``)."""

@@ -67,9 +67,12 @@ class _Tokenizer(Protocol):
 
 
 def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *,
-               prompt: str = "", extra: Sequence[FimFile] = (),
+               prompt: str | None = None, extra: Sequence[FimFile] = (),
                n_predict: int | None = None) -> FimTokens:
-    """The FIM prompt's tokens (``info.fim`` must be set)."""
+    """The FIM prompt's tokens (``info.fim`` must be set); ``prompt``, the text typed at the
+    cursor sent apart from the prefix (llama-server's /infill), even empty: then its
+    ``cursor`` is where the prefix ends (None: the prefix runs to the cursor, whose last
+    token the next keystroke's may not share)."""
     assert info.fim is not None, "fim_prompt needs a model with FIM tokens"
     pre, suf, mid = info.fim
 
@@ -88,7 +91,7 @@ def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *
 
     prefix_tokens = tokens(prefix)
     suffix_tokens = tokens(suffix)
-    typed = tokens(prompt)
+    typed = tokens(prompt or "")
     marks = tokens(pre) + tokens(suf) + tokens(mid)
     bos = backend.tokenize("", add_special=True) if info.add_bos else []
     n_ctx = info.n_ctx
@@ -118,7 +121,7 @@ def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *
     tail = tokens(suf) + suffix_tokens
     first, second = (tail, head) if backend.fim_spm else (head, tail)
     out = FimTokens(bos + extra_tokens + first + second + tokens(mid))
-    if typed:
+    if prompt is not None:
         before = len(bos) + len(extra_tokens) + (len(tail) if backend.fim_spm else 0)
         out.cursor = before + len(head) - len(typed)
     return out

@@ -62,7 +62,7 @@ class PromptBuilder:
                 n_ctx=n_ctx,
             )
 
-    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str = "",
+    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str | None = None,
                       extra: Sequence[FimFile] = (), n_predict: int | None = None,
                       ) -> FimTokens:
         """The FIM prompt, built as llama-server's /infill builds it (see fim.py): ``extra``
