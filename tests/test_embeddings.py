@@ -134,6 +134,21 @@ def test_openai_embeddings(embedder):
         client.embeddings.create(model="embed:1b", input="x", dimensions=100)
 
 
+def test_openai_embeddings_without_a_model_use_the_loaded_embedding_model(embedder):
+    """llama.vscode's request ({"input", "encoding_format"}, no model unless one is set):
+    the embedding model loaded answers, as llama-server's one model does; none loaded: a 400
+    that names 'model'."""
+    with embedder.uds() as http:
+        first = http.post("/v1/embeddings", json={"input": "x", "encoding_format": "float"})
+        assert first.status_code == 400 and "'model'" in first.json()["error"]["message"]
+        named = http.post("/v1/embeddings", json={"model": "embed:1b", "input": "x",
+                                                  "encoding_format": "float"}).json()
+        bare = http.post("/v1/embeddings", json={"input": "x", "encoding_format": "float"})
+        assert bare.status_code == 200, bare.text
+        assert bare.json()["model"] == named["model"]
+        assert bare.json()["data"][0]["embedding"] == named["data"][0]["embedding"]
+
+
 # --- the real starter model ------------------------------------------------------------------
 @pytest.mark.model
 def test_starter_embeddings_mean_pooled_same_alone_or_batched(real_engine):

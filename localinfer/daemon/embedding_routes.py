@@ -49,6 +49,17 @@ def _only_reranker(state: DaemonState) -> str:
     return rerankers[0]
 
 
+def _loaded_embedder(state: DaemonState) -> str:
+    """The model an OpenAI embeddings request without ``model`` means (llama-server serves
+    one model; llama.vscode leaves ``model`` out unless one is set): the embedding model
+    loaded and used last."""
+    loaded = [e for e in state.manager.loaded.values() if e.engine.info.embedding_only]
+    if not loaded:
+        raise InvalidRequest("'model' is required: name the embedding model (e.g."
+                             " nomic-embed-text:137m), or load one first.")
+    return max(loaded, key=lambda e: e.last_used).name
+
+
 def routes(state: DaemonState) -> list[Route]:
     async def api_embed(request: Request) -> Response:
         body = await read_json(request)
@@ -83,7 +94,7 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/v1/embeddings", body)
         f = Fields(body)
-        name = f.string("model")
+        name = f.string("model", None) or _loaded_embedder(state)
         inputs = _openai_inputs(body.get("input"))
         encoding = f.string("encoding_format", "float")
         if encoding not in ("float", "base64"):
