@@ -80,17 +80,17 @@ class ThreadBridge(Generic[T]):
         finally:
             self.cancel()
 
+    async def last(self) -> T | None:
+        """Every item until the end; the last one (None if there was none)."""
+        final: T | None = None
+        async for item in self:
+            final = item
+        return final
+
     async def drain(self, request: Request) -> T | None:
         """Every item until the end (a non-streaming response), cancelled if the client
         disconnects while it waits; the last item."""
-        last: list[T] = []
-
-        async def consume() -> None:
-            async for item in self:
-                last[:] = [item]
-
-        await unless_disconnected(request, consume(), self.cancel)
-        return last[0] if last else None
+        return await unless_disconnected(request, self.last(), self.cancel)
 
 
 class EventStream(ThreadBridge[Event]):
@@ -286,13 +286,7 @@ async def start_generation(
 async def whole_reply(state: DaemonState, request: Request, events: EventStream,
                       stack: contextlib.AsyncExitStack) -> Done:
     """A non-streaming response's reply: wait for it, give the model back, count it."""
-    try:
-        done = await events.drain(request)
-    finally:
-        await stack.aclose()
-    assert isinstance(done, Done)  # a generation's last event
-    state.record(done)
-    return done
+    return (await whole_replies(state, request, events, stack))[0]
 
 
 async def whole_replies(state: DaemonState, request: Request, events: EventStream,
@@ -301,20 +295,18 @@ async def whole_replies(state: DaemonState, request: Request, events: EventStrea
     in that order; a client that leaves, or an error in one, stops them all."""
     streams = [events, *events.others]
 
-    async def last(stream: EventStream) -> Event | None:
-        final: Event | None = None
-        async for event in stream:
-            final = event
-        return final
-
     def cancel() -> None:
         for stream in streams:
             stream.cancel()
 
+    async def every_last() -> list[Event | None]:
+        # A task of its own: a gather future cancelled ends with an error, not cancelled,
+        # and the client's leaving would not read as such.
+        return await asyncio.gather(*(stream.last() for stream in streams))
+
     try:
-        work = asyncio.gather(*(last(stream) for stream in streams))
         try:
-            dones = await unless_disconnected(request, work, cancel)
+            dones = await unless_disconnected(request, every_last(), cancel)
         except BaseException:
             cancel()
             raise

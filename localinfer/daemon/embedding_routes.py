@@ -28,6 +28,7 @@ from ..errors import InvalidRequest
 from ..runtime.types import Embeddings, normalized
 from .error_replies import guarded
 from .fields import audit
+from .llama_fields import used_last
 from .requests import Fields, parse_keep_alive, read_json
 from .state import DaemonState
 
@@ -53,11 +54,11 @@ def _loaded_embedder(state: DaemonState) -> str:
     """The model an OpenAI embeddings request without ``model`` means (llama-server serves
     one model; llama.vscode leaves ``model`` out unless one is set): the embedding model
     loaded and used last."""
-    loaded = [e for e in state.manager.loaded.values() if e.engine.info.embedding_only]
-    if not loaded:
+    name = used_last(state, lambda info: info.embedding_only)
+    if name is None:
         raise InvalidRequest("'model' is required: name the embedding model (e.g."
                              " nomic-embed-text:137m), or load one first.")
-    return max(loaded, key=lambda e: e.last_used).name
+    return name
 
 
 def routes(state: DaemonState) -> list[Route]:

@@ -16,7 +16,7 @@ standard chain samples.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -27,6 +27,7 @@ from ..runtime.types import (
     Done,
     Event,
     FinishReason,
+    ModelInfo,
     Priority,
     SamplingParams,
 )
@@ -36,15 +37,21 @@ from .state import DaemonState
 SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
 
 
+def used_last(state: DaemonState, wanted: Callable[[ModelInfo], bool]) -> str | None:
+    """The loaded model of the ``wanted`` kind used last, or None."""
+    loaded = [e for e in state.manager.loaded.values() if wanted(e.engine.info)]
+    return max(loaded, key=lambda e: e.last_used).name if loaded else None
+
+
 def default_model(state: DaemonState, route: str, *, fim: bool = False) -> str:
     """The model for a request that names none: the loaded model used last (one with
     fill-in-the-middle tokens for ``fim``; one that generates text otherwise), else
     config.toml's ``default_model``."""
     manager = state.manager
-    loaded = [e for e in manager.loaded.values()
-              if (e.engine.info.fim is not None if fim else not e.engine.info.embedding_only)]
-    if loaded:
-        return max(loaded, key=lambda e: e.last_used).name
+    name = used_last(state, lambda info: info.fim is not None if fim
+                     else not info.embedding_only)
+    if name is not None:
+        return name
     if manager.config.default_model:
         return manager.config.default_model
     kind = (" (a code model with fill-in-the-middle tokens, e.g. qwen2.5-coder:1.5b)" if fim

@@ -68,15 +68,15 @@ def routes(state: DaemonState) -> list[Route]:
         # n_predict 0 (llama.vscode's and llama.vim's request that reads new context into
         # the cache ahead of the next completion): the prompt is read, nothing is predicted.
         predict = n_predict(f, f.integer("max_tokens", None, low=-1))
-        warm_only = predict == 0
-        if warm_only and copies > 1:
+        read_only = predict == 0
+        if read_only and copies > 1:
             raise InvalidRequest("'n_predict': 0 reads the prompt into the cache and predicts"
                                  " nothing: send 'n_cmpl': 1 with it.")
         params = dataclasses.replace(_params(f, predict),
                                      grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
         params = autocomplete_params(params, request, name, prefix)
         priority = autocomplete_priority(request, body)
-        if warm_only:
+        if read_only:
             priority = prompt_only_priority(request, body, priority)
 
         def encode(engine: Engine) -> list[int]:
@@ -89,18 +89,15 @@ def routes(state: DaemonState) -> list[Route]:
         entry, events, stack = await start_generation(
             state.manager, name, encode, params, priority, copies=copies)
         model = entry.name
-        if warm_only:
+        if read_only:
             done = await whole_reply(state, request, events, stack)
             final = _only(fields, _final(prompt_only(done), model, ""))
             return Response(_sse(final), media_type="text/event-stream") if streamed \
                 else JSONResponse(final)
-        if copies > 1:  # an array, as llama-server answers n_cmpl
-            dones = await whole_replies(state, request, events, stack)
-            return JSONResponse([_only(fields, _final(done, model, done.text, index=i))
-                                 for i, done in enumerate(dones)])
-        if not streamed:
-            done = await whole_reply(state, request, events, stack)
-            return JSONResponse(_only(fields, _final(done, model, done.text)))
+        if not streamed:  # with n_cmpl above 1 an array, as llama-server answers it
+            replies = [_only(fields, _final(done, model, done.text, index=i)) for i, done
+                       in enumerate(await whole_replies(state, request, events, stack))]
+            return JSONResponse(replies if copies > 1 else replies[0])
 
         async def stream() -> AsyncIterator[str]:
             try:

@@ -29,7 +29,7 @@ from ..runtime.types import Done, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel, ModelStore
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
-from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
+from .bridge import BridgeResponse, start_generation, whole_replies
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .llama_fields import (
@@ -219,8 +219,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
         return choice
 
     if not stream:
-        dones = await whole_replies(state, request, events, stack) if copies > 1 else \
-            [await whole_reply(state, request, events, stack)]
+        dones = await whole_replies(state, request, events, stack)
         if read_only:
             dones = [prompt_only(dones[0])]
         usage = usage_json(dones[0])  # the prompt once, every choice's completion

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import LocalInferError, WorkerLost
 from .backend import Backend
@@ -29,6 +30,7 @@ from .speculate import EXACT_ROWS
 from .types import FinishReason
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHECKPOINT_MIN_TOKENS = 64
 """An autocomplete prompt that shares fewer tokens than this with the slot's cache takes no
@@ -167,14 +169,9 @@ class CacheKeeper:
         if common_prefix(source.cached, target) < here + CHECKPOINT_MIN_TOKENS:
             return
         n = len(source.cached)
-        try:
-            state = self.backend.seq_save(source.seq_id, n)
-        except WorkerLost:
-            raise  # the model's process is gone: stop (``failed``), the owner reloads it
-        except LocalInferError as exc:  # out of memory: the prompt is read instead
-            log.warning("could not copy a sequence's cache: %s", exc)
-            return
-        if state is None:
+        state = self._host_copy(lambda: self.backend.seq_save(source.seq_id, n),
+                                "could not copy a sequence's cache")
+        if state is None:  # the prompt is read instead
             return
         slot.checkpoints, slot.spare = [], None
         if self.backend.seq_load(slot.seq_id, state, n):
@@ -260,16 +257,25 @@ class CacheKeeper:
         disk = self.disk
         assert disk is not None  # asked only with a prefix cache
         n_full = len(tokens) if window is None else len(slot.cached)
+        copied = self._host_copy(lambda: (
+            self.backend.seq_save(slot.seq_id, n_full),
+            None if window is None else self.backend.checkpoint_data(window.state)),
+            "prefix cache: could not copy a sequence's cache")
+        if copied is not None and copied[0] is not None:
+            disk.save(tokens, Saved(copied[0], n_full, copied[1]))
+
+    @staticmethod
+    def _host_copy(copy: Callable[[], T], what: str) -> T | None:
+        """``copy()`` (a sequence's state into host memory), or None where llama.cpp could
+        not (out of memory: ``what`` is logged, and the cache goes on without the copy); a
+        lost worker process stops the engine (``failed``), whose owner reloads it."""
         try:
-            state = self.backend.seq_save(slot.seq_id, n_full)
-            data = None if window is None else self.backend.checkpoint_data(window.state)
+            return copy()
         except WorkerLost:
-            raise  # the model's process is gone: stop (``failed``), the owner reloads it
-        except LocalInferError as exc:  # out of memory: the cache goes on without it
-            log.warning("prefix cache: could not copy a sequence's cache: %s", exc)
-            return
-        if state is not None:
-            disk.save(tokens, Saved(state, n_full, data))
+            raise
+        except LocalInferError as exc:
+            log.warning("%s: %s", what, exc)
+            return None
 
     def _load(self, slot: Slot, saved: Saved, n: int) -> bool:
         """Put back a state saved for a prefix of ``n`` tokens: whether the slot's cache
@@ -311,12 +317,9 @@ class CacheKeeper:
         if len(slot.checkpoints) >= keep:
             reuse = slot.checkpoints[0].state
             slot.checkpoints = slot.checkpoints[len(slot.checkpoints) - keep + 1:]
-        try:
-            state = self.backend.seq_checkpoint(slot.seq_id, reuse)
-        except WorkerLost:
-            raise  # the model's process is gone: stop (``failed``), the owner reloads it
-        except LocalInferError as exc:  # out of memory: the cache goes on without one
-            log.warning("could not save a checkpoint of a sequence's cache: %s", exc)
+        state = self._host_copy(lambda: self.backend.seq_checkpoint(slot.seq_id, reuse),
+                                "could not save a checkpoint of a sequence's cache")
+        if state is None:
             return
         slot.checkpoints = [*slot.checkpoints, Checkpoint(list(slot.cached), state)]
 
