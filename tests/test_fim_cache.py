@@ -202,3 +202,32 @@ def test_the_shortest_autocomplete_prompt_is_read_first():
     finally:
         backend.open()
         engine.close()
+
+
+def test_a_short_chat_prompt_is_not_kept_behind_an_editors_cold_file():
+    """A chat's new turn (normal priority) that one chunk finishes is read before an
+    autocomplete request's long prompt, not after all of it (it waited 8 s behind three
+    editors' cold files in the editor workload); background work still waits."""
+    from localinfer.runtime.engine import Engine
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="ok", n_slots=3, n_batch=32)
+    engine = Engine(backend)
+    try:
+        long_prompt = engine.infill_tokens(PREFIX * 3, SUFFIX, prompt="r")
+        chat = engine.prompt_tokens("What does it return?")
+        assert len(chat) <= 32 < len(long_prompt) // 4
+        editor = engine.submit(long_prompt, SamplingParams(max_tokens=2, supersede="editor"),
+                               priority=Priority.INTERACTIVE)
+        deadline = time.monotonic() + 30
+        while not engine._in_step and time.monotonic() < deadline:
+            time.sleep(0.005)  # the long prompt's first chunk is in flight
+        question = engine.submit(chat, SamplingParams(max_tokens=2), priority=Priority.NORMAL)
+        indexing = engine.submit(list(chat), SamplingParams(max_tokens=2),
+                                 priority=Priority.BACKGROUND)
+        backend.open()
+        editor.result(), question.result(), indexing.result()
+        assert question.request.t_first < editor.request.t_first < indexing.request.t_first
+    finally:
+        backend.open()
+        engine.close()

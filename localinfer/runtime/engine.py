@@ -47,7 +47,7 @@ from .fim import FimFile, FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
 from .prompts import PromptBuilder
-from .slots import Slot, bare_decode_rate, preemption_victim
+from .slots import Slot, bare_decode_rate, preemption_victim, reading_order
 from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
@@ -623,14 +623,7 @@ class Engine:
             budget -= n
 
         chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
-        # Autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint
-        # before another editor's cold file: the least time waited in all); others in order.
-        prefilling = sorted((s for s in active if s.prefilling), key=lambda s: (
-            s.running.priority, len(s.running.target) - len(s.cached)
-            if s.running.params.supersede else 0, s.running))
-        if prefilling:  # the most urgent prompts are read first, alone
-            first = prefilling[0].running.priority
-            prefilling = [s for s in prefilling if s.running.priority == first]
+        prefilling = reading_order([s for s in active if s.prefilling], chunk_cap)
         chunks: list[tuple[Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)
