@@ -265,6 +265,26 @@ INFILL = RouteFields(
     },
 )
 
+TOKENIZE = RouteFields(
+    honoured=("model", "content", "add_special", "with_pieces"),
+    refused={"parse_special": Refused("special-token text (<start_of_turn>) is always read"
+                                      " as special tokens; send true or leave it out.",
+                                      lambda v: v is True, "true")},
+)
+
+DETOKENIZE = RouteFields(honoured=("model", "tokens"))
+
+_RENDERED = ("model", "messages", "reasoning_effort", "chat_template_kwargs")
+APPLY_TEMPLATE = RouteFields(
+    honoured=_RENDERED,
+    elsewhere=("tools", "tool_choice", "parallel_tool_calls"),
+    ignored={**{name: "the prompt is rendered, nothing is generated" for name in
+                V1_CHAT.honoured + V1_CHAT.elsewhere
+                if name not in _RENDERED + ("tools", "tool_choice", "parallel_tool_calls")},
+             **V1_CHAT.ignored},
+    refused=V1_CHAT.refused,
+)
+
 API_EMBED = RouteFields(
     honoured=("model", "input", "truncate", "dimensions", "options", "keep_alive"))
 
@@ -365,6 +385,9 @@ ROUTES: dict[str, RouteFields] = {
     "/api/generate": API_GENERATE,
     "/api/chat and /api/generate: options": API_OPTIONS,
     "/infill": INFILL,
+    "/tokenize": TOKENIZE,
+    "/detokenize": DETOKENIZE,
+    "/apply-template": APPLY_TEMPLATE,
     "/v1/embeddings": V1_EMBEDDINGS,
     "/api/embed": API_EMBED,
     "/api/embeddings": API_EMBEDDINGS,

@@ -14,10 +14,16 @@ object (``content``, ``stop``, ``stop_type``, ``tokens_predicted``, ``tokens_eva
 llama.vscode always sends ``t_max_prompt_ms``, which llama-server reads but does not enforce;
 it is accepted here likewise. ``n_predict`` (0: read the prompt only) and ``samplers`` are read
 as on the OpenAI routes (llama_fields.py).
+
+llama.vscode also asks llama-server's ``/props`` (the context size it budgets prompts by;
+``model`` and ``autoload`` in the query, as its router mode takes them), ``/apply-template``
+(the chat prompt as the model's template renders it) and ``/tokenize`` (that prompt's exact
+token count); ``/detokenize`` comes with them. Each answers in llama-server's shape.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,11 +32,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import __version__
 from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
-from ..runtime.types import Done, SamplingParams, Token
+from ..runtime.types import DEFAULT_SAMPLING, Done, ModelInfo, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
@@ -42,9 +49,10 @@ from .llama_fields import (
     prompt_only,
     prompt_only_priority,
 )
-from .requests import Fields, read_json
+from .reasoning_fields import openai_think
+from .requests import Fields, parse_messages, read_json
 from .state import DaemonState
-from .structured import LLAMA_OUTPUT_FIELDS, output_grammar
+from .structured import LLAMA_OUTPUT_FIELDS, openai_constraints, output_grammar
 
 
 def routes(state: DaemonState) -> list[Route]:
@@ -117,7 +125,111 @@ def routes(state: DaemonState) -> list[Route]:
         return BridgeResponse(stream(), events, media_type="text/event-stream",
                               on_close=stack.aclose)
 
-    return [Route("/infill", guarded(state, "infill", infill), methods=["POST"])]
+    async def tokenize(request: Request) -> Response:
+        body = await read_json(request)
+        audit("/tokenize", body)
+        f = Fields(body)
+        content = body.get("content", "")
+        if not isinstance(content, str):
+            raise InvalidRequest("'content' must be a string (the text to tokenize).")
+        add_special = f.boolean("add_special", False)
+        with_pieces = f.boolean("with_pieces", False)
+        name = f.string("model", None) or default_model(state, "/tokenize")
+        async with state.manager.lease(name) as entry:
+            engine = entry.engine
+
+            def spell() -> list[Any]:
+                tokens = engine.tokenize(content, add_special=add_special)
+                if not with_pieces:
+                    return tokens
+                return [{"id": t, "piece": _piece(engine.piece(t))} for t in tokens]
+            tokens = await asyncio.to_thread(spell)
+        return JSONResponse({"tokens": tokens})
+
+    async def detokenize(request: Request) -> Response:
+        body = await read_json(request)
+        audit("/detokenize", body)
+        tokens = body.get("tokens", [])
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidRequest("'tokens' must be a list of token ids.")
+        name = Fields(body).string("model", None) or default_model(state, "/detokenize")
+        async with state.manager.lease(name) as entry:
+            engine = entry.engine
+            text = await asyncio.to_thread(
+                lambda: b"".join(engine.piece(t) for t in tokens).decode("utf-8", "replace"))
+        return JSONResponse({"content": text})
+
+    async def apply_template(request: Request) -> Response:
+        body = await read_json(request)
+        audit("/apply-template", body)
+        name = Fields(body).string("model", None) or default_model(state, "/apply-template")
+        messages = await state.manager.with_preset(name, parse_messages(body.get("messages")))
+        thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
+        # The prompt only: tools are rendered; the output format, applied while generating,
+        # is not part of it.
+        constraints = openai_constraints({k: v for k, v in body.items()
+                                          if k in ("tools", "tool_choice", "parallel_tool_calls")})
+        render = constraints.renderer(messages, thinking)
+        async with state.manager.lease(name) as entry:
+            prompt = await asyncio.to_thread(render, entry.engine)
+        return JSONResponse({"prompt": prompt})
+
+    async def props(request: Request) -> Response:
+        query = dict(request.query_params)
+        unknown = sorted(set(query) - {"model", "autoload"})
+        if unknown:
+            raise InvalidRequest(f"'{unknown[0]}' is not a parameter of /props (it takes"
+                                 " 'model' and 'autoload').")
+        autoload = query.get("autoload", "true")
+        if autoload not in ("true", "false"):
+            raise InvalidRequest("'autoload' must be true or false.")
+        name = query.get("model") or default_model(state, "/props")
+        if autoload == "false":
+            resolved = (await state.manager.resolve(name)).name
+            if resolved not in state.manager.loaded:
+                raise InvalidRequest(f"model {resolved!r} is not loaded, and autoload=false"
+                                     " asks not to load it: load it first (any request to"
+                                     " it does) or leave autoload out.")
+        async with state.manager.lease(name) as entry:
+            info = entry.engine.info
+            template = entry.engine.chat_template_source
+        return JSONResponse(_props(entry.name, info, template))
+
+    return [Route("/infill", guarded(state, "infill", infill), methods=["POST"]),
+            Route("/tokenize", guarded(state, "tokenize", tokenize), methods=["POST"]),
+            Route("/detokenize", guarded(state, "detokenize", detokenize), methods=["POST"]),
+            Route("/apply-template", guarded(state, "apply-template", apply_template),
+                  methods=["POST"]),
+            Route("/props", guarded(state, "props", props), methods=["GET"])]
+
+
+def _piece(piece: bytes) -> str | list[int]:
+    """A token's piece as llama-server's ``with_pieces`` gives it: the text where it is whole
+    UTF-8, else its bytes (a piece of a character)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+def _props(name: str, info: ModelInfo, template: str) -> dict[str, Any]:
+    """llama-server's ``/props``: the context each slot has (what editors budget prompts by),
+    the slots, the model and its template, the default sampling."""
+    d = DEFAULT_SAMPLING
+    return {
+        "default_generation_settings": {
+            "n_ctx": info.n_ctx,
+            "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                       "min_p": d.min_p, "typical_p": d.typical_p,
+                       "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
+                       "n_predict": -1},  # a request without a cap: to the context's end
+        },
+        "total_slots": info.n_slots, "model_alias": name, "model_path": info.path,
+        "chat_template": template, "bos_token": info.bos_text, "eos_token": info.eos_text,
+        "modalities": {"vision": False, "audio": False},
+        "build_info": f"localinfer {__version__}",
+    }
 
 
 def _extra(value: Any) -> list[FimFile]:

@@ -55,6 +55,12 @@ class Thinking:
                     ) -> list[int]:
         """The prompt's tokens; ``prefill``: the reply's start, written by the client (the
         reply continues it)."""
+        return engine.prompt_tokens(self.chat_text(engine, messages, tools=tools,
+                                                   prefill=prefill))
+
+    def chat_text(self, engine: Engine, messages: Sequence[Message], *,
+                  tools: Sequence[dict[str, Any]] | None = None, prefill: str = "") -> str:
+        """The prompt as the model's template renders it (``chat_tokens``' text)."""
         fmt = self.format = thinking_format(engine.chat_template_source)
         variables = {**self.extra_vars,
                      **template_vars(fmt, self.think, model=engine.info.name)}
@@ -64,7 +70,7 @@ class Thinking:
         if fmt is not None:
             self.opened = starts_thinking(fmt, text)
             self.splitter = new_splitter(fmt, text)
-        return engine.prompt_tokens(text)
+        return text
 
     def reasoning_tags(self) -> tuple[str, str] | None:
         """The tags of the ``<think>`` block a reply may begin with, for a grammar that must

@@ -53,15 +53,21 @@ class Constraints:
         """The prompt's tokens, the tools rendered by the model's own template (with the
         request's thinking variables), then ``prefill`` (the reply's start, if the client
         wrote one)."""
+        render = self.renderer(messages, thinking, prefill)
+        return lambda engine: engine.prompt_tokens(render(engine))
+
+    def renderer(self, messages: Sequence[Message], thinking: Thinking, prefill: str = ""
+                 ) -> Callable[[Engine], str]:
+        """The prompt's text, as ``encoder`` tokenizes it."""
         self.thinking = thinking
 
-        def encode(engine: Engine) -> list[int]:
+        def render(engine: Engine) -> str:
             if not self.calling:
-                return thinking.chat_tokens(engine, messages, prefill=prefill)
+                return thinking.chat_text(engine, messages, prefill=prefill)
             self.fmt = engine.tool_format()
-            return thinking.chat_tokens(engine, messages, prefill=prefill,
-                                        tools=[t.definition for t in self.tools])
-        return encode
+            return thinking.chat_text(engine, messages, prefill=prefill,
+                                      tools=[t.definition for t in self.tools])
+        return render
 
     def sampling(self, base: SamplingParams) -> Callable[[Engine], SamplingParams]:
         def resolve(engine: Engine) -> SamplingParams:

@@ -225,8 +225,11 @@ class Engine:
         """A rendered chat prompt's tokens."""
         return self.prompt_builder.prompt_tokens(text)
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.prompt_builder.tokenize(text)
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        return self.prompt_builder.tokenize(text, add_special=add_special)
+
+    def piece(self, token: int) -> bytes:
+        return self.prompt_builder.piece(token)
 
     def embedding_tokens(self, text: str, *, truncate: bool = True) -> list[int]:
         """``text`` as the model reads it for an embedding (``PromptBuilder``)."""

@@ -106,8 +106,17 @@ class PromptBuilder:
         bos = self.info.bos_text
         return not (bos and text.startswith(bos))
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.backend.tokenize(text, add_special=False)
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        return self.backend.tokenize(text, add_special=add_special)
+
+    def piece(self, token: int) -> bytes:
+        """What ``token`` stands for, a special token's text included (``<end_of_turn>``),
+        as llama-server's ``/tokenize`` and ``/detokenize`` spell it."""
+        if not 0 <= token < self.info.n_vocab:
+            raise InvalidRequest(f"token {token} is not in the model's vocabulary (0 to"
+                                 f" {self.info.n_vocab - 1}).")
+        special = self.backend.special_piece(token)
+        return special if special is not None else self.backend.token_bytes(token)
 
     def embedding_tokens(self, text: str, *, truncate: bool = True) -> list[int]:
         """``text`` as the model reads it for an embedding: cut to the embedding context

@@ -1,0 +1,117 @@
+"""llama-server's /props, /apply-template, /tokenize and /detokenize, as llama.vscode calls them
+(src/language-model-token-limits.ts, src/llama-server.ts: the context size from
+``default_generation_settings.n_ctx``; a chat prompt's exact token count by rendering it with
+/apply-template and counting it with /tokenize, ``add_special`` false, ``parse_special`` true).
+Fake backend, through the daemon; before these routes llama.vscode got 404s and estimated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon_util import fake_factory, install_fake_models, openai_client, serve
+
+MESSAGES = [{"role": "system", "content": "You are a careful coder."},
+            {"role": "user", "content": "Rename x to count in: x = 1"}]
+
+
+@pytest.fixture
+def daemon(home):
+    install_fake_models("chat:1b-f16", "other:1b-f16")
+    with serve(fake_factory()) as d:
+        yield d
+
+
+def test_the_token_count_llama_vscode_asks_for_is_the_chat_prompts(daemon):
+    with daemon.tcp() as http:
+        rendered = http.post("/apply-template", json={"model": "chat:1b", "messages": MESSAGES})
+        assert rendered.status_code == 200, rendered.text
+        prompt = rendered.json()["prompt"]
+        counted = http.post("/tokenize", json={"content": prompt, "add_special": False,
+                                               "parse_special": True})
+        assert counted.status_code == 200, counted.text
+        tokens = counted.json()["tokens"]
+    # The prompt the chat route reads for the same messages: as many tokens (its template
+    # writes the BOS itself, or the count differs by the one the tokenizer adds).
+    reply = openai_client(daemon).chat.completions.create(model="chat:1b", messages=MESSAGES,
+                                                          max_tokens=1)
+    engine = daemon.manager.loaded["chat:1b-f16"].engine
+    assert prompt == engine.render_chat(engine_messages(MESSAGES))
+    bos = 0 if engine.prompt_builder.adds_bos(prompt) is False else 1
+    assert len(tokens) + bos == reply.usage.prompt_tokens
+    assert "Rename x to count" in prompt
+
+
+def engine_messages(raw):
+    from localinfer.daemon.requests import parse_messages
+    return parse_messages(raw)
+
+
+def test_pieces_and_detokenize_spell_the_text_back(daemon):
+    text = "def f(x):\n    return x <end_of_turn> é"
+    with daemon.tcp() as http:
+        plain = http.post("/tokenize", json={"model": "chat:1b", "content": text}).json()
+        pieces = http.post("/tokenize", json={"model": "chat:1b", "content": text,
+                                              "with_pieces": True}).json()["tokens"]
+        back = http.post("/detokenize", json={"model": "chat:1b",
+                                              "tokens": plain["tokens"]}).json()
+        with_bos = http.post("/tokenize", json={"model": "chat:1b", "content": text,
+                                                "add_special": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == plain["tokens"]
+    assert "".join(p["piece"] for p in pieces) == text == back["content"]
+    assert len(with_bos) == len(plain["tokens"]) + 1
+
+
+def test_props_gives_the_context_editors_budget_by(daemon):
+    with daemon.tcp() as http:
+        refused = http.get("/props", params={"model": "other:1b", "autoload": "false"})
+        props = http.get("/props", params={"model": "chat:1b"})
+        loaded_only = http.get("/props", params={"model": "chat:1b", "autoload": "false"})
+        unnamed = http.get("/props")  # llama-server serves one model: the one used last
+        odd = http.get("/props", params={"slot": "0"})
+    assert refused.status_code == 400
+    assert "not loaded" in refused.json()["error"]["message"]
+    assert "other:1b-f16" not in daemon.manager.loaded  # autoload=false loaded nothing
+    info = daemon.manager.loaded["chat:1b-f16"].engine.info
+    body = props.json()
+    assert body["default_generation_settings"]["n_ctx"] == info.n_ctx > 0
+    assert body["total_slots"] == info.n_slots
+    assert body["chat_template"] and body["model_alias"] == "chat:1b-f16"
+    assert loaded_only.json() == body and unnamed.json() == body
+    assert odd.status_code == 400 and "'slot'" in odd.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route, body, words", [
+    ("/tokenize", {"model": "chat:1b", "content": "x", "parse_special": False},
+     "'parse_special'"),
+    ("/tokenize", {"model": "chat:1b", "content": ["x", 5]}, "'content'"),
+    ("/tokenize", {"model": "chat:1b", "content": "x", "n_probs": 3}, "'n_probs'"),
+    ("/detokenize", {"model": "chat:1b", "tokens": [1, "2"]}, "'tokens'"),
+    ("/detokenize", {"model": "chat:1b", "tokens": [10 ** 9]}, "not in the model's vocab"),
+    ("/detokenize", {"model": "chat:1b", "tokens": [-1]}, "not in the model's vocab"),
+    ("/apply-template", {"model": "chat:1b", "messages": "hi"}, "'messages'"),
+    ("/apply-template", {"model": "chat:1b", "messages": MESSAGES, "functions": []},
+     "'functions'"),
+])
+def test_what_these_routes_do_not_take_is_a_400_naming_it(daemon, route, body, words):
+    with daemon.tcp() as http:
+        reply = http.post(route, json=body)
+    assert reply.status_code == 400, reply.text
+    assert words in reply.json()["error"]["message"]
+
+
+def test_apply_template_renders_tools_and_ignores_sampling(home):
+    install_fake_models("chat:1b-f16")
+    qwen = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
+    tools = [{"type": "function", "function": {
+        "name": "read_file", "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    with serve(fake_factory(chat_template=qwen)) as daemon, daemon.tcp() as http:
+        bare = http.post("/apply-template", json={"model": "chat:1b", "messages": MESSAGES})
+        with_tools = http.post("/apply-template", json={
+            "model": "chat:1b", "messages": MESSAGES, "tools": tools, "tool_choice": "auto",
+            "temperature": 0.2, "max_tokens": 5, "stream": True})
+    assert with_tools.status_code == 200, with_tools.text
+    assert "read_file" in with_tools.json()["prompt"]
+    assert "read_file" not in bare.json()["prompt"]
