@@ -257,6 +257,15 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
                       "effort": maybe(st.sampled_from(["none", "low", "high"]))})),
                   "truncation": maybe(st.sampled_from(["disabled", "auto"])),
                   "personality": maybe(texts)}),
+    ("POST", "/tokenize"): st.fixed_dictionaries(
+        {}, optional={"model": model, "content": maybe(texts) | values,
+                      "add_special": maybe(st.booleans()), "parse_special": maybe(st.booleans()),
+                      "with_pieces": maybe(st.booleans()) | values}),
+    ("POST", "/detokenize"): st.fixed_dictionaries(
+        {}, optional={"model": model, "tokens": maybe(st.lists(
+            st.integers(-3, 300) | st.integers(2 ** 31, 2 ** 70) | values, max_size=4))}),
+    ("POST", "/apply-template"): st.fixed_dictionaries(
+        {"model": model, "messages": messages}, optional=openai_common),
     ("POST", "/localinfer/load"): st.fixed_dictionaries(
         {"model": model}, optional={"keep_alive": maybe(texts | small_ints)}),
 }

@@ -204,15 +204,21 @@ class FakeBackend:
         tokens = [self._id(piece) for piece in _PIECE.findall(text)]
         return [self._id("<bos>")] + tokens if add_special else tokens
 
+    def _piece(self, token: int) -> str:
+        """Every id below ``n_vocab`` is a token, as in a real vocabulary: those no text has
+        spelled yet are unused ones."""
+        with self._lock:
+            return self._pieces[token] if token < len(self._pieces) else f"<unused{token}>"
+
     def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces[token]
+        piece = self._piece(token)
         return b"" if piece in self._control else piece.encode()
 
     max_special_bytes = 32
 
     def special_piece(self, token: int) -> bytes | None:
         # The pattern reads <word> whole, as llama.cpp reads special tokens.
-        piece = self._pieces[token]
+        piece = self._piece(token)
         return piece.encode() if _SPECIAL.fullmatch(piece) else None
 
     def is_eog(self, token: int) -> bool:
