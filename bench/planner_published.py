@@ -8,7 +8,8 @@ for the fit rows and for each batch's held rows (38c: the clean hold-out of rece
 38e: rows collected after the 38c refit; 38f: rows collected before the 38f prefill pass;
 38g: rows collected before the 38g decode pass; 38h: rows collected before the second
 prefill pass; 38i: rows collected before the third prefill pass; 38j: discrete-GPU rows
-collected before the fourth prefill pass).
+collected before the fourth prefill pass; 38k: Intel Arc and Lunar Lake rows collected before
+the 38k pass).
 
     python bench/planner_published.py [--rows] [--fit]
         --rows: every row with its error
@@ -185,6 +186,7 @@ def main() -> None:
     issue_table(outcomes, "held", "38h")
     issue_table(outcomes, "held", "38i")
     issue_table(outcomes, "held", "38j")
+    issue_table(outcomes, "held", "38k")
     if args.fit:
         fit_table(outcomes)
     copied = sum(r.verified == "retrieved-copy" for r in rows)
