@@ -54,15 +54,17 @@ def test_rows_are_within_a_factor_of_two():
     # ROCm 6.3 with gfx1151 kernels forced (four rows, 3.6-3.7x too fast; batch 38h); Strix
     # Halo's prefill on AMDVLK v2025.Q2.1, which reports half its shared memory (306 tok/s where
     # RADV reaches 1,074 on the same build), and an Arc A770 on Windows' Vulkan driver without
-    # integer dot products or matrix cores (gemma2 2B, 3.2x too fast; batch 38i). GPUs
-    # behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their host's
-    # driver path: machine.ARM_HOST_*).
+    # integer dot products or matrix cores (gemma2 2B, 3.2x too fast; batch 38i); and the
+    # Ubuntu runs of ggml-org/llama.cpp#14001 on Mesa 24.2.8 (an Arc B580, an A770 and a Lunar
+    # Lake iGPU decoding at a third of what the same PCs reach on Windows' driver, batch 38k).
+    # GPUs behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their
+    # host's driver path: machine.ARM_HOST_*). 23 of 326 rows are past 2x today.
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
-    assert len(outside) <= 0.066 * len(outcomes), outside
-    # Past 3x: only such rows (14 of 318).
+    assert len(outside) <= 0.071 * len(outcomes), outside
+    # Past 3x: only such rows (17 of 326).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
-    assert len(far) <= 0.046 * len(outcomes), far
+    assert len(far) <= 0.053 * len(outcomes), far
 
 
 def share_within(outcomes: list[Outcome], what: str) -> float:
@@ -75,23 +77,25 @@ def test_most_held_out_rows_are_within_25_percent():
     held = [o for o in OUTCOMES if o.row.role == "held"]
     report = ", ".join(f"{o.row.what}: {o.decode_error:+.0%}" for o in held)
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
-    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (223): the
+    # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (231): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h, 38i and 38j. Met: decode 83%
-    # of all (goal 90%: NOT met; 85% before batch 38j's 13 rows came in), 77% off Apple (goal
-    # 75%: met; 79% before 38j), 73% of discrete GPUs (goal 65%: met; 75% before 38j); prefill
-    # 61% of all (goal 75%: NOT met; 62% before 38j), 46% off Apple (goal 55%: NOT met; 46%
-    # before 38j, 41% with batch 38i before the 38i pass, 39% before that batch). These assert
-    # what is met, so that a regression fails; bench/planner_published.py prints the tables.
+    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h, 38i, 38j and 38k. Met:
+    # decode 83% of all (goal 90%: NOT met; 85% before batch 38j's 13 rows came in), 77% off
+    # Apple (goal 75%: met; 79% before 38j), 73% of discrete GPUs (goal 65%: met; 75% before
+    # 38j); prefill 60% of all (goal 75%: NOT met; 62% before 38j, 61% before 38k), 45% off
+    # Apple (goal 55%: NOT met; 46% before 38j and 38k, 41% with batch 38i before the 38i pass,
+    # 39% before that batch). These assert what is met, so that a regression fails;
+    # bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.83, report
-    assert share_within(off_apple, "decode") >= 0.77, report
+    assert share_within(held, "decode") >= 0.82, report
+    assert share_within(off_apple, "decode") >= 0.76, report
     assert share_within(discrete, "decode") >= 0.73, report
-    assert share_within(held, "prefill") >= 0.61
+    assert share_within(held, "prefill") >= 0.60
     assert share_within(off_apple, "prefill") >= 0.45
     # The 124 held rows before batch 38f: decode 90%, prefill 73% of all and 48% off Apple.
-    before = [o for o in held if o.row.batch not in ("38f", "38g", "38h", "38i", "38j")]
+    before = [o for o in held
+              if o.row.batch not in ("38f", "38g", "38h", "38i", "38j", "38k")]
     assert share_within(before, "decode") >= 0.90
     assert share_within(before, "prefill") >= 0.72
     assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
@@ -102,14 +106,15 @@ def test_the_plans_intervals_hold_most_held_out_rows():
     # widened until 80% of batches 16/38's held rows fell inside (issue 38b); the 38g pass re-set
     # ROCm's decode interval by the same recipe, the 38h pass the CUDA, ROCm and Vulkan prefill
     # intervals on the rows of 2025-2026 builds (batch 38h left out), the 38i pass ROCm's again
-    # by that recipe once its AMD iGPU share moved. On every held row today 86% of decode and
-    # 86% of prefill figures fall inside (82% of prefill off Apple; 73% and 64% before the 38h
-    # pass: 43% of the held Vulkan rows fell in 0.69-1.23); on batch 38h 12 of 19 prefill figures
-    # (8 before); on batch 38i 25 of 25 decode and 10 of 12 prefill figures (9 before the pass).
+    # by that recipe once its AMD iGPU share moved. On every held row today 85% of decode and
+    # 84% of prefill figures fall inside (81% of prefill off Apple; 73% and 64% before the 38h
+    # pass: 43% of the held Vulkan rows fell in 0.69-1.23; 86% and 86% before batch 38k); on
+    # batch 38h 12 of 19 prefill figures (8 before); on batch 38i 25 of 25 decode and 10 of 12
+    # prefill figures (9 before the pass); on batch 38k 5 of 8 decode and 4 of 8 prefill.
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
     assert sum(o.decode_inside for o in held) >= 0.83 * len(held)
-    assert sum(bool(o.prefill_inside) for o in pre) >= 0.85 * len(pre)
+    assert sum(bool(o.prefill_inside) for o in pre) >= 0.84 * len(pre)
     off_apple = [o for o in pre if not o.row.apple]
     assert sum(bool(o.prefill_inside) for o in off_apple) >= 0.80 * len(off_apple)
 
@@ -187,6 +192,15 @@ HOLD_OUTS = [
     # +122..+125%; Gemma 3 4B Q3_K_S +56..+59%; AMDVLK +43%). No constant changed in the pass
     # (docs/benchmarks.md).
     ("38j", 13, 0.61, 0.46),
+    # Batch 38k: eight rows of 2025-2026 builds off Apple collected before the 38k pass changed
+    # any constant: an Arc Pro B70 (Battlemage, 32 Xe2 cores) on SYCL and on Vulkan (build 9039,
+    # May 2026, kyuz0/intel-b70-ai-toolboxes), the table of ggml-org/llama.cpp#14001 (June 2025:
+    # a Lunar Lake Core Ultra 7 268V, an Arc B580 and an A770 on Windows' driver and on Mesa
+    # 24.2.8, gemma-2-2b Q4_K_M) and an R9700 on ROCm 7.2.2 (build 8990, the 38j host). Before
+    # (and after: no constant changed, docs/benchmarks.md) decode 5 of 8 within +-25% (out: the
+    # three Mesa 24.2.8 rows, +118..+203%), prefill 3 of 8 (out: the B70 on Vulkan -60%, Lunar
+    # Lake +80% on Windows and +347% on Mesa, the Mesa B580 and A770).
+    ("38k", 8, 0.62, 0.37),
 ]
 
 
