@@ -257,6 +257,11 @@ SCHEMAS: dict[tuple[str, str], st.SearchStrategy] = {
                       "effort": maybe(st.sampled_from(["none", "low", "high"]))})),
                   "truncation": maybe(st.sampled_from(["disabled", "auto"])),
                   "personality": maybe(texts)}),
+    ("POST", "/completion"): st.fixed_dictionaries(
+        {"prompt": maybe(texts | st.lists(st.integers(-3, 300) | texts, max_size=4))},
+        optional={**sampling, **llama_server, "model": model,
+                  "t_max_predict_ms": maybe(small_ints), "n_indent": maybe(small_ints),
+                  "stream": maybe(st.booleans())}),
     ("POST", "/tokenize"): st.fixed_dictionaries(
         {}, optional={"model": model, "content": maybe(texts) | values,
                       "add_special": maybe(st.booleans()), "parse_special": maybe(st.booleans()),

@@ -265,6 +265,17 @@ INFILL = RouteFields(
     },
 )
 
+COMPLETION = RouteFields(
+    honoured=("model", "prompt", *_LLAMA_SERVER, "max_tokens", "t_max_predict_ms", "n_indent",
+              "stream", "response_fields", "n_cmpl", "n", *_SAMPLING, *_LOCALINFER),
+    elsewhere=("grammar", "json_schema"),
+    ignored={"t_max_prompt_ms": INFILL.ignored["t_max_prompt_ms"], "id_slot": _ID_SLOT},
+    refused={**INFILL.refused, "n_probs": Refused(
+        "token probabilities are not returned by /completion; send 0 or leave it out"
+        " (/v1/completions returns them with 'logprobs').",
+        lambda v: v == 0 and not isinstance(v, bool), "0")},
+)
+
 TOKENIZE = RouteFields(
     honoured=("model", "content", "add_special", "with_pieces"),
     refused={"parse_special": Refused("special-token text (<start_of_turn>) is always read"
@@ -385,6 +396,7 @@ ROUTES: dict[str, RouteFields] = {
     "/api/generate": API_GENERATE,
     "/api/chat and /api/generate: options": API_OPTIONS,
     "/infill": INFILL,
+    "/completion": COMPLETION,
     "/tokenize": TOKENIZE,
     "/detokenize": DETOKENIZE,
     "/apply-template": APPLY_TEMPLATE,

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -37,7 +38,7 @@ from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
-from ..runtime.types import DEFAULT_SAMPLING, Done, ModelInfo, SamplingParams, Token
+from ..runtime.types import DEFAULT_SAMPLING, Done, ModelInfo, Priority, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
@@ -50,7 +51,7 @@ from .llama_fields import (
     prompt_only_priority,
 )
 from .reasoning_fields import openai_think
-from .requests import Fields, parse_messages, read_json
+from .requests import Fields, parse_messages, priority_of, read_json
 from .state import DaemonState
 from .structured import LLAMA_OUTPUT_FIELDS, openai_constraints, output_grammar
 
@@ -65,65 +66,42 @@ def routes(state: DaemonState) -> list[Route]:
         typed = f.string("prompt", None)  # None: the prefix runs to the cursor
         extra = _extra(body.get("input_extra"))
         f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
-        fields = _response_fields(body.get("response_fields"))
-        streamed = f.boolean("stream", False)  # read before the generation starts: a bad value
-        # after it would leave the lease held and the generation running
-        copies = _copies(f)
-        if streamed and copies > 1:
-            raise InvalidRequest("'n_cmpl' above 1 is answered whole: send 'stream': false"
-                                 " (as llama.vscode does), or ask one completion per stream.")
+        asked = _Asked.read(body, f)
         name = f.string("model", None) or default_model(state, "/infill", fim=True)
-        # n_predict 0 (llama.vscode's and llama.vim's request that reads new context into
-        # the cache ahead of the next completion): the prompt is read, nothing is predicted.
-        predict = n_predict(f, f.integer("max_tokens", None, low=-1))
-        read_only = predict == 0
-        if read_only and copies > 1:
-            raise InvalidRequest("'n_predict': 0 reads the prompt into the cache and predicts"
-                                 " nothing: send 'n_cmpl': 1 with it.")
-        params = dataclasses.replace(_params(f, predict),
-                                     grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
-        params = autocomplete_params(params, request, name, prefix)
-        priority = autocomplete_priority(request, body)
-        if read_only:
-            priority = prompt_only_priority(request, body, priority)
+        params = autocomplete_params(asked.params, request, name, prefix)
+        priority = asked.priority(request, body, autocomplete_priority(request, body))
 
         def encode(engine: Engine) -> list[int]:
-            if copies > engine.info.n_slots:  # llama-server's words, which llama.vscode reads
-                raise InvalidRequest(f"Field 'n_cmpl': Value must be between 1 <= value <="
-                                     f" {engine.info.n_slots}, but got {copies}")
             return engine.infill_tokens(prefix, suffix, prompt=typed, extra=extra,
                                         n_predict=params.max_tokens)
 
-        entry, events, stack = await start_generation(
-            state.manager, name, encode, params, priority, copies=copies)
-        model = entry.name
-        if read_only:
-            done = await whole_reply(state, request, events, stack)
-            final = _only(fields, _final(prompt_only(done), model, ""))
-            return Response(_sse(final), media_type="text/event-stream") if streamed \
-                else JSONResponse(final)
-        if not streamed:  # with n_cmpl above 1 an array, as llama-server answers it
-            replies = [_only(fields, _final(done, model, done.text, index=i)) for i, done
-                       in enumerate(await whole_replies(state, request, events, stack))]
-            return JSONResponse(replies if copies > 1 else replies[0])
+        return await _answer(state, request, name, encode, params, priority, asked)
 
-        async def stream() -> AsyncIterator[str]:
-            try:
-                n = 0
-                async for event in events:
-                    if isinstance(event, Token):
-                        n = event.live.n_tokens
-                        yield _sse({"index": 0, "content": event.text, "tokens": [],
-                                    "stop": False, "id_slot": -1, "tokens_predicted": n,
-                                    "model": model})
-                        continue
-                    state.record(event)
-                    yield _sse(_only(fields, _final(event, model, "")))
-            except Exception as exc:  # headers are sent: report the error in the stream
-                yield _sse(stream_error_body(request.url.path, exc))
+    async def completion(request: Request) -> Response:
+        """llama-server's own completion route: a prompt (text, or token ids) continued."""
+        body = await read_json(request)
+        audit("/completion", body)
+        f = Fields(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # one prompt in a list, as llama-server takes it
+        ids = isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        if not (isinstance(prompt, str) or ids) or not prompt:
+            raise InvalidRequest("'prompt' must be a non-empty string or a list of token ids"
+                                 " (one prompt per request).")
+        asked = _Asked.read(body, f)
+        name = f.string("model", None) or default_model(state, "/completion")
+        priority = asked.priority(request, body, priority_of(request, body))
 
-        return BridgeResponse(stream(), events, media_type="text/event-stream",
-                              on_close=stack.aclose)
+        def encode(engine: Engine) -> list[int]:
+            if isinstance(prompt, str):
+                return engine.completion_tokens(prompt)
+            for token in prompt:
+                engine.piece(token)  # refuses an id outside the vocabulary, naming it
+            return list(prompt)
+
+        return await _answer(state, request, name, encode, asked.params, priority, asked)
 
     async def tokenize(request: Request) -> Response:
         body = await read_json(request)
@@ -197,11 +175,93 @@ def routes(state: DaemonState) -> list[Route]:
         return JSONResponse(_props(entry.name, info, template))
 
     return [Route("/infill", guarded(state, "infill", infill), methods=["POST"]),
+            Route("/completion", guarded(state, "completion", completion), methods=["POST"]),
+            Route("/completions", guarded(state, "completion", completion), methods=["POST"]),
             Route("/tokenize", guarded(state, "tokenize", tokenize), methods=["POST"]),
             Route("/detokenize", guarded(state, "detokenize", detokenize), methods=["POST"]),
             Route("/apply-template", guarded(state, "apply-template", apply_template),
                   methods=["POST"]),
             Route("/props", guarded(state, "props", props), methods=["GET"])]
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What an ``/infill`` or ``/completion`` request asks of its reply, read (and checked)
+    before the generation starts: a bad value after it would leave the lease held and the
+    generation running."""
+
+    fields: list[str]
+    """``response_fields``: only these of the final reply (none: all)."""
+    streamed: bool
+    copies: int
+    """``n_cmpl``: completions of the prompt."""
+    read_only: bool
+    """``n_predict`` 0 (llama.vscode's and llama.vim's request that reads new context into
+    the cache ahead of the next completion): the prompt is read, nothing is predicted."""
+    params: SamplingParams
+
+    @staticmethod
+    def read(body: dict[str, Any], f: Fields) -> _Asked:
+        fields = _response_fields(body.get("response_fields"))
+        streamed = f.boolean("stream", False)
+        copies = _copies(f)
+        if streamed and copies > 1:
+            raise InvalidRequest("'n_cmpl' above 1 is answered whole: send 'stream': false"
+                                 " (as llama.vscode does), or ask one completion per stream.")
+        predict = n_predict(f, f.integer("max_tokens", None, low=-1))
+        if predict == 0 and copies > 1:
+            raise InvalidRequest("'n_predict': 0 reads the prompt into the cache and predicts"
+                                 " nothing: send 'n_cmpl': 1 with it.")
+        params = dataclasses.replace(_params(f, predict),
+                                     grammar=output_grammar(body, LLAMA_OUTPUT_FIELDS)[0])
+        return _Asked(fields, streamed, copies, predict == 0, params)
+
+    def priority(self, request: Request, body: dict[str, Any], usual: Priority) -> Priority:
+        return prompt_only_priority(request, body, usual) if self.read_only else usual
+
+
+async def _answer(state: DaemonState, request: Request, name: str,
+                  encode: Callable[[Engine], list[int]], params: SamplingParams,
+                  priority: Priority, asked: _Asked) -> Response:
+    """Generate for ``/infill`` or ``/completion`` and answer as llama-server does: its
+    completion object (an array of them for ``n_cmpl`` above 1), or its server-sent events."""
+    fields, streamed, copies = asked.fields, asked.streamed, asked.copies
+    def encoded(engine: Engine) -> list[int]:
+        if copies > engine.info.n_slots:  # llama-server's words, which llama.vscode reads
+            raise InvalidRequest(f"Field 'n_cmpl': Value must be between 1 <= value <="
+                                 f" {engine.info.n_slots}, but got {copies}")
+        return encode(engine)
+
+    entry, events, stack = await start_generation(
+        state.manager, name, encoded, params, priority, copies=copies)
+    model = entry.name
+    if asked.read_only:
+        done = await whole_reply(state, request, events, stack)
+        final = _only(fields, _final(prompt_only(done), model, ""))
+        return Response(_sse(final), media_type="text/event-stream") if streamed \
+            else JSONResponse(final)
+    if not streamed:  # with n_cmpl above 1 an array, as llama-server answers it
+        replies = [_only(fields, _final(done, model, done.text, index=i)) for i, done
+                   in enumerate(await whole_replies(state, request, events, stack))]
+        return JSONResponse(replies if copies > 1 else replies[0])
+
+    async def stream() -> AsyncIterator[str]:
+        try:
+            n = 0
+            async for event in events:
+                if isinstance(event, Token):
+                    n = event.live.n_tokens
+                    yield _sse({"index": 0, "content": event.text, "tokens": [],
+                                "stop": False, "id_slot": -1, "tokens_predicted": n,
+                                "model": model})
+                    continue
+                state.record(event)
+                yield _sse(_only(fields, _final(event, model, "")))
+        except Exception as exc:  # headers are sent: report the error in the stream
+            yield _sse(stream_error_body(request.url.path, exc))
+
+    return BridgeResponse(stream(), events, media_type="text/event-stream",
+                          on_close=stack.aclose)
 
 
 def _piece(piece: bytes) -> str | list[int]:

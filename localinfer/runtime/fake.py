@@ -206,9 +206,9 @@ class FakeBackend:
 
     def _piece(self, token: int) -> str:
         """Every id below ``n_vocab`` is a token, as in a real vocabulary: those no text has
-        spelled yet are unused ones."""
-        with self._lock:
-            return self._pieces[token] if token < len(self._pieces) else f"<unused{token}>"
+        spelled yet are unused ones. (The list only grows: no lock needed to read it.)"""
+        pieces = self._pieces
+        return pieces[token] if token < len(pieces) else f"<unused{token}>"
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._piece(token)
@@ -222,10 +222,10 @@ class FakeBackend:
         return piece.encode() if _SPECIAL.fullmatch(piece) else None
 
     def is_eog(self, token: int) -> bool:
-        return self._pieces[token] in (EOS, END_OF_TURN)
+        return self._piece(token) in (EOS, END_OF_TURN)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return "".join(self._pieces[t] for t in tokens)
+        return "".join(self._piece(t) for t in tokens)
 
     # --- decoding ---------------------------------------------------------------------------
     def interrupt(self) -> None:
@@ -361,7 +361,7 @@ class FakeBackend:
         return state
 
     def checkpoint_data(self, state: list[int]) -> bytes:
-        return "\x00".join(self._pieces[t] for t in state).encode()
+        return "\x00".join(self._piece(t) for t in state).encode()
 
     def checkpoint_state(self, data: Any) -> list[int]:
         return [self._id(p) for p in bytes(data).decode().split("\x00")]
@@ -383,7 +383,7 @@ class FakeBackend:
         if len(cells) != n_tokens or not n_tokens:
             return None
         self.saved.append(n_tokens)
-        return "\x00".join(self._pieces[t] for t in cells).encode()
+        return "\x00".join(self._piece(t) for t in cells).encode()
 
     def seq_load(self, seq_id: int, state: Any, n_tokens: int) -> bool:
         pieces = bytes(state).decode().split("\x00")

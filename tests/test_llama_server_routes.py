@@ -1,11 +1,13 @@
-"""llama-server's /props, /apply-template, /tokenize and /detokenize, as llama.vscode calls them
-(src/language-model-token-limits.ts, src/llama-server.ts: the context size from
-``default_generation_settings.n_ctx``; a chat prompt's exact token count by rendering it with
-/apply-template and counting it with /tokenize, ``add_special`` false, ``parse_special`` true).
-Fake backend, through the daemon; before these routes llama.vscode got 404s and estimated."""
+"""llama-server's own routes besides /infill: /completion, and /props, /apply-template,
+/tokenize and /detokenize as llama.vscode calls them (src/language-model-token-limits.ts,
+src/llama-server.ts: the context size from ``default_generation_settings.n_ctx``; a chat
+prompt's exact token count by rendering it with /apply-template and counting it with /tokenize,
+``add_special`` false, ``parse_special`` true). Fake backend, through the daemon; before these
+routes clients got 404s (llama.vscode then estimated)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,48 @@ def test_apply_template_renders_tools_and_ignores_sampling(home):
     assert with_tools.status_code == 200, with_tools.text
     assert "read_file" in with_tools.json()["prompt"]
     assert "read_file" not in bare.json()["prompt"]
+
+
+def test_completion_continues_a_text_or_token_prompt(daemon):
+    """llama-server's /completion: the same reply for the text and for its token ids; its
+    reply object, or its server-sent events ending with ``stop: true``."""
+    with daemon.tcp() as http:
+        text = http.post("/completion", json={"model": "chat:1b", "prompt": "Once upon a time",
+                                              "n_predict": 4, "temperature": 0})
+        assert text.status_code == 200, text.text
+        ids = http.post("/tokenize", json={"model": "chat:1b", "content": "Once upon a time",
+                                           "add_special": True}).json()["tokens"]
+        by_ids = http.post("/completions", json={"model": "chat:1b", "prompt": ids,
+                                                 "n_predict": 4, "temperature": 0})
+        with http.stream("POST", "/completion", json={
+                "model": "chat:1b", "prompt": "Once upon a time", "n_predict": 4,
+                "temperature": 0, "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ")]
+        only = http.post("/completion", json={"model": "chat:1b", "prompt": "Once upon",
+                                              "n_predict": 0})
+        several = http.post("/completion", json={"model": "chat:1b", "prompt": "Once upon",
+                                                  "n_predict": 3, "n_cmpl": 2})
+    reply = text.json()
+    assert reply["content"] and reply["stop"] is True and reply["tokens_predicted"] == 4
+    assert reply["tokens_evaluated"] == len(ids) and reply["timings"]["predicted_n"] == 4
+    assert by_ids.json()["content"] == reply["content"]
+    assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+    assert "".join(e["content"] for e in events[:-1]) == reply["content"]
+    assert only.json()["content"] == "" and only.json()["tokens_predicted"] == 0
+    assert [r["index"] for r in several.json()] == [0, 1]
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": ["one", "two"]}, "'prompt'"),
+    ({"prompt": ""}, "'prompt'"),
+    ({"prompt": [1, 10 ** 9]}, "not in the model's vocab"),
+    ({"prompt": "x", "n_probs": 5}, "'n_probs'"),
+    ({"prompt": "x", "ignore_eos": True}, "'ignore_eos'"),
+    ({"prompt": "x", "stream": True, "n_cmpl": 2}, "'n_cmpl'"),
+])
+def test_completion_refuses_what_it_does_not_do(daemon, body, words):
+    with daemon.tcp() as http:
+        reply = http.post("/completion", json={"model": "chat:1b", **body})
+    assert reply.status_code == 400, reply.text
+    assert words in reply.json()["error"]["message"]
