@@ -38,6 +38,7 @@ from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
+from ..runtime.prompts import check_ids
 from ..runtime.types import DEFAULT_SAMPLING, Done, ModelInfo, Priority, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
@@ -97,8 +98,7 @@ def routes(state: DaemonState) -> list[Route]:
         def encode(engine: Engine) -> list[int]:
             if isinstance(prompt, str):
                 return engine.completion_tokens(prompt)
-            for token in prompt:
-                engine.piece(token)  # refuses an id outside the vocabulary, naming it
+            check_ids(prompt, engine.info.n_vocab)
             return list(prompt)
 
         return await _answer(state, request, name, encode, asked.params, priority, asked)
@@ -226,6 +226,7 @@ async def _answer(state: DaemonState, request: Request, name: str,
     """Generate for ``/infill`` or ``/completion`` and answer as llama-server does: its
     completion object (an array of them for ``n_cmpl`` above 1), or its server-sent events."""
     fields, streamed, copies = asked.fields, asked.streamed, asked.copies
+
     def encoded(engine: Engine) -> list[int]:
         if copies > engine.info.n_slots:  # llama-server's words, which llama.vscode reads
             raise InvalidRequest(f"Field 'n_cmpl': Value must be between 1 <= value <="

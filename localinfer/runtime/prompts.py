@@ -112,9 +112,7 @@ class PromptBuilder:
     def piece(self, token: int) -> bytes:
         """What ``token`` stands for, a special token's text included (``<end_of_turn>``),
         as llama-server's ``/tokenize`` and ``/detokenize`` spell it."""
-        if not 0 <= token < self.info.n_vocab:
-            raise InvalidRequest(f"token {token} is not in the model's vocabulary (0 to"
-                                 f" {self.info.n_vocab - 1}).")
+        check_ids([token], self.info.n_vocab)
         special = self.backend.special_piece(token)
         return special if special is not None else self.backend.token_bytes(token)
 
@@ -214,3 +212,11 @@ def template_for(info: ModelInfo) -> ChatTemplate:
     if info.chat_template:
         return ChatTemplate(info.chat_template, **tokens)
     return ChatTemplate.named("chatml", **tokens)  # the loader found no better one
+
+
+def check_ids(tokens: Sequence[int], n_vocab: int) -> None:
+    """Refuse a token id outside the model's vocabulary, naming it (a client's token ids)."""
+    for token in tokens:
+        if not 0 <= token < n_vocab:
+            raise InvalidRequest(f"token {token} is not in the model's vocabulary (0 to"
+                                 f" {n_vocab - 1}).")
