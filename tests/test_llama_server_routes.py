@@ -81,6 +81,12 @@ def test_props_gives_the_context_editors_budget_by(daemon):
     assert body["total_slots"] == info.n_slots
     assert body["chat_template"] and body["model_alias"] == "chat:1b-f16"
     assert loaded_only.json() == body and unnamed.json() == body
+    # llama.vscode asks /props only of a model whose /v1/models entry has llama-server's meta.
+    with daemon.tcp() as http:
+        models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        one = http.get("/v1/models/chat:1b-f16").json()
+    assert models["chat:1b-f16"]["meta"]["n_vocab"] == info.n_vocab == one["meta"]["n_vocab"]
+    assert "meta" not in models["other:1b-f16"]  # not loaded: nothing read from its file
     assert odd.status_code == 400 and "'slot'" in odd.json()["error"]["message"]
 
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from ..errors import InvalidRequest, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
-from ..runtime.types import Done, Priority, SamplingParams, TokenLogprob
+from ..runtime.types import Done, ModelInfo, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel, ModelStore
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
@@ -62,13 +62,21 @@ def usage_json(done: Done) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def model_json(m: InstalledModel, request: Request) -> dict[str, Any]:
+def model_json(m: InstalledModel, request: Request, loaded: ModelInfo | None = None
+               ) -> dict[str, Any]:
     """An installed model as OpenAI's model object, or as Anthropic's for a client that sends
-    ``anthropic-version`` (Claude Code lists a gateway's models at its start)."""
+    ``anthropic-version`` (Claude Code lists a gateway's models at its start). A ``loaded``
+    one carries llama-server's ``meta``, by which llama.vscode knows to ask ``/props`` for the
+    context it budgets prompts by (without it, it assumes 8,192 tokens)."""
     if "anthropic-version" in request.headers:
         created = datetime.fromtimestamp(m.added, UTC).isoformat().replace("+00:00", "Z")
         return {"type": "model", "id": m.name, "display_name": m.name, "created_at": created}
-    return {"id": m.name, "object": "model", "created": int(m.added), "owned_by": "localinfer"}
+    out: dict[str, Any] = {"id": m.name, "object": "model", "created": int(m.added),
+                           "owned_by": "localinfer"}
+    if loaded is not None:
+        out["meta"] = {"n_vocab": loaded.n_vocab, "n_ctx_train": loaded.n_ctx_train,
+                       "n_params": loaded.n_params, "size": loaded.size_bytes}
+    return out
 
 
 def listed_models(store: ModelStore) -> list[InstalledModel]:
@@ -80,6 +88,11 @@ def listed_models(store: ModelStore) -> list[InstalledModel]:
                         for p in store.presets.all() if p.model in by_name]
 
 
+def _loaded_info(state: DaemonState, name: str) -> ModelInfo | None:
+    entry = state.manager.loaded.get(name)
+    return entry.engine.info if entry is not None else None
+
+
 def finish_reason(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
@@ -87,7 +100,7 @@ def finish_reason(done: Done) -> str:
 def routes(state: DaemonState) -> list[Route]:
     async def list_models(request: Request) -> Response:
         installed = await asyncio.to_thread(listed_models, state.manager.store)
-        data = [model_json(m, request) for m in installed]
+        data = [model_json(m, request, _loaded_info(state, m.name)) for m in installed]
         if "anthropic-version" in request.headers:  # Anthropic's page of models: all of them
             return JSONResponse({"data": data, "has_more": False,
                                  "first_id": data[0]["id"] if data else None,
@@ -106,7 +119,7 @@ def routes(state: DaemonState) -> list[Route]:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"
                                 f" {have}); `localinfer pull` downloads one.")
-        return JSONResponse(model_json(found, request))
+        return JSONResponse(model_json(found, request, _loaded_info(state, found.name)))
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
