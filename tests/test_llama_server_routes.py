@@ -168,3 +168,21 @@ def test_completion_refuses_what_it_does_not_do(daemon, body, words):
         reply = http.post("/completion", json={"model": "chat:1b", **body})
     assert reply.status_code == 400, reply.text
     assert words in reply.json()["error"]["message"]
+
+
+def test_continues_llama_cpp_provider(daemon):
+    """Continue's "llama.cpp" provider (core/llm/llms/LlamaCpp.ts): /completion, streamed, no
+    model (llama-server serves one: the loaded model used last answers), its options, and
+    "Bearer undefined" where no API key is set."""
+    body = {"prompt": "def add(a, b):\n", "stream": True, "n_predict": 8,
+            "frequency_penalty": 0, "presence_penalty": 0, "min_p": 0.05, "mirostat": 0,
+            "stop": ["\n\n"], "top_k": 40, "top_p": 0.95, "temperature": 0.2}
+    with daemon.tcp() as http:
+        http.post("/completion", json={"model": "chat:1b", "prompt": "x", "n_predict": 1})
+        with http.stream("POST", "/completion", json=body,
+                         headers={"Authorization": "Bearer undefined"}) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) and events[-1]["stop"] is True
+    assert events[-1]["model"] == "chat:1b-f16"
