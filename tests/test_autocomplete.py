@@ -229,6 +229,12 @@ def test_infill_with_llama_vscode_request(coder):
     assert body["tokens_evaluated"] > 10 and body["timings"]["predicted_n"] > 0
     assert {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_per_second"} <= set(
         body["timings"])
+    # Its status line (src/statusbar.ts, show_info on by default) reads
+    # generation_settings.n_ctx: without the object it throws, and the cached next
+    # suggestions that callback then makes are never made.
+    n_ctx = coder.manager.loaded["coder:1b-f16"].engine.info.n_ctx
+    assert body["generation_settings"]["n_ctx"] == n_ctx > 0
+    assert body["generation_settings"]["top_k"] == LLAMA_VSCODE["top_k"]
 
 
 def test_infill_with_llama_vscode_parallel_completions(coder):

@@ -236,13 +236,14 @@ async def _answer(state: DaemonState, request: Request, name: str,
     entry, events, stack = await start_generation(
         state.manager, name, encoded, params, priority, copies=copies)
     model = entry.name
+    settings = _settings(params, entry.engine.info.n_ctx)
     if asked.read_only:
         done = await whole_reply(state, request, events, stack)
-        final = _only(fields, _final(prompt_only(done), model, ""))
+        final = _only(fields, _final(prompt_only(done), model, "", settings))
         return Response(_sse(final), media_type="text/event-stream") if streamed \
             else JSONResponse(final)
     if not streamed:  # with n_cmpl above 1 an array, as llama-server answers it
-        replies = [_only(fields, _final(done, model, done.text, index=i)) for i, done
+        replies = [_only(fields, _final(done, model, done.text, settings, index=i)) for i, done
                    in enumerate(await whole_replies(state, request, events, stack))]
         return JSONResponse(replies if copies > 1 else replies[0])
 
@@ -257,7 +258,7 @@ async def _answer(state: DaemonState, request: Request, name: str,
                                 "model": model})
                     continue
                 state.record(event)
-                yield _sse(_only(fields, _final(event, model, "")))
+                yield _sse(_only(fields, _final(event, model, "", settings)))
         except Exception as exc:  # headers are sent: report the error in the stream
             yield _sse(stream_error_body(request.url.path, exc))
 
@@ -277,15 +278,11 @@ def _piece(piece: bytes) -> str | list[int]:
 def _props(name: str, info: ModelInfo, template: str) -> dict[str, Any]:
     """llama-server's ``/props``: the context each slot has (what editors budget prompts by),
     the slots, the model and its template, the default sampling."""
-    d = DEFAULT_SAMPLING
+    # A request without a cap runs to the context's end.
+    params = _settings(dataclasses.replace(DEFAULT_SAMPLING, max_tokens=None), info.n_ctx)
+    del params["n_ctx"]
     return {
-        "default_generation_settings": {
-            "n_ctx": info.n_ctx,
-            "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
-                       "min_p": d.min_p, "typical_p": d.typical_p,
-                       "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
-                       "n_predict": -1},  # a request without a cap: to the context's end
-        },
+        "default_generation_settings": {"n_ctx": info.n_ctx, "params": params},
         "total_slots": info.n_slots, "model_alias": name, "model_path": info.path,
         "chat_template": template, "bos_token": info.bos_text, "eos_token": info.eos_text,
         "modalities": {"vision": False, "audio": False},
@@ -345,14 +342,16 @@ def _params(f: Fields, predict: int | None) -> SamplingParams:
                                n_indent=f.integer("n_indent", 0, low=0)).validate()
 
 
-def _final(done: Done, model: str, content: str, *, index: int = 0) -> dict[str, Any]:
-    """llama-server's final completion object."""
+def _final(done: Done, model: str, content: str, settings: dict[str, Any], *, index: int = 0
+           ) -> dict[str, Any]:
+    """llama-server's final completion object; ``settings`` its ``generation_settings``
+    (``_settings``)."""
     t = done.timings
     n = t.completion_tokens
     stop_type = {"stop": "eos", "length": "limit"}.get(done.finish_reason, "none")
     return {
         "index": index, "content": content, "tokens": [], "id_slot": -1, "stop": True,
-        "model": model, "tokens_predicted": n,
+        "model": model, "tokens_predicted": n, "generation_settings": settings,
         "tokens_evaluated": t.prompt_tokens, "tokens_cached": t.cached_tokens,
         "truncated": False, "has_new_line": "\n" in done.text, "stop_type": stop_type,
         "stopping_word": "", "superseded": done.finish_reason == "cancelled",
@@ -365,6 +364,20 @@ def _final(done: Done, model: str, content: str, *, index: int = 0) -> dict[str,
             "predicted_per_second": t.decode_tps, "cache_n": t.cached_tokens,
         },
     }
+
+
+def _settings(params: SamplingParams, n_ctx: int) -> dict[str, Any]:
+    """llama-server's ``generation_settings``: the slot's context (llama.vscode's status line
+    shows ``tokens_cached`` of ``n_ctx``, and fails without this object) and the sampling."""
+    return {"n_ctx": n_ctx, "n_predict": -1 if params.max_tokens is None else params.max_tokens,
+            "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+            "min_p": params.min_p, "typical_p": params.typical_p,
+            "repeat_penalty": params.repeat_penalty, "repeat_last_n": params.repeat_last_n,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "seed": 0xFFFFFFFF if params.seed is None else params.seed,  # llama-server's random
+            "stop": list(params.stop), "n_indent": params.n_indent,
+            "t_max_predict_ms": params.t_max_predict_ms or -1}
 
 
 def _sse(obj: dict[str, Any]) -> str:
