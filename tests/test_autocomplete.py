@@ -79,16 +79,21 @@ def test_n_indent_ends_at_a_line_indented_less():
     assert text.stopped and text.indent_stopped
 
 
-def test_t_max_predict_ms_stops_once_a_line_has_ended_and_the_time_passed(fake_engine):
-    """llama-server's rule: once the completion has ended a line, the next token after the
-    time stops it (not the next line's end: a long line would run on)."""
-    reply = "first\n" + "word " * 200
-    engine = fake_engine(reply=reply, step_delay_s=0.005)
+def test_t_max_predict_ms_stops_at_the_first_line_end_after_the_time(fake_engine):
+    """llama-server's rule (tools/server/server-context.cpp in the vendored llama.cpp): "if we
+    have seen a new line, we stop after a certain time limit, but only upon another new line":
+    the completion ends with a whole line, never a cut one; a line that does not end runs on."""
+    lines = "first\n" + "word word word\n" * 60
+    engine = fake_engine(reply=lines, step_delay_s=0.005)
     done = engine.complete("x", SamplingParams(max_tokens=500, t_max_predict_ms=30)).result()
     assert done.finish_reason == "length"
-    assert done.text.startswith("first\n") and 1 <= done.text.count("word") < 100
+    assert done.text.endswith("word\n") and 1 <= done.text.count("\n") < 40
     whole = engine.complete("x", SamplingParams(max_tokens=500)).result()
-    assert whole.text.count("word") == 200
+    assert whole.text == lines
+    # A line that runs on past the time is not cut: it ends where its line ends.
+    long_line = fake_engine(reply="first\n" + "word " * 60 + "\nnext\n", step_delay_s=0.005)
+    done = long_line.complete("x", SamplingParams(max_tokens=500, t_max_predict_ms=30)).result()
+    assert done.text == "first\n" + "word " * 60 + "\n"
     # One line: no limit (llama-server's too), the whole line comes.
     one_line = fake_engine(reply="word " * 60, step_delay_s=0.005)
     done = one_line.complete("x", SamplingParams(max_tokens=500, t_max_predict_ms=30)).result()

@@ -808,9 +808,8 @@ class Engine:
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
         self._kept.first_token(slot, self._flush)  # a prompt's save put off until now
-        request.saw_newline = request.saw_newline or "\n" in text
-        limit_ms = request.params.t_max_predict_ms  # autocomplete's, once a line has ended
-        if limit_ms and request.saw_newline and (now - request.t_first) * 1000.0 > limit_ms:
+        limit_ms = request.params.t_max_predict_ms  # autocomplete's: a line's end after it
+        if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
             self._finish(slot, "length", now)
         elif request.assembler.stopped:
             self._finish(slot, "length" if request.assembler.indent_stopped else "stop", now)

@@ -121,9 +121,6 @@ class Request:
     preemption the prompt and everything generated so far."""
     cursor: int | None = None
     """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
-    saw_newline: bool = False
-    """Its text has ended a line: ``t_max_predict_ms`` stops it from then on (llama-server's
-    rule: the time limit applies once the completion is more than one line)."""
     follows: Request | None = None
     """The request this one is another completion of (llama-server's ``n_cmpl``): admitted
     once that one has read their prompt up to its ``copy_at``, it copies that slot's cache

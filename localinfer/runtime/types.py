@@ -168,7 +168,8 @@ class SamplingParams:
     (0: the token's alone); None (the default) computes nothing."""
     t_max_predict_ms: float | None = None
     """Autocomplete's time limit (llama-server's): the generation stops at the first new line
-    generated later than this after the first token (a whole line, never a cut one)."""
+    generated later than this after the first token (a whole line, never a cut one; a line
+    that does not end runs on, as in llama-server)."""
     n_indent: int = 0
     """Autocomplete's indentation floor (llama-server's): a new line indented by fewer than
     this many spaces or tabs ends the generation, without that line."""
