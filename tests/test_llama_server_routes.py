@@ -186,3 +186,23 @@ def test_continues_llama_cpp_provider(daemon):
                       if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) and events[-1]["stop"] is True
     assert events[-1]["model"] == "chat:1b-f16"
+
+
+def test_v1_completions_takes_token_ids_too(daemon):
+    """OpenAI's /v1/completions takes a prompt as token ids (the SDK's ``prompt: list[int]``),
+    read as /completion reads them; not with ``suffix`` (FIM needs the text)."""
+    client = openai_client(daemon)
+    with daemon.tcp() as http:
+        ids = http.post("/tokenize", json={"model": "chat:1b", "content": "Once upon a time",
+                                           "add_special": True}).json()["tokens"]
+        fim = http.post("/v1/completions", json={"model": "chat:1b", "prompt": ids,
+                                                 "suffix": "end"})
+        outside = http.post("/v1/completions", json={"model": "chat:1b", "prompt": [10 ** 9]})
+    by_ids = client.completions.create(model="chat:1b", prompt=ids, max_tokens=4,
+                                       temperature=0)
+    by_text = client.completions.create(model="chat:1b", prompt="Once upon a time",
+                                        max_tokens=4, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(ids)
+    assert fim.status_code == 400 and "'suffix'" in fim.json()["error"]["message"]
+    assert outside.status_code == 400 and "vocabulary" in outside.json()["error"]["message"]

@@ -22,6 +22,8 @@ from typing import Any
 from starlette.requests import Request
 
 from ..errors import InvalidRequest
+from ..runtime.engine import Engine
+from ..runtime.prompts import check_ids
 from ..runtime.types import (
     DEFAULT_SAMPLING,
     Done,
@@ -58,6 +60,30 @@ def default_model(state: DaemonState, route: str, *, fim: bool = False) -> str:
             else "")
     raise InvalidRequest(f"{route} needs a model: send 'model'{kind}, load one, or set"
                          " default_model in config.toml.")
+
+
+def completion_prompt(value: Any) -> str | list[int]:
+    """A completion route's ``prompt``: text, or token ids (llama-server's ``/completion`` and
+    OpenAI's ``/v1/completions`` take both), one prompt per request (a list of one is that
+    one)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str) and value or isinstance(value, list) and value and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return value
+    raise InvalidRequest("'prompt' must be a non-empty string or a list of token ids (one"
+                         " prompt per request).")
+
+
+def prompt_encoder(prompt: str | list[int]) -> Callable[[Engine], list[int]]:
+    """The tokens a ``completion_prompt`` reads as: text with the model's BOS, ids as they
+    are once each is in the model's vocabulary."""
+    def encode(engine: Engine) -> list[int]:
+        if isinstance(prompt, str):
+            return engine.completion_tokens(prompt)
+        check_ids(prompt, engine.info.n_vocab)
+        return list(prompt)
+    return encode
 
 
 def n_predict(f: Fields, cap: int | None) -> int | None:

@@ -38,16 +38,17 @@ from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
-from ..runtime.prompts import check_ids
 from ..runtime.types import DEFAULT_SAMPLING, Done, ModelInfo, Priority, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .llama_fields import (
+    completion_prompt,
     default_model,
     llama_sampling,
     n_predict,
+    prompt_encoder,
     prompt_only,
     prompt_only_priority,
 )
@@ -83,25 +84,13 @@ def routes(state: DaemonState) -> list[Route]:
         body = await read_json(request)
         audit("/completion", body)
         f = Fields(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # one prompt in a list, as llama-server takes it
-        ids = isinstance(prompt, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        if not (isinstance(prompt, str) or ids) or not prompt:
-            raise InvalidRequest("'prompt' must be a non-empty string or a list of token ids"
-                                 " (one prompt per request).")
+        prompt = completion_prompt(body.get("prompt"))
         asked = _Asked.read(body, f)
         name = f.string("model", None) or default_model(state, "/completion")
         priority = asked.priority(request, body, priority_of(request, body))
 
-        def encode(engine: Engine) -> list[int]:
-            if isinstance(prompt, str):
-                return engine.completion_tokens(prompt)
-            check_ids(prompt, engine.info.n_vocab)
-            return list(prompt)
-
-        return await _answer(state, request, name, encode, asked.params, priority, asked)
+        return await _answer(state, request, name, prompt_encoder(prompt), asked.params,
+                             priority, asked)
 
     async def tokenize(request: Request) -> Response:
         body = await read_json(request)

@@ -33,9 +33,11 @@ from .bridge import BridgeResponse, start_generation, whole_replies
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .llama_fields import (
+    completion_prompt,
     default_model,
     llama_sampling,
     n_predict,
+    prompt_encoder,
     prompt_only,
     prompt_only_events,
     prompt_only_priority,
@@ -141,21 +143,21 @@ def routes(state: DaemonState) -> list[Route]:
         audit("/v1/completions", body)
         f = Fields(body)
         name = f.string("model", None) or default_model(state, "/v1/completions")
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise InvalidRequest("'prompt' must be a string (one prompt per request).")
+        prompt = completion_prompt(body.get("prompt"))
         # The legacy API's logprobs is how many alternatives to send (OpenAI allows 5).
         params = replace(_params(f), logprobs=f.integer("logprobs", None, low=0),
                          grammar=output_grammar(body, OPENAI_OUTPUT_FIELDS)[0])
         suffix = f.string("suffix", "")
         if suffix:  # fill-in-the-middle: an editor's autocomplete
+            if not isinstance(prompt, str):
+                raise InvalidRequest("'suffix' needs the text before the cursor as 'prompt',"
+                                     " not token ids.")
+            text = prompt
             return await _generate(state, request, f, name,
-                                   lambda e: e.infill_tokens(prompt, suffix),
-                                   autocomplete_params(params, request, name, prompt),
+                                   lambda e: e.infill_tokens(text, suffix),
+                                   autocomplete_params(params, request, name, text),
                                    autocomplete_priority(request, body), chat=False)
-        return await _generate(state, request, f, name, lambda e: e.completion_tokens(prompt),
+        return await _generate(state, request, f, name, prompt_encoder(prompt),
                                params, priority_of(request, body), chat=False)
 
     return [
