@@ -231,3 +231,32 @@ def test_a_short_chat_prompt_is_not_kept_behind_an_editors_cold_file():
     finally:
         backend.open()
         engine.close()
+
+
+def test_a_short_prompt_is_not_kept_behind_a_long_one_of_its_own_priority():
+    """Two interactive chats (localinfer's chat UI): a new turn that one chunk finishes, sent
+    first, is not read after a long prompt that came after it."""
+    from localinfer.runtime.engine import Engine
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(reply="ok", n_slots=3, n_batch=32)
+    engine = Engine(backend)
+    try:
+        long_prompt = engine.prompt_tokens("word " * 400)
+        short = engine.prompt_tokens("What does it return?")
+        assert len(short) <= 32 < len(long_prompt) // 4
+        first = engine.submit(engine.prompt_tokens("warm up"), SamplingParams(max_tokens=2),
+                              priority=Priority.INTERACTIVE)
+        deadline = time.monotonic() + 30
+        while not engine._in_step and time.monotonic() < deadline:
+            time.sleep(0.005)  # a step is in flight: both below wait for the next one
+        question = engine.submit(short, SamplingParams(max_tokens=2),
+                                 priority=Priority.INTERACTIVE)
+        document = engine.submit(long_prompt, SamplingParams(max_tokens=2),
+                                 priority=Priority.INTERACTIVE)
+        backend.open()
+        first.result(), question.result(), document.result()
+        assert question.request.t_first < document.request.t_first
+    finally:
+        backend.open()
+        engine.close()

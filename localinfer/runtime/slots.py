@@ -102,13 +102,15 @@ def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
     prompt that ``chunk`` tokens finish (a chat's new turn, its history cached) counts as
     interactive, unless it is background work, and as short as it is: its first token costs
     the others at most one chunk, where it would wait for every editor's cold file (8 s for a
-    29-token chat prompt in the editor workload)."""
-    def key(slot: Slot) -> tuple[int, int, Request]:
+    29-token chat prompt in the editor workload); such prompts go first, shortest first."""
+    def key(slot: Slot) -> tuple[int, int, int, Request]:
         request = slot.running
         left = len(request.target) - len(slot.cached)
-        quick = left <= chunk and request.priority < Priority.BACKGROUND
-        priority = Priority.INTERACTIVE if quick else request.priority
-        return int(priority), left if quick or request.params.supersede else 0, request
+        if left <= chunk and request.priority < Priority.BACKGROUND:
+            return int(Priority.INTERACTIVE), 0, left, request
+        if request.params.supersede:
+            return int(request.priority), 2, left, request
+        return int(request.priority), 1, 0, request
 
     ordered = sorted(prefilling, key=key)
     return [s for s in ordered if key(s)[0] == key(ordered[0])[0]]
