@@ -88,7 +88,6 @@ def routes(state: DaemonState) -> list[Route]:
         asked = _Asked.read(body, f)
         name = f.string("model", None) or default_model(state, "/completion")
         priority = asked.priority(request, body, priority_of(request, body))
-
         return await _answer(state, request, name, prompt_encoder(prompt), asked.params,
                              priority, asked)
 
