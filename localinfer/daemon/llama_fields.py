@@ -86,6 +86,17 @@ def prompt_encoder(prompt: str | list[int]) -> Callable[[Engine], list[int]]:
     return encode
 
 
+def within_slots(copies: int, encode: Callable[[Engine], list[int]],
+                 too_many: Callable[[int], str]) -> Callable[[Engine], list[int]]:
+    """``encode``, refused with ``too_many(n_slots)`` where the model has fewer slots than the
+    ``copies`` a request asks (``n``, ``n_cmpl``: each completion is a sequence of its own)."""
+    def encoded(engine: Engine) -> list[int]:
+        if copies > engine.info.n_slots:
+            raise InvalidRequest(too_many(engine.info.n_slots))
+        return encode(engine)
+    return encoded
+
+
 def n_predict(f: Fields, cap: int | None) -> int | None:
     """``n_predict`` if the request gives it, else ``cap`` (the route's own field, checked
     by the route); 0 reads the prompt only, -1 or None is no cap."""

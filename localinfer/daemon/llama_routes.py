@@ -51,6 +51,7 @@ from .llama_fields import (
     prompt_encoder,
     prompt_only,
     prompt_only_priority,
+    within_slots,
 )
 from .reasoning_fields import openai_think
 from .requests import Fields, parse_messages, priority_of, read_json
@@ -214,17 +215,13 @@ async def _answer(state: DaemonState, request: Request, name: str,
     """Generate for ``/infill`` or ``/completion`` and answer as llama-server does: its
     completion object (an array of them for ``n_cmpl`` above 1), or its server-sent events."""
     fields, streamed, copies = asked.fields, asked.streamed, asked.copies
-
-    def encoded(engine: Engine) -> list[int]:
-        if copies > engine.info.n_slots:  # llama-server's words, which llama.vscode reads
-            raise InvalidRequest(f"Field 'n_cmpl': Value must be between 1 <= value <="
-                                 f" {engine.info.n_slots}, but got {copies}")
-        return encode(engine)
-
+    # Above the slots, llama-server's words, which llama.vscode reads to name its setting.
+    encoded = within_slots(copies, encode, lambda n: (
+        f"Field 'n_cmpl': Value must be between 1 <= value <= {n}, but got {copies}"))
     entry, events, stack = await start_generation(
         state.manager, name, encoded, params, priority, copies=copies)
     model = entry.name
-    settings = _settings(params, entry.engine.info.n_ctx)
+    settings = {"n_ctx": entry.engine.info.n_ctx, **_sampling(params)}
     if asked.read_only:
         done = await whole_reply(state, request, events, stack)
         final = _only(fields, _final(prompt_only(done), model, "", settings))
@@ -267,8 +264,7 @@ def _props(name: str, info: ModelInfo, template: str) -> dict[str, Any]:
     """llama-server's ``/props``: the context each slot has (what editors budget prompts by),
     the slots, the model and its template, the default sampling."""
     # A request without a cap runs to the context's end.
-    params = _settings(dataclasses.replace(DEFAULT_SAMPLING, max_tokens=None), info.n_ctx)
-    del params["n_ctx"]
+    params = _sampling(dataclasses.replace(DEFAULT_SAMPLING, max_tokens=None))
     return {
         "default_generation_settings": {"n_ctx": info.n_ctx, "params": params},
         "total_slots": info.n_slots, "model_alias": name, "model_path": info.path,
@@ -332,8 +328,9 @@ def _params(f: Fields, predict: int | None) -> SamplingParams:
 
 def _final(done: Done, model: str, content: str, settings: dict[str, Any], *, index: int = 0
            ) -> dict[str, Any]:
-    """llama-server's final completion object; ``settings`` its ``generation_settings``
-    (``_settings``)."""
+    """llama-server's final completion object; ``settings`` its ``generation_settings``: the
+    slot's context (llama.vscode's status line shows ``tokens_cached`` of ``n_ctx``, and fails
+    without this object) and the sampling (``_sampling``)."""
     t = done.timings
     n = t.completion_tokens
     stop_type = {"stop": "eos", "length": "limit"}.get(done.finish_reason, "none")
@@ -354,10 +351,9 @@ def _final(done: Done, model: str, content: str, settings: dict[str, Any], *, in
     }
 
 
-def _settings(params: SamplingParams, n_ctx: int) -> dict[str, Any]:
-    """llama-server's ``generation_settings``: the slot's context (llama.vscode's status line
-    shows ``tokens_cached`` of ``n_ctx``, and fails without this object) and the sampling."""
-    return {"n_ctx": n_ctx, "n_predict": -1 if params.max_tokens is None else params.max_tokens,
+def _sampling(params: SamplingParams) -> dict[str, Any]:
+    """A request's sampling as llama-server reports it (``generation_settings``, ``/props``)."""
+    return {"n_predict": -1 if params.max_tokens is None else params.max_tokens,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
             "min_p": params.min_p, "typical_p": params.typical_p,
             "repeat_penalty": params.repeat_penalty, "repeat_last_n": params.repeat_last_n,

@@ -41,6 +41,7 @@ from .llama_fields import (
     prompt_only,
     prompt_only_events,
     prompt_only_priority,
+    within_slots,
 )
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
@@ -193,12 +194,9 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
         raise InvalidRequest("'n' above 1 is answered whole: send 'stream': false (and no"
                              " 'n_predict': 0), or one request per choice.")
 
-    def encode_checked(engine: Engine) -> list[int]:
-        if copies > engine.info.n_slots:
-            raise InvalidRequest(f"'n' must be at most {engine.info.n_slots} (this model's"
-                                 f" slots: each choice is a sequence of its own), got {copies}.")
-        return encode(engine)
-
+    encode_checked = within_slots(copies, encode, lambda n: (
+        f"'n' must be at most {n} (this model's slots: each choice is a sequence of its own),"
+        f" got {copies}."))
     options = f.data.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     entry, events, stack = await start_generation(

@@ -112,8 +112,8 @@ def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
             return int(request.priority), 2, left, request
         return int(request.priority), 1, 0, request
 
-    ordered = sorted(prefilling, key=key)
-    return [s for s in ordered if key(s)[0] == key(ordered[0])[0]]
+    ranked = sorted(((key(s), s) for s in prefilling), key=lambda pair: pair[0])
+    return [s for k, s in ranked if k[0] == ranked[0][0][0]]
 
 
 def bare_decode_rate(backend: Backend, slot: Slot, n_steps: int) -> float:
