@@ -6,6 +6,7 @@ ollama clients, on the fake backend."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -265,7 +266,13 @@ def test_infill_with_llama_vscode_parallel_completions(coder):
             "Field 'n_cmpl': Value must be between 1 <= value <= 4, but got 7")
         streamed = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
                                               "n_cmpl": 3, "stream": True})
-        assert streamed.status_code == 400 and "n_cmpl" in streamed.text
+        assert streamed.status_code == 200, streamed.text
+        events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                  if line.startswith("data: ")]
+        finals = sorted((e["index"], e["content"]) for e in events if e["stop"])
+        assert finals == [(0, ""), (1, ""), (2, "")]  # the text came in the events before
+        assert all("".join(e["content"] for e in events if e["index"] == i) ==
+                   "|[bos][repo_name]myproject\n" for i in range(3))
 
 
 def test_infill_with_llama_vscode_context_ahead(coder):

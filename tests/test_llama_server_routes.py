@@ -145,6 +145,11 @@ def test_completion_continues_a_text_or_token_prompt(daemon):
                                               "n_predict": 0})
         several = http.post("/completion", json={"model": "chat:1b", "prompt": "Once upon",
                                                   "n_predict": 3, "n_cmpl": 2})
+        with http.stream("POST", "/completion", json={
+                "model": "chat:1b", "prompt": "Once upon", "n_predict": 3, "n_cmpl": 2,
+                "stream": True}) as r:
+            interleaved = [json.loads(line[6:]) for line in r.iter_lines()
+                           if line.startswith("data: ")]
     reply = text.json()
     assert reply["content"] and reply["stop"] is True and reply["tokens_predicted"] == 4
     assert reply["tokens_evaluated"] == len(ids) and reply["timings"]["predicted_n"] == 4
@@ -153,6 +158,12 @@ def test_completion_continues_a_text_or_token_prompt(daemon):
     assert "".join(e["content"] for e in events[:-1]) == reply["content"]
     assert only.json()["content"] == "" and only.json()["tokens_predicted"] == 0
     assert [r["index"] for r in several.json()] == [0, 1]
+    # Streamed, each completion's events carry its index and end with its own final event.
+    for index, whole in enumerate(several.json()):
+        mine = [e for e in interleaved if e["index"] == index]
+        assert [e["stop"] for e in mine] == [False] * (len(mine) - 1) + [True]
+        assert "".join(e["content"] for e in mine[:-1]) == whole["content"]
+    assert {e["index"] for e in interleaved} == {0, 1}
 
 
 @pytest.mark.parametrize("body, words", [
@@ -161,7 +172,7 @@ def test_completion_continues_a_text_or_token_prompt(daemon):
     ({"prompt": [1, 10 ** 9]}, "not in the model's vocab"),
     ({"prompt": "x", "n_probs": 5}, "'n_probs'"),
     ({"prompt": "x", "ignore_eos": True}, "'ignore_eos'"),
-    ({"prompt": "x", "stream": True, "n_cmpl": 2}, "'n_cmpl'"),
+    ({"prompt": "x", "n_predict": 0, "n_cmpl": 2}, "'n_cmpl'"),
 ])
 def test_completion_refuses_what_it_does_not_do(daemon, body, words):
     with daemon.tcp() as http:

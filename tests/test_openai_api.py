@@ -7,8 +7,9 @@ import openai
 import pytest
 
 from daemon_util import REPLY, STARTER, openai_client
+from template_fixtures import QWEN3_CALL, QWEN3_REASONING
 
-pytest_plugins = ["daemon_fixtures"]  # daemon
+pytest_plugins = ["daemon_fixtures"]  # daemon, qwen3
 
 
 @pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
@@ -63,6 +64,52 @@ def test_openai_n_choices_of_one_prompt(daemon):
     assert [c.index for c in text.choices] == [0, 1] and text.usage.completion_tokens == 6
 
 
+def test_openai_n_choices_streamed(daemon):
+    """n with stream: the choices' chunks interleave, each with its index, each choice has
+    its role chunk and its finish_reason, and the usage chunk comes after them all, counting
+    the prompt once and every choice's tokens."""
+    client = openai_client(daemon)
+    messages = [{"role": "user", "content": "hi"}]
+    one = client.chat.completions.create(model="fake:1b", messages=messages)
+    chunks = list(client.chat.completions.create(
+        model="fake:1b", n=3, stream=True, messages=messages,
+        stream_options={"include_usage": True}))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    for index in range(3):
+        mine = [c for c in choices if c.index == index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in mine) == REPLY
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["stop"]
+    assert {c.index for c in choices} == {0, 1, 2}
+    assert not chunks[-1].choices and all(c.choices for c in chunks[:-1])
+    assert chunks[-1].usage.prompt_tokens == one.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == 3 * one.usage.completion_tokens
+    whole = client.completions.create(model="fake:1b", prompt="Once", max_tokens=3)
+    texts = ["", ""]
+    for chunk in client.completions.create(model="fake:1b", prompt="Once", max_tokens=3, n=2,
+                                           stream=True):
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == [whole.choices[0].text] * 2
+
+
+def test_openai_n_choices_of_a_thinking_model(qwen3):
+    """Each choice's reply is split into reasoning and answer on its own, whole and streamed
+    (the choices once shared one splitter: the second choice's reasoning came as its
+    content)."""
+    client = openai_client(qwen3)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    out = client.chat.completions.create(model="qwen3:1b", n=2, messages=messages)
+    assert [(c.message.model_extra["reasoning_content"], c.message.content)
+            for c in out.choices] == [(QWEN3_REASONING, QWEN3_CALL)] * 2
+    reasoning, content = ["", ""], ["", ""]
+    for chunk in client.chat.completions.create(model="qwen3:1b", n=2, stream=True,
+                                                messages=messages):
+        choice = chunk.choices[0]
+        reasoning[choice.index] += (choice.delta.model_extra or {}).get("reasoning_content", "")
+        content[choice.index] += choice.delta.content or ""
+    assert (reasoning, content) == ([QWEN3_REASONING] * 2, [QWEN3_CALL] * 2)
+
+
 def test_openai_models_and_stop(daemon):
     client = openai_client(daemon)
     ids = {m.id for m in client.models.list()}
@@ -81,9 +128,6 @@ def test_openai_errors_have_openai_shape(daemon):
     assert "nope:1b" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError, match="'n' must be at most 4"):
         client.chat.completions.create(model="fake:1b", n=5, messages=[
-            {"role": "user", "content": "x"}])
-    with pytest.raises(openai.BadRequestError, match="'n' above 1 is answered whole"):
-        client.chat.completions.create(model="fake:1b", n=2, stream=True, messages=[
             {"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="must not be empty"):
         client.chat.completions.create(model="fake:1b", messages=[])

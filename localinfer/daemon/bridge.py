@@ -16,8 +16,8 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
@@ -115,6 +115,63 @@ class EventStream(ThreadBridge[Event]):
     def cancel(self) -> None:
         if self.generation.done is None:
             self.generation.cancel()
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Choices:
+    """The streams of one request's choices (a stream and its ``others``: ``n``,
+    ``n_cmpl``), in order, cancelled together."""
+
+    def __init__(self, events: EventStream) -> None:
+        self.streams = [events, *events.others]
+
+    def cancel(self) -> None:
+        for stream in self.streams:
+            stream.cancel()
+
+
+async def merged(sources: Sequence[AsyncIterable[T]]) -> AsyncIterator[tuple[int, T]]:
+    """The items of several async iterators as they come (each choice of a streamed reply),
+    each with its source's index. An error raised by one ends them all and is raised here;
+    so does stopping early (the client left)."""
+    if len(sources) == 1:  # one choice: no task between it and the client
+        async for item in sources[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(index: int, source: AsyncIterable[T]) -> None:
+        try:
+            async for item in source:
+                queue.put_nowait((index, item))
+        except Exception as exc:
+            queue.put_nowait((index, _Raised(exc)))
+        finally:
+            queue.put_nowait((index, _END))
+
+    tasks = [asyncio.ensure_future(pump(i, source)) for i, source in enumerate(sources)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is _END:
+                running -= 1
+            elif isinstance(item, _Raised):
+                raise item.error
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # their sources' cleanup runs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Raised:
+    error: Exception
 
 
 class PullJob:
@@ -293,22 +350,18 @@ async def whole_replies(state: DaemonState, request: Request, events: EventStrea
                         stack: contextlib.AsyncExitStack) -> list[Done]:
     """``whole_reply`` for a stream and its ``others`` (several completions of one prompt),
     in that order; a client that leaves, or an error in one, stops them all."""
-    streams = [events, *events.others]
-
-    def cancel() -> None:
-        for stream in streams:
-            stream.cancel()
+    choices = Choices(events)
 
     async def every_last() -> list[Event | None]:
         # A task of its own: a gather future cancelled ends with an error, not cancelled,
         # and the client's leaving would not read as such.
-        return await asyncio.gather(*(stream.last() for stream in streams))
+        return await asyncio.gather(*(stream.last() for stream in choices.streams))
 
     try:
         try:
-            dones = await unless_disconnected(request, every_last(), cancel)
+            dones = await unless_disconnected(request, every_last(), choices.cancel)
         except BaseException:
-            cancel()
+            choices.cancel()
             raise
     finally:
         await stack.aclose()
@@ -346,7 +399,7 @@ class BridgeResponse(StreamingResponse):
     """A streaming response that cancels the work behind it however the response ends (even
     if the client left before the first byte), and then runs ``on_close``."""
 
-    def __init__(self, body: AsyncIterator[str], work: ThreadBridge[Any], *, media_type: str,
+    def __init__(self, body: AsyncIterator[str], work: Cancellable, *, media_type: str,
                  on_close: Callable[[], object] | None = None) -> None:
         super().__init__(self._to_the_end(body), media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

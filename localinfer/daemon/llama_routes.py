@@ -40,7 +40,7 @@ from ..runtime.engine import Engine
 from ..runtime.fim import FimFile
 from ..runtime.types import DEFAULT_SAMPLING, Done, ModelInfo, Priority, SamplingParams, Token
 from .autocomplete import autocomplete_params, autocomplete_priority
-from .bridge import BridgeResponse, start_generation, whole_replies, whole_reply
+from .bridge import BridgeResponse, Choices, merged, start_generation, whole_replies, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .llama_fields import (
@@ -194,9 +194,6 @@ class _Asked:
         fields = _response_fields(body.get("response_fields"))
         streamed = f.boolean("stream", False)
         copies = _copies(f)
-        if streamed and copies > 1:
-            raise InvalidRequest("'n_cmpl' above 1 is answered whole: send 'stream': false"
-                                 " (as llama.vscode does), or ask one completion per stream.")
         predict = n_predict(f, f.integer("max_tokens", None, low=-1))
         if predict == 0 and copies > 1:
             raise InvalidRequest("'n_predict': 0 reads the prompt into the cache and predicts"
@@ -232,22 +229,23 @@ async def _answer(state: DaemonState, request: Request, name: str,
                    in enumerate(await whole_replies(state, request, events, stack))]
         return JSONResponse(replies if copies > 1 else replies[0])
 
+    choices = Choices(events)
+
     async def stream() -> AsyncIterator[str]:
+        # With n_cmpl above 1 the completions' events interleave, each with its ``index``.
         try:
-            n = 0
-            async for event in events:
+            async for index, event in merged(choices.streams):
                 if isinstance(event, Token):
-                    n = event.live.n_tokens
-                    yield _sse({"index": 0, "content": event.text, "tokens": [],
-                                "stop": False, "id_slot": -1, "tokens_predicted": n,
-                                "model": model})
+                    yield _sse({"index": index, "content": event.text, "tokens": [],
+                                "stop": False, "id_slot": -1,
+                                "tokens_predicted": event.live.n_tokens, "model": model})
                     continue
                 state.record(event)
-                yield _sse(_only(fields, _final(event, model, "", settings)))
+                yield _sse(_only(fields, _final(event, model, "", settings, index=index)))
         except Exception as exc:  # headers are sent: report the error in the stream
             yield _sse(stream_error_body(request.url.path, exc))
 
-    return BridgeResponse(stream(), events, media_type="text/event-stream",
+    return BridgeResponse(stream(), choices, media_type="text/event-stream",
                           on_close=stack.aclose)
 
 

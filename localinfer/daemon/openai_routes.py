@@ -29,7 +29,7 @@ from ..runtime.types import Done, ModelInfo, Priority, SamplingParams, TokenLogp
 from ..store import InstalledModel, ModelStore
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
-from .bridge import BridgeResponse, start_generation, whole_replies
+from .bridge import BridgeResponse, Choices, merged, start_generation, whole_replies
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .llama_fields import (
@@ -190,9 +190,9 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
     if read_only:
         priority = prompt_only_priority(request, f.data, priority)
     copies = f.integer("n", 1, low=1)  # choices: each a completion of the one prompt
-    if copies > 1 and (stream or read_only):
-        raise InvalidRequest("'n' above 1 is answered whole: send 'stream': false (and no"
-                             " 'n_predict': 0), or one request per choice.")
+    if copies > 1 and read_only:
+        raise InvalidRequest("'n_predict': 0 reads the prompt and predicts nothing: send"
+                             " 'n': 1 with it.")
 
     encode_checked = within_slots(copies, encode, lambda n: (
         f"'n' must be at most {n} (this model's slots: each choice is a sequence of its own),"
@@ -206,20 +206,24 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = entry.name
-    sent = [0]  # characters of text sent: the legacy logprobs' text_offset
+    choices = Choices(events)
+    # Each choice's reply is split on its own (``Thinking`` follows one reply's text).
+    thinkings = [thinking] + [thinking.another_choice() if thinking is not None else None
+                              for _ in choices.streams[1:]]
+    sent = [0] * copies  # characters of each choice's text sent: legacy logprobs' text_offset
 
-    def logprobs(entries: tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
+    def logprobs(entries: tuple[TokenLogprob, ...], index: int = 0) -> dict[str, Any] | None:
         if params.logprobs is None:
             return None
         if chat:
             return {"content": entries_json(entries)}
-        return completion_json(entries, offset=sent[0])
+        return completion_json(entries, offset=sent[index])
 
     def whole_choice(done: Done, index: int) -> dict[str, Any]:
         if not chat:
             return {"index": index, "text": done.text, "logprobs": logprobs(done.logprobs),
                     "finish_reason": finish_reason(done)}
-        reasoning, content, calls = whole_parts(done, thinking, constraints)
+        reasoning, content, calls = whole_parts(done, thinkings[index], constraints)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
@@ -231,23 +235,27 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                 choice["finish_reason"] = "tool_calls"
         return choice
 
+    def usage_of(dones: list[Done]) -> dict[str, Any]:
+        """The prompt once, every choice's completion."""
+        usage = usage_json(dones[0])
+        usage["completion_tokens"] = sum(d.usage.completion_tokens for d in dones)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return usage
+
     if not stream:
         dones = await whole_replies(state, request, events, stack)
         if read_only:
             dones = [prompt_only(dones[0])]
-        usage = usage_json(dones[0])  # the prompt once, every choice's completion
-        usage["completion_tokens"] = sum(d.usage.completion_tokens for d in dones)
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return JSONResponse({
             "id": ident, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": model,
             "choices": [whole_choice(done, i) for i, done in enumerate(dones)],
-            "usage": usage, "timings": timings_json(dones[0].timings),
+            "usage": usage_of(dones), "timings": timings_json(dones[0].timings),
         })
 
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta_text: str | None, reason: str | None, timings: dict,
+    def chunk(index: int, delta_text: str | None, reason: str | None, timings: dict,
               entries: tuple[TokenLogprob, ...] = (), reasoning: str = "",
               tool_calls: list[dict[str, Any]] | None = None) -> str:
         if chat:
@@ -256,12 +264,12 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                 delta = {"reasoning_content": reasoning, **delta}
             if tool_calls is not None:
                 delta = {"tool_calls": tool_calls}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs(entries),
+            choice = {"index": index, "delta": delta, "logprobs": logprobs(entries, index),
                       "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": delta_text or "", "logprobs": logprobs(entries),
-                      "finish_reason": reason}
-            sent[0] += len(delta_text or "")
+            choice = {"index": index, "text": delta_text or "",
+                      "logprobs": logprobs(entries, index), "finish_reason": reason}
+            sent[index] += len(delta_text or "")
         body = {"id": ident, "object": kind, "created": created, "model": model,
                 "choices": [choice], "timings": timings}
         if include_usage:
@@ -269,37 +277,42 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
         return f"data: {json_line(body)}\n\n"
 
     async def body() -> AsyncIterator[str]:
-        if chat:
+        for index in range(copies) if chat else ():
             first = {"id": ident, "object": kind, "created": created, "model": model,
-                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                     "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                   "logprobs": None, "finish_reason": None}]}
             if include_usage:
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
+        dones: dict[int, Done] = {}
         try:
-            async for part in reply_parts(state, prompt_only_events(events) if read_only
-                                          else events, thinking, constraints):
+            async for index, part in merged([
+                    reply_parts(state, prompt_only_events(stream) if read_only else stream,
+                                thinkings[i], constraints)
+                    for i, stream in enumerate(choices.streams)]):
                 if isinstance(part, Piece):
-                    yield chunk(part.content or None if part.reasoning else part.content, None,
-                                live_json(part.live), part.logprobs, part.reasoning)
+                    yield chunk(index, part.content or None if part.reasoning else part.content,
+                                None, live_json(part.live), part.logprobs, part.reasoning)
                     continue
                 event = part.done
                 reason = finish_reason(event)
                 timings = timings_json(event.timings)
                 if part.reasoning or part.content:
-                    yield chunk(part.content or None, None, timings, reasoning=part.reasoning)
+                    yield chunk(index, part.content or None, None, timings,
+                                reasoning=part.reasoning)
                 for delta in openai_call_deltas(part.calls):
-                    yield chunk(None, None, timings, tool_calls=delta)
+                    yield chunk(index, None, None, timings, tool_calls=delta)
                 if part.calls and reason != "length":
                     reason = "tool_calls"
-                yield chunk(None, reason, timings)
-                if include_usage:
-                    tail = {"id": ident, "object": kind, "created": created, "model": model,
-                            "choices": [], "usage": usage_json(event)}
-                    yield f"data: {json_line(tail)}\n\n"
+                yield chunk(index, None, reason, timings)
+                dones[index] = event
+            if include_usage:  # after every choice's end, as OpenAI sends it
+                tail = {"id": ident, "object": kind, "created": created, "model": model,
+                        "choices": [], "usage": usage_of([dones[i] for i in sorted(dones)])}
+                yield f"data: {json_line(tail)}\n\n"
         except Exception as exc:  # headers are sent: report the error in the stream
             yield f"data: {json_line(stream_error_body(request.url.path, exc))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return BridgeResponse(body(), events, media_type="text/event-stream",
+    return BridgeResponse(body(), choices, media_type="text/event-stream",
                           on_close=stack.aclose)

@@ -8,6 +8,7 @@ whether or not the request said ``think``: left out, the model's template decide
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..runtime.thinking import (
     ThinkingFormat,
     ThinkingSplitter,
     new_splitter,
+    splitter_for,
     starts_thinking,
     template_vars,
     thinking_format,
@@ -97,6 +99,14 @@ class Thinking:
         fmt = splitter.fmt
         return ReasoningBudget(self.budget, fmt.open_tag, f"\n{fmt.close_tag}\n\n",
                                fmt.close_tag, opened=self.opened)
+
+    def another_choice(self) -> Thinking:
+        """The thinking of another choice of the same reply (``n``): the same prompt, a
+        splitter of its own (a splitter follows one reply's text)."""
+        other = copy.copy(self)
+        if self.format is not None:
+            other.splitter = splitter_for(self.format, thinking=self.opened)
+        return other
 
     def split(self, text: str) -> tuple[str, str]:
         """A piece of the reply as ``(thinking, content)``."""
