@@ -233,6 +233,74 @@ def test_a_short_chat_prompt_is_not_kept_behind_an_editors_cold_file():
         engine.close()
 
 
+def test_a_short_prompt_takes_a_short_step_beside_long_ones():
+    """Nothing decoding, a chat's new turn and an editor's cold file to read: the turn's first
+    token comes from a step with at most a decoding step's chunk of the file beside it, not
+    from a whole batch of it (1.0 s for a 29-token turn on a 2-core AVX2 CPU)."""
+    from localinfer.runtime.engine import Engine
+    from localinfer.runtime.slots import PREFILL_CHUNK_WHILE_DECODING
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="ok", n_slots=3, n_batch=256)
+    engine = Engine(backend)
+    try:
+        long_prompt = engine.infill_tokens(PREFIX * 3, SUFFIX, prompt="r")
+        chat = engine.prompt_tokens("What does it return?")
+        assert len(chat) < PREFILL_CHUNK_WHILE_DECODING and len(long_prompt) > 256
+        first = engine.submit(engine.prompt_tokens("warm up"), SamplingParams(max_tokens=1),
+                              priority=Priority.INTERACTIVE)
+        deadline = time.monotonic() + 30
+        while not engine._in_step and time.monotonic() < deadline:
+            time.sleep(0.005)  # its step is in flight: both below wait for the next one
+        editor = engine.submit(long_prompt, SamplingParams(max_tokens=2, supersede="editor"),
+                               priority=Priority.INTERACTIVE)
+        question = engine.submit(chat, SamplingParams(max_tokens=2), priority=Priority.NORMAL)
+        backend.open()
+        first.result(), editor.result(), question.result()
+        assert question.request.t_first < editor.request.t_first
+        # the warm-up's step, then the question's first: it and a chunk of the file
+        assert backend.decode_calls[1] == PREFILL_CHUNK_WHILE_DECODING
+    finally:
+        backend.open()
+        engine.close()
+
+
+def test_a_whole_batch_of_prompts_yields_to_a_short_new_turn():
+    """A step reading a whole batch of an editor's cold file stops for a chat's new turn that
+    finds all but a chunk of its prompt cached (such a turn waited 0.8 s for that step on a
+    2-core AVX2 CPU), not for a long prompt, nor for background work."""
+    from localinfer.runtime.engine import Engine
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="ok", n_slots=3, n_batch=256, gated=False)
+    interrupts = []
+    backend.interrupt = lambda: interrupts.append(True)  # type: ignore[method-assign]
+    engine = Engine(backend)
+    try:
+        history = engine.prompt_tokens("word " * 150)
+        engine.submit(history, SamplingParams(max_tokens=1)).result()  # cached in a slot
+        backend.gated = True
+        editor = engine.submit(engine.infill_tokens(PREFIX * 3, SUFFIX, prompt="r"),
+                               SamplingParams(max_tokens=2, supersede="editor"),
+                               priority=Priority.INTERACTIVE)
+        deadline = time.monotonic() + 30
+        while engine._in_step != [editor.request] and time.monotonic() < deadline:
+            time.sleep(0.005)  # a whole batch of the file is in flight
+        others = [engine.submit(engine.prompt_tokens("line " * 150), SamplingParams(
+            max_tokens=1)), engine.submit(engine.prompt_tokens("Why?"), SamplingParams(
+                max_tokens=1), priority=Priority.BACKGROUND)]
+        assert interrupts == []
+        turn = engine.submit(history + engine.prompt_tokens("And then?"),
+                             SamplingParams(max_tokens=1))
+        assert interrupts == [True]
+        backend.open()
+        for generation in (editor, turn, *others):
+            generation.result()
+    finally:
+        backend.open()
+        engine.close()
+
+
 def test_a_short_prompt_is_not_kept_behind_a_long_one_of_its_own_priority():
     """Two interactive chats (localinfer's chat UI): a new turn that one chunk finishes, sent
     first, is not read after a long prompt that came after it."""

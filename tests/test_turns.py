@@ -130,6 +130,41 @@ def test_a_request_to_generate_interrupts_indexing_that_took_idle_cores():
     assert overlap.most == 1
 
 
+def test_a_chats_new_turn_stops_indexing_that_waited_its_turn(monkeypatch):
+    """Indexing that waited out BACKGROUND_WAIT_S beside a long reply holds the cores: an
+    editor's keystroke does not stop it, a chat's new turn does (its first token came after
+    a whole turn of indexing: 0.35 s on a 2-core AVX2 CPU), and the indexing goes on right
+    after the turn's step, not after another wait, every vector back."""
+    monkeypatch.setattr(turns_module, "BACKGROUND_WAIT_S", 0.2)
+    shared, overlap = Turns(), Overlap()
+    chat, index = engines(shared, overlap, step_delay_s=0.02, embed_delay_s=1.5)
+    with chat, index:
+        inputs = [index.embedding_tokens("chunk one")]
+        expected = index.embed(inputs).vectors  # alone, nothing generating
+        story = chat.chat([Message("user", "Go on.")], SamplingParams(max_tokens=300))
+        results: list = []
+        embedding = threading.Thread(target=lambda: results.append(index.embed(inputs)))
+        embedding.start()
+        deadline = time.monotonic() + 10
+        while not shared._protected and time.monotonic() < deadline:
+            time.sleep(0.01)  # the embedding waited its 0.2 s and holds the cores now
+        keystroke = chat.submit(chat.prompt_tokens("x = 1"), SamplingParams(
+            max_tokens=1, supersede="editor"))
+        time.sleep(0.1)
+        assert index.backend.interrupted_calls == 0 and not keystroke.done
+        started = time.perf_counter()
+        turn = chat.chat([Message("user", "Why?")], SamplingParams(max_tokens=1)).result()
+        waited = time.perf_counter() - started
+        embedding.join(10)
+        story.cancel()
+        keystroke.result()
+    assert turn.usage.completion_tokens == 1 and waited < 0.5
+    assert index.backend.interrupted_calls == 1
+    (done,) = results
+    assert done.vectors == expected
+    assert overlap.most == 1
+
+
 def test_embeddings_come_in_short_turns_only_while_another_engine_generates():
     inputs = [[1] * 100, [2] * 20, [3] * 8, [4] * 700, [5] * 10]
     shared, calls = Turns(), []

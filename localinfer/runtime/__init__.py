@@ -7,7 +7,7 @@ handed (loading.py, above it, plans the load): it imports no planner, store or p
 
     engine.py         the batch loop and its admission: one worker thread per model
     generation.py     a request as its caller holds it (Generation) and the engine tracks it
-    slots.py          the KV cache's slots and their checkpoints, as data
+    slots.py          the KV cache's slots and their checkpoints; which prompts a step reads
     checkpoints.py    which slot a request takes, what its cache reuses and keeps for the next
     prompts.py        chats, completions, infills, embedding inputs to tokens
     prompt_cache.py   tokenizing a prompt that starts like a recent one: only the new part

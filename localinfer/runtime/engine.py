@@ -18,6 +18,7 @@ how many threads it takes.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -47,7 +48,15 @@ from .fim import FimFile, FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .logprobs import Distribution
 from .prompts import PromptBuilder
-from .slots import Slot, bare_decode_rate, preemption_victim, reading_order
+from .slots import (
+    Slot,
+    bare_decode_rate,
+    preemption_victim,
+    prompt_rows,
+    reading_order,
+    reads_quickly,
+    step_yields,
+)
 from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
@@ -68,15 +77,6 @@ from .types import (
 )
 
 log = logging.getLogger(__name__)
-
-# While other sequences are decoding, a prompt is read in chunks this small so that their
-# streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU), even beside
-# autocomplete replies alone, which editors show whole (whole batches measured no better).
-PREFILL_CHUNK_WHILE_DECODING = 64
-YIELDING_PROMPT_ROWS = 64
-"""A step reading this many prompt tokens or more, all of requests less urgent than one that
-arrives, is interrupted (``Backend.interrupt``) so that the new one starts now, not after a
-chunk of a second or more; the cache keeps the micro-batches the step finished."""
 
 T = TypeVar("T")
 
@@ -318,10 +318,13 @@ class Engine:
                 )
             heapq.heappush(self._pending, request)
             self._requests_total += 1
-            if self._in_step_prompt_rows >= YIELDING_PROMPT_ROWS and all(
-                    r.priority > request.priority for r in self._in_step):
-                self.backend.interrupt()  # a long prompt chunk yields to the urgent one
+            quick = functools.cache(lambda: reads_quickly(request, self._slots))
+            if step_yields(self._in_step, self._in_step_prompt_rows, request, quick):
+                self.backend.interrupt()  # a long prompt chunk yields to the new one
             self._cv.notify()
+        if self._turns is not None and self._turns.indexing and params.supersede is None and \
+                quick():
+            self._turns.yield_background()  # a chat's new turn goes before indexing
         return generation
 
     def _supersede(self, key: str) -> None:
@@ -484,11 +487,14 @@ class Engine:
                 for slot in self._active():
                     if slot.running.generation.cancelled:
                         self._finish(slot, "cancelled", time.perf_counter())
-                with self._cv:
-                    self._admit()
-                self._kept.compact(self._slots)
-                if self._active():
-                    with turn(self._turns, self):
+                if not (self._pending or self._active()):
+                    continue  # jobs alone: run at the loop's top
+                # Admitted with the cores held: a chat's turn that came meanwhile is read now.
+                with turn(self._turns, self, before_wait=self._flush):
+                    with self._cv:
+                        self._admit()
+                    self._kept.compact(self._slots)
+                    if self._active():
                         self._step()
         except BaseException as exc:  # a bug in the loop must not leave callers hanging
             if not isinstance(exc, WorkerLost):  # logged where it was found out, no bug
@@ -625,8 +631,9 @@ class Engine:
             outputs.extend([True] * n)
             budget -= n
 
-        chunk_cap = PREFILL_CHUNK_WHILE_DECODING if decoding else budget
-        prefilling = reading_order([s for s in active if s.prefilling], chunk_cap)
+        prefilling = [s for s in active if s.prefilling]
+        chunk_cap = prompt_rows(prefilling, bool(decoding), budget)
+        prefilling = reading_order(prefilling, chunk_cap)
         chunks: list[tuple[Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)

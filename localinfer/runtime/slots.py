@@ -1,14 +1,17 @@
 """The KV cache's slots: one sequence each, the request using it, the tokens its cache holds,
-and the checkpoints of its sliding-window layers (see checkpoints.py)."""
+and the checkpoints of its sliding-window layers (see checkpoints.py); and the rules for which
+prompts a step reads, how much of them, and when a step in flight stops for a new request."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .backend import Backend
 from .generation import Request
+from .prompt_cache import common_prefix
 from .types import Priority
 
 
@@ -95,6 +98,15 @@ def preemption_victim(active: list[Slot], waiting: Request) -> Slot | None:
     return max(victims, key=lambda s: (int(s.running.priority), s.running.t_start))
 
 
+PREFILL_CHUNK_WHILE_DECODING = 64
+"""While other sequences are decoding, a prompt is read in chunks this small so that their
+streams keep flowing (a 512-token chunk takes about a second on a 2-core CPU), even beside
+autocomplete replies alone, which editors show whole (whole batches measured no better)."""
+YIELDING_PROMPT_ROWS = 64
+"""A step reading this many prompt tokens or more, all of requests less urgent than one that
+arrives, is interrupted (``step_yields``)."""
+
+
 def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
     """The slots whose prompts a step reads, in order: the most urgent alone, and among them
     autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint before
@@ -114,6 +126,43 @@ def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
 
     ranked = sorted(((key(s), s) for s in prefilling), key=lambda pair: pair[0])
     return [s for k, s in ranked if k[0] == ranked[0][0][0]]
+
+
+def prompt_rows(prefilling: list[Slot], decoding: bool, budget: int) -> int:
+    """How many prompt tokens a step reads: PREFILL_CHUNK_WHILE_DECODING beside decoding
+    sequences, and beside a prompt that such a chunk finishes (a chat's new turn, its history
+    cached; not background work), whose first token then comes from a step as short as a
+    decoding one, not from a whole batch of other prompts (a 29-token chat turn waited 1.0 s
+    for a batch of editors' cold files on a 2-core AVX2 CPU); else the whole ``budget``."""
+    chunk = PREFILL_CHUNK_WHILE_DECODING
+    if decoding or any(len(s.running.target) - len(s.cached) <= chunk
+                       and s.running.priority < Priority.BACKGROUND for s in prefilling):
+        return chunk
+    return budget
+
+
+def step_yields(in_step: list[Request], prompt_rows: int, request: Request,
+                quick: Callable[[], bool]) -> bool:
+    """Whether the step in flight, which reads ``prompt_rows`` prompt tokens for the requests
+    ``in_step``, stops (``Backend.interrupt``) for ``request``, which has just come, so that
+    it starts now, not after a chunk of a second or more (the cache keeps the micro-batches
+    the step finished): when the step reads YIELDING_PROMPT_ROWS or more for requests all less
+    urgent, or a whole batch (more than a decoding step's chunk) while the request reads
+    ``quick``-ly (``reads_quickly``)."""
+    if prompt_rows >= YIELDING_PROMPT_ROWS and all(r.priority > request.priority
+                                                   for r in in_step):
+        return True
+    return prompt_rows > PREFILL_CHUNK_WHILE_DECODING and quick()
+
+
+def reads_quickly(request: Request, slots: list[Slot]) -> bool:
+    """Whether ``request``, not background work, finds all but PREFILL_CHUNK_WHILE_DECODING
+    tokens of its prompt in a slot's cache (a chat's new turn): its first token is then one
+    short step away."""
+    if request.priority >= Priority.BACKGROUND:
+        return False
+    cached = max((common_prefix(s.cached, request.prompt) for s in slots), default=0)
+    return len(request.prompt) - cached <= PREFILL_CHUNK_WHILE_DECODING
 
 
 def bare_decode_rate(backend: Backend, slot: Slot, n_steps: int) -> float:

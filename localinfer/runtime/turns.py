@@ -11,7 +11,9 @@ wait while another engine has requests to generate for, for at most ``BACKGROUND
 then take one turn, so that an index still grows while an editor types; the engine cuts them
 into decodes of at most ``BACKGROUND_TURN_TOKENS`` tokens while others generate, so that a
 turn is short; a turn taken while no other engine generated is interrupted by one that comes
-to generate, and taken again. An engine whose model is wholly on a GPU takes no turns
+to generate, and taken again. A chat's new turn, whose first token is one short step away,
+stops even a turn that waited (``yield_background``), and the indexing goes on right after
+that step. An engine whose model is wholly on a GPU takes no turns
 (loading.py gives it none). Measured in docs/benchmarks.md (the editor workload, with turns
 and without)."""
 
@@ -38,6 +40,10 @@ embedded ~25% slower here."""
 RECENT_S = 2.0
 """Another engine that generated this recently still counts as busy for the size of a
 background turn: a pause between an editor's requests must not let in a turn of seconds."""
+YIELD_TURNS = 2
+"""Turns to generate that indexing stopped by ``yield_background`` lets go before it goes
+on: the step the generating engine was waiting to take, for the requests it had admitted,
+and the next, which admits the new one and reads it (an engine admits between steps)."""
 POLL_S = 0.02
 """How often a waiting background decode looks again at whether the others still generate
 (an engine does not announce a new request to the others)."""
@@ -55,7 +61,15 @@ class Turns:
         self._last_turn: dict[object, float] = {}
         """When each engine last took a turn to generate (``time.monotonic()``)."""
         self._interruptible: Callable[[], None] | None = None
-        """How to stop the background decode holding the cores, where it may be stopped."""
+        """How to stop the background decode holding the cores."""
+        self._protected = False
+        """The background decode holding the cores waited BACKGROUND_WAIT_S: only
+        ``yield_background`` stops it."""
+        self._turns_taken = 0
+        """Turns taken to generate, all engines together."""
+        self._owed_after: int | None = None
+        """Set when such a decode was stopped: once this many turns to generate have been
+        taken (YIELD_TURNS more), a background decode goes without waiting."""
 
     def join(self, engine: object, generating: Callable[[], bool]) -> None:
         """Take part; ``generating()`` says whether ``engine`` has requests to generate for
@@ -71,11 +85,15 @@ class Turns:
 
     @contextlib.contextmanager
     def turn(self, engine: object, *, background: bool = False,
-             interrupt: Callable[[], None] | None = None) -> Iterator[None]:
+             interrupt: Callable[[], None] | None = None,
+             before_wait: Callable[[], None] | None = None) -> Iterator[None]:
         """Hold the cores for one decode of ``engine``'s (``background``: indexing). A
         background turn taken while no other engine generated is cut short by one that comes
         to generate: ``interrupt`` stops its decode (``Backend.interrupt``), which is then
-        asked again (``in_turns``); one that waited ``BACKGROUND_WAIT_S`` is not."""
+        asked again (``in_turns``); one that waited ``BACKGROUND_WAIT_S`` only by
+        ``yield_background``. ``before_wait`` runs (without the lock) once the turn is found
+        taken, before waiting for it: the engine hands over the tokens its last step made,
+        which would otherwise wait for another engine's decode too."""
         with self._cv:
             if not background:
                 self._last_turn[engine] = time.monotonic()
@@ -83,27 +101,59 @@ class Turns:
             due = waited_out = False  # a background decode that may go next, and why
             while True:
                 if background and not due:
-                    waited_out = time.monotonic() >= deadline
+                    owed = self._owed_after is not None and \
+                        self._turns_taken >= self._owed_after
+                    waited_out = owed or time.monotonic() >= deadline
                     if waited_out or not self._generating_now(engine):
+                        self._owed_after = None if owed else self._owed_after
                         due = True
                         self._due += 1
                 if not self._held and (due or not background and not self._due):
                     break
-                if not background and self._interruptible is not None:
+                if not background and self._interruptible is not None and \
+                        not self._protected:
                     self._interruptible()  # the indexing in flight stops for this one
                     self._interruptible = None
+                if before_wait is not None:
+                    run, before_wait = before_wait, None
+                    self._cv.release()
+                    try:
+                        run()
+                    finally:
+                        self._cv.acquire()
+                    continue
                 self._cv.wait(POLL_S if background and not due else None)
             if due:
                 self._due -= 1
+            self._turns_taken += not background
             self._held = True
-            self._interruptible = interrupt if background and not waited_out else None
+            self._interruptible = interrupt if background else None
+            self._protected = waited_out
         try:
             yield
         finally:
             with self._cv:
                 self._held = False
                 self._interruptible = None
+                self._protected = False
                 self._cv.notify_all()
+
+    @property
+    def indexing(self) -> bool:
+        """Whether a background decode holds the cores (read without the lock: a hint)."""
+        return self._interruptible is not None
+
+    def yield_background(self) -> None:
+        """Stop the background decode holding the cores, even one that waited its
+        BACKGROUND_WAIT_S (then the next goes without waiting): a chat's new turn has come,
+        whose first token would otherwise wait for a turn of indexing (0.35 s on a 2-core
+        AVX2 CPU)."""
+        with self._cv:
+            if self._interruptible is not None:
+                self._interruptible()
+                self._interruptible = None
+                if self._protected:
+                    self._owed_after = self._turns_taken + YIELD_TURNS
 
     def others_active(self, engine: object) -> bool:
         """Whether an engine but ``engine`` has requests to generate for, or had within the
@@ -119,12 +169,14 @@ class Turns:
 
 
 def turn(turns: Turns | None, engine: object, *, background: bool = False,
-         interrupt: Callable[[], None] | None = None
+         interrupt: Callable[[], None] | None = None,
+         before_wait: Callable[[], None] | None = None
          ) -> contextlib.AbstractContextManager[None]:
     """``engine``'s turn on the cores where it shares them (``turns``), else nothing."""
     if turns is None:
         return contextlib.nullcontext()
-    return turns.turn(engine, background=background, interrupt=interrupt)
+    return turns.turn(engine, background=background, interrupt=interrupt,
+                      before_wait=before_wait)
 
 
 def in_turns(turns: Turns | None, engine: object, inputs: Sequence[Sequence[int]],
