@@ -85,11 +85,17 @@ def test_openai_n_choices_streamed(daemon):
     assert chunks[-1].usage.prompt_tokens == one.usage.prompt_tokens
     assert chunks[-1].usage.completion_tokens == 3 * one.usage.completion_tokens
     whole = client.completions.create(model="fake:1b", prompt="Once", max_tokens=3)
-    texts = ["", ""]
+    texts, offsets = ["", ""], [[], []]
     for chunk in client.completions.create(model="fake:1b", prompt="Once", max_tokens=3, n=2,
-                                           stream=True):
-        texts[chunk.choices[0].index] += chunk.choices[0].text
+                                           stream=True, logprobs=1):
+        choice = chunk.choices[0]
+        texts[choice.index] += choice.text
+        offsets[choice.index] += choice.logprobs.text_offset if choice.logprobs else []
     assert texts == [whole.choices[0].text] * 2
+    assert offsets[0] == offsets[1] and offsets[0][0] == 0  # each choice's own text
+    with pytest.raises(openai.BadRequestError, match="'n_predict': 0"):
+        client.completions.create(model="fake:1b", prompt="Once", n=2,
+                                  extra_body={"n_predict": 0})
 
 
 def test_openai_n_choices_of_a_thinking_model(qwen3):

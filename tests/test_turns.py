@@ -148,6 +148,7 @@ def test_a_chats_new_turn_stops_indexing_that_waited_its_turn(monkeypatch):
         deadline = time.monotonic() + 10
         while not shared._protected and time.monotonic() < deadline:
             time.sleep(0.01)  # the embedding waited its 0.2 s and holds the cores now
+        assert shared._protected
         keystroke = chat.submit(chat.prompt_tokens("x = 1"), SamplingParams(
             max_tokens=1, supersede="editor"))
         time.sleep(0.1)
@@ -155,6 +156,11 @@ def test_a_chats_new_turn_stops_indexing_that_waited_its_turn(monkeypatch):
         started = time.perf_counter()
         turn = chat.chat([Message("user", "Why?")], SamplingParams(max_tokens=1)).result()
         waited = time.perf_counter() - started
+        while not shared._protected and time.monotonic() < deadline:
+            time.sleep(0.01)  # the embedding's owed turn, without another 0.2 s of waiting
+        assert shared._protected and time.perf_counter() - started < 0.5
+        # The turn it was owed runs to its end: another chat turn does not stop it again.
+        chat.chat([Message("user", "And?")], SamplingParams(max_tokens=1)).result()
         embedding.join(10)
         story.cancel()
         keystroke.result()
@@ -163,6 +169,84 @@ def test_a_chats_new_turn_stops_indexing_that_waited_its_turn(monkeypatch):
     (done,) = results
     assert done.vectors == expected
     assert overlap.most == 1
+
+
+def test_a_chats_new_turn_holds_back_indexing_about_to_go():
+    """Indexing that is due (it waited out its second) but does not hold the cores yet goes
+    after the chat's step, not before it; then first, before the other engine's next turn."""
+    shared, order = Turns(), []
+    shared.join("chat", lambda: True)
+    chat_turn = shared.turn("chat")
+    chat_turn.__enter__()  # a step in flight
+    indexing = threading.Thread(target=lambda: _take(shared, "index", order, background=True))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turns_module, "BACKGROUND_WAIT_S", 0.0)
+        indexing.start()
+        deadline = time.monotonic() + 10
+        while not shared._due and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert shared._due == 1
+    shared.yield_for(lambda: True)  # a chat's new turn came
+    waiting = threading.Thread(target=lambda: _take(shared, "chat", order))
+    waiting.start()
+    time.sleep(0.05)
+    chat_turn.__exit__(None, None, None)
+    waiting.join(10)
+    indexing.join(10)
+    later = threading.Thread(target=lambda: _take(shared, "chat", order))
+    later.start()
+    later.join(10)
+    # YIELD_TURNS (2) turns to generate before indexing: the one in flight and the chat's
+    assert order == ["chat", "index", "chat"]
+
+
+def test_a_request_that_comes_while_the_cores_are_taken_is_in_the_next_step():
+    """An engine waiting for the cores (another engine's decode) admits the requests that came
+    meanwhile once it holds them: a chat's turn that came after an editor's file is read in
+    that first step, beside one chunk of the file, not after a whole batch of it."""
+    from localinfer.runtime.slots import PREFILL_CHUNK_WHILE_DECODING
+
+    shared = Turns()
+    backend = FakeBackend(reply="ok", name="fake:code", n_batch=256)
+    engine = Engine(backend, turns=shared).wait_ready()
+    warm = len(backend.decode_calls)
+    other = shared.turn("other engine")
+    other.__enter__()
+    try:
+        file = engine.submit(engine.prompt_tokens("line " * 300), SamplingParams(max_tokens=1))
+        time.sleep(0.05)  # the engine found the cores taken and waits for them
+        question = engine.submit(engine.prompt_tokens("Why?"), SamplingParams(max_tokens=1))
+        other.__exit__(None, None, None)
+        file.result(), question.result()
+        assert question.request.t_first < file.request.t_first
+        assert backend.decode_calls[warm] <= PREFILL_CHUNK_WHILE_DECODING  # 256 before
+    finally:
+        engine.close()
+
+
+def _take(shared: Turns, engine: str, order: list[str], *, background: bool = False) -> None:
+    with shared.turn(engine, background=background):
+        order.append(engine)
+
+
+def test_a_turn_found_taken_hands_over_first():
+    """``before_wait`` (the engine's hand-over of its last step's tokens) runs when the turn is
+    taken by another engine, before waiting for it, and not when the turn is free."""
+    shared, seen = Turns(), []
+    with shared.turn("free", before_wait=lambda: seen.append("free")):
+        waiting = threading.Thread(target=lambda: _wait_for(shared, seen))
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while "handed over" not in seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert seen == ["handed over"]  # while the turn is still held here
+    waiting.join(10)
+    assert seen == ["handed over", "held"]
+
+
+def _wait_for(shared: Turns, seen: list[str]) -> None:
+    with shared.turn("other", before_wait=lambda: seen.append("handed over")):
+        seen.append("held")
 
 
 def test_embeddings_come_in_short_turns_only_while_another_engine_generates():

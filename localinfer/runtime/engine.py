@@ -322,9 +322,8 @@ class Engine:
             if step_yields(self._in_step, self._in_step_prompt_rows, request, quick):
                 self.backend.interrupt()  # a long prompt chunk yields to the new one
             self._cv.notify()
-        if self._turns is not None and self._turns.indexing and params.supersede is None and \
-                quick():
-            self._turns.yield_background()  # a chat's new turn goes before indexing
+        if self._turns is not None and params.supersede is None:
+            self._turns.yield_for(quick)  # a chat's new turn goes before indexing
         return generation
 
     def _supersede(self, key: str) -> None:
@@ -515,8 +514,8 @@ class Engine:
             jobs, self._step_jobs = self._step_jobs, []
         for fn, future in jobs:
             try:
+                self.backend.clear_interrupt()  # not once the turn is held: a stop comes then
                 with turn(self._turns, self, background=True, interrupt=self.backend.interrupt):
-                    self.backend.clear_interrupt()
                     future.set_result(fn())
             except BaseException as exc:  # delivered to the caller
                 future.set_exception(exc)

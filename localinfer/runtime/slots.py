@@ -157,11 +157,12 @@ def step_yields(in_step: list[Request], prompt_rows: int, request: Request,
 
 def reads_quickly(request: Request, slots: list[Slot]) -> bool:
     """Whether ``request``, not background work, finds all but PREFILL_CHUNK_WHILE_DECODING
-    tokens of its prompt in a slot's cache (a chat's new turn): its first token is then one
-    short step away."""
+    tokens of its prompt in a free slot's cache (a chat's new turn): its first token is then
+    one short step away."""
     if request.priority >= Priority.BACKGROUND:
         return False
-    cached = max((common_prefix(s.cached, request.prompt) for s in slots), default=0)
+    cached = max((common_prefix(s.cached, request.prompt) for s in slots if s.req is None),
+                 default=0)
     return len(request.prompt) - cached <= PREFILL_CHUNK_WHILE_DECODING
 
 

@@ -12,8 +12,8 @@ then take one turn, so that an index still grows while an editor types; the engi
 into decodes of at most ``BACKGROUND_TURN_TOKENS`` tokens while others generate, so that a
 turn is short; a turn taken while no other engine generated is interrupted by one that comes
 to generate, and taken again. A chat's new turn, whose first token is one short step away,
-stops even a turn that waited (``yield_background``), and the indexing goes on right after
-that step. An engine whose model is wholly on a GPU takes no turns
+stops even a turn that waited, or one about to go (``yield_for``), and the indexing goes on
+after two steps, without waiting again. An engine whose model is wholly on a GPU takes no turns
 (loading.py gives it none). Measured in docs/benchmarks.md (the editor workload, with turns
 and without)."""
 
@@ -41,12 +41,12 @@ RECENT_S = 2.0
 """Another engine that generated this recently still counts as busy for the size of a
 background turn: a pause between an editor's requests must not let in a turn of seconds."""
 YIELD_TURNS = 2
-"""Turns to generate that indexing stopped by ``yield_background`` lets go before it goes
-on: the step the generating engine was waiting to take, for the requests it had admitted,
-and the next, which admits the new one and reads it (an engine admits between steps)."""
+"""Turns to generate that indexing stopped or held back by ``yield_for`` lets go
+before it goes on: the chat's first step (an engine admits a request once it holds the cores)
+and one more, where another engine was already waiting for them."""
 POLL_S = 0.02
 """How often a waiting background decode looks again at whether the others still generate
-(an engine does not announce a new request to the others)."""
+(an engine does not announce a new request to the others) or hold it back no more."""
 
 
 class Turns:
@@ -56,20 +56,25 @@ class Turns:
         self._cv = threading.Condition()
         self._held = False
         self._due = 0
-        """Background decodes that have waited long enough: they go before any other."""
+        """Background decodes that may go: they go before any other."""
+        self._due_waited = 0
+        """Those of them that waited BACKGROUND_WAIT_S (the others found no engine
+        generating)."""
         self._generating: dict[object, Callable[[], bool]] = {}
         self._last_turn: dict[object, float] = {}
         """When each engine last took a turn to generate (``time.monotonic()``)."""
         self._interruptible: Callable[[], None] | None = None
         """How to stop the background decode holding the cores."""
         self._protected = False
-        """The background decode holding the cores waited BACKGROUND_WAIT_S: only
-        ``yield_background`` stops it."""
+        """The background decode holding the cores waited BACKGROUND_WAIT_S (or was owed its
+        turn): only ``yield_for`` stops it."""
         self._turns_taken = 0
         """Turns taken to generate, all engines together."""
-        self._owed_after: int | None = None
-        """Set when such a decode was stopped: once this many turns to generate have been
-        taken (YIELD_TURNS more), a background decode goes without waiting."""
+        self._yielded_at: float | None = None
+        """When ``yield_for`` last stopped or held back indexing, until the turn it
+        owes has run (RECENT_S at most): no other yield, and the next background decode goes
+        once ``_turns_taken`` reaches ``_held_back_until``, without waiting."""
+        self._held_back_until = 0
 
     def join(self, engine: object, generating: Callable[[], bool]) -> None:
         """Take part; ``generating()`` says whether ``engine`` has requests to generate for
@@ -91,7 +96,7 @@ class Turns:
         background turn taken while no other engine generated is cut short by one that comes
         to generate: ``interrupt`` stops its decode (``Backend.interrupt``), which is then
         asked again (``in_turns``); one that waited ``BACKGROUND_WAIT_S`` only by
-        ``yield_background``. ``before_wait`` runs (without the lock) once the turn is found
+        ``yield_for``. ``before_wait`` runs (without the lock) once the turn is found
         taken, before waiting for it: the engine hands over the tokens its last step made,
         which would otherwise wait for another engine's decode too."""
         with self._cv:
@@ -100,15 +105,16 @@ class Turns:
             deadline = time.monotonic() + BACKGROUND_WAIT_S
             due = waited_out = False  # a background decode that may go next, and why
             while True:
+                held_back = self._yielded() and self._turns_taken < self._held_back_until
                 if background and not due:
-                    owed = self._owed_after is not None and \
-                        self._turns_taken >= self._owed_after
-                    waited_out = owed or time.monotonic() >= deadline
+                    waited_out = self._yielded() and not held_back or \
+                        time.monotonic() >= deadline
                     if waited_out or not self._generating_now(engine):
-                        self._owed_after = None if owed else self._owed_after
                         due = True
                         self._due += 1
-                if not self._held and (due or not background and not self._due):
+                        self._due_waited += waited_out
+                if not self._held and (due and not held_back or not background and (
+                        not self._due or held_back)):
                     break
                 if not background and self._interruptible is not None and \
                         not self._protected:
@@ -122,13 +128,15 @@ class Turns:
                     finally:
                         self._cv.acquire()
                     continue
-                self._cv.wait(POLL_S if background and not due else None)
+                self._cv.wait(POLL_S if background else None)
             if due:
                 self._due -= 1
+                self._due_waited -= waited_out
             self._turns_taken += not background
             self._held = True
             self._interruptible = interrupt if background else None
-            self._protected = waited_out
+            self._protected = waited_out or due and self._yielded()
+            owed = background and self._yielded()  # the turn a yield owed indexing
         try:
             yield
         finally:
@@ -136,24 +144,33 @@ class Turns:
                 self._held = False
                 self._interruptible = None
                 self._protected = False
+                if owed:
+                    self._yielded_at = None
                 self._cv.notify_all()
 
-    @property
-    def indexing(self) -> bool:
-        """Whether a background decode holds the cores (read without the lock: a hint)."""
-        return self._interruptible is not None
-
-    def yield_background(self) -> None:
-        """Stop the background decode holding the cores, even one that waited its
-        BACKGROUND_WAIT_S (then the next goes without waiting): a chat's new turn has come,
-        whose first token would otherwise wait for a turn of indexing (0.35 s on a 2-core
-        AVX2 CPU)."""
+    def yield_for(self, quick: Callable[[], bool]) -> None:
+        """A request to generate has come: where indexing that waited its BACKGROUND_WAIT_S
+        holds the cores or goes next and ``quick()`` (a chat's new turn, its first token one
+        short step away: 0.35 s of indexing would come first on a 2-core AVX2 CPU), stop it or
+        hold it back for YIELD_TURNS turns to generate; then it goes without waiting and cannot
+        be stopped so again until that turn has run. (Indexing that took idle cores stops for
+        any turn to generate, and waits again.)"""
+        if not (self._protected or self._due_waited) or not quick():
+            return  # read without the lock first: most requests find no indexing
         with self._cv:
-            if self._interruptible is not None:
+            if self._yielded():
+                return
+            if self._interruptible is not None and self._protected:
                 self._interruptible()
                 self._interruptible = None
-                if self._protected:
-                    self._owed_after = self._turns_taken + YIELD_TURNS
+            elif not self._due_waited or self._held and self._interruptible is not None:
+                return  # indexing taken on idle cores: the turn to generate stops it
+            self._yielded_at = time.monotonic()
+            self._held_back_until = self._turns_taken + YIELD_TURNS
+            self._cv.notify_all()
+
+    def _yielded(self) -> bool:
+        return self._yielded_at is not None and time.monotonic() - self._yielded_at < RECENT_S
 
     def others_active(self, engine: object) -> bool:
         """Whether an engine but ``engine`` has requests to generate for, or had within the
