@@ -8,7 +8,11 @@ defaults; llama-server with llama.vscode's CPU-only FIM flags and a second llama
 
     python bench/editor_workload.py --fim-file F.gguf [--embed-file E.gguf]
         [--llama-server PATH] [--only localinfer|llama-server] [--kinds chat,fim,embed]
-        [--quick] [--rounds N] [--completions N] [--json OUT.json]
+        [--quick] [--rounds N] [--completions N] [--serial-editors] [--json OUT.json]
+
+``--serial-editors``: the editors send as llama.vscode and llama.vim do (one request in flight
+each, never aborted; a keystroke that comes meanwhile waits and is dropped for a newer one),
+where by default every keystroke is sent and aborts the one before.
 
 FIM needs a model with FIM tokens. Without a code model at hand, a copy of the starter whose
 header names three unused tokens as FIM tokens serves to measure the servers (not the
@@ -61,6 +65,10 @@ def main() -> int:
     parser.add_argument("--completions", type=int, default=COMPLETIONS, metavar="N",
                         help="completions of each FIM prompt (llama.vscode's"
                              f" max_parallel_completions, sent as n_cmpl; {COMPLETIONS})")
+    parser.add_argument("--serial-editors", action="store_true",
+                        help="editors as llama.vscode and llama.vim send: one request in flight"
+                             " each, never aborted, the newest keystroke sent when it ends"
+                             " (default: every keystroke sent, aborting the one before)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run both servers this many times, alternating which goes first")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
@@ -72,7 +80,7 @@ def main() -> int:
     fim_file = (args.fim_file or starter).resolve()
     embed_file = (args.embed_file or starter).resolve()
     workload = Workload(kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
-                        completions=args.completions)
+                        completions=args.completions, serial_editors=args.serial_editors)
     if args.quick:
         workload = replace(workload, chat_turns=3, fim_completed=3, embed_chunks=16)
     logs = Path(tempfile.mkdtemp(prefix="editor-workload-"))

@@ -59,3 +59,27 @@ def test_the_table_puts_servers_side_by_side():
     assert any(row.startswith("aggregate tok/s") and "10" in row for row in rows)
     assert any(row.startswith("load average") and "1.5 / 2.25" in row for row in rows)
     assert rows[-1] == "llama-server: infill: HTTP 500"
+
+
+def test_serial_editors_keep_one_request_in_flight_and_abort_none(home):
+    """``serial_editors``: each editor has at most one /infill in flight and aborts none (the
+    daemon sees no client leave); a keystroke that came while one ran and was followed by
+    another is never sent; every burst's last keystroke is answered and timed."""
+    import asyncio
+
+    from daemon_util import fake_factory, install_fake_models, serve
+    from localinfer.bench.editor_workload import Target, Workload, run_workload
+
+    install_fake_models("coder:1b-f16")
+    with serve(fake_factory(reply="x = 1\n", fim=True, step_delay_s=0.02)) as d:
+        target = Target("localinfer", d.url, "coder:1b", "coder:1b", "coder:1b")
+        w = Workload(editors=2, fim_completed=2, burst=3, completions=1, kinds=("fim",),
+                     serial_editors=True, file_lines=40)
+        out = asyncio.run(run_workload(target, w))
+        state = d.daemon.state
+        assert not out.errors
+        assert len(out.fim_latency_ms) == 2 * 2  # each burst's last keystroke
+        assert out.fim_cancelled > 0  # middle keystrokes that waited and were superseded
+        assert sum(state.counters.clients_left.values()) == 0  # nothing aborted
+        sent = state.counters.requests[("infill", 200)]
+        assert sent == 2 * 2 * 3 - out.fim_cancelled

@@ -49,6 +49,9 @@ with Alt+]."""
 N_PREDICT = 128
 KEYSTROKE_S = 0.075
 """Between two keystrokes of a burst (llama.vscode's debounce is 75 ms)."""
+EDITOR_POLL_S = 0.15
+"""With ``Workload.serial_editors``: how often a keystroke that came while its editor's request
+runs looks again (llama.vscode's DELAY_BEFORE_COMPL_REQUEST; llama.vim retries every 100 ms)."""
 READ_PAUSE_S = 0.5
 """After a burst: the user reads the suggestion that completed."""
 CHAT_QUESTIONS = [
@@ -96,6 +99,11 @@ class Workload:
     seed: int = 1
     kinds: tuple[str, ...] = ("chat", "fim", "embed")
     """The client kinds that run (all, unless a server lacks a route)."""
+    serial_editors: bool = False
+    """Editors as llama.vscode and llama.vim send (src/completion.ts, autoload/llama.vim): one
+    request in flight each, never aborted; a keystroke that comes meanwhile waits for it and
+    is dropped when a newer one comes. Off: every keystroke is sent and aborts the request
+    before it (the issue's workload)."""
 
 
 @dataclass
@@ -113,6 +121,7 @@ class Figures:
     fim_prompt_tokens: list[int] = field(default_factory=list)
     fim_tokens: int = 0
     fim_cancelled: int = 0
+    """Keystrokes' requests aborted, or (serial editors) never sent."""
     embed_latency_ms: list[float] = field(default_factory=list)
     embeddings: int = 0
     embed_s: float = 0.0
@@ -286,6 +295,68 @@ async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: 
     await asyncio.gather(*superseded, return_exceptions=True)  # their connections closed
 
 
+async def serial_editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: int,
+                               out: Figures) -> None:
+    """``editor_client`` as llama.vscode and llama.vim send (``Workload.serial_editors``): a
+    keystroke's request goes once the editor's request in flight has ended (looked at every
+    EDITOR_POLL_S), unless a newer keystroke came; FIM latency runs from a burst's last
+    keystroke to the reply for its text."""
+    rng = random.Random(w.seed * 100 + index)
+    text = source_file(w.seed * 10 + index, w.file_lines)
+    extra = [{"filename": f"metrics_{index + 1}.py",
+              "text": source_file(w.seed * 10 + index + 1, 40)}]
+    cursor = text.find("\n", len(text) // 2) + 1
+    text = text[:cursor] + "    \n" + text[cursor:]
+    cursor += 4
+    statement = "result = compute_metric_3(values, weight=2) + compute_metric_4(values)"
+    newest = 0
+    in_flight: asyncio.Future | None = None
+
+    async def keystroke(key: int, body: dict[str, Any]) -> httpx.Response | None:
+        nonlocal in_flight
+        while in_flight is not None and not in_flight.done():
+            await asyncio.sleep(EDITOR_POLL_S)
+        if key != newest:  # a newer keystroke came while it waited: never sent
+            out.fim_cancelled += 1
+            return None
+        in_flight = asyncio.ensure_future(http.post(f"{t.url}/infill", json=body))
+        return await in_flight
+
+    sent: list[asyncio.Future] = []
+    for _ in range(w.fim_completed):
+        for key in range(w.burst):
+            text = text[:cursor] + statement[newest % len(statement)] + text[cursor:]
+            cursor += 1
+            newest += 1
+            body = fim_body(text, cursor, extra, t.fim_model, w.n_predict, w.completions)
+            started = time.perf_counter()
+            request = asyncio.ensure_future(keystroke(newest, body))
+            if key < w.burst - 1:
+                sent.append(request)
+                await asyncio.sleep(KEYSTROKE_S * rng.uniform(0.8, 1.2))
+                continue
+            r = await request
+            assert r is not None  # the newest keystroke is always sent
+            if r.status_code != 200:
+                out.errors.append(f"infill: HTTP {r.status_code} {r.text[:200]}")
+                return
+            replies = r.json()
+            replies = replies if isinstance(replies, list) else [replies]
+            out.fim_latency_ms.append((time.perf_counter() - started) * 1000)
+            out.fim_tokens += sum(completion_tokens(reply) for reply in replies)
+            ttft, prompt_tokens = prompt_figures(replies[0])
+            if ttft is not None:
+                out.fim_ttft_ms.append(ttft)
+            if prompt_tokens is not None:
+                out.fim_prompt_tokens.append(prompt_tokens)
+        await asyncio.sleep(READ_PAUSE_S)
+    for r in await asyncio.gather(*sent):  # earlier keystrokes' replies: shown to nobody
+        if r is not None and r.status_code == 200:
+            replies = r.json()
+            out.fim_tokens += sum(completion_tokens(reply) for reply in (
+                replies if isinstance(replies, list) else [replies]))
+
+
 async def indexing_client(http: httpx.AsyncClient, t: Target, w: Workload,
                           out: Figures) -> None:
     n_files = -(-12 * w.embed_chunks // 60) + 1  # 12 lines a chunk, none of them empty
@@ -320,7 +391,8 @@ async def run_workload(t: Target, w: Workload) -> Figures:
         if "embed" in w.kinds:
             runs.append(indexing_client(clients[1], t, w, out))
         if "fim" in w.kinds:
-            runs += [editor_client(clients[2 + i], t, w, i, out) for i in range(w.editors)]
+            editor = serial_editor_client if w.serial_editors else editor_client
+            runs += [editor(clients[2 + i], t, w, i, out) for i in range(w.editors)]
         await asyncio.gather(*runs)
         out.wall_s = time.perf_counter() - started
     finally:
