@@ -213,6 +213,20 @@ def prompt_figures(body: dict[str, Any]) -> tuple[float | None, int | None]:
 
 
 # --- the clients -------------------------------------------------------------------------------
+STATEMENT = "result = compute_metric_3(values, weight=2) + compute_metric_4(values)"
+"""What each editor types, one key at a time."""
+
+
+def editor_file(w: Workload, index: int) -> tuple[str, int, list[dict[str, str]]]:
+    """Editor ``index``'s file, with a fresh line in its middle where it types, the cursor
+    there, and the other file it sends as context (``input_extra``)."""
+    text = source_file(w.seed * 10 + index, w.file_lines)
+    extra = [{"filename": f"metrics_{index + 1}.py",
+              "text": source_file(w.seed * 10 + index + 1, 40)}]
+    cursor = text.find("\n", len(text) // 2) + 1
+    return text[:cursor] + "    \n" + text[cursor:], cursor + 4, extra
+
+
 async def chat_client(http: httpx.AsyncClient, t: Target, w: Workload, out: Figures) -> None:
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are an expert coder."}]
     for turn in range(w.chat_turns):
@@ -248,20 +262,13 @@ async def chat_client(http: httpx.AsyncClient, t: Target, w: Workload, out: Figu
 async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: int,
                         out: Figures) -> None:
     rng = random.Random(w.seed * 100 + index)
-    text = source_file(w.seed * 10 + index, w.file_lines)
-    other = source_file(w.seed * 10 + index + 1, 40)
-    extra = [{"filename": f"metrics_{index + 1}.py", "text": other}]
-    # Type a new statement on a fresh line in the middle of the file, one key at a time.
-    cursor = text.find("\n", len(text) // 2) + 1
-    text = text[:cursor] + "    \n" + text[cursor:]
-    cursor += 4
-    statement = "result = compute_metric_3(values, weight=2) + compute_metric_4(values)"
+    text, cursor, extra = editor_file(w, index)
     typed = 0
     done = 0
     superseded: list[asyncio.Future] = []
     while done < w.fim_completed:
         for key in range(w.burst):
-            char = statement[typed % len(statement)]
+            char = STATEMENT[typed % len(STATEMENT)]
             typed += 1
             text = text[:cursor] + char + text[cursor:]
             cursor += 1
@@ -302,13 +309,7 @@ async def serial_editor_client(http: httpx.AsyncClient, t: Target, w: Workload, 
     EDITOR_POLL_S), unless a newer keystroke came; FIM latency runs from a burst's last
     keystroke to the reply for its text."""
     rng = random.Random(w.seed * 100 + index)
-    text = source_file(w.seed * 10 + index, w.file_lines)
-    extra = [{"filename": f"metrics_{index + 1}.py",
-              "text": source_file(w.seed * 10 + index + 1, 40)}]
-    cursor = text.find("\n", len(text) // 2) + 1
-    text = text[:cursor] + "    \n" + text[cursor:]
-    cursor += 4
-    statement = "result = compute_metric_3(values, weight=2) + compute_metric_4(values)"
+    text, cursor, extra = editor_file(w, index)
     newest = 0
     in_flight: asyncio.Future | None = None
 
@@ -325,7 +326,7 @@ async def serial_editor_client(http: httpx.AsyncClient, t: Target, w: Workload, 
     sent: list[asyncio.Future] = []
     for _ in range(w.fim_completed):
         for key in range(w.burst):
-            text = text[:cursor] + statement[newest % len(statement)] + text[cursor:]
+            text = text[:cursor] + STATEMENT[newest % len(STATEMENT)] + text[cursor:]
             cursor += 1
             newest += 1
             body = fim_body(text, cursor, extra, t.fim_model, w.n_predict, w.completions)
