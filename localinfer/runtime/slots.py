@@ -107,6 +107,12 @@ YIELDING_PROMPT_ROWS = 64
 arrives, is interrupted (``step_yields``)."""
 
 
+def finishes_in(request: Request, left: int, chunk: int) -> bool:
+    """Whether a prompt with ``left`` tokens to read counts as one ``chunk`` finishes (a
+    chat's new turn, its history cached): it does, unless it is background work."""
+    return left <= chunk and request.priority < Priority.BACKGROUND
+
+
 def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
     """The slots whose prompts a step reads, in order: the most urgent alone, and among them
     autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint before
@@ -118,7 +124,7 @@ def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
     def key(slot: Slot) -> tuple[int, int, int, Request]:
         request = slot.running
         left = len(request.target) - len(slot.cached)
-        if left <= chunk and request.priority < Priority.BACKGROUND:
+        if finishes_in(request, left, chunk):
             return int(Priority.INTERACTIVE), 0, left, request
         if request.params.supersede:
             return int(request.priority), 2, left, request
@@ -135,8 +141,8 @@ def prompt_rows(prefilling: list[Slot], decoding: bool, budget: int) -> int:
     decoding one, not from a whole batch of other prompts (a 29-token chat turn waited 1.0 s
     for a batch of editors' cold files on a 2-core AVX2 CPU); else the whole ``budget``."""
     chunk = PREFILL_CHUNK_WHILE_DECODING
-    if decoding or any(len(s.running.target) - len(s.cached) <= chunk
-                       and s.running.priority < Priority.BACKGROUND for s in prefilling):
+    if decoding or any(finishes_in(s.running, len(s.running.target) - len(s.cached), chunk)
+                       for s in prefilling):
         return chunk
     return budget
 
@@ -160,10 +166,10 @@ def reads_quickly(request: Request, slots: list[Slot]) -> bool:
     tokens of its prompt in a free slot's cache (a chat's new turn): its first token is then
     one short step away."""
     if request.priority >= Priority.BACKGROUND:
-        return False
+        return False  # before the prefix walk, which background work need not pay
     cached = max((common_prefix(s.cached, request.prompt) for s in slots if s.req is None),
                  default=0)
-    return len(request.prompt) - cached <= PREFILL_CHUNK_WHILE_DECODING
+    return finishes_in(request, len(request.prompt) - cached, PREFILL_CHUNK_WHILE_DECODING)
 
 
 def bare_decode_rate(backend: Backend, slot: Slot, n_steps: int) -> float:
