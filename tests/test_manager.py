@@ -3,6 +3,7 @@ clients, swapping models, keep-alive expiry, reloading for a larger context or a
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -13,6 +14,8 @@ import pytest
 
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
 from localinfer.daemon.residency import Footprint, MemoryBudget, MemoryPlan
+from localinfer.runtime.engine import Engine
+from localinfer.runtime.fake import FakeBackend
 
 GIB = 2**30
 
@@ -83,6 +86,64 @@ def test_keep_alive_expiry_unloads(home):
         while d.manager.loaded and time.monotonic() < deadline:
             time.sleep(0.05)
         assert d.manager.loaded == {}
+
+
+@pytest.mark.parametrize("memo_s", [5.0, 0.0])
+def test_a_loaded_models_family_name_reads_the_store_once_in_a_while(home, monkeypatch,
+                                                                     memo_s):
+    """``fake`` (the family) names the loaded fake:1b-f16: while the name's memo lasts, a
+    request by it neither reads the store nor waits for a worker thread; once it is over, it
+    reads the store again, and sees what was pulled or added meanwhile."""
+    monkeypatch.setattr("localinfer.daemon.manager.NAME_MEMO_S", memo_s)
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory()) as d:
+        client = openai_client(d)
+        client.completions.create(model="fake", prompt="a", max_tokens=2)
+        reads: list[str] = []
+        store_resolve = d.manager.store.resolve
+        monkeypatch.setattr(d.manager.store, "resolve",
+                            lambda name, **kw: reads.append(name) or store_resolve(name, **kw))
+        for _ in range(3):
+            client.completions.create(model="fake", prompt="a", max_tokens=2)
+        # With the memo, once: the first time the name finds its model loaded. Without it,
+        # twice a request (its fields, its lease).
+        assert len(reads) == (1 if memo_s else 6)
+        assert list(d.manager.loaded) == ["fake:1b-f16"]
+
+
+class WhereItTokenizes(FakeBackend):
+    """Notes, for each prompt with ``needle`` in it, whether it was tokenized on the event
+    loop's thread."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.on_the_loop: list[bool] = []
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        if "needle" in text:
+            try:
+                asyncio.get_running_loop()
+                self.on_the_loop.append(True)
+            except RuntimeError:
+                self.on_the_loop.append(False)
+        return super().tokenize(text, add_special=add_special)
+
+
+@pytest.mark.parametrize("here", [True, False])
+def test_a_small_requests_prompt_is_tokenized_without_a_thread_hop(home, here):
+    """A body of at most 4 KiB is tokenized on the event loop (a worker thread's hand-over
+    costs more); a larger one on a worker thread, and so is every prompt of a model whose
+    tokenizer is in another process, behind its step (``tokenizes_here`` False)."""
+    install_fake_models("fake:1b-f16")
+    backend = WhereItTokenizes(name="fake:1b-f16")
+    backend.tokenizes_here = here
+    with serve(lambda model, num_ctx, progress=None: Engine(backend, load_ms=5.0)) as d:
+        client = openai_client(d)
+        for prompt in ("a needle", "a needle " + "haystack" * 600):
+            client.completions.create(model="fake:1b", prompt=prompt, max_tokens=2)
+        client.chat.completions.create(model="fake:1b", max_tokens=2,
+                                       messages=[{"role": "user", "content": "a needle"}])
+    assert backend.on_the_loop == [here, False, here]
 
 
 def test_num_ctx_larger_than_loaded_reloads_and_is_capped_at_training(home):

@@ -31,7 +31,7 @@ from ..store import HubTarget, ModelStore, PullProgress, PullTarget, pull_model
 from .error_replies import ClientLeft
 from .guard import RECEIVED_AT
 from .manager import LoadedModel, ModelManager
-from .requests import with_model_defaults
+from .requests import SMALL_BODY, with_model_defaults
 from .state import DaemonState
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,8 @@ async def start_generation(
     copies: int = 1,
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
-    loop must keep streaming other replies meanwhile) and submit. A prompt longer than the
+    loop must keep streaming other replies meanwhile; a small request's prompt is tokenized
+    here, ``SMALL_BODY``) and submit. A prompt longer than the
     loaded context reloads the model with a larger one when the request names no ``num_ctx``
     (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
     queue, fails here, before any response is sent. Closing the returned stack gives the model
@@ -304,7 +305,8 @@ async def start_generation(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
     try:
         engine = entry.engine
-        tokens = await asyncio.to_thread(encode, engine)
+        tokens = encode(engine) if SMALL_BODY.get() and engine.backend.tokenizes_here \
+            else await asyncio.to_thread(encode, engine)
         if num_ctx is None and len(tokens) >= engine.info.n_ctx \
                 and not engine.info.embedding_only:
             larger = await manager.context_for(entry, len(tokens))

@@ -43,6 +43,12 @@ from .residency import Footprint, MemoryPlan
 
 log = logging.getLogger(__name__)
 
+NAME_MEMO_S = 5.0
+"""How long a name that resolved to a loaded model by another of its names (a family,
+``bench-fim`` for ``bench-fim:270m-q4_k_m``) is answered without reading the store again: a
+model pulled or added meanwhile is seen by that name at most this late."""
+NAME_MEMO_SIZE = 64
+
 REPLY_ROOM = 4096
 """Tokens a prompt longer than the loaded context gets for its reply when it reloads the model
 with a larger context (at most what the model can have: then the rest of that)."""
@@ -103,6 +109,8 @@ class ModelManager:
         """Models being drained to make room: their new requests wait for the switch."""
         self._changed = asyncio.Condition()
         self._closed = False
+        self._names: dict[str, tuple[float, ResolvedModel]] = {}
+        """Names resolved to a loaded model, by name, with when they expire (NAME_MEMO_S)."""
 
     # --- resolving names ----------------------------------------------------------------
     async def resolve(self, name: str) -> ResolvedModel:
@@ -120,7 +128,16 @@ class ModelManager:
                                 loaded.model.installed.model) and (
                     loaded.model.preset is None or loaded.model.preset.name == name.lower()):
                 return loaded.model
-        return await asyncio.to_thread(self.store.resolve, name)
+        key = name.lower()
+        memo = self._names.get(key)
+        if memo is not None and time.monotonic() < memo[0] and memo[1].name in self.loaded:
+            return memo[1]  # another name of a loaded model: no store read, no thread hop
+        model = await asyncio.to_thread(self.store.resolve, name)
+        if model.name in self.loaded:
+            if len(self._names) >= NAME_MEMO_SIZE:
+                self._names.clear()
+            self._names[key] = (time.monotonic() + NAME_MEMO_S, model)
+        return model
 
     async def with_preset(self, name: str, messages: list[Message]) -> list[Message]:
         """A chat's ``messages`` with the system prompt and seed turns of the preset ``name``

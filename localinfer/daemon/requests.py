@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,12 @@ from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams,
 
 _MISSING = object()
 
+SMALL_BODY_BYTES = 4096
+SMALL_BODY: ContextVar[bool] = ContextVar("small_body", default=False)
+"""Whether the request being served sent a JSON body of at most ``SMALL_BODY_BYTES`` (set by
+``read_json``): its prompt is rendered and tokenized on the event loop, in well under a
+millisecond, where a worker thread's hand-over costs more (bridge.start_generation)."""
+
 
 async def read_json(request: Request) -> dict[str, Any]:
     """The body as a JSON object, whatever its Content-Type (as Ollama reads it: ``curl -d``
@@ -28,6 +35,7 @@ async def read_json(request: Request) -> dict[str, Any]:
     deeply, a number Python cannot hold (an integer of thousands of digits, 1e999, NaN,
     Infinity), or a string with a lone UTF-16 surrogate, which no tokenizer can encode."""
     raw = await request.body()
+    SMALL_BODY.set(len(raw) <= SMALL_BODY_BYTES)
     if not raw.strip():
         raise InvalidRequest("the request body is empty; send a JSON object.")
     return parse_json_body(raw)

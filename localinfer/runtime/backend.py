@@ -105,6 +105,9 @@ class Backend(Protocol):
     """Where the engine keeps checkpoints of chats too: how many tokens back from its newest
     a sequence can always be cut (the window cache's cells past the window); 0 where it keeps
     none for chats (see planner.shrinks_window_cache)."""
+    tokenizes_here: bool
+    """``tokenize`` answers from this process at once, beside a running step (False where it
+    goes to the process holding the model, behind the step: runtime/isolated.py)."""
     adaptive_threads: int
     """The most CPU threads a step may use when the engine adapts the count to the load
     (``set_threads``); 0 when the count is fixed."""

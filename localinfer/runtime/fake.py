@@ -144,6 +144,7 @@ class FakeBackend:
         """As a sliding-window cache: a sequence cannot be cut back by more than this many
         tokens (it then drops all), except at a checkpoint."""
         self.needs_checkpoints = window is not None
+        self.tokenizes_here = True
         self.cut_reach = window if window is not None and chat_checkpoints else 0
         self.restored: list[int] = []  # the positions checkpoints were restored at
         self.checkpoints_reused = 0  # checkpoints saved into the memory of a dropped one

@@ -82,6 +82,7 @@ class IsolatedBackend:
         self.fim_spm: bool = reply["fim_spm"]
         self.n_ctx_embed: int = reply["n_ctx_embed"]
         self.needs_checkpoints: bool = reply["needs_checkpoints"]
+        self.tokenizes_here = False
         self.cut_reach: int = reply["cut_reach"]
         self._n_swa: int = reply["n_swa"]
         self.load_ms: float = reply["load_ms"]

@@ -227,6 +227,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._token_buf = None
         self._n_swa = L.llama_model_n_swa(self._model)
         self.needs_checkpoints = bool(self._n_swa) and not self.embedding_only
+        self.tokenizes_here = True
         # The window layers keep window + n_ubatch cells: the n_ubatch positions before the
         # newest still have their window. With 256-row batches (a model whose window
         # attention weighs, planner.shrinks_window_cache) that is too short for a regenerated
