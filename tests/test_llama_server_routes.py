@@ -156,6 +156,9 @@ def test_completion_continues_a_text_or_token_prompt(daemon):
     assert by_ids.json()["content"] == reply["content"]
     assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
     assert "".join(e["content"] for e in events[:-1]) == reply["content"]
+    # Each partial event counts, as llama-server's do, what was predicted and evaluated.
+    assert [e["tokens_predicted"] for e in events[:-1]] == list(range(1, len(events)))
+    assert {e["tokens_evaluated"] for e in events} == {events[-1]["tokens_evaluated"]}
     assert only.json()["content"] == "" and only.json()["tokens_predicted"] == 0
     assert [r["index"] for r in several.json()] == [0, 1]
     # Streamed, each completion's events carry its index and end with its own final event.

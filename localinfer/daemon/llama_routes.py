@@ -238,7 +238,8 @@ async def _answer(state: DaemonState, request: Request, name: str,
                 if isinstance(event, Token):
                     yield _sse({"index": index, "content": event.text, "tokens": [],
                                 "stop": False, "id_slot": -1,
-                                "tokens_predicted": event.live.n_tokens, "model": model})
+                                "tokens_predicted": event.live.n_tokens,
+                                "tokens_evaluated": event.live.prompt_tokens, "model": model})
                     continue
                 state.record(event)
                 yield _sse(_only(fields, _final(event, model, "", settings, index=index)))

@@ -179,6 +179,7 @@ def live_stats(request: Request, now: float) -> LiveStats:
     decode_s = now - request.t_first
     return LiveStats(
         n_tokens=request.n_generated,
+        prompt_tokens=len(request.prompt),
         ttft_ms=(request.t_first - request.t_submit) * 1000.0,
         prefill_tps=(len(request.prompt) - request.n_cached) * 1000.0 / prefill_ms
         if prefill_ms > 0 else 0.0,

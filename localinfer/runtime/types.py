@@ -301,6 +301,8 @@ class LiveStats:
     prefill_tps: float
     decode_tps: float
     """Tokens per second since the first token (0 until the second token)."""
+    prompt_tokens: int = 0
+    """The prompt's tokens (llama-server's ``tokens_evaluated``)."""
 
 
 @dataclass(frozen=True)
