@@ -120,6 +120,8 @@ class WhereItTokenizes(FakeBackend):
         self.on_the_loop: list[bool] = []
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        if "slowly" in text:
+            time.sleep(0.01)  # a template or tokenizer that takes its time
         if "needle" in text:
             try:
                 asyncio.get_running_loop()
@@ -132,18 +134,20 @@ class WhereItTokenizes(FakeBackend):
 @pytest.mark.parametrize("here", [True, False])
 def test_a_small_requests_prompt_is_tokenized_without_a_thread_hop(home, here):
     """A body of at most 4 KiB is tokenized on the event loop (a worker thread's hand-over
-    costs more); a larger one on a worker thread, and so is every prompt of a model whose
-    tokenizer is in another process, behind its step (``tokenizes_here`` False)."""
+    costs more) once the model's first one was quick on a thread, and until one is slow; a
+    larger one on a worker thread, and so is every prompt of a model whose tokenizer is in
+    another process, behind its step (``tokenizes_here`` False)."""
     install_fake_models("fake:1b-f16")
     backend = WhereItTokenizes(name="fake:1b-f16")
     backend.tokenizes_here = here
     with serve(lambda model, num_ctx, progress=None: Engine(backend, load_ms=5.0)) as d:
         client = openai_client(d)
-        for prompt in ("a needle", "a needle " + "haystack" * 600):
+        for prompt in ("a needle", "a needle", "a needle " + "haystack" * 600):
             client.completions.create(model="fake:1b", prompt=prompt, max_tokens=2)
-        client.chat.completions.create(model="fake:1b", max_tokens=2,
-                                       messages=[{"role": "user", "content": "a needle"}])
-    assert backend.on_the_loop == [here, False, here]
+        for content in ("a needle", "a needle, slowly", "a needle"):
+            client.chat.completions.create(model="fake:1b", max_tokens=2,
+                                           messages=[{"role": "user", "content": content}])
+    assert backend.on_the_loop == [False, here, False, here, here, False]
 
 
 def test_num_ctx_larger_than_loaded_reloads_and_is_capped_at_training(home):

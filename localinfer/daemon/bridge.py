@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
+import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -276,6 +278,36 @@ class PullListener(ThreadBridge[PullProgress]):
         self.job._remove(self)  # the last one to leave stops the download
 
 
+QUICK_ENCODE_S = 0.002
+"""A model's prompts are rendered and tokenized on the event loop, for small requests, while
+every one has taken less than this (``_encoded``)."""
+_encodes_quickly: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+
+
+async def _encoded(encode: Callable[[Engine], list[int]], engine: Engine) -> list[int]:
+    """The prompt's tokens: on a worker thread (a large prompt takes a while, and the event
+    loop must keep streaming other replies meanwhile), but on the event loop for a small
+    request (``SMALL_BODY``), where a thread's hand-over costs more (1-3 ms once the thread
+    has slept, against well under 1 ms to render and tokenize a short chat). Only once the
+    model's first small request rendered quickly on a thread, and while its small requests go
+    on doing so: a template that loops for long on every prompt (a hostile model file) never
+    holds up the event loop. Not for a model in another process, whose tokenizer waits
+    behind its step (``tokenizes_here``)."""
+    small = SMALL_BODY.get() and engine.backend.tokenizes_here
+
+    def timed() -> tuple[list[int], float]:
+        started = time.perf_counter()
+        return encode(engine), time.perf_counter() - started
+
+    if small and _encodes_quickly.get(engine):
+        tokens, took = timed()
+    else:
+        tokens, took = await asyncio.to_thread(timed)
+    if small:
+        _encodes_quickly[engine] = took < QUICK_ENCODE_S
+    return tokens
+
+
 async def start_generation(
     manager: ModelManager, name: str, encode: Callable[[Engine], list[int]],
     params: SamplingParams | Callable[[Engine], SamplingParams], priority: Priority, *,
@@ -285,7 +317,7 @@ async def start_generation(
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
     loop must keep streaming other replies meanwhile; a small request's prompt is tokenized
-    here, ``SMALL_BODY``) and submit. A prompt longer than the
+    here, ``_encoded``) and submit. A prompt longer than the
     loaded context reloads the model with a larger one when the request names no ``num_ctx``
     (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
     queue, fails here, before any response is sent. Closing the returned stack gives the model
@@ -305,8 +337,7 @@ async def start_generation(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
     try:
         engine = entry.engine
-        tokens = encode(engine) if SMALL_BODY.get() and engine.backend.tokenizes_here \
-            else await asyncio.to_thread(encode, engine)
+        tokens = await _encoded(encode, engine)
         if num_ctx is None and len(tokens) >= engine.info.n_ctx \
                 and not engine.info.embedding_only:
             larger = await manager.context_for(entry, len(tokens))
@@ -315,7 +346,7 @@ async def start_generation(
             entry = await stack.enter_async_context(
                 manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=larger))
             engine = entry.engine
-            tokens = await asyncio.to_thread(encode, engine)  # the encoder may hold engine state
+            tokens = await _encoded(encode, engine)  # the encoder may hold engine state
         # A grammar can depend on the model (its tool-call format): then params is a function.
         chosen = params(engine) if callable(params) else params
         # The model's default sampling (config.toml, a preset), where the request set none.
