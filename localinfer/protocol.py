@@ -11,7 +11,8 @@ A native generation streams one JSON object per line:
 
     {"type": "start", "id", "model", "prompt_tokens", "info", "thinking"}    then, for each
     piece of text,
-    {"type": "token", "text", "live": {n_tokens, ttft_ms, prefill_tps, decode_tps}}    and last
+    {"type": "token", "text", "live": {n_tokens, ttft_ms, prefill_tps, decode_tps,
+                                       prompt_tokens}}    and last
     {"type": "done", "text", "finish_reason", "usage", "timings"}
     or {"type": "error", "error": {"class", "title", "message"}}
 """
@@ -103,13 +104,14 @@ def timings_from(data: dict[str, Any]) -> Timings:
 def live_json(live: LiveStats) -> dict[str, Any]:
     """The speed so far, sent with every piece of text."""
     return {"n_tokens": live.n_tokens, "decode_tps": live.decode_tps, "ttft_ms": live.ttft_ms,
-            "prefill_tps": live.prefill_tps}
+            "prefill_tps": live.prefill_tps, "prompt_tokens": live.prompt_tokens}
 
 
 def live_from(data: dict[str, Any]) -> LiveStats:
     return LiveStats(n_tokens=data.get("n_tokens", 0), ttft_ms=data.get("ttft_ms", 0.0),
                      prefill_tps=data.get("prefill_tps", 0.0),
-                     decode_tps=data.get("decode_tps", 0.0))
+                     decode_tps=data.get("decode_tps", 0.0),
+                     prompt_tokens=data.get("prompt_tokens", 0))
 
 
 # --- model info --------------------------------------------------------------------------------

@@ -109,6 +109,17 @@ def test_a_loaded_models_family_name_reads_the_store_once_in_a_while(home, monke
         # twice a request (its fields, its lease).
         assert len(reads) == (1 if memo_s else 6)
         assert list(d.manager.loaded) == ["fake:1b-f16"]
+        # A preset made through the daemon: names are read again at once, and a preset's
+        # name is never remembered (its system prompt may change).
+        with d.tcp() as http:
+            made = http.post("/api/create", json={"model": "mario", "from": "fake:1b",
+                                                  "system": "You are Mario.", "stream": False})
+            assert made.status_code == 200, made.text
+        reads.clear()
+        for model in ("fake", "fake", "mario", "mario"):
+            client.completions.create(model=model, prompt="a", max_tokens=2)
+        assert reads.count("fake") == (1 if memo_s else 4)
+        assert reads.count("mario") == 4
 
 
 class WhereItTokenizes(FakeBackend):
@@ -121,7 +132,7 @@ class WhereItTokenizes(FakeBackend):
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         if "slowly" in text:
-            time.sleep(0.01)  # a template or tokenizer that takes its time
+            time.sleep(0.5)  # a template or tokenizer that takes its time
         if "needle" in text:
             try:
                 asyncio.get_running_loop()
@@ -132,11 +143,13 @@ class WhereItTokenizes(FakeBackend):
 
 
 @pytest.mark.parametrize("here", [True, False])
-def test_a_small_requests_prompt_is_tokenized_without_a_thread_hop(home, here):
+def test_a_small_requests_prompt_is_tokenized_without_a_thread_hop(home, monkeypatch, here):
     """A body of at most 4 KiB is tokenized on the event loop (a worker thread's hand-over
-    costs more) once the model's first one was quick on a thread, and until one is slow; a
-    larger one on a worker thread, and so is every prompt of a model whose tokenizer is in
-    another process, behind its step (``tokenizes_here`` False)."""
+    costs more) when the model's last small one was quick (its first goes to a thread); a
+    larger one on a worker thread, and so is a stored conversation's (``previous_response_id``)
+    and every prompt of a model whose tokenizer is in another process, behind its step
+    (``tokenizes_here`` False)."""
+    monkeypatch.setattr("localinfer.daemon.bridge.QUICK_ENCODE_S", 0.25)  # a busy CI too
     install_fake_models("fake:1b-f16")
     backend = WhereItTokenizes(name="fake:1b-f16")
     backend.tokenizes_here = here
@@ -147,7 +160,11 @@ def test_a_small_requests_prompt_is_tokenized_without_a_thread_hop(home, here):
         for content in ("a needle", "a needle, slowly", "a needle"):
             client.chat.completions.create(model="fake:1b", max_tokens=2,
                                            messages=[{"role": "user", "content": content}])
-    assert backend.on_the_loop == [False, here, False, here, here, False]
+        # A small body whose prompt is a stored conversation: a thread, as for a large one.
+        first = client.responses.create(model="fake:1b", input="a needle", max_output_tokens=2)
+        client.responses.create(model="fake:1b", input="a needle", max_output_tokens=2,
+                                previous_response_id=first.id)
+    assert backend.on_the_loop == [False, here, False, here, here, False, here, False]
 
 
 def test_num_ctx_larger_than_loaded_reloads_and_is_capped_at_training(home):

@@ -279,21 +279,22 @@ class PullListener(ThreadBridge[PullProgress]):
 
 
 QUICK_ENCODE_S = 0.002
-"""A model's prompts are rendered and tokenized on the event loop, for small requests, while
-every one has taken less than this (``_encoded``)."""
+"""A small request's prompt is rendered and tokenized on the event loop when the model's last
+small one took less than this (``_encoded``)."""
 _encodes_quickly: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
 
-async def _encoded(encode: Callable[[Engine], list[int]], engine: Engine) -> list[int]:
+async def _encoded(encode: Callable[[Engine], list[int]], engine: Engine, small: bool
+                   ) -> list[int]:
     """The prompt's tokens: on a worker thread (a large prompt takes a while, and the event
-    loop must keep streaming other replies meanwhile), but on the event loop for a small
-    request (``SMALL_BODY``), where a thread's hand-over costs more (1-3 ms once the thread
-    has slept, against well under 1 ms to render and tokenize a short chat). Only once the
-    model's first small request rendered quickly on a thread, and while its small requests go
-    on doing so: a template that loops for long on every prompt (a hostile model file) never
-    holds up the event loop. Not for a model in another process, whose tokenizer waits
-    behind its step (``tokenizes_here``)."""
-    small = SMALL_BODY.get() and engine.backend.tokenizes_here
+    loop must keep streaming other replies meanwhile), but on the event loop for a ``small``
+    one (a small body, no preset's messages added), where a thread's hand-over costs more
+    (1-3 ms once the thread has slept, against well under 1 ms to render and tokenize a short
+    chat). Only when the model's last small prompt took under ``QUICK_ENCODE_S`` (its first
+    goes to a thread): a template that loops for long on every prompt (a hostile model file)
+    never holds up the event loop, one slow on some prompts once in a while. Not for a model
+    in another process, whose tokenizer waits behind its step (``tokenizes_here``)."""
+    small = small and engine.backend.tokenizes_here
 
     def timed() -> tuple[list[int], float]:
         started = time.perf_counter()
@@ -316,8 +317,8 @@ async def start_generation(
     copies: int = 1,
 ) -> tuple[LoadedModel, EventStream, contextlib.AsyncExitStack]:
     """Lease the model, tokenize on a worker thread (a large prompt takes a while: the event
-    loop must keep streaming other replies meanwhile; a small request's prompt is tokenized
-    here, ``_encoded``) and submit. A prompt longer than the
+    loop must keep streaming other replies meanwhile; a small request's prompt may be
+    tokenized here, ``_encoded``) and submit. A prompt longer than the
     loaded context reloads the model with a larger one when the request names no ``num_ctx``
     (``ModelManager.context_for``); a prompt longer than the model can have here, or a full
     queue, fails here, before any response is sent. Closing the returned stack gives the model
@@ -330,6 +331,7 @@ async def start_generation(
     requested = await manager.resolve(name)
     own = manager.settings_of(requested)
     stop = requested.preset.stop if requested.preset is not None else ()
+    small = SMALL_BODY.get() and requested.preset is None  # a preset's messages may be long
     if num_ctx is None and requested.preset is not None:
         num_ctx = requested.preset.parameters.get("num_ctx")
     stack = contextlib.AsyncExitStack()
@@ -337,7 +339,7 @@ async def start_generation(
         manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=num_ctx))
     try:
         engine = entry.engine
-        tokens = await _encoded(encode, engine)
+        tokens = await _encoded(encode, engine, small)
         if num_ctx is None and len(tokens) >= engine.info.n_ctx \
                 and not engine.info.embedding_only:
             larger = await manager.context_for(entry, len(tokens))
@@ -346,7 +348,7 @@ async def start_generation(
             entry = await stack.enter_async_context(
                 manager.lease(name, keep_alive_s=keep_alive_s, num_ctx=larger))
             engine = entry.engine
-            tokens = await _encoded(encode, engine)  # the encoder may hold engine state
+            tokens = await _encoded(encode, engine, small)  # the encoder may hold state
         # A grammar can depend on the model (its tool-call format): then params is a function.
         chosen = params(engine) if callable(params) else params
         # The model's default sampling (config.toml, a preset), where the request set none.

@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 
 NAME_MEMO_S = 5.0
 """How long a name that resolved to a loaded model by another of its names (a family,
-``bench-fim`` for ``bench-fim:270m-q4_k_m``) is answered without reading the store again: a
-model pulled or added meanwhile is seen by that name at most this late."""
+``bench-fim`` for ``bench-fim:270m-q4_k_m``; never a preset's) is answered without reading the
+store again, unless the daemon itself added or removed a model or preset meanwhile: a change
+another process makes (``localinfer pull``, ``add``, ``rm``) is seen by that name at most this
+late."""
 NAME_MEMO_SIZE = 64
 
 REPLY_ROOM = 4096
@@ -109,8 +111,9 @@ class ModelManager:
         """Models being drained to make room: their new requests wait for the switch."""
         self._changed = asyncio.Condition()
         self._closed = False
-        self._names: dict[str, tuple[float, ResolvedModel]] = {}
-        """Names resolved to a loaded model, by name, with when they expire (NAME_MEMO_S)."""
+        self._names: dict[str, tuple[float, int, ResolvedModel]] = {}
+        """Names resolved to a loaded model, by name, with when they expire (NAME_MEMO_S) and
+        the store's ``changes`` then."""
 
     # --- resolving names ----------------------------------------------------------------
     async def resolve(self, name: str) -> ResolvedModel:
@@ -130,13 +133,15 @@ class ModelManager:
                 return loaded.model
         key = name.lower()
         memo = self._names.get(key)
-        if memo is not None and time.monotonic() < memo[0] and memo[1].name in self.loaded:
-            return memo[1]  # another name of a loaded model: no store read, no thread hop
+        if memo is not None and time.monotonic() < memo[0] and memo[1] == self.store.changes \
+                and memo[2].name in self.loaded:
+            return memo[2]  # another name of a loaded model: no store read, no thread hop
+        changes = self.store.changes
         model = await asyncio.to_thread(self.store.resolve, name)
-        if model.name in self.loaded:
+        if model.name in self.loaded and model.preset is None:
             if len(self._names) >= NAME_MEMO_SIZE:
                 self._names.clear()
-            self._names[key] = (time.monotonic() + NAME_MEMO_S, model)
+            self._names[key] = (time.monotonic() + NAME_MEMO_S, changes, model)
         return model
 
     async def with_preset(self, name: str, messages: list[Message]) -> list[Message]:

@@ -25,8 +25,8 @@ _MISSING = object()
 SMALL_BODY_BYTES = 4096
 SMALL_BODY: ContextVar[bool] = ContextVar("small_body", default=False)
 """Whether the request being served sent a JSON body of at most ``SMALL_BODY_BYTES`` (set by
-``read_json``): its prompt is rendered and tokenized on the event loop, in well under a
-millisecond, where a worker thread's hand-over costs more (bridge.start_generation)."""
+``read_json``; a route whose prompt is more than its body, a stored conversation, sets it
+False): its prompt may be rendered and tokenized on the event loop (bridge._encoded)."""
 
 
 async def read_json(request: Request) -> dict[str, Any]:

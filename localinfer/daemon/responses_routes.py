@@ -39,7 +39,7 @@ from .error_replies import guarded, stream_failure
 from .fields import audit
 from .logprob_fields import entries_json
 from .reasoning_fields import Thinking, openai_think
-from .requests import Fields, priority_of, read_json, sampling, top_logprobs
+from .requests import SMALL_BODY, Fields, priority_of, read_json, sampling, top_logprobs
 from .response_store import ResponseStore
 from .state import DaemonState
 from .structured import Constraints, responses_constraints
@@ -84,6 +84,7 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
         previous = Fields(body).string("previous_response_id", None)
         if previous is None:
             return []
+        SMALL_BODY.set(False)  # the prompt is the stored conversation: it may be long
         return list((await asyncio.to_thread(responses.get, previous))["conversation"])
 
     async def create(request: Request) -> Response:

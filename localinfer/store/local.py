@@ -192,6 +192,7 @@ class ModelStore:
         """Free bytes on the filesystem of a path (replaceable, to test a full disk)."""
         self.presets = PresetStore(self.paths.data_dir / "presets")
         """The presets over the installed models (presets.py)."""
+        self._changes = 0
 
     @property
     def offline(self) -> bool:
@@ -204,6 +205,12 @@ class ModelStore:
         if self._catalog is None:
             self._catalog = load_catalog()
         return self._catalog
+
+    @property
+    def changes(self) -> int:
+        """Models and presets added or removed through this object: what a name resolves to
+        may differ from before (another process's changes are not counted)."""
+        return self._changes + self.presets.changes
 
     @property
     def root(self) -> Path:
@@ -404,6 +411,7 @@ class ModelStore:
         self._remove_partial(model.name)
         with contextlib.suppress(OSError):
             manifest.parent.rmdir()  # only when empty
+        self._changes += 1
         return model
 
     def _remove_partial(self, name: str) -> None:
@@ -533,6 +541,7 @@ class ModelStore:
             revision=revision, parts=parts,
         )
         atomic_write_text(self._manifest_path(name), json.dumps(asdict(entry), indent=2) + "\n")
+        self._changes += 1
         return entry
 
     def check_space(self, directory: Path, needed: int) -> None:

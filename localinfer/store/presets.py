@@ -283,6 +283,8 @@ class PresetStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.changes = 0
+        """Presets saved or removed through this object (``ModelStore.changes``)."""
 
     def _path(self, name: str) -> Path:
         return self.root / (validate_preset_name(name).replace(":", "@") + ".json")
@@ -313,6 +315,7 @@ class PresetStore:
     def save(self, preset: Preset) -> Preset:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self._path(preset.name), json.dumps(preset.to_json(), indent=2) + "\n")
+        self.changes += 1
         return preset
 
     def remove(self, name: str) -> Preset:
@@ -320,6 +323,7 @@ class PresetStore:
         if preset is None:
             raise ModelNotFound(f"no preset named {name!r}.")
         self._path(name).unlink(missing_ok=True)
+        self.changes += 1
         return preset
 
     def using(self, model: str) -> list[Preset]:
