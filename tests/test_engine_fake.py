@@ -214,6 +214,25 @@ def test_an_idle_engine_reads_the_next_turn_opening_after_a_chat_reply(
     assert cached[True] == cached[False] + n_ahead
 
 
+def test_a_stop_left_asked_while_idle_does_not_cost_a_chat_its_cache(fake_engine,
+                                                                     monkeypatch):
+    """A stop asked when no step runs (a client that left just as its reply ended) stays
+    asked until the next step: the next turn's opening, read ahead before it, must not take
+    it for a failure and drop the chat's cache."""
+    import localinfer.runtime.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.3)
+    engine = fake_engine(reply="a b a b a b a b a b.")
+    history = [Message("user", "a b a b a b a b a b a b")]
+    first = engine.chat(history, GREEDY).result()
+    engine.backend.interrupt()  # long before the engine has been idle 0.3 s
+    assert read_ahead(engine) == OPENING
+    history += [Message("assistant", first.text), Message("user", "and another")]
+    second = engine.chat(history, GREEDY).result()
+    assert second.usage.cached_tokens == first.usage.prompt_tokens + \
+        first.usage.completion_tokens - 1 + OPENING  # all but the new message's own tokens
+
+
 def test_openings_read_ahead_for_several_slots_fill_a_batch_at_most(fake_engine,
                                                                    monkeypatch):
     import localinfer.runtime.engine as engine_module

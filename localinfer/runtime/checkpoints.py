@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import LocalInferError, WorkerLost
+from ..errors import LocalInferError, StepInterrupted, WorkerLost
 from .backend import Backend
 from .disk_cache import PrefixCache, Saved
 from .generation import Request
@@ -411,10 +411,17 @@ class CacheKeeper:
             seq_ids.extend([slot.seq_id] * len(slot.ahead))
         if not tokens:
             return 0
+        # A stop asked while no step ran (a client that left as its reply ended) is not for
+        # this read; one asked during it (a request came) leaves the caches as they were.
+        self.backend.clear_interrupt()
         try:
             self.backend.decode(tokens, positions, seq_ids, [False] * len(tokens))
         except WorkerLost:
             raise  # the model's process is gone: stop (``failed``), the owner reloads it
+        except StepInterrupted:
+            for slot in reading:
+                self.backend.seq_trim(slot.seq_id, len(slot.cached))
+            return 0
         except LocalInferError as exc:  # what these caches hold is unknown now: drop them
             log.warning("could not read the next turn's opening ahead: %s", exc)
             for slot in reading:
