@@ -92,8 +92,8 @@ def test_keep_alive_expiry_unloads(home):
 def test_a_loaded_models_family_name_reads_the_store_once_in_a_while(home, monkeypatch,
                                                                      memo_s):
     """``fake`` (the family) names the loaded fake:1b-f16: while the name's memo lasts, a
-    request by it neither reads the store nor waits for a worker thread; once it is over, it
-    reads the store again, and sees what was pulled or added meanwhile."""
+    request by it neither reads the store nor waits for a worker thread; once it is over, or
+    once the daemon has added or removed a model or preset, it reads the store again."""
     monkeypatch.setattr("localinfer.daemon.manager.NAME_MEMO_S", memo_s)
     install_fake_models("fake:1b-f16")
     with serve(fake_factory()) as d:
