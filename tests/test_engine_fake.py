@@ -216,9 +216,9 @@ def test_an_idle_engine_reads_the_next_turn_opening_after_a_chat_reply(
 
 def test_a_stop_left_asked_while_idle_does_not_cost_a_chat_its_cache(fake_engine,
                                                                      monkeypatch):
-    """A stop asked when no step runs (a client that left just as its reply ended) stays
-    asked until the next step: the next turn's opening, read ahead before it, must not take
-    it for a failure and drop the chat's cache."""
+    """A stop asked during a step that ends before it takes effect (a client that left during
+    its reply's last step) stays asked until the next step: the next turn's opening, read
+    ahead before it, must not take it for a failure and drop the chat's cache."""
     import localinfer.runtime.engine as engine_module
 
     monkeypatch.setattr(engine_module, "READ_AHEAD_IDLE_S", 0.3)

@@ -411,8 +411,8 @@ class CacheKeeper:
             seq_ids.extend([slot.seq_id] * len(slot.ahead))
         if not tokens:
             return 0
-        # A stop asked while no step ran (a client that left as its reply ended) is not for
-        # this read; one asked during it (a request came) leaves the caches as they were.
+        # A stop left from a step that ended before it took effect (a client that left during
+        # its reply's last step) is not for this read; one asked during it keeps the caches.
         self.backend.clear_interrupt()
         try:
             self.backend.decode(tokens, positions, seq_ids, [False] * len(tokens))
