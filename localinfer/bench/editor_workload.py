@@ -259,6 +259,29 @@ async def chat_client(http: httpx.AsyncClient, t: Target, w: Workload, out: Figu
         await asyncio.sleep(1.0)  # the user reads the answer and types the next question
 
 
+def fim_replies(r: httpx.Response) -> list[dict[str, Any]]:
+    """An /infill reply's completions: an array with n_cmpl above 1, as llama-server answers."""
+    replies = r.json()
+    return replies if isinstance(replies, list) else [replies]
+
+
+def record_fim(r: httpx.Response, started: float, out: Figures) -> bool:
+    """Count a keystroke's shown reply (its latency from ``started``, tokens, server TTFT and
+    prompt tokens); False, with the error noted, where it failed."""
+    if r.status_code != 200:
+        out.errors.append(f"infill: HTTP {r.status_code} {r.text[:200]}")
+        return False
+    replies = fim_replies(r)
+    out.fim_latency_ms.append((time.perf_counter() - started) * 1000)
+    out.fim_tokens += sum(completion_tokens(reply) for reply in replies)
+    ttft, prompt_tokens = prompt_figures(replies[0])  # the one that read the prompt
+    if ttft is not None:
+        out.fim_ttft_ms.append(ttft)
+    if prompt_tokens is not None:
+        out.fim_prompt_tokens.append(prompt_tokens)
+    return True
+
+
 async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: int,
                         out: Figures) -> None:
     rng = random.Random(w.seed * 100 + index)
@@ -283,19 +306,8 @@ async def editor_client(http: httpx.AsyncClient, t: Target, w: Workload, index: 
                 superseded.append(request)
                 out.fim_cancelled += 1
                 continue
-            r = request.result()
-            if r.status_code != 200:
-                out.errors.append(f"infill: HTTP {r.status_code} {r.text[:200]}")
+            if not record_fim(request.result(), started, out):
                 return
-            replies = r.json()  # an array with n_cmpl above 1, as llama-server answers
-            replies = replies if isinstance(replies, list) else [replies]
-            out.fim_latency_ms.append((time.perf_counter() - started) * 1000)
-            out.fim_tokens += sum(completion_tokens(reply) for reply in replies)
-            ttft, prompt_tokens = prompt_figures(replies[0])  # the one that read the prompt
-            if ttft is not None:
-                out.fim_ttft_ms.append(ttft)
-            if prompt_tokens is not None:
-                out.fim_prompt_tokens.append(prompt_tokens)
             if last:
                 done += 1
         await asyncio.sleep(READ_PAUSE_S)
@@ -338,24 +350,12 @@ async def serial_editor_client(http: httpx.AsyncClient, t: Target, w: Workload, 
                 continue
             r = await request
             assert r is not None  # the newest keystroke is always sent
-            if r.status_code != 200:
-                out.errors.append(f"infill: HTTP {r.status_code} {r.text[:200]}")
+            if not record_fim(r, started, out):
                 return
-            replies = r.json()
-            replies = replies if isinstance(replies, list) else [replies]
-            out.fim_latency_ms.append((time.perf_counter() - started) * 1000)
-            out.fim_tokens += sum(completion_tokens(reply) for reply in replies)
-            ttft, prompt_tokens = prompt_figures(replies[0])
-            if ttft is not None:
-                out.fim_ttft_ms.append(ttft)
-            if prompt_tokens is not None:
-                out.fim_prompt_tokens.append(prompt_tokens)
         await asyncio.sleep(READ_PAUSE_S)
     for r in await asyncio.gather(*sent):  # earlier keystrokes' replies: shown to nobody
         if r is not None and r.status_code == 200:
-            replies = r.json()
-            out.fim_tokens += sum(completion_tokens(reply) for reply in (
-                replies if isinstance(replies, list) else [replies]))
+            out.fim_tokens += sum(completion_tokens(reply) for reply in fim_replies(r))
 
 
 async def indexing_client(http: httpx.AsyncClient, t: Target, w: Workload,
