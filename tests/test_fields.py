@@ -84,6 +84,23 @@ def test_tolerated_fields_are_accepted(daemon, path, base, extra):
     assert r.status_code == 200, r.text
 
 
+def test_llama_servers_samplers_are_the_chain_in_their_order():
+    """llama-server's ``samplers`` reach the sampling parameters as the chain, in the order
+    given, ``infill`` with them (the real model's tests check the chain llama.cpp builds); a
+    sampler left out is off, an unknown one is a 400."""
+    from localinfer.daemon.llama_fields import llama_sampling
+    from localinfer.daemon.requests import Fields
+
+    params = llama_sampling(Fields({"samplers": ["top_p", "infill", "top_k"]}), 16)
+    assert params.chain == ("top_p", "infill", "top_k")
+    assert (params.min_p, params.temperature, params.max_tokens) == (0.0, 1.0, 16)
+    assert llama_sampling(Fields({}), 16).chain is None  # the standard chain
+    with pytest.raises(InvalidRequest, match="'dry'"):
+        llama_sampling(Fields({"samplers": ["top_k", "dry"]}), 16)
+    with pytest.raises(InvalidRequest, match="'xtc'"):
+        SamplingParams(chain=("xtc",)).validate()
+
+
 def test_samplers_and_bias_are_parsed(daemon):
     """typical_p, mirostat and logit_bias reach the sampling parameters (the real model's
     tests check their effect); bad values are 400."""

@@ -117,6 +117,30 @@ def test_llama_cpp_samplers_run_and_follow_the_seed(clients, options):
     assert runs[0] == runs[1] and runs[0]
 
 
+def test_a_requests_own_chain_runs_in_its_order_with_the_infill_sampler(daemon):
+    """llama-server's ``samplers`` (llama.vscode's ``top_k``, ``top_p``, ``infill``) build
+    llama.cpp's chain in that order, its fill-in-the-middle sampler in it; those left out do
+    not run. Without a chain of its own a request gets the standard one."""
+    import llama_cpp as L
+
+    from localinfer.runtime.types import SamplingParams
+
+    backend = daemon.manager.loaded["gemma3:270m-q4_k_m"].engine.backend
+
+    def names(params: SamplingParams) -> list[str]:
+        chain = backend.new_sampler(params, 1)
+        try:
+            return [L.llama_sampler_name(L.llama_sampler_chain_get(chain, i)).decode()
+                    for i in range(L.llama_sampler_chain_n(chain))]
+        finally:
+            backend.free_sampler(chain)
+
+    editor = SamplingParams(chain=("top_k", "top_p", "infill"), top_p=0.99, min_p=0.0)
+    assert names(editor)[-4:] == ["top-k", "top-p", "infill", "dist"]
+    assert names(SamplingParams(chain=("infill", "top_k")))[-3:] == ["infill", "top-k", "dist"]
+    assert names(SamplingParams())[-5:] == ["top-k", "top-p", "min-p", "temp", "dist"]
+
+
 def test_thinking_splits_the_real_reply(daemon, clients):
     oai, olla = clients
     messages = [{"role": "user", "content": "Why is the sky blue?"}]

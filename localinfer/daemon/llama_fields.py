@@ -8,9 +8,10 @@ warm-up requests): the engine samples one token to finish reading, and it is dro
 reply (``prompt_only``), which runs at background priority since no one waits for it.
 llama-server serves one model, so its clients may name none (llama.vim does, unless
 configured otherwise): ``default_model`` picks the one to answer.
-``samplers`` turns off the samplers it leaves out (as in llama.cpp, a missing
-``temperature`` means 1); the ``infill`` sampler it names is accepted and not applied: the
-standard chain samples.
+``samplers`` is the chain that samples, in its order (``SamplingParams.chain``): one left
+out does not run (as in llama.cpp, a missing ``temperature`` means 1), and ``infill``, which
+llama.vscode and llama.vim ask for, runs llama.cpp's fill-in-the-middle sampler (it keeps only
+tokens of 20% or more and ends the completion where none is left).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..runtime.prompts import check_ids
 from ..runtime.types import (
+    CHAIN_SAMPLERS,
     DEFAULT_SAMPLING,
     Done,
     Event,
@@ -35,8 +37,6 @@ from ..runtime.types import (
 )
 from .requests import Fields, sampling
 from .state import DaemonState
-
-SAMPLER_NAMES = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
 
 
 def used_last(state: DaemonState, wanted: Callable[[ModelInfo], bool]) -> str | None:
@@ -112,10 +112,10 @@ def llama_sampling(f: Fields, predict: int | None) -> SamplingParams:
     if samplers is not None:
         if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
             raise InvalidRequest("'samplers' must be a list of sampler names.")
-        unknown = sorted(set(samplers) - SAMPLER_NAMES)
+        unknown = sorted(set(samplers) - CHAIN_SAMPLERS)
         if unknown:
             raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
-                                 f" {', '.join(sorted(SAMPLER_NAMES))}).")
+                                 f" {', '.join(sorted(CHAIN_SAMPLERS))}).")
         # As in llama.cpp, a sampler left out of the list does not run.
         defaults = SamplingParams(
             top_k=defaults.top_k if "top_k" in samplers else 0,
@@ -123,7 +123,8 @@ def llama_sampling(f: Fields, predict: int | None) -> SamplingParams:
             min_p=defaults.min_p if "min_p" in samplers else 0.0,
             temperature=defaults.temperature if "temperature" in samplers else 1.0)
     cap = None if predict is None or predict < 0 else max(predict, 1)
-    return sampling(f, max_tokens=cap, defaults=defaults)
+    params = sampling(f, max_tokens=cap, defaults=defaults)
+    return params if samplers is None else dataclasses.replace(params, chain=tuple(samplers))
 
 
 def prompt_only_priority(request: Request, body: dict[str, Any], priority: Priority

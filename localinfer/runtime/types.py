@@ -23,6 +23,9 @@ MAX_STOP_CHARS = 512
 """Longer stop strings would make every token's check slow (and no client needs them)."""
 MAX_TOP_LOGPROBS = 20
 """The most alternatives reported per token (OpenAI's and Ollama's limit)."""
+CHAIN_SAMPLERS = frozenset({"top_k", "top_p", "min_p", "temperature", "penalties", "infill"})
+"""The samplers a request may name in its own chain (``SamplingParams.chain``: llama-server's
+``samplers``)."""
 
 
 class Priority(enum.IntEnum):
@@ -163,6 +166,12 @@ class SamplingParams:
     """Mirostat's learning rate."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to the logits before sampling; -inf bans a token."""
+    chain: tuple[str, ...] | None = None
+    """The samplers that run, in this order (llama-server's ``samplers``, names of
+    CHAIN_SAMPLERS): one left out does not run, and ``infill`` (llama.cpp's sampler for
+    fill-in-the-middle, which editors ask for) runs only here. The penalties always run first,
+    a temperature of 0 is greedy and mirostat replaces the chain, as with the standard chain.
+    None: the standard chain (penalties, top-k, typical-p, top-p, min-p, temperature)."""
     logprobs: int | None = None
     """Report each generated token's log-probability with this many most likely alternatives
     (0: the token's alone); None (the default) computes nothing."""
@@ -236,6 +245,10 @@ class SamplingParams:
                                  f" {self.n_indent}.")
         if len(self.stop) > 16:
             raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}.")
+        unknown = sorted(set(self.chain or ()) - CHAIN_SAMPLERS)
+        if unknown:
+            raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
+                                 f" {', '.join(sorted(CHAIN_SAMPLERS))}).")
         return self
 
     @property

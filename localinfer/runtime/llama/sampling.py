@@ -1,5 +1,6 @@
 """Sampling: llama.cpp's native sampler chain per sequence (penalties, biases, truncation,
-temperature, mirostat), the greedy shortcut on the logits, grammar-constrained sampling that
+temperature, mirostat; a request's own chain in its order, with llama.cpp's fill-in-the-middle
+sampler where it names it), the greedy shortcut on the logits, grammar-constrained sampling that
 asks the grammar about the best tokens only, and the logits themselves, which the engine's
 log-probabilities read."""
 
@@ -19,6 +20,10 @@ from ..grammar import Grammar, gbnf_nesting, integer_range, number_range, to_gbn
 from ..shortlist import Truncation, best_allowed
 from ..types import SamplingParams
 from .native import LlamaHandles, _llama_said
+
+STANDARD_CHAIN = ("top_k", "typical_p", "top_p", "min_p", "temperature")
+"""The samplers after the penalties and biases, in llama.cpp's default order, where a request
+names no chain of its own (``SamplingParams.chain``)."""
 
 
 class Sampling(LlamaHandles):
@@ -71,15 +76,21 @@ class Sampling(LlamaHandles):
                 add(chain, L.llama_sampler_init_mirostat_v2(
                     seed, params.mirostat_tau, params.mirostat_eta))
             return chain
-        if params.top_k > 0:
-            add(chain, L.llama_sampler_init_top_k(params.top_k))
-        if params.typical_p < 1.0:
-            add(chain, L.llama_sampler_init_typical(params.typical_p, 1))
-        if params.top_p < 1.0:
-            add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            add(chain, L.llama_sampler_init_min_p(params.min_p, 1))
-        add(chain, L.llama_sampler_init_temp(params.temperature))
+        order = params.chain if params.chain is not None else STANDARD_CHAIN
+        for name in order:
+            if name == "top_k" and params.top_k > 0:
+                add(chain, L.llama_sampler_init_top_k(params.top_k))
+            elif name == "typical_p" and params.typical_p < 1.0:
+                add(chain, L.llama_sampler_init_typical(params.typical_p, 1))
+            elif name == "top_p" and params.top_p < 1.0:
+                add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
+            elif name == "min_p" and params.min_p > 0.0:
+                add(chain, L.llama_sampler_init_min_p(params.min_p, 1))
+            elif name == "temperature":
+                add(chain, L.llama_sampler_init_temp(params.temperature))
+            elif name == "infill":
+                add(chain, L.llama_sampler_init_infill(self._vocab))
+            # "penalties" ran first, above, where they were asked for (params.penalized)
         add(chain, L.llama_sampler_init_dist(seed))
         return chain
 
