@@ -328,3 +328,38 @@ def test_a_short_prompt_is_not_kept_behind_a_long_one_of_its_own_priority():
     finally:
         backend.open()
         engine.close()
+
+
+def test_a_long_prompt_waits_while_an_autocomplete_reply_decodes():
+    """An editor's file read cold is not read beside another editor's completion, which its
+    editor shows whole, so that each step's length is that user's wait (a chunk of the file
+    made those steps 3-5 times longer on a 2-core CPU): the reply's steps decode alone, and the
+    file is read once it is done. A short prompt (a keystroke's) still reads beside it."""
+    from localinfer.runtime.engine import Engine
+    from localinfer.runtime.slots import LONG_PROMPT
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="a b c d e f g h", n_slots=3, n_batch=256)
+    engine = Engine(backend)
+    try:
+        cold = engine.infill_tokens(PREFIX * 8, SUFFIX, prompt="r")
+        assert len(cold) > LONG_PROMPT
+        typing = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="x"),
+                               SamplingParams(max_tokens=6, supersede="one"),
+                               priority=Priority.INTERACTIVE)
+        backend.release()  # its prompt, whole: it decodes from the next step on
+        deadline = time.monotonic() + 30
+        while typing.request.n_generated < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        opened = engine.submit(cold, SamplingParams(max_tokens=1, supersede="two"),
+                               priority=Priority.INTERACTIVE)
+        keystroke = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="y"),
+                                  SamplingParams(max_tokens=1, supersede="three"),
+                                  priority=Priority.INTERACTIVE)
+        backend.open()
+        typing.result(), opened.result(), keystroke.result()
+        assert keystroke.request.t_read < typing.request.t_last  # beside the reply
+        assert opened.request.t_read > typing.request.t_last  # once the reply is done
+    finally:
+        backend.open()
+        engine.close()

@@ -632,7 +632,7 @@ class Engine:
 
         prefilling = [s for s in active if s.prefilling]
         chunk_cap = prompt_rows(prefilling, bool(decoding), budget)
-        prefilling = reading_order(prefilling, chunk_cap)
+        prefilling = reading_order(prefilling, chunk_cap, decoding)
         chunks: list[tuple[Slot, int]] = []
         for slot in prefilling:
             start = len(slot.cached)

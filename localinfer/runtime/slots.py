@@ -5,7 +5,7 @@ prompts a step reads, how much of them, and when a step in flight stops for a ne
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,14 +113,20 @@ def finishes_in(request: Request, left: int, chunk: int) -> bool:
     return left <= chunk and request.priority < Priority.BACKGROUND
 
 
-def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
+def reading_order(prefilling: list[Slot], chunk: int, decoding: Sequence[Slot] = ()
+                  ) -> list[Slot]:
     """The slots whose prompts a step reads, in order: the most urgent alone, and among them
     autocomplete prompts shortest first (a keystroke's ~250 tokens past its checkpoint before
     another editor's cold file: the least time waited in all), others in order of arrival. A
     prompt that ``chunk`` tokens finish (a chat's new turn, its history cached) counts as
     interactive, unless it is background work, and as short as it is: its first token costs
     the others at most one chunk, where it would wait for every editor's cold file (8 s for a
-    29-token chat prompt in the editor workload); such prompts go first, shortest first."""
+    29-token chat prompt in the editor workload); such prompts go first, shortest first.
+    While an autocomplete reply is ``decoding``, a prompt with more than LONG_PROMPT tokens
+    left waits (``long_prompts_wait``)."""
+    if long_prompts_wait(decoding):
+        prefilling = [s for s in prefilling
+                      if len(s.running.target) - len(s.cached) <= LONG_PROMPT]
     def key(slot: Slot) -> tuple[int, int, int, Request]:
         request = slot.running
         left = len(request.target) - len(slot.cached)
@@ -132,6 +138,21 @@ def reading_order(prefilling: list[Slot], chunk: int) -> list[Slot]:
 
     ranked = sorted(((key(s), s) for s in prefilling), key=lambda pair: pair[0])
     return [s for k, s in ranked if k[0] == ranked[0][0][0]]
+
+
+LONG_PROMPT = 512
+"""Prompt tokens left past which a prompt waits while an autocomplete reply decodes: an editor's
+file read cold (~1,400 tokens; a keystroke's own prompt reads ~260)."""
+
+
+def long_prompts_wait(decoding: Sequence[Slot]) -> bool:
+    """Whether long prompts wait for the ``decoding`` slots: one of them decodes an autocomplete
+    reply, which its editor shows whole, so every step adds its length to the user's wait. A
+    chunk of a cold file beside it makes each of its steps 3-5 times longer (2-core x86: 150-290
+    ms against ~50 ms), where the reply needs a few more steps; the cold file, seconds of
+    reading, waits those steps (shortest remaining work first) and reads on in whole batches
+    once the reply is done."""
+    return any(s.running.params.supersede is not None for s in decoding)
 
 
 def prompt_rows(prefilling: list[Slot], decoding: bool, budget: int) -> int:
