@@ -42,7 +42,7 @@ from localinfer.bench.editor_workload import (
 from localinfer.errors import LocalInferError
 
 READER_WORDS = 1200
-"""Words of each long prompt (about 4,000 tokens of the starter's)."""
+"""Words of each long prompt (4,664 tokens of the starter's)."""
 
 
 def long_reads(target: Target, done: threading.Event, out: list[float]) -> None:
