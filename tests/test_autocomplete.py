@@ -352,6 +352,8 @@ def test_infill_refuses_what_it_cannot_honour(coder):
                            ({"n_cmpl": 0}, "n_cmpl"), ({"grammar": 7}, "grammar"),
                            ({"cache_prompt": False}, "cache_prompt"),
                            ({"samplers": ["mirostat"]}, "mirostat"),
+                           ({"samplers": ["top_k", "infill"],
+                             "json_schema": {"type": "object"}}, "infill"),
                            ({"input_extra": "x"}, "input_extra"),
                            ({"n_indent": -1}, "n_indent")]:
             reply = http.post("/infill", json={"model": "coder:1b", "input_prefix": "a",

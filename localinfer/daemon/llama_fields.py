@@ -26,7 +26,6 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..runtime.prompts import check_ids
 from ..runtime.types import (
-    CHAIN_SAMPLERS,
     DEFAULT_SAMPLING,
     Done,
     Event,
@@ -112,10 +111,6 @@ def llama_sampling(f: Fields, predict: int | None) -> SamplingParams:
     if samplers is not None:
         if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
             raise InvalidRequest("'samplers' must be a list of sampler names.")
-        unknown = sorted(set(samplers) - CHAIN_SAMPLERS)
-        if unknown:
-            raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
-                                 f" {', '.join(sorted(CHAIN_SAMPLERS))}).")
         # As in llama.cpp, a sampler left out of the list does not run.
         defaults = SamplingParams(
             top_k=defaults.top_k if "top_k" in samplers else 0,
@@ -124,7 +119,9 @@ def llama_sampling(f: Fields, predict: int | None) -> SamplingParams:
             temperature=defaults.temperature if "temperature" in samplers else 1.0)
     cap = None if predict is None or predict < 0 else max(predict, 1)
     params = sampling(f, max_tokens=cap, defaults=defaults)
-    return params if samplers is None else dataclasses.replace(params, chain=tuple(samplers))
+    if samplers is None:
+        return params
+    return dataclasses.replace(params, chain=tuple(samplers)).validate()  # names checked there
 
 
 def prompt_only_priority(request: Request, body: dict[str, Any], priority: Priority

@@ -249,6 +249,10 @@ class SamplingParams:
         if unknown:
             raise InvalidRequest(f"sampler {unknown[0]!r} is not supported (use"
                                  f" {', '.join(sorted(CHAIN_SAMPLERS))}).")
+        if "infill" in (self.chain or ()) and self.grammar is not None:
+            # It may end the reply with a token the grammar does not allow there.
+            raise InvalidRequest("the infill sampler cannot run with a grammar or JSON schema:"
+                                 " leave 'infill' out of 'samplers', or the grammar out.")
         return self
 
     @property

@@ -273,9 +273,10 @@ def _truncation(params: SamplingParams) -> Truncation:
     if params.greedy:
         # The first largest logit: penalties or a bias reorder the logits before it.
         return Truncation(greedy=True, whole=params.penalized or bool(params.logit_bias))
+    # A request's own chain may truncate in another order: the grammar is asked about all.
     return Truncation(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                       whole=params.penalized or bool(params.logit_bias) or bool(params.mirostat)
-                      or params.typical_p < 1.0)
+                      or params.typical_p < 1.0 or params.chain is not None)
 
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
