@@ -136,4 +136,4 @@ if __name__ == "__main__":
         sys.exit(main())
     except LocalInferError as exc:
         print(f"editor_alone: {exc.one_line()}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
