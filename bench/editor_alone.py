@@ -45,20 +45,25 @@ READER_WORDS = 1200
 """Words of each long prompt (4,664 tokens of the starter's)."""
 
 
-def long_reads(target: Target, done: threading.Event, out: list[float]) -> None:
+def long_reads(target: Target, done: threading.Event, out: list[float],
+               errors: list[str]) -> None:
     """Raw completions of a long prompt, one token each, one after another until ``done``:
-    the time to each reply into ``out``."""
+    the time to each reply into ``out``, a failure into ``errors``."""
     rng = random.Random(1)
     with httpx.Client(timeout=600) as http:
         while not done.is_set():
             prompt = " ".join(f"{rng.choice(['alpha', 'beta', 'gamma', 'delta'])}"
                               f"{rng.randrange(1000)}" for _ in range(READER_WORDS))
             sent = time.perf_counter()
-            r = http.post(f"{target.url}/v1/completions",
-                          json={"model": target.fim_model, "prompt": prompt, "max_tokens": 1})
+            try:
+                r = http.post(f"{target.url}/v1/completions", json={
+                    "model": target.fim_model, "prompt": prompt, "max_tokens": 1})
+            except httpx.HTTPError as exc:
+                errors.append(f"the long prompt: {exc}")
+                return
             if r.status_code != 200:
-                raise LocalInferError(f"the long prompt: HTTP {r.status_code} {r.text[:200]}",
-                                      title="editor alone")
+                errors.append(f"the long prompt: HTTP {r.status_code} {r.text[:200]}")
+                return
             out.append(time.perf_counter() - sent)
 
 
@@ -66,8 +71,10 @@ def type_along(target: Target, keystrokes: int, reader: bool) -> dict[str, float
     w = Workload()
     text, cursor, extra = editor_file(w, 0)
     latency, prompt_s, longest, reads = [], [], [], []
+    errors: list[str] = []
     done = threading.Event()
-    thread = threading.Thread(target=long_reads, args=(target, done, reads), daemon=True)
+    thread = threading.Thread(target=long_reads, args=(target, done, reads, errors),
+                              daemon=True)
     with httpx.Client(timeout=600) as http:
         for key in range(keystrokes + 1):
             if key == 1 and reader:
@@ -90,6 +97,8 @@ def type_along(target: Target, keystrokes: int, reader: bool) -> dict[str, float
     done.set()
     if reader:
         thread.join()
+    if errors:
+        raise LocalInferError(errors[0], title="editor alone")
     figures = {"latency_p50_s": statistics.median(latency), "latency_max_s": max(latency),
                "prompt_p50_s": statistics.median(prompt_s),
                "longest_tokens_p50": statistics.median(longest)}
@@ -102,11 +111,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fim-file", type=Path, required=True)
     parser.add_argument("--llama-server", type=Path, default=None, metavar="PATH")
-    parser.add_argument("--keystrokes", type=int, default=14)
+    parser.add_argument("--keystrokes", type=int, default=14,
+                        help="keystrokes after the first (cold) one, at least 1")
     parser.add_argument("--reader", action="store_true",
                         help="a second client reads long prompts meanwhile")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    if args.keystrokes < 1:
+        parser.error("--keystrokes must be at least 1")
     logs = Path(tempfile.mkdtemp(prefix="editor-alone-"))
     fim = args.fim_file.resolve()
     servers = ["localinfer"] + (["llama-server"] if args.llama_server else [])
