@@ -95,6 +95,10 @@ def test_llama_servers_samplers_are_the_chain_in_their_order():
     assert params.chain == ("top_p", "infill", "top_k")
     assert (params.min_p, params.temperature, params.max_tokens) == (0.0, 1.0, 16)
     assert llama_sampling(Fields({}), 16).chain is None  # the standard chain
+    # A penalty runs where the chain names the penalties, as in llama.cpp.
+    for samplers, penalized in ((["top_k"], False), (["penalties", "top_k"], True)):
+        assert llama_sampling(Fields({"samplers": samplers, "repeat_penalty": 1.3}),
+                              16).penalized is penalized
     with pytest.raises(InvalidRequest, match="'dry'"):
         llama_sampling(Fields({"samplers": ["top_k", "dry"]}), 16)
     with pytest.raises(InvalidRequest, match="'xtc'"):

@@ -169,8 +169,9 @@ class SamplingParams:
     chain: tuple[str, ...] | None = None
     """The samplers that run, in this order (llama-server's ``samplers``, names of
     CHAIN_SAMPLERS): one left out does not run, and ``infill`` (llama.cpp's sampler for
-    fill-in-the-middle, which editors ask for) runs only here. The penalties always run first,
-    a temperature of 0 is greedy and mirostat replaces the chain, as with the standard chain.
+    fill-in-the-middle, which editors ask for) runs only here. The penalties, where it names
+    them, run first; a temperature of 0 is greedy and mirostat replaces the chain, as with the
+    standard chain.
     None: the standard chain (penalties, top-k, typical-p, top-p, min-p, temperature)."""
     logprobs: int | None = None
     """Report each generated token's log-probability with this many most likely alternatives
@@ -261,10 +262,11 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """A repetition penalty is on: the sampler needs the recent tokens (the prompt's
-        too), and it may reorder the logits."""
+        """A repetition penalty is on (and, in a request's own chain, named there): the sampler
+        needs the recent tokens (the prompt's too), and it may reorder the logits."""
         return bool(self.repeat_last_n and (self.repeat_penalty != 1.0
-                                            or self.frequency_penalty or self.presence_penalty))
+                                            or self.frequency_penalty or self.presence_penalty)
+                    and (self.chain is None or "penalties" in self.chain))
 
     def bounded(self, n_ctx: int, n_vocab: int) -> SamplingParams:
         """The same parameters with the model's limits applied: repeat_last_n -1 means the

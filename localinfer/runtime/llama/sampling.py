@@ -90,7 +90,7 @@ class Sampling(LlamaHandles):
                 add(chain, L.llama_sampler_init_temp(params.temperature))
             elif name == "infill":
                 add(chain, L.llama_sampler_init_infill(self._vocab))
-            # "penalties" ran first, above, where they were asked for (params.penalized)
+            # "penalties" ran first, above, where the chain names them (params.penalized)
         add(chain, L.llama_sampler_init_dist(seed))
         return chain
 
