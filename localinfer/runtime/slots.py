@@ -127,6 +127,7 @@ def reading_order(prefilling: list[Slot], chunk: int, decoding: Sequence[Slot] =
     if long_prompts_wait(decoding):
         prefilling = [s for s in prefilling
                       if len(s.running.target) - len(s.cached) <= LONG_PROMPT]
+
     def key(slot: Slot) -> tuple[int, int, int, Request]:
         request = slot.running
         left = len(request.target) - len(slot.cached)
