@@ -32,9 +32,11 @@ from localinfer.bench.editor_workload import (
     STATEMENT,
     Target,
     Workload,
+    completion_tokens,
     editor_file,
     fim_body,
     fim_replies,
+    prompt_figures,
     start_llama_server,
     start_localinfer,
     stop,
@@ -91,8 +93,10 @@ def type_along(target: Target, keystrokes: int, reader: bool) -> dict[str, float
             replies = fim_replies(r)
             if key:  # the first read the file cold
                 latency.append(took)
-                prompt_s.append(replies[0]["timings"]["prompt_ms"] / 1000)
-                longest.append(max(x["timings"]["predicted_n"] for x in replies))
+                prompt_ms, _ = prompt_figures(replies[0])  # the one that read the prompt
+                if prompt_ms is not None:
+                    prompt_s.append(prompt_ms / 1000)
+                longest.append(max(completion_tokens(x) for x in replies))
             time.sleep(0.3)
     done.set()
     if reader:
@@ -100,7 +104,7 @@ def type_along(target: Target, keystrokes: int, reader: bool) -> dict[str, float
     if errors:
         raise LocalInferError(errors[0], title="editor alone")
     figures = {"latency_p50_s": statistics.median(latency), "latency_max_s": max(latency),
-               "prompt_p50_s": statistics.median(prompt_s),
+               "prompt_p50_s": statistics.median(prompt_s) if prompt_s else float("nan"),
                "longest_tokens_p50": statistics.median(longest)}
     if reads:
         figures |= {"long_reads": len(reads), "long_read_p50_s": statistics.median(reads)}
