@@ -46,6 +46,51 @@ def _flag_reader() -> int | None:
 
 _FLAG_READER = _flag_reader()
 
+HIDDEN_STATES = b"result_embd_pooled"
+"""The graph node a context that pools nothing names its last hidden states by (llama.cpp's
+``build_pooling`` gives the final norm's output this name); the output layer reads it, so
+it comes after in the graph's order."""
+
+
+def _tensor_name_reader() -> Any:
+    """ggml's ``ggml_get_name``, or None where no ggml library of this build exports it."""
+    try:
+        from llama_cpp._ggml import libggml as lib
+
+        fn = lib.ggml_get_name
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_char_p
+    return fn
+
+
+class HiddenStatesOnly:
+    """ggml's eval callback for a generative model's embedding context: the graph stops once
+    the last hidden states are computed, so the output layer (n_vocab x n_embd per token:
+    for Gemma 3 270M, 262k x 640, more work than all its layers) never runs for an input
+    whose logits nobody reads. ``stopped`` says whether it did, for the decode just run.
+
+    ggml's scheduler asks it of every node (``ask``); the answer "yes" at the hidden states
+    has the scheduler compute up to that node and call again, and "stop" then ends the graph
+    split. A later split (the output layer on another device) runs only its first node.
+    Where the node is not found (another naming), the whole graph runs as before."""
+
+    def __init__(self, name_of: Any) -> None:
+        self._name_of = name_of
+        self.stopped = False
+        self.callback = L.ggml_backend_sched_eval_callback(self._on_node)
+
+    def _on_node(self, tensor: int, ask: bool, user_data: int) -> bool:
+        if self.stopped:
+            return ask
+        if ask:
+            return bool(self._name_of(tensor) == HIDDEN_STATES)
+        self.stopped = True
+        return False
+
+
+_TENSOR_NAME = _tensor_name_reader()
+
 
 class Decoding(LlamaHandles):
     """LlamaBackend's decode steps and embeddings."""
@@ -59,6 +104,7 @@ class Decoding(LlamaHandles):
     _threads: tuple[int, int]
     _interrupt_flag: Any
     _abort_callback: Any
+    _hidden_only: HiddenStatesOnly | None
 
     def warm_up(self) -> None:
         """Decode one token and forget it, as llama.cpp's own tools do: the first decode
@@ -129,15 +175,19 @@ class Decoding(LlamaHandles):
 
     def _embedding_context(self) -> ctypes.c_void_p:
         """The context that embeds: the model's own for an embedding model; for a generative
-        one a small second context on the same weights, made on first use, that mean-pools
-        the last hidden states."""
+        one a small second context on the same weights, made on first use, whose last hidden
+        states ``embed`` mean-pools (llama.cpp pools nothing there, and its output layer is
+        skipped: ``HiddenStatesOnly``)."""
         if self._embed_ctx is None:
             cparams = L.llama_context_default_params()
             n = self.n_ctx_embed
             _set(cparams, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=EMBED_SEQS,
-                 kv_unified=True, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN,
+                 kv_unified=True, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_NONE,
                  n_threads=self._threads[0], n_threads_batch=self._threads[1], no_perf=True,
                  flash_attn_type=0)
+            if _TENSOR_NAME is not None:
+                self._hidden_only = HiddenStatesOnly(_TENSOR_NAME)
+                _set(cparams, cb_eval=self._hidden_only.callback)
             ctx = L.llama_init_from_model(self._model, cparams)
             if not ctx:
                 raise LocalInferError(f"llama.cpp could not create a context for embeddings"
@@ -184,6 +234,8 @@ class Decoding(LlamaHandles):
                     batch.logits[k] = True
                     k += 1
             batch.n_tokens = k
+            if self._hidden_only is not None:
+                self._hidden_only.stopped = False
             try:
                 rc = L.llama_decode(ctx, batch)
                 if rc == 2 and self._interrupt_flag[0] != b"\0":
@@ -191,11 +243,22 @@ class Decoding(LlamaHandles):
                 if rc != 0:
                     raise LocalInferError(f"llama_decode failed while embedding (error {rc})"
                                           f"{_llama_said()}")
-                for seq in range(len(group)):
-                    row = L.llama_get_embeddings_seq(ctx, seq)
-                    if not row:
-                        raise LocalInferError("llama.cpp returned no pooled embedding")
-                    vectors.append(np.ctypeslib.as_array(row, shape=(n_embd,)).tolist())
+                if self.embedding_only:
+                    for seq in range(len(group)):
+                        row = L.llama_get_embeddings_seq(ctx, seq)
+                        if not row:
+                            raise LocalInferError("llama.cpp returned no pooled embedding")
+                        vectors.append(np.ctypeslib.as_array(row, shape=(n_embd,)).tolist())
+                else:  # every token's last hidden state, in the batch's order: their means
+                    rows = L.llama_get_embeddings(ctx)
+                    if not rows:
+                        raise LocalInferError("llama.cpp returned no hidden states")
+                    states = np.ctypeslib.as_array(
+                        rows, shape=(k, L.llama_model_n_embd_out(self._model)))
+                    start = 0
+                    for tokens in group:
+                        vectors.append(states[start:start + len(tokens)].mean(axis=0).tolist())
+                        start += len(tokens)
             finally:
                 if mem:
                     L.llama_memory_clear(mem, True)

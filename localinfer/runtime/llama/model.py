@@ -103,6 +103,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._batch = None
         self._embed_ctx = None
         self._embed_batch = None
+        self._hidden_only = None
         self._lora: tuple[Any, int, Any] | None = None
         gpu = ([d for d in devices() if d.kind in ("gpu", "igpu")]
                if L.llama_supports_gpu_offload() else [])
