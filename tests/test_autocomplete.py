@@ -193,7 +193,8 @@ LLAMA_VSCODE_PREP = {  # its request that reads new context chunks ahead (noPred
 
 def test_another_completion_copies_the_prompt_its_leader_read(fake_engine):
     """n_cmpl: the second completion waits until the first has read the prompt, then copies
-    that slot's cache (through host memory) and reads only the re-read tail."""
+    that slot's cache (through host memory), the prompt whole: it reads no row, and samples
+    its first token from the logits the first one sampled from."""
     engine = fake_engine(fim=True, reply="abc def ghi", prompt_delay_s=0.002)
     prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
     first = engine.submit(prompt, SamplingParams(max_tokens=20, seed=1))
@@ -201,8 +202,8 @@ def test_another_completion_copies_the_prompt_its_leader_read(fake_engine):
     done = [first.result(), second.result()]
     assert [d.text for d in done] == ["abc def ghi"] * 2
     assert done[0].timings.cached_tokens == 0
-    assert done[1].timings.cached_tokens == len(prompt) - REREAD_TAIL
-    assert engine.backend.loaded == [len(prompt) - REREAD_TAIL]  # one copy, where it paused
+    assert done[1].timings.cached_tokens == len(prompt)
+    assert engine.backend.loaded == [len(prompt)]  # one copy, of the whole prompt
 
 
 def test_another_completion_reads_the_prompt_when_its_leader_is_cancelled(fake_engine):
@@ -254,7 +255,7 @@ def test_infill_with_llama_vscode_parallel_completions(coder):
         assert [r["index"] for r in body] == [0, 1, 2]
         assert all(r["content"] == "|[bos][repo_name]myproject\n" for r in body)
         evaluated = body[0]["tokens_evaluated"]
-        assert [r["tokens_cached"] for r in body] == [0] + [evaluated - REREAD_TAIL] * 2
+        assert [r["tokens_cached"] for r in body] == [0] + [evaluated] * 2
         alias = {**LLAMA_VSCODE, "model": "coder:1b", "n": 2}
         del alias["n_cmpl"]
         assert http.post("/infill", json=alias).json()[1]["index"] == 1  # llama-server's

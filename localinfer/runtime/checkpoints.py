@@ -94,12 +94,11 @@ def slot_score(slot: Slot, request: Request, backend: Backend
 
 def waits(request: Request, slots: list[Slot]) -> bool:
     """Whether ``request`` waits for the one it follows (``Request.follows``) to read their
-    prompt up to where it copies that slot's cache."""
+    prompt, whose cache it then copies (``Engine._admit_followers``)."""
     first = request.follows
     if first is None or first.generated or first.ended or first.generation.cancelled:
         return False
-    at = first.copy_at if first.copy_at is not None else len(first.prompt)
-    return not any(s.req is first and len(s.cached) >= at for s in slots)
+    return not any(s.req is first and len(s.cached) >= len(first.prompt) for s in slots)
 
 
 class CacheKeeper:
@@ -160,24 +159,37 @@ class CacheKeeper:
     def copy_shared(self, slot: Slot, target: list[int], slots: list[Slot]) -> None:
         """In ``reuse``, first: where another slot's cache holds at least CHECKPOINT_MIN_TOKENS
         more of ``target`` than ``slot``'s (the prompt another completion of it has just read:
-        ``Request.follows``), copy that cache into ``slot`` through host memory (~30 MB for a
-        1,500-token prompt of the starter, milliseconds; reading it takes seconds here). The
-        copy holds no more than ``reuse`` keeps where the source paused at ``copy_at``: a
-        sliding window's copy holds only the window, and cannot be cut back."""
+        ``Request.follows``, admitted after its leader went on), copy that cache into
+        ``slot`` through host memory (~30 MB for a 1,500-token prompt of the starter,
+        milliseconds; reading it takes seconds here)."""
         here = common_prefix(slot.cached, target)
         source = max(slots, key=lambda s: common_prefix(s.cached, target))
-        if common_prefix(source.cached, target) < here + CHECKPOINT_MIN_TOKENS:
-            return
+        if common_prefix(source.cached, target) >= here + CHECKPOINT_MIN_TOKENS:
+            self.copy(slot, source)  # where it cannot, the prompt is read instead
+
+    def copy(self, slot: Slot, source: Slot) -> bool:
+        """Copy ``source``'s cache into ``slot`` (whole, through host memory): whether it
+        did. Where llama.cpp refused to load it, ``slot``'s cache is empty."""
         n = len(source.cached)
         state = self._host_copy(lambda: self.backend.seq_save(source.seq_id, n),
                                 "could not copy a sequence's cache")
-        if state is None:  # the prompt is read instead
-            return
+        if state is None:
+            return False
         slot.checkpoints, slot.spare = [], None
         if self.backend.seq_load(slot.seq_id, state, n):
             slot.cached[:] = source.cached
-        else:  # refused: the slot's cache is empty now
-            slot.cached.clear()
+            return True
+        slot.cached.clear()
+        return False
+
+    def forget(self, slot: Slot) -> None:
+        """Empty ``slot``'s cache: another completion's, which repeats its leader's (and, copied
+        whole, holds only the sliding window there, which cannot be cut back)."""
+        self.backend.seq_trim(slot.seq_id, 0)
+        slot.cached.clear()
+        if slot.checkpoints:
+            slot.spare = slot.checkpoints[-1].state
+        slot.checkpoints, slot.checkpoint_at = [], None
 
     def _from_disk(self, slot: Slot, request: Request, n_keep: int) -> int:
         """Restore the longest saved prefix of the request's target longer than the slot's

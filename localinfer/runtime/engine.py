@@ -306,9 +306,7 @@ class Engine:
             follows=follows.request if follows is not None else None,
         )
         generation.request = request
-        if request.follows is not None:  # its leader's reading pauses where it copies it
-            request.follows.copy_at = max(0, len(prompt) - REREAD_TAIL)
-        elif params.supersede is not None:
+        if params.supersede is not None and follows is None:
             self._supersede(params.supersede)
         with self._cv:
             self._check_open()
@@ -572,20 +570,51 @@ class Engine:
             # Its cache's shared prefix less REREAD_TAIL tokens, its checkpoints planned.
             n_keep = self._kept.reuse(slot, request, self._slots)
             if request.sampler is None:  # first admission (not a resumption)
-                request.t_start = time.perf_counter()
-                request.n_cached = n_keep
-                request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
-                params = request.params
-                request.sampler = self.backend.new_sampler(params, request.seed)
-                if params.penalized:
-                    self.backend.accept(request.sampler,
-                                        request.prompt[-params.repeat_last_n:])
-                if params.speculative is not False:
-                    request.lookup = PromptLookup(request.prompt, self.drafts.acceptance)
-                self._prompt_tokens_total += len(request.prompt)
-                self._cached_tokens_total += n_keep
+                self._start(request, n_keep)
         for request in waiting:
             heapq.heappush(self._pending, request)
+
+    def _start(self, request: Request, n_keep: int) -> None:
+        """A request's first admission, with ``n_keep`` prompt tokens cached: its sampler."""
+        request.t_start = time.perf_counter()
+        request.n_cached = n_keep
+        request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
+        params = request.params
+        request.sampler = self.backend.new_sampler(params, request.seed)
+        if params.penalized:
+            self.backend.accept(request.sampler, request.prompt[-params.repeat_last_n:])
+        if params.speculative is not False:
+            request.lookup = PromptLookup(request.prompt, self.drafts.acceptance)
+        self._prompt_tokens_total += len(request.prompt)
+        self._cached_tokens_total += n_keep
+
+    def _admit_followers(self, leader: Slot, first: Request, now: float) -> None:
+        """The other completions of the prompt ``first`` has just read in ``leader``'s slot
+        (``Request.follows``) take free slots: each copies that cache, the prompt whole, and
+        samples its first token from the same logits, as llama-server's child tasks do,
+        reading no row. One that finds no slot free (or whose copy fails) is admitted later,
+        copies what the leader's cache holds then and reads the re-read tail."""
+        with self._cv:
+            followers = [r for r in self._pending if r.follows is first and r.sampler is None
+                         and not r.generation.cancelled]
+        for request in followers:
+            free = [s for s in self._slots if s.req is None and s is not leader]
+            if not free:
+                return
+            slot = max(free, key=lambda s: slot_score(s, request, self.backend))
+            if not self._kept.copy(slot, leader):
+                return
+            with self._cv:
+                self._pending.remove(request)
+                heapq.heapify(self._pending)
+            slot.supersede, slot.ahead, slot.checkpoint_at = None, [], None
+            slot.save_at, slot.save_prompt, slot.turn_start = [], 0, len(slot.cached)
+            slot.req, slot.next_token = request, None
+            self._start(request, len(request.prompt))
+            request.t_read = request.t_start  # it reads nothing
+            token = self._sample_or_abort(slot, leader.batch_index)
+            if token is not None:
+                self._on_token(slot, token, now)
 
     def _preempt_for(self, waiting: Request) -> None:
         slot = preemption_victim(self._active(), waiting)
@@ -695,9 +724,11 @@ class Engine:
             slot.cached.extend(slot.running.target[start : start + n])
             self._kept.take_due(slot)
             if not slot.prefilling:
+                first = slot.running
                 token = self._sample_or_abort(slot, slot.batch_index)
                 if token is not None:
                     self._on_token(slot, token, now)
+                    self._admit_followers(slot, first, now)
 
     def _stepping(self, decoding: list[Slot]) -> list[Slot]:
         """The decoding slots that take this step: all, or those that waited longest where
@@ -854,7 +885,9 @@ class Engine:
         if slot.req is not None:
             slot.req.ended = True
             self._free_sampler(slot.req)
-            now = now if slot.req.follows is None else 0.0  # its leader's cache is the one kept
+            if slot.req.follows is not None:  # its leader's cache is the one kept
+                now = 0.0
+                self._kept.forget(slot)
         slot.req, slot.next_token, slot.draft = None, None, []
         slot.last_used = now
 

@@ -122,12 +122,9 @@ class Request:
     cursor: int | None = None
     """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
     follows: Request | None = None
-    """The request this one is another completion of (llama-server's ``n_cmpl``): admitted
-    once that one has read their prompt up to its ``copy_at``, it copies that slot's cache
-    instead of reading it (``checkpoints.waits``)."""
-    copy_at: int | None = None
-    """Where the reading of its prompt pauses for the requests that follow it to copy the
-    cache: ``REREAD_TAIL`` tokens before its end, which they read again each."""
+    """The request this one is another completion of (llama-server's ``n_cmpl``): it waits
+    until that one has read their prompt, then copies that slot's cache and samples its first
+    token from the same logits (``Engine._admit_followers``)."""
     ended: bool = False
     """It has left its slot for good (finished, cancelled or failed)."""
     sampler: object = None

@@ -71,10 +71,8 @@ class Slot:
 
     def chunk_limit(self, start: int, n: int) -> int:
         """How many of ``n`` prompt tokens from ``start`` one chunk reads: it ends at the next
-        checkpoint, save to disk or copy (``Request.copy_at``) planned past ``start``."""
-        copy_at = self.req.copy_at if self.req is not None else None
-        stops = [at for at in (self.checkpoint_at, *self.save_at, copy_at)
-                 if at is not None and at > start]
+        checkpoint or save to disk planned past ``start``."""
+        stops = [at for at in (self.checkpoint_at, *self.save_at) if at is not None and at > start]
         return min(n, min(stops) - start) if stops else n
 
     def exchange(self, other: Slot) -> None:
