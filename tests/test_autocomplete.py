@@ -203,6 +203,7 @@ def test_another_completion_copies_the_prompt_its_leader_read(fake_engine):
     assert [d.text for d in done] == ["abc def ghi"] * 2
     assert done[0].timings.cached_tokens == 0
     assert done[1].timings.cached_tokens == len(prompt)
+    assert done[1].timings.setup_ms == done[1].timings.prefill_ms == 0  # no read, no wait
     assert engine.backend.loaded == [len(prompt)]  # one copy, of the whole prompt
 
 

@@ -611,7 +611,7 @@ class Engine:
             slot.save_at, slot.save_prompt, slot.turn_start = [], 0, len(slot.cached)
             slot.req, slot.next_token = request, None
             self._start(request, len(request.prompt))
-            request.t_read = request.t_start  # it reads nothing
+            request.t_start = request.t_read = now  # it reads nothing: its first token is now
             token = self._sample_or_abort(slot, leader.batch_index)
             if token is not None:
                 self._on_token(slot, token, now)
