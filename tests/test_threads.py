@@ -214,6 +214,7 @@ def busy_engine():
     engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
     engine.thread_tuner.running_now = cpu.running_now
     engine.thread_tuner._sample = None  # measured from here on, by the cost model
+    engine.thread_tuner._samples.clear()
     engine.thread_tuner._sample_load(time.perf_counter())
     yield engine, backend, cpu
     engine.close()
@@ -344,7 +345,7 @@ def test_an_admission_starts_from_the_cores_other_processes_hold_now():
 
     cpu = FakeCPU(cores=2)
     tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=cpu.cpu_seconds,
-                        running_now=cpu.running_now)
+                        running_now=cpu.running_now, admit_span_s=0.1)  # the sleeps below
 
     def admit(busy: int) -> None:
         cpu.busy_cores = busy
@@ -364,6 +365,63 @@ def test_an_admission_starts_from_the_cores_other_processes_hold_now():
     assert tuner.others_cores == 2.0 and tuner.threads == {"1 row": 1, "65+ rows": 1}
     admit(0)
     assert tuner.threads == {"1 row": 2, "65+ rows": 2}
+
+
+def test_a_clients_burst_before_its_request_is_not_a_busy_core():
+    """The client that sends the request may keep a core busy for the moment before it (the
+    streams bench's client between two runs: 0.1-0.3 s): over the admission's span the
+    others used little, so the request starts at every core. A process that keeps a core
+    busy over the span still counts."""
+    import time
+
+    cpu = FakeCPU(cores=2)
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=cpu.cpu_seconds,
+                        running_now=cpu.running_now, admit_span_s=0.5)
+    time.sleep(0.55)
+    with tuner.step(1):  # the last request's last step, where the load is sampled
+        pass
+    cpu.cpu_seconds()  # (the fake counts the load up to here at its last reading)
+    cpu.busy_cores = 1  # the burst: the 0.12 s before the request, a thread running
+    time.sleep(0.12)
+    tuner.admit()
+    assert tuner.threads == {"1 row": 2}
+    time.sleep(0.6)  # that core stays busy over the span
+    tuner.admit()
+    assert tuner.threads == {"1 row": 1}
+
+
+def test_a_busy_core_that_leaves_just_after_the_admission_is_given_back_at_once():
+    """Another server that had just sent its last reply keeps its threads spinning a while,
+    so the admission counts its cores; the first load sampled after the admission (after
+    FIRST_SAMPLE_S, not LOAD_SAMPLE_S) shows them free, and the steps go back to every core
+    without waiting for a window of steps to be judged."""
+    import time
+
+    cpu = FakeCPU(cores=2)
+    tuner = ThreadTuner(2, lambda n, nb: None, cpu_seconds=cpu.cpu_seconds,
+                        running_now=cpu.running_now, admit_span_s=0.1)
+    with tuner.step(4):
+        pass
+    cpu.cpu_seconds()
+    cpu.busy_cores = 2  # the other server's run
+    time.sleep(0.3)
+    tuner.admit()
+    assert tuner.threads == {"2-8 rows": 1}
+    cpu.busy_cores = 0  # its threads stop spinning
+    with tuner.step(4):
+        pass
+    assert tuner.threads == {"2-8 rows": 1}  # too soon to sample
+    time.sleep(0.12)
+    with tuner.step(4):
+        pass
+    assert tuner.threads == {"2-8 rows": 2}
+    time.sleep(0.12)
+    cpu.busy_cores = 1  # a core kept busy stays counted after the recheck
+    tuner.admit()
+    time.sleep(0.12)
+    with tuner.step(4):
+        pass
+    assert tuner.threads == {"2-8 rows": 1}
 
 
 def test_a_thread_in_the_run_queue_for_a_moment_is_not_a_busy_core():

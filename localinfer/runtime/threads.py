@@ -21,6 +21,7 @@ import logging
 import os
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,6 +62,18 @@ needs it must stay for there to be room (try more)."""
 BUSY_SHARE = 0.25
 """The share of a core another process must have used since the last step for a thread of it
 in the run queue at an admission to count as a busy core (``ThreadTuner.admit``)."""
+ADMIT_SPAN_S = 1.0
+"""At an admission, the other processes must have used a busy core's share over at least this
+span (with a thread of theirs in the run queue at that instant) for the core to count as busy:
+a client's burst as it sends its request (the streams bench's client between two runs: 0.1-0.3
+s of a core, which started 4 streams at one thread of two, 0.7x) is then not a core kept busy,
+and a process that keeps one busy shows over any span."""
+CONFIRM_S = (0.001, 0.002)
+"""At an admission where another process's thread is in the run queue, the pauses after which
+it is read again (``ThreadTuner.admit``): a core kept busy is taken at every instant, while the
+client that just sent the request, or a server that just sent its last reply (the other server
+of a side by side), leaves the queue within a millisecond or two. Only a machine that looks
+busy pays them."""
 LOAD_SAMPLE_S = 0.5
 """The shortest span over which the other processes' CPU use is measured."""
 FIRST_SAMPLE_S = 0.1
@@ -352,8 +365,10 @@ class ThreadTuner:
     def __init__(self, max_threads: int, apply: Callable[[int, int], None], *,
                  cpu_seconds: Callable[[], tuple[float, float]] = others_cpu_seconds,
                  running_now: Callable[[], int | None] = others_running_now,
-                 memory: ThreadMemory | None = None) -> None:
+                 memory: ThreadMemory | None = None,
+                 admit_span_s: float = ADMIT_SPAN_S) -> None:
         self.max_threads = max_threads
+        self.admit_span_s = admit_span_s
         self._apply = apply
         self.cpu_seconds = cpu_seconds
         """(all processes' CPU seconds, this process's) so far; tests give a simulated one."""
@@ -365,11 +380,15 @@ class ThreadTuner:
         """The cores other processes held at the last admission (``admit``); None before the
         first, or where the kernel does not say. Between admissions the load sampled over the
         steps (``others_cores``) stands for it."""
+        self._recheck = False
+        """The next step samples the load after FIRST_SAMPLE_S (``_rechecked``)."""
         self._applied = (max_threads, max_threads)
         self._measured = False  # others_cores is a figure, not the 0 it starts as
         self.others_cores = 0.0
         """Cores' worth of CPU the other processes used over the last sample."""
         self._sample: tuple[float, float, float] | None = None
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=16)
+        """The latest samples (time, all processes' CPU seconds, this one's), oldest first."""
         if max_threads:
             self._sample_load(time.perf_counter())  # known by the first step, to start from
 
@@ -396,7 +415,9 @@ class ThreadTuner:
         started = time.perf_counter()
         yield
         now = time.perf_counter()
-        self._sample_load(now)
+        self._sample_load(now, FIRST_SAMPLE_S if self._recheck else LOAD_SAMPLE_S)
+        if self._recheck and self._sample is not None and self._sample[0] == now:
+            self._rechecked()
         policy.record(threads, step_cost(rows, now - started), self.others_cores)
         if policy.judged:
             self.memory.learn(group, self._busy_cores(), policy.n_threads)
@@ -413,6 +434,11 @@ class ThreadTuner:
         busy = self.running_now()
         if busy is None:  # not known here: the load sampled over the steps decides
             return
+        for pause in CONFIRM_S if busy else ():
+            time.sleep(pause)
+            busy = min(busy, self.running_now() or 0)
+            if not busy:
+                break
         # A thread in the run queue at this instant may be there for a moment only: the
         # client that sent the request, still parsing other streams. A process that keeps a
         # core busy also used a good share of it since the last step (the idle time, or the
@@ -421,13 +447,33 @@ class ThreadTuner:
         # (No figure yet, as at a process's first request just after the model's load: the
         # run queue alone.)
         self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)
-        recent = int(self.others_cores + 1 - BUSY_SHARE) if self._measured else busy
+        recent = int(self._others_over(self.admit_span_s) + 1 - BUSY_SHARE) \
+            if self._measured else busy
         self._busy = min(busy, recent, self.max_threads)
         self.others_cores = float(self._busy)
+        self._recheck = self._busy > 0
+        self._restart_policies()
+
+    def _restart_policies(self) -> None:
+        """Each kind of step starts again from the count for the cores now counted busy."""
         for group, policy in list(self.policies.items()):
             start = self._count_for(group)
             if start is not None and start != policy.n_threads:
                 self.policies[group] = ThreadPolicy(self.max_threads, start)
+
+    def _rechecked(self) -> None:
+        """The load sampled FIRST_SAMPLE_S after an admission that counted busy cores: where
+        it shows fewer, each kind of step starts again from the count for them. The process
+        that held them at that instant has stopped: a server that had just sent its last
+        reply (the other server of a side by side), whose threads spin for a while after;
+        else its steps would run at the cores it left until a window of steps is judged and
+        one more thread tried (a second or more of a three-second run)."""
+        self._recheck = False
+        recent = min(self.max_threads, int(self.others_cores + 1 - BUSY_SHARE))
+        if self._busy is not None and recent < self._busy:
+            self._busy = recent
+            self.others_cores = float(recent)
+            self._restart_policies()
 
     def _busy_cores(self) -> int:
         return min(self.max_threads, round(self.others_cores))
@@ -472,3 +518,14 @@ class ThreadTuner:
             self.others_cores = max(0.0, ((every - every0) - (own - own0)) / (now - t0))
             self._measured = True
         self._sample = (now, every, own)
+        self._samples.append(self._sample)
+
+    def _others_over(self, span_s: float) -> float:
+        """The other processes' CPU use, in cores, from the newest sample at least ``span_s``
+        before the latest (else the oldest kept) to the latest."""
+        now, every, own = self._samples[-1]
+        old = [s for s in self._samples if s[0] <= now - span_s]
+        t0, every0, own0 = old[-1] if old else self._samples[0]
+        if now <= t0:
+            return self.others_cores
+        return max(0.0, ((every - every0) - (own - own0)) / (now - t0))
