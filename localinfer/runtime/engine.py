@@ -594,6 +594,8 @@ class Engine:
         samples its first token from the same logits, as llama-server's child tasks do,
         reading no row. One that finds no slot free (or whose copy fails) is admitted later,
         copies what the leader's cache holds then and reads the re-read tail."""
+        if len(leader.cached) != len(first.prompt):  # a resumption read its reply back too
+            return
         with self._cv:
             followers = [r for r in self._pending if r.follows is first and r.sampler is None
                          and not r.generation.cancelled]

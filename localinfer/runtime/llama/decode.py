@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ HIDDEN_STATES = b"result_embd_pooled"
 it comes after in the graph's order."""
 
 
+@functools.cache
 def _tensor_name_reader() -> Any:
     """ggml's ``ggml_get_name``, or None where no ggml library of this build exports it."""
     try:
@@ -88,8 +90,6 @@ class HiddenStatesOnly:
         self.stopped = True
         return False
 
-
-_TENSOR_NAME = _tensor_name_reader()
 
 
 class Decoding(LlamaHandles):
@@ -185,8 +185,9 @@ class Decoding(LlamaHandles):
                  kv_unified=True, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_NONE,
                  n_threads=self._threads[0], n_threads_batch=self._threads[1], no_perf=True,
                  flash_attn_type=0)
-            if _TENSOR_NAME is not None:
-                self._hidden_only = HiddenStatesOnly(_TENSOR_NAME)
+            name_of = _tensor_name_reader()
+            if name_of is not None:
+                self._hidden_only = HiddenStatesOnly(name_of)
                 _set(cparams, cb_eval=self._hidden_only.callback)
             ctx = L.llama_init_from_model(self._model, cparams)
             if not ctx:
