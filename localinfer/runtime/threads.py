@@ -60,8 +60,8 @@ SLACK_CORES = 0.5
 the machine counts as crowded (try fewer threads), and how far below what one more thread
 needs it must stay for there to be room (try more)."""
 BUSY_SHARE = 0.25
-"""The share of a core another process must have used since the last step for a thread of it
-in the run queue at an admission to count as a busy core (``ThreadTuner.admit``)."""
+"""The share of a core other processes must have used over ``ADMIT_SPAN_S`` for a thread of
+theirs in the run queue at an admission to count as a busy core (``ThreadTuner.admit``)."""
 ADMIT_SPAN_S = 1.0
 """At an admission, the other processes must have used a busy core's share over at least this
 span (with a thread of theirs in the run queue at that instant) for the core to count as busy:
@@ -441,9 +441,9 @@ class ThreadTuner:
                 break
         # A thread in the run queue at this instant may be there for a moment only: the
         # client that sent the request, still parsing other streams. A process that keeps a
-        # core busy also used a good share of it since the last step (the idle time, or the
-        # model's load, whose threads it shared the cores with: ~0.5): the cores counted are
-        # those both figures show.
+        # core busy also used a good share of it over the last second (the idle time, or the
+        # steps, whose threads it shared the cores with: ~0.5): the cores counted are those
+        # both figures show.
         # (No figure yet, as at a process's first request just after the model's load: the
         # run queue alone.)
         self._sample_load(time.perf_counter(), FIRST_SAMPLE_S)

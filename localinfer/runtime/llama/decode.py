@@ -91,7 +91,6 @@ class HiddenStatesOnly:
         return False
 
 
-
 class Decoding(LlamaHandles):
     """LlamaBackend's decode steps and embeddings."""
 
