@@ -213,8 +213,7 @@ def busy_engine():
     engine = Engine(backend)
     engine.thread_tuner.cpu_seconds = cpu.cpu_seconds
     engine.thread_tuner.running_now = cpu.running_now
-    engine.thread_tuner._sample = None  # measured from here on, by the cost model
-    engine.thread_tuner._samples.clear()
+    engine.thread_tuner._samples.clear()  # measured from here on, by the cost model
     engine.thread_tuner._sample_load(time.perf_counter())
     yield engine, backend, cpu
     engine.close()

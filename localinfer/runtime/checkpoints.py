@@ -168,28 +168,30 @@ class CacheKeeper:
             self.copy(slot, source)  # where it cannot, the prompt is read instead
 
     def copy(self, slot: Slot, source: Slot) -> bool:
-        """Copy ``source``'s cache into ``slot`` (whole, through host memory): whether it
-        did. Where llama.cpp refused to load it, ``slot``'s cache is empty."""
+        """Copy ``source``'s cache into ``slot`` (whole, through host memory), with no
+        checkpoint or save planned in it: whether it did. Where llama.cpp refused to load it,
+        ``slot``'s cache is empty."""
         n = len(source.cached)
         state = self._host_copy(lambda: self.backend.seq_save(source.seq_id, n),
                                 "could not copy a sequence's cache")
         if state is None:
             return False
-        slot.checkpoints, slot.spare = [], None
+        slot.checkpoints, slot.spare, slot.checkpoint_at = [], None, None
+        slot.save_at, slot.save_prompt = [], 0
         if self.backend.seq_load(slot.seq_id, state, n):
             slot.cached[:] = source.cached
+            slot.turn_start = n
             return True
         slot.cached.clear()
         return False
 
     def forget(self, slot: Slot) -> None:
-        """Empty ``slot``'s cache: another completion's, which repeats its leader's (and, copied
-        whole, holds only the sliding window there, which cannot be cut back)."""
+        """Empty ``slot``'s cache, its checkpoints and its read-ahead: a cache cleared, or
+        another completion's, which repeats its leader's (and, copied whole, holds only the
+        sliding window there, which cannot be cut back)."""
         self.backend.seq_trim(slot.seq_id, 0)
         slot.cached.clear()
-        if slot.checkpoints:
-            slot.spare = slot.checkpoints[-1].state
-        slot.checkpoints, slot.checkpoint_at = [], None
+        slot.checkpoints, slot.spare, slot.checkpoint_at, slot.ahead = [], None, None, []
 
     def _from_disk(self, slot: Slot, request: Request, n_keep: int) -> int:
         """Restore the longest saved prefix of the request's target longer than the slot's

@@ -46,18 +46,18 @@ from .checkpoints import REREAD_TAIL as REREAD_TAIL
 from .disk_cache import PrefixCache
 from .fim import FimFile, FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
-from .logprobs import Distribution
 from .prompts import PromptBuilder
 from .slots import (
     Slot,
     bare_decode_rate,
+    choose_drafts,
     preemption_victim,
     prompt_rows,
     reading_order,
     reads_quickly,
     step_yields,
 )
-from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy, PromptLookup, graph_rows
+from .speculate import DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
 from .tools import ToolFormat
@@ -368,10 +368,7 @@ class Engine:
         def clear() -> None:
             for slot in self._slots:
                 if slot.req is None:
-                    self.backend.seq_trim(slot.seq_id, 0)
-                    slot.cached.clear()
-                    slot.checkpoints, slot.spare = [], None
-                    slot.ahead = []
+                    self._kept.forget(slot)
 
         self.run_on_worker(clear)
 
@@ -489,7 +486,9 @@ class Engine:
                 # Admitted with the cores held: a chat's turn that came meanwhile is read now.
                 with turn(self._turns, self, before_wait=self._flush):
                     with self._cv:
-                        self._admit()
+                        from_idle = self._admit()
+                    if from_idle:  # the cores other processes hold now (out of the lock: it
+                        self.thread_tuner.admit()  # may read the run queue again, ms later)
                     self._kept.compact(self._slots)
                     if self._active():
                         self._step()
@@ -538,10 +537,11 @@ class Engine:
     def _active(self) -> list[Slot]:
         return [s for s in self._slots if s.req is not None]
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
         """Move waiting requests into free slots, reusing the best-matching cached prefix.
         An interactive request that finds every slot busy takes one from a lower-priority
-        request, which goes back to the queue and resumes later where it stopped."""
+        request, which goes back to the queue and resumes later where it stopped. Whether
+        requests came to an idle engine."""
         cancelled = [r for r in self._pending if r.generation.cancelled]
         if cancelled:  # preempted, then cancelled while waiting: end them now
             self._pending = [r for r in self._pending if not r.generation.cancelled]
@@ -553,8 +553,7 @@ class Engine:
         if ready and not any(s.req is None for s in self._slots):
             self._preempt_for(min(ready))
         free = [s for s in self._slots if s.req is None]
-        if ready and len(free) == len(self._slots):
-            self.thread_tuner.admit()  # from idle: the cores other processes hold now
+        from_idle = bool(ready) and len(free) == len(self._slots)
         waiting = []
         while self._pending and free:
             request = heapq.heappop(self._pending)
@@ -563,16 +562,21 @@ class Engine:
                 continue
             slot = max(free, key=lambda s: slot_score(s, request, self.backend))
             free.remove(slot)
-            slot.supersede = None if request.follows else request.params.supersede
-            slot.ahead = []  # the request's own prompt decides what this cache holds
-            # In its slot first: should anything below fail, _fail_all finds it there.
-            slot.req, slot.next_token = request, None
+            self._seat(slot, request)  # first: should anything below fail, _fail_all finds it
             # Its cache's shared prefix less REREAD_TAIL tokens, its checkpoints planned.
             n_keep = self._kept.reuse(slot, request, self._slots)
             if request.sampler is None:  # first admission (not a resumption)
                 self._start(request, n_keep)
         for request in waiting:
             heapq.heappush(self._pending, request)
+        return from_idle
+
+    @staticmethod
+    def _seat(slot: Slot, request: Request) -> None:
+        """Put ``request`` in ``slot``, whose cache its own prompt now decides."""
+        slot.supersede = None if request.follows else request.params.supersede
+        slot.ahead = []
+        slot.req, slot.next_token = request, None
 
     def _start(self, request: Request, n_keep: int) -> None:
         """A request's first admission, with ``n_keep`` prompt tokens cached: its sampler."""
@@ -609,9 +613,7 @@ class Engine:
             with self._cv:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
-            slot.supersede, slot.ahead, slot.checkpoint_at = None, [], None
-            slot.save_at, slot.save_prompt, slot.turn_start = [], 0, len(slot.cached)
-            slot.req, slot.next_token = request, None
+            self._seat(slot, request)
             self._start(request, len(request.prompt))
             request.t_start = request.t_read = now  # it reads nothing: its first token is now
             token = self._sample_or_abort(slot, leader.batch_index)
@@ -647,7 +649,7 @@ class Engine:
         reading = len(decoding) < len(active)
         if not reading:
             decoding = self._stepping(decoding)
-        self._choose_drafts(decoding, reading)
+        choose_drafts(self.drafts, decoding, reading, self.backend.n_batch, self.info.n_ctx)
         for slot in decoding:
             pos = len(slot.cached)
             slot.batch_index = len(tokens)
@@ -741,27 +743,6 @@ class Engine:
                                       [self._steps - s.stepped_at for s in decoding])
         return [decoding[i] for i in chosen]
 
-    def _choose_drafts(self, decoding: list[Slot], reading: bool) -> None:
-        """Set each decoding slot's draft for this step: what its prompt lookup proposes, where
-        the step's expected tokens per second gain by it (see speculate.DraftPolicy); a draft
-        not verified is checked as a shadow draft. Drafts only while the batch stays small
-        enough for the single-row kernels (see speculate.py): not while a prompt is being read
-        (``reading``)."""
-        for slot in decoding:
-            slot.draft = []
-        if reading:
-            return
-        budget = min(EXACT_ROWS, self.backend.n_batch) - len(decoding)
-        if budget <= 0:
-            return
-        rooms = [min(budget, MAX_DRAFT, self.info.n_ctx - 1 - len(s.cached)) for s in decoding]
-        drafts = self.drafts.drafts([s.seq_id for s in decoding],
-                                    [s.running.lookup for s in decoding], rooms,
-                                    [s.running.params.speculative is True for s in decoding],
-                                    budget)
-        for slot, draft in zip(decoding, drafts, strict=True):
-            slot.draft = draft
-
     def _verify(self, slot: Slot, now: float) -> None:
         """Sample a decoding slot's outputs: its next token, then each draft token for as
         long as the model agrees with the draft."""
@@ -802,32 +783,11 @@ class Engine:
         grammar that allows no token here): that request ends with the error, the rest of
         the batch goes on."""
         try:
-            return self._sample(slot.running, index)
+            return slot.running.sample(self.backend, index)
         except LocalInferError as exc:
             log.info("a request's sampling failed: %s", exc)
             self._abort(slot, exc)
             return None
-
-    def _sample(self, request: Request, index: int) -> int:
-        """Sample batch entry ``index`` with the request's sampler (or force a spent reasoning
-        budget's close); with its log-probability when asked for (taken from the logits before
-        sampling: the argmax shortcut and the native chain both leave the model's
-        distribution behind them)."""
-        n_top, request.was_forced = request.params.logprobs, bool(request.forced)
-        if n_top is None and not request.forced:
-            return self.backend.sample(request.sampler, index)
-        row = self.backend.raw_logits(index) if n_top is not None else None
-        distribution = None if row is None or n_top is None else Distribution(row, n_top)
-        if request.forced:  # written in the model's place: the sampler takes it as sampled
-            self.backend.force(request.sampler, token := request.forced.pop(0))
-        else:
-            token = self.backend.sample(request.sampler, index)
-        if row is not None and distribution is not None and not self.backend.is_eog(token):
-            # The end of a turn is no part of the reply. The sampled token's own logit is as
-            # it was: the argmax shortcut overwrites only the never-sampled tokens' logits.
-            request.logprobs.append(distribution.entry(token, float(row[token]),
-                                                       self.backend.token_bytes))
-        return token
 
     def _on_token(self, slot: Slot, token: int, now: float) -> bool:
         """Record a sampled token; False when the generation has ended."""
@@ -893,13 +853,17 @@ class Engine:
         slot.req, slot.next_token, slot.draft = None, None, []
         slot.last_used = now
 
+    def _drain(self) -> tuple[list[Request], list[tuple[Callable[[], object], Future[Any]]]]:
+        """Take the waiting requests and every job (under ``_cv``)."""
+        pending, self._pending = self._pending, []
+        jobs, self._jobs, self._step_jobs = self._jobs + self._step_jobs, [], []
+        return pending, jobs
+
     def _fail_all(self, exc: BaseException) -> None:
         self._flush()
         error = LocalInferError(f"the engine stopped unexpectedly: {exc}")
         with self._cv:
-            pending, self._pending = self._pending, []
-            jobs, self._jobs = self._jobs + self._step_jobs, []
-            self._step_jobs = []
+            pending, jobs = self._drain()
             self._closing = True
         for request in pending:
             self._free_sampler(request)
@@ -922,9 +886,7 @@ class Engine:
     def _shutdown(self) -> None:
         now = time.perf_counter()
         with self._cv:
-            pending, self._pending = self._pending, []
-            jobs, self._jobs = self._jobs + self._step_jobs, []
-            self._step_jobs = []
+            pending, jobs = self._drain()
         for request in pending:
             self._free_sampler(request)  # a preempted request still holds its sampler
             self._post(request, done_event(request, "cancelled", now))  # after its last tokens

@@ -12,6 +12,8 @@ import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from .backend import Backend
+from .logprobs import Distribution
 from .speculate import PromptLookup
 from .text import TextAssembler
 from .thinking import BudgetWatch
@@ -153,6 +155,27 @@ class Request:
         it, the budget's close is forced next, token by token."""
         if self.budget is not None and not self.was_forced and self.budget.push(piece):
             self.forced = list(self.closing)
+
+    def sample(self, backend: Backend, index: int) -> int:
+        """Sample batch entry ``index`` with this request's sampler (or force a spent reasoning
+        budget's close); with its log-probability when asked for (taken from the logits before
+        sampling: the argmax shortcut and the native chain both leave the model's
+        distribution behind them)."""
+        n_top, self.was_forced = self.params.logprobs, bool(self.forced)
+        if n_top is None and not self.forced:
+            return backend.sample(self.sampler, index)
+        row = backend.raw_logits(index) if n_top is not None else None
+        distribution = None if row is None or n_top is None else Distribution(row, n_top)
+        if self.forced:  # written in the model's place: the sampler takes it as sampled
+            backend.force(self.sampler, token := self.forced.pop(0))
+        else:
+            token = backend.sample(self.sampler, index)
+        if row is not None and distribution is not None and not backend.is_eog(token):
+            # The end of a turn is no part of the reply. The sampled token's own logit is as
+            # it was: the argmax shortcut overwrites only the never-sampled tokens' logits.
+            self.logprobs.append(distribution.entry(token, float(row[token]),
+                                                    backend.token_bytes))
+        return token
 
     def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
         unsent = tuple(self.logprobs[self.n_logprobs_sent:])

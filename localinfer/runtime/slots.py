@@ -12,6 +12,7 @@ from typing import Any
 from .backend import Backend
 from .generation import Request
 from .prompt_cache import common_prefix
+from .speculate import EXACT_ROWS, MAX_DRAFT, DraftPolicy
 from .types import Priority
 
 
@@ -209,3 +210,25 @@ def bare_decode_rate(backend: Backend, slot: Slot, n_steps: int) -> float:
         backend.seq_trim(slot.seq_id, 0)
     times = sorted(times[1:])
     return 1.0 / times[len(times) // 2]
+
+
+def choose_drafts(policy: DraftPolicy, decoding: list[Slot], reading: bool, n_batch: int,
+                  n_ctx: int) -> None:
+    """Set each decoding slot's draft for this step: what its prompt lookup proposes, where
+    the step's expected tokens per second gain by it (see speculate.DraftPolicy); a draft
+    not verified is checked as a shadow draft. Drafts only while the batch stays small
+    enough for the single-row kernels (see speculate.py): not while a prompt is being read
+    (``reading``)."""
+    for slot in decoding:
+        slot.draft = []
+    if reading:
+        return
+    budget = min(EXACT_ROWS, n_batch) - len(decoding)
+    if budget <= 0:
+        return
+    rooms = [min(budget, MAX_DRAFT, n_ctx - 1 - len(s.cached)) for s in decoding]
+    drafts = policy.drafts([s.seq_id for s in decoding], [s.running.lookup for s in decoding],
+                           rooms, [s.running.params.speculative is True for s in decoding],
+                           budget)
+    for slot, draft in zip(decoding, drafts, strict=True):
+        slot.draft = draft

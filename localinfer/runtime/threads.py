@@ -386,9 +386,9 @@ class ThreadTuner:
         self._measured = False  # others_cores is a figure, not the 0 it starts as
         self.others_cores = 0.0
         """Cores' worth of CPU the other processes used over the last sample."""
-        self._sample: tuple[float, float, float] | None = None
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=16)
-        """The latest samples (time, all processes' CPU seconds, this one's), oldest first."""
+        """The latest samples (time, all processes' CPU seconds, this one's), oldest first:
+        ``others_cores`` is the load between the last two."""
         if max_threads:
             self._sample_load(time.perf_counter())  # known by the first step, to start from
 
@@ -416,7 +416,7 @@ class ThreadTuner:
         yield
         now = time.perf_counter()
         self._sample_load(now, FIRST_SAMPLE_S if self._recheck else LOAD_SAMPLE_S)
-        if self._recheck and self._sample is not None and self._sample[0] == now:
+        if self._recheck and self._samples and self._samples[-1][0] == now:
             self._rechecked()
         policy.record(threads, step_cost(rows, now - started), self.others_cores)
         if policy.judged:
@@ -507,25 +507,27 @@ class ThreadTuner:
         return max(1, self.max_threads - self._busy_cores())
 
     def _sample_load(self, now: float, span_s: float = LOAD_SAMPLE_S) -> None:
-        if self._sample is not None and now - self._sample[0] < span_s:
+        if self._samples and now - self._samples[-1][0] < span_s:
             return
         try:
             every, own = self.cpu_seconds()
         except (OSError, RuntimeError, ImportError):  # no figures here: the step times decide
             return
-        if self._sample is not None:
-            t0, every0, own0 = self._sample
-            self.others_cores = max(0.0, ((every - every0) - (own - own0)) / (now - t0))
+        if self._samples:
+            self.others_cores = _others_between(self._samples[-1], (now, every, own))
             self._measured = True
-        self._sample = (now, every, own)
-        self._samples.append(self._sample)
+        self._samples.append((now, every, own))
 
     def _others_over(self, span_s: float) -> float:
         """The other processes' CPU use, in cores, from the newest sample at least ``span_s``
         before the latest (else the oldest kept) to the latest."""
-        now, every, own = self._samples[-1]
-        old = [s for s in self._samples if s[0] <= now - span_s]
-        t0, every0, own0 = old[-1] if old else self._samples[0]
-        if now <= t0:
-            return self.others_cores
-        return max(0.0, ((every - every0) - (own - own0)) / (now - t0))
+        latest = self._samples[-1]
+        old = [s for s in self._samples if s[0] <= latest[0] - span_s]
+        start = old[-1] if old else self._samples[0]
+        return _others_between(start, latest) if start[0] < latest[0] else self.others_cores
+
+
+def _others_between(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """The other processes' CPU use, in cores, between two samples (time, all processes' CPU
+    seconds, this one's)."""
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0]))
