@@ -6,6 +6,7 @@ in a batch, truncation, and what is refused."""
 from __future__ import annotations
 
 import base64
+import threading
 import math
 import struct
 
@@ -199,3 +200,45 @@ def test_an_embedding_only_load_embeds_in_its_own_context(starter_path, real_eng
         assert len(engine.embedding_tokens("word " * 600)) == 512
     finally:
         engine.close()
+
+
+def test_every_cpu_models_decodes_run_on_one_thread(starter_path, real_engine, monkeypatch):
+    """A daemon's chat and embedding engines each have a worker thread; llama.cpp's OpenMP
+    keeps a team of threads for every thread that decodes, and once the teams outnumber the
+    cores it sleeps at each of a step's barriers (1.4-1.7x slower steps on 2 cores). So the
+    decodes of every model with layers on the CPU run on one thread (decode.CPU_COMPUTE)."""
+    import llama_cpp
+
+    decoded_on = set()
+    original = llama_cpp.llama_decode
+
+    def recording(ctx, batch):
+        decoded_on.add(threading.get_ident())
+        return original(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recording)
+    engine = load_engine(starter_path, LoadOptions(n_ctx=512, embedding_only=True),
+                         name="gemma3:270m", family="gemma3").wait_ready()
+    try:
+        engine.embed([engine.embedding_tokens(TEXTS[0])])
+        real_engine.complete("Once upon a time", SamplingParams(max_tokens=2)).result()
+        real_engine.embed([real_engine.embedding_tokens(TEXTS[1])])
+        workers = {engine._thread.ident, real_engine._thread.ident}
+        assert len(decoded_on) == 1 and not decoded_on & workers
+    finally:
+        engine.close()
+
+
+def test_the_compute_thread_answers_in_the_callers_thread():
+    from localinfer.runtime.llama.decode import ComputeThread
+
+    def fail(message):
+        raise ValueError(message)
+
+    compute = ComputeThread()
+    assert compute.call(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(ValueError, match="bad input"):
+        compute.call(fail, "bad input")
+    ran_on = {compute.call(threading.get_ident) for _ in range(3)}
+    nested = compute.call(lambda: compute.call(threading.get_ident))  # no deadlock
+    assert ran_on == {nested} and threading.get_ident() not in ran_on

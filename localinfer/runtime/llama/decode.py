@@ -7,7 +7,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp as L
@@ -66,6 +68,55 @@ def _tensor_name_reader() -> Any:
     return fn
 
 
+class ComputeThread:
+    """The one thread that runs every llama.cpp decode of the process's models with layers on
+    the CPU. llama.cpp's CPU threads are OpenMP's, and libgomp keeps a team of them for each
+    thread that calls into it; once the teams hold more threads than the machine has CPUs
+    (a daemon's chat engine and embedding engine each with one on 2 cores), it stops spinning
+    at the barriers between the graph's nodes and sleeps there instead: hundreds of context
+    switches a step, and a decode step of the starter 1.4-1.7x slower than with one team
+    (docs/benchmarks.md). Engines take turns on the cores anyway (turns.py), so running their
+    decodes on one thread costs them nothing but a hand-over of ~20 us."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], list[Any],
+                                             threading.Lock]] = queue.SimpleQueue()
+        self._start = threading.Lock()
+        self._ident: int | None = None
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the compute thread; its result, or its exception raised here."""
+        if threading.get_ident() == self._ident:
+            return fn(*args)
+        with self._start:
+            if self._ident is None:
+                thread = threading.Thread(target=self._run, name="localinfer-compute",
+                                          daemon=True)
+                thread.start()
+                self._ident = thread.ident
+        done = threading.Lock()
+        done.acquire()
+        box: list[Any] = [None, None]
+        self._calls.put((fn, args, box, done))
+        done.acquire()  # released by the compute thread once fn has returned or raised
+        if box[1] is not None:
+            raise box[1]
+        return box[0]
+
+    def _run(self) -> None:
+        while True:
+            fn, args, box, done = self._calls.get()
+            try:
+                box[0] = fn(*args)
+            except BaseException as exc:  # raised again in the caller's thread
+                box[1] = exc
+            finally:
+                done.release()
+
+
+CPU_COMPUTE = ComputeThread()
+
+
 class HiddenStatesOnly:
     """ggml's eval callback for a generative model's embedding context: the graph stops once
     the last hidden states are computed, so the output layer (n_vocab x n_embd per token:
@@ -104,13 +155,19 @@ class Decoding(LlamaHandles):
     _interrupt_flag: Any
     _abort_callback: Any
     _hidden_only: HiddenStatesOnly | None
+    _on_cpu: bool
+    """Whether the model has layers on the CPU: its decodes then run on CPU_COMPUTE."""
+
+    def _compute(self, ctx: Any, batch: Any) -> int:
+        if self._on_cpu:
+            return int(CPU_COMPUTE.call(L.llama_decode, ctx, batch))
+        return int(L.llama_decode(ctx, batch))
 
     def warm_up(self) -> None:
         """Decode one token and forget it, as llama.cpp's own tools do: the first decode
         pages the weights in and builds the compute graph, which would otherwise land on
-        the first request's time to first token. Called on the engine's worker thread: all
-        compute must happen on one thread, or llama.cpp's OpenMP threads slow down by a
-        third (libgomp stops spinning once it manages more threads than there are CPUs)."""
+        the first request's time to first token. Called on the engine's worker thread (the
+        decode itself runs on CPU_COMPUTE for a model with layers on the CPU)."""
         bos = L.llama_vocab_bos(self._vocab)
         if self.embedding_only:
             self.embed([[bos if bos >= 0 else 0]])
@@ -155,7 +212,7 @@ class Decoding(LlamaHandles):
             nseq[i] = 1
             seq[i][0] = seq_ids[i]
             logits[i] = outputs[i]
-        rc = L.llama_decode(self._ctx, batch)
+        rc = self._compute(self._ctx, batch)
         if rc == 2 and self._interrupt_flag[0] != b"\0":
             raise StepInterrupted("the step was interrupted")
         if rc != 0:
@@ -237,7 +294,7 @@ class Decoding(LlamaHandles):
             if self._hidden_only is not None:
                 self._hidden_only.stopped = False
             try:
-                rc = L.llama_decode(ctx, batch)
+                rc = self._compute(ctx, batch)
                 if rc == 2 and self._interrupt_flag[0] != b"\0":
                     raise StepInterrupted("the embedding was interrupted")
                 if rc != 0:
