@@ -6,9 +6,9 @@ in a batch, truncation, and what is refused."""
 from __future__ import annotations
 
 import base64
-import threading
 import math
 import struct
+import threading
 
 import ollama
 import openai
