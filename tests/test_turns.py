@@ -315,3 +315,18 @@ def test_two_real_engines_take_turns_and_a_chat_interrupts_their_embeddings(star
                 break
     assert interrupted, "no chat ever interrupted the embeddings"
     assert overlap.most == 1
+
+
+def test_models_with_layers_or_experts_on_the_cpu_take_turns():
+    """A model wholly on a GPU takes no turns; one with layers on the CPU does, and so does
+    one whose layers are all on the GPU but whose experts stay in RAM (``n_cpu_moe``): its
+    decodes run on the CPU's cores like any CPU model's."""
+    from dataclasses import replace
+
+    from localinfer.loading import cpu_turns
+
+    backend = FakeBackend(name="fake:moe")
+    n = backend.info.n_layers
+    for gpu_layers, cpu_moe, takes_turns in ((n, 0, False), (n - 1, 0, True), (n, 2, True)):
+        backend.info = replace(backend.info, n_gpu_layers=gpu_layers, n_cpu_moe=cpu_moe)
+        assert (cpu_turns(backend) is not None) == takes_turns
