@@ -206,7 +206,8 @@ def test_every_cpu_models_decodes_run_on_one_thread(starter_path, real_engine, m
     """A daemon's chat and embedding engines each have a worker thread; llama.cpp's OpenMP
     keeps a team of threads for every thread that decodes, and once the teams outnumber the
     cores it sleeps at each of a step's barriers (1.4-1.7x slower steps on 2 cores). So the
-    decodes of every model with layers on the CPU run on one thread (decode.CPU_COMPUTE)."""
+    decodes of every model with layers or experts on the CPU run on one thread
+    (decode.CPU_COMPUTE)."""
     import llama_cpp
 
     decoded_on = set()

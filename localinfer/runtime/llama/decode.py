@@ -69,14 +69,15 @@ def _tensor_name_reader() -> Any:
 
 
 class ComputeThread:
-    """The one thread that runs every llama.cpp decode of the process's models with layers on
-    the CPU. llama.cpp's CPU threads are OpenMP's, and libgomp keeps a team of them for each
-    thread that calls into it; once the teams hold more threads than the machine has CPUs
-    (a daemon's chat engine and embedding engine each with one on 2 cores), it stops spinning
-    at the barriers between the graph's nodes and sleeps there instead: hundreds of context
-    switches a step, and a decode step of the starter 1.4-1.7x slower than with one team
-    (docs/benchmarks.md). Engines take turns on the cores anyway (turns.py), so running their
-    decodes on one thread costs them nothing but a hand-over of ~20 us."""
+    """The one thread that runs every llama.cpp decode of the process's models with layers
+    or experts on the CPU. llama.cpp's CPU threads are OpenMP's, and libgomp keeps a team of
+    them for each thread that calls into it; once the teams hold more threads than the
+    machine has CPUs (a daemon's chat engine and embedding engine each with one on 2 cores),
+    it stops spinning at the barriers between the graph's nodes and sleeps there instead:
+    hundreds of context switches a step, and a decode step of the starter 1.4-1.7x slower
+    than with one team (docs/benchmarks.md). Engines take turns on the cores anyway
+    (turns.py), so running their decodes on one thread costs them nothing but a hand-over
+    of ~20 us."""
 
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], list[Any],
@@ -156,7 +157,8 @@ class Decoding(LlamaHandles):
     _abort_callback: Any
     _hidden_only: HiddenStatesOnly | None
     _on_cpu: bool
-    """Whether the model has layers on the CPU: its decodes then run on CPU_COMPUTE."""
+    """Whether the model has layers or experts on the CPU: its decodes then run on
+    CPU_COMPUTE."""
 
     def _compute(self, ctx: Any, batch: Any) -> int:
         if self._on_cpu:
