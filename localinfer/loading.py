@@ -203,8 +203,7 @@ def cpu_turns(backend: Backend) -> Turns | None:
     """The process's turns on the CPU cores (runtime/turns.py) for a model with layers or
     experts (``n_cpu_moe``) on the CPU; None for one wholly on a GPU, whose decodes take a
     core only to wait."""
-    info = backend.info
-    return TURNS if info.n_gpu_layers < info.n_layers or info.n_cpu_moe > 0 else None
+    return TURNS if backend.info.computes_on_cpu else None
 
 
 def with_batches(options: LoadOptions, header: gguf.GGUFHeader, name: str) -> LoadOptions:

@@ -104,6 +104,13 @@ class ModelInfo:
     """Layers whose expert tensors were kept in RAM (LoadOptions.n_cpu_moe)."""
 
     @property
+    def computes_on_cpu(self) -> bool:
+        """Whether layers, or a mixture's experts (``n_cpu_moe``), run on the CPU's cores:
+        such models take turns on them (runtime/turns.py) and decode on one thread
+        (llama/decode.py's CPU_COMPUTE)."""
+        return self.n_gpu_layers < self.n_layers or self.n_cpu_moe > 0
+
+    @property
     def gpu_bytes(self) -> int:
         """What llama.cpp allocated on GPUs (0 when it did not say, or on none)."""
         return sum(size for device, _, size in self.buffers

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import LocalInferError, StepInterrupted
 from ...gguf import GGUFHeader
+from ..types import ModelInfo
 from .native import LlamaHandles, _llama_said, _set
 
 EMBED_SEQS = 32
@@ -89,12 +90,13 @@ class ComputeThread:
         """``fn(*args)`` on the compute thread; its result, or its exception raised here."""
         if threading.get_ident() == self._ident:
             return fn(*args)
-        with self._start:
-            if self._ident is None:
-                thread = threading.Thread(target=self._run, name="localinfer-compute",
-                                          daemon=True)
-                thread.start()
-                self._ident = thread.ident
+        if self._ident is None:  # started by the first call: none where nothing decodes
+            with self._start:
+                if self._ident is None:
+                    thread = threading.Thread(target=self._run, name="localinfer-compute",
+                                              daemon=True)
+                    thread.start()
+                    self._ident = thread.ident
         done = threading.Lock()
         done.acquire()
         box: list[Any] = [None, None]
@@ -156,12 +158,10 @@ class Decoding(LlamaHandles):
     _interrupt_flag: Any
     _abort_callback: Any
     _hidden_only: HiddenStatesOnly | None
-    _on_cpu: bool
-    """Whether the model has layers or experts on the CPU: its decodes then run on
-    CPU_COMPUTE."""
+    info: ModelInfo
 
     def _compute(self, ctx: Any, batch: Any) -> int:
-        if self._on_cpu:
+        if self.info.computes_on_cpu:
             return int(CPU_COMPUTE.call(L.llama_decode, ctx, batch))
         return int(L.llama_decode(ctx, batch))
 

@@ -156,8 +156,6 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         if options.rpc_servers:
             self._split = _worker_split(n_layers, options, self._rpc_arrays[2])
             offloaded = 0  # no local GPU takes layers (info.split says where they are)
-        # Layers or experts on the CPU: its decodes then run on CPU_COMPUTE.
-        self._on_cpu = offloaded < n_layers or options.n_cpu_moe > 0
         cpu_only = not offloaded and not options.rpc_servers and flash_attn == 0
         # The plan's physical batch, fewer rows for a window-heavy model read on the CPU
         # (LoadOptions.cpu_window_ubatch), whose chats then keep checkpoints.
