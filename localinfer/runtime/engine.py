@@ -51,6 +51,7 @@ from .slots import (
     Slot,
     bare_decode_rate,
     choose_drafts,
+    joins_step,
     preemption_victim,
     prompt_rows,
     reading_order,
@@ -667,6 +668,7 @@ class Engine:
         chunk_cap = prompt_rows(prefilling, bool(decoding), budget)
         prefilling = reading_order(prefilling, chunk_cap, decoding)
         chunks: list[tuple[Slot, int]] = []
+        first_tokens = False  # a prompt read to its end in this step, not in the background
         for slot in prefilling:
             start = len(slot.cached)
             target = slot.running.target
@@ -675,6 +677,9 @@ class Engine:
                 break
             n = slot.chunk_limit(start, n)  # it ends at a checkpoint or save planned there
             last = start + n == len(target)
+            if not joins_step(last, first_tokens, self.info.computes_on_cpu):
+                continue
+            first_tokens |= last and slot.running.priority < Priority.BACKGROUND
             tokens.extend(target[start : start + n])
             positions.extend(range(start, start + n))
             seq_ids.extend([slot.seq_id] * n)
