@@ -456,26 +456,31 @@ class CacheKeeper:
         return len(tokens)
 
     def compact(self, slots: list[Slot]) -> None:
-        """Keep the running sequences' ids consecutive. With a KV cache split by sequence,
-        llama.cpp computes consecutive sequences' rows in one graph and every other run of
-        them in a graph of its own (speculate.graph_rows), which reads every weight again:
-        four sequences in slots 0, 2, 4 and 6 decode 1.55x slower than in slots 0-3 (starter,
-        2-core AVX2). So a running sequence outside the block trades caches with an idle slot
-        inside it, choosing the block that copies the fewest cached tokens: a copy of each
-        (a few ms for a few thousand tokens), once, and the idle cache is kept."""
-        running = [s.seq_id for s in slots if s.req is not None]
-        k = len(running)
-        if k < 2 or running[-1] - running[0] + 1 == k:
+        """Keep the ids of the sequences that decode consecutive. With a KV cache split by
+        sequence, llama.cpp computes consecutive sequences' rows in one graph and every other
+        run of them in a graph of its own (speculate.graph_rows), which reads every weight
+        again: four sequences in slots 0, 2, 4 and 6 decode 1.55x slower than in slots 0-3
+        (starter, 2-core AVX2). A prompt still being read is not one of them: an editor's
+        cold file waiting while replies decode (slots.long_prompts_wait) sat between a chat
+        and three completions, and each 4-row step took two graphs (55-78 ms against 40-45).
+        So a decoding sequence outside the block trades caches with an idle slot or a prompt
+        being read inside it, choosing the block that copies the fewest cached tokens: a copy
+        of each (a few ms for a few thousand tokens), once, and the other cache is kept."""
+        def decodes(slot: Slot) -> bool:
+            return slot.req is not None and not slot.prefilling
+
+        stepping = [s.seq_id for s in slots if decodes(s)]
+        k = len(stepping)
+        if k < 2 or stepping[-1] - stepping[0] + 1 == k:
             return
 
         def copied(start: int) -> int:
             return sum(len(s.cached) for s in slots
-                       if (s.req is not None) != (start <= s.seq_id < start + k))
+                       if decodes(s) != (start <= s.seq_id < start + k))
 
         start = min(range(len(slots) - k + 1), key=copied)
-        outside = [s for s in slots
-                   if s.req is not None and not start <= s.seq_id < start + k]
-        holes = [s for s in slots if s.req is None and start <= s.seq_id < start + k]
+        outside = [s for s in slots if decodes(s) and not start <= s.seq_id < start + k]
+        holes = [s for s in slots if not decodes(s) and start <= s.seq_id < start + k]
         for slot, hole in zip(outside, holes, strict=True):
             try:
                 swapped = self.backend.seq_swap(slot.seq_id, hole.seq_id)
