@@ -133,7 +133,8 @@ class Backend(Protocol):
         ...
 
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        """The threads the next one-row steps and the next steps of several rows use."""
+        """The threads the next one-row steps and the next steps of several rows use, the
+        decodes that embed included."""
         ...
 
     def decode(

@@ -60,7 +60,7 @@ from .slots import (
 )
 from .speculate import DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
-from .threads import ThreadMemory, ThreadTuner
+from .threads import EMBED_GROUP, ThreadMemory, ThreadTuner
 from .tools import ToolFormat
 from .turns import Turns, in_turns, turn
 from .types import (
@@ -247,7 +247,7 @@ class Engine:
         if not inputs:
             raise InvalidRequest("there is nothing to embed: send at least one input.")
         started = time.perf_counter()
-        vectors = in_turns(self._turns, self, inputs, self.backend.embed, self._between_steps)
+        vectors = in_turns(self._turns, self, inputs, self._embed_step, self._between_steps)
         return Embeddings(vectors=vectors, prompt_tokens=sum(len(t) for t in inputs),
                           total_ms=(time.perf_counter() - started) * 1000.0)
 
@@ -256,10 +256,16 @@ class Engine:
         as (query, document) pairs several to a decode, between two generation steps."""
         inputs = self.prompt_builder.rank_inputs(query, documents)
         started = time.perf_counter()
-        scores = [v[0] for v in in_turns(self._turns, self, inputs, self.backend.embed,
+        scores = [v[0] for v in in_turns(self._turns, self, inputs, self._embed_step,
                                          self._between_steps)]
         return Ranking(scores=scores, prompt_tokens=sum(len(t) for t in inputs),
                        total_ms=(time.perf_counter() - started) * 1000.0)
+
+    def _embed_step(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One decode of ``inputs`` to embed or rank (on the worker), at the thread count the
+        tuner keeps for such steps at the machine's load (``threads.EMBED_GROUP``)."""
+        with self.thread_tuner.step(sum(len(t) for t in inputs), EMBED_GROUP):
+            return self.backend.embed(inputs)
 
     def _between_steps(self, fn: Callable[[], T]) -> T:
         future: Future[T] = Future()

@@ -96,6 +96,13 @@ def step_group(rows: int) -> str:
     return "65+ rows"
 
 
+EMBED_GROUP = "embeddings"
+"""The kind of step a decode of inputs to embed or rank is: compute-bound as a prompt chunk is,
+but at positions from 0 and without the output layer, so it learns its own count. With a core
+kept busy by another process a 117-token input took 510-760 ms at 2 threads of 2 against
+325-330 ms at 1 (starter, 2-core x86); idle 195-205 ms against 330."""
+
+
 def step_cost(rows: int, seconds: float) -> float:
     """A step's time made comparable across the row counts of one group. Up to 8 rows a step
     costs about the square root of its rows (an 8-row step ~2-3x a 1-row one on x86, as the
@@ -398,12 +405,13 @@ class ThreadTuner:
         return {group: p.n_threads for group, p in self.policies.items()}
 
     @contextmanager
-    def step(self, rows: int) -> Iterator[None]:
-        """Around one decode of ``rows`` tokens: set its thread count, time it."""
+    def step(self, rows: int, group: str | None = None) -> Iterator[None]:
+        """Around one decode of ``rows`` tokens: set its thread count, time it. ``group``:
+        its kind where it is not a generation step's (``EMBED_GROUP``), else by its rows."""
         if not self.max_threads:
             yield
             return
-        policy = self.policies.get(group := step_group(rows))
+        policy = self.policies.get(group := group or step_group(rows))
         if policy is None:
             policy = self.policies[group] = ThreadPolicy(self.max_threads,
                                                           self._start_count(group))

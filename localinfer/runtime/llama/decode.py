@@ -197,8 +197,12 @@ class Decoding(LlamaHandles):
         return max(0, int(L.llama_memory_seq_pos_max(self._mem, seq_id)) + 1)
 
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        # Two fields of the context, read by the next llama_decode: cheap between steps.
+        # Two fields of each context, read by its next llama_decode: cheap between steps. The
+        # embedding context (made later, with the counts set last) follows the same counts.
+        self._threads = (n_threads, n_threads_batch)
         L.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
+        if self._embed_ctx is not None and self._embed_ctx != self._ctx:
+            L.llama_set_n_threads(self._embed_ctx, n_threads, n_threads_batch)
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int],
                outputs: Sequence[bool]) -> None:
