@@ -232,10 +232,11 @@ def test_the_engine_follows_a_busy_core_and_back(busy_engine):
 
 
 def test_embeddings_run_at_the_count_the_load_leaves(busy_engine):
-    """A decode that embeds is a step of its own kind for the tuner: with a core kept busy it
-    starts at the core that is left (a 117-token input took 510-760 ms at 2 threads of 2
-    against 325-330 ms at 1 on a 2-core CPU), where it used to run at the count the model
-    loaded with whatever the load."""
+    """A decode that embeds is a step of its own kind for the tuner, and a request to embed
+    that comes to an idle engine starts from the cores the load leaves now: with a core kept
+    busy, the one left (a 117-token input took 510-760 ms at 2 threads of 2 against 325-330
+    ms at 1 on a 2-core CPU), and both once it has gone. It used to run at the count the
+    model loaded with, whatever the load."""
     from localinfer.runtime.threads import EMBED_GROUP
 
     engine, backend, cpu = busy_engine
@@ -245,6 +246,11 @@ def test_embeddings_run_at_the_count_the_load_leaves(busy_engine):
     assert len(vectors) == 1
     assert engine.thread_tuner.threads == {EMBED_GROUP: 1}
     assert backend.threads[1] == 1
+    cpu.busy_cores = 0  # the load leaves: the next request starts from both cores
+    time.sleep(0.15)
+    engine.embed([engine.embedding_tokens("def g(y): return y")])
+    assert engine.thread_tuner.threads == {EMBED_GROUP: 2}
+    assert backend.threads[1] == 2
 
 
 def test_without_a_cost_model_the_engine_sets_no_threads(fake_engine):
