@@ -372,29 +372,38 @@ def test_a_short_prompt_is_not_kept_behind_a_long_one_of_its_own_priority():
         engine.close()
 
 
+def a_reply_decoding_then_a_cold_file(engine, backend, max_tokens: int):
+    """On a gated engine: an editor's completion of ``max_tokens`` whose prompt the step
+    released reads, decoding, then another editor's file to read cold, submitted. Both
+    generations."""
+    from localinfer.runtime.slots import LONG_PROMPT
+
+    cold = engine.infill_tokens(PREFIX * 8, SUFFIX, prompt="r")
+    assert len(cold) > LONG_PROMPT
+    typing = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="x"),
+                           SamplingParams(max_tokens=max_tokens, supersede="one"),
+                           priority=Priority.INTERACTIVE)
+    backend.release()  # its prompt, whole: it decodes from the next step on
+    deadline = time.monotonic() + 30
+    while typing.request.n_generated < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    opened = engine.submit(cold, SamplingParams(max_tokens=1, supersede="two"),
+                           priority=Priority.INTERACTIVE)
+    return typing, opened
+
+
 def test_a_long_prompt_waits_while_an_autocomplete_reply_decodes():
     """An editor's file read cold is not read beside another editor's completion, which its
     editor shows whole, so that each step's length is that user's wait (a chunk of the file
     made those steps 3-5 times longer on a 2-core CPU): the reply's steps decode alone, and the
     file is read once it is done. A short prompt (a keystroke's) still reads beside it."""
     from localinfer.runtime.engine import Engine
-    from localinfer.runtime.slots import LONG_PROMPT
     from tui_util import GatedBackend
 
     backend = GatedBackend(fim=True, reply="a b c d e f g h", n_slots=3, n_batch=256)
     engine = Engine(backend)
     try:
-        cold = engine.infill_tokens(PREFIX * 8, SUFFIX, prompt="r")
-        assert len(cold) > LONG_PROMPT
-        typing = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="x"),
-                               SamplingParams(max_tokens=6, supersede="one"),
-                               priority=Priority.INTERACTIVE)
-        backend.release()  # its prompt, whole: it decodes from the next step on
-        deadline = time.monotonic() + 30
-        while typing.request.n_generated < 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        opened = engine.submit(cold, SamplingParams(max_tokens=1, supersede="two"),
-                               priority=Priority.INTERACTIVE)
+        typing, opened = a_reply_decoding_then_a_cold_file(engine, backend, max_tokens=6)
         keystroke = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="y"),
                                   SamplingParams(max_tokens=1, supersede="three"),
                                   priority=Priority.INTERACTIVE)
@@ -413,23 +422,12 @@ def test_a_prompt_waiting_between_decoding_sequences_is_moved_out_of_their_way()
     consecutive sequences together (a chat and three completions: 55-78 ms a step against
     40-45 in one graph, 2-core CPU). The chat's sequence trades places with the waiting one."""
     from localinfer.runtime.engine import Engine
-    from localinfer.runtime.slots import LONG_PROMPT
     from tui_util import GatedBackend
 
     backend = GatedBackend(fim=True, reply="a b c d e f g h", n_slots=3, n_batch=256)
     engine = Engine(backend)
     try:
-        cold = engine.infill_tokens(PREFIX * 8, SUFFIX, prompt="r")
-        assert len(cold) > LONG_PROMPT
-        typing = engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="x"),
-                               SamplingParams(max_tokens=8, supersede="one"),
-                               priority=Priority.INTERACTIVE)
-        backend.release()  # its prompt, whole: it decodes from the next step on
-        deadline = time.monotonic() + 30
-        while typing.request.n_generated < 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        opened = engine.submit(cold, SamplingParams(max_tokens=1, supersede="two"),
-                               priority=Priority.INTERACTIVE)
+        typing, opened = a_reply_decoding_then_a_cold_file(engine, backend, max_tokens=8)
         chat = engine.submit(engine.prompt_tokens("What does it return?"),
                              SamplingParams(max_tokens=8))
         n_steps = len(backend.splits)
