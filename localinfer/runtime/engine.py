@@ -51,16 +51,14 @@ from .slots import (
     Slot,
     bare_decode_rate,
     choose_drafts,
-    joins_step,
     preemption_victim,
-    prompt_rows,
-    reading_order,
+    prompt_chunks,
     reads_quickly,
     step_yields,
 )
 from .speculate import DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
-from .threads import EMBED_GROUP, ThreadMemory, ThreadTuner
+from .threads import ThreadMemory, ThreadTuner
 from .tools import ToolFormat
 from .turns import Turns, in_turns, turn
 from .types import (
@@ -262,14 +260,9 @@ class Engine:
                        total_ms=(time.perf_counter() - started) * 1000.0)
 
     def _embed_step(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
-        """One decode of ``inputs`` to embed or rank (on the worker), at the thread count the
-        tuner keeps for such steps at the machine's load (``threads.EMBED_GROUP``). With no
-        request generating it starts from the cores other processes hold now, as a request
-        that comes to an idle engine does (``ThreadTuner.admit``): a window of steps at the
-        count of a load that has left took 1.6-1.8x as long (2-core x86)."""
-        if not self._active():
-            self.thread_tuner.admit()
-        with self.thread_tuner.step(sum(len(t) for t in inputs), EMBED_GROUP):
+        """One decode of ``inputs`` to embed or rank, on the worker, at the thread count the
+        tuner keeps for it (``ThreadTuner.embedding``)."""
+        with self.thread_tuner.embedding(sum(len(t) for t in inputs), idle=not self._active()):
             return self.backend.embed(inputs)
 
     def _between_steps(self, fn: Callable[[], T]) -> T:
@@ -675,30 +668,16 @@ class Engine:
             outputs.extend([True] * n)
             budget -= n
 
-        prefilling = [s for s in active if s.prefilling]
-        chunk_cap = prompt_rows(prefilling, bool(decoding), budget)
-        prefilling = reading_order(prefilling, chunk_cap, decoding)
-        chunks: list[tuple[Slot, int]] = []
-        first_tokens = False  # a prompt read to its end in this step, not in the background
-        for slot in prefilling:
+        chunks = prompt_chunks([s for s in active if s.prefilling], budget, decoding,
+                               on_cpu=self.info.computes_on_cpu)
+        for slot, n in chunks:
             start = len(slot.cached)
             target = slot.running.target
-            n = min(len(target) - start, budget, chunk_cap)
-            if n <= 0:
-                break
-            n = slot.chunk_limit(start, n)  # it ends at a checkpoint or save planned there
-            last = start + n == len(target)
-            if not joins_step(last, first_tokens, self.info.computes_on_cpu):
-                continue
-            first_tokens |= last and slot.running.priority < Priority.BACKGROUND
             tokens.extend(target[start : start + n])
             positions.extend(range(start, start + n))
             seq_ids.extend([slot.seq_id] * n)
-            outputs.extend([False] * (n - 1) + [last])
+            outputs.extend([False] * (n - 1) + [start + n == len(target)])
             slot.batch_index = len(tokens) - 1
-            chunks.append((slot, n))
-            budget -= n
-            chunk_cap -= n
 
         # Hand over the previous step's events now: the consumers' threads then run while
         # llama_decode computes (it releases the GIL), not while this thread needs it.

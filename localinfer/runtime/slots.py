@@ -180,6 +180,31 @@ def joins_step(finishes: bool, first_tokens: bool, on_cpu: bool) -> bool:
     return finishes or not first_tokens or not on_cpu
 
 
+def prompt_chunks(prefilling: list[Slot], budget: int, decoding: Sequence[Slot], *,
+                  on_cpu: bool) -> list[tuple[Slot, int]]:
+    """The prompt tokens a step reads beside ``decoding`` within ``budget`` rows: (slot,
+    tokens from its cache's end) in ``reading_order``, at most ``prompt_rows`` in all, each
+    chunk ending at a checkpoint or save planned in it, and only those ``joins_step`` lets
+    in."""
+    cap = prompt_rows(prefilling, bool(decoding), budget)
+    chunks: list[tuple[Slot, int]] = []
+    first_tokens = False  # a prompt read to its end in this step, not in the background
+    for slot in reading_order(prefilling, cap, decoding):
+        start = len(slot.cached)
+        left = len(slot.running.target) - start
+        n = min(left, budget, cap)
+        if n <= 0:
+            break
+        n = slot.chunk_limit(start, n)
+        if not joins_step(n == left, first_tokens, on_cpu):
+            continue
+        first_tokens |= n == left and slot.running.priority < Priority.BACKGROUND
+        chunks.append((slot, n))
+        budget -= n
+        cap -= n
+    return chunks
+
+
 def step_yields(in_step: list[Request], prompt_rows: int, request: Request,
                 quick: Callable[[], bool]) -> bool:
     """Whether the step in flight, which reads ``prompt_rows`` prompt tokens for the requests
