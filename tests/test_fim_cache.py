@@ -134,8 +134,9 @@ def test_a_keystroke_at_a_line_start_keeps_the_prefix_for_the_next(fake_engine):
 
 def test_a_superseded_prompt_read_is_not_interrupted():
     """An editor's next keystroke cancels the request before it (its client leaves too):
-    a step reading that request's prompt runs to its end, as the next keystroke's prompt
-    starts with those tokens; a step of its reply is stopped."""
+    a step reading that request's prompt from before its cursor (its file read cold) runs to
+    its end, as the next keystroke's prompt starts with those tokens; a step of its reply is
+    stopped."""
     from localinfer.runtime.engine import Engine
     from tui_util import GatedBackend
 
@@ -171,6 +172,50 @@ def test_a_superseded_prompt_read_is_not_interrupted():
         assert interrupts == [True]
         backend.open()
         assert second.result().finish_reason == "cancelled"
+    finally:
+        backend.open()
+        engine.close()
+
+
+def test_a_superseded_read_past_the_cursor_is_interrupted():
+    """The next keystroke's request cancels one whose step reads only what follows the
+    cursor (the text typed there, the suffix): the next keystroke changes all of it, so
+    that step stops instead of holding the new request back (~0.3 s for a 258-token read on
+    a 2-core CPU); the new one reads from the checkpoint where the typed text begins."""
+    from localinfer.runtime.engine import Engine
+    from tui_util import GatedBackend
+
+    backend = GatedBackend(fim=True, reply="ok", n_slots=1, window=8)
+    interrupts = []
+    backend.interrupt = lambda: interrupts.append(True)  # type: ignore[method-assign]
+    engine = Engine(backend)
+    params = SamplingParams(max_tokens=3, temperature=0, supersede="editor-1")
+
+    def submit(typed):
+        return engine.submit(engine.infill_tokens(PREFIX, SUFFIX, prompt="    " + typed),
+                             params, priority=Priority.INTERACTIVE)
+
+    try:
+        backend.open()
+        assert submit("r").result().text == "ok"  # the file read cold, a checkpoint taken
+        while backend.gate.acquire(blocking=False):
+            pass
+        backend.gated = True
+        second = submit("r e")
+        deadline = time.monotonic() + 30
+        while True:
+            with engine._cv:
+                if engine._in_step == [second.request]:
+                    break
+            assert time.monotonic() < deadline, "the step never came"
+            time.sleep(0.005)
+        third = submit("r e s")  # the next keystroke: the second's read is all past the cursor
+        assert interrupts == [True]
+        backend.open()
+        assert second.result().finish_reason == "cancelled"
+        done = third.result()
+        assert done.text == "ok" and done.usage.cached_tokens == prefix_tokens(engine)
+        assert backend.restored == [prefix_tokens(engine)] * 2
     finally:
         backend.open()
         engine.close()

@@ -53,6 +53,7 @@ from .slots import (
     choose_drafts,
     preemption_victim,
     prompt_chunks,
+    read_for_next,
     reads_quickly,
     step_yields,
 )
@@ -126,6 +127,7 @@ class Engine:
         self._interrupted_total = 0
         self._in_step: list[Request] = []  # the decode in flight's requests (under _cv)
         self._in_step_prompt_rows = 0  # and its prompt rows: what an arrival may interrupt
+        self._in_step_kept = False  # whether it reads what a leaving client's successor shares
         self._last_decode_tps = 0.0
         self.thread_tuner = ThreadTuner(
             backend.adaptive_threads, backend.set_threads,
@@ -443,10 +445,10 @@ class Engine:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
                 generation._emit(done_event(request, "cancelled", time.perf_counter()))
-            # Nobody waits for the step in flight: stop it, unless it reads an autocomplete
-            # prompt, whose cache the next keystroke's request reads first.
+            # Nobody waits for the step in flight: stop it, unless it reads the part of an
+            # autocomplete prompt that the next keystroke's request reads first.
             if self._in_step and all(r.generation.cancelled for r in self._in_step) and \
-                    not any(r.params.supersede and not r.generated for r in self._in_step):
+                    not self._in_step_kept:
                 self.backend.interrupt()
             self._cv.notify()
 
@@ -690,7 +692,9 @@ class Engine:
             self.backend.clear_interrupt()
             self._in_step = [s.running for s in decoding] + [s.running for s, _ in chunks]
             self._in_step_prompt_rows = sum(n for _, n in chunks)
-            if self._in_step and all(r.generation.cancelled for r in self._in_step):
+            self._in_step_kept = any(read_for_next(s.running, len(s.cached)) for s, _ in chunks)
+            if self._in_step and all(r.generation.cancelled for r in self._in_step) and \
+                    not self._in_step_kept:
                 self.backend.interrupt()  # cancelled since the batch was built
         try:
             with self.thread_tuner.step(len(tokens)):
@@ -708,7 +712,7 @@ class Engine:
             return
         finally:
             with self._cv:
-                self._in_step, self._in_step_prompt_rows = [], 0
+                self._in_step, self._in_step_prompt_rows, self._in_step_kept = [], 0, False
         now = time.perf_counter()
         self._steps += 1
         for slot in decoding + [s for s, _ in chunks]:
