@@ -26,6 +26,18 @@ def prefix_tokens(engine):
     return len(engine.infill_tokens(PREFIX, "")) - 2  # less the suffix and middle tokens
 
 
+def until_in_step(engine, requests=None) -> bool:
+    """Wait (30 s at most) until a step is in flight, one of ``requests`` alone where given;
+    whether it came."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with engine._cv:
+            if engine._in_step if requests is None else engine._in_step == requests:
+                return True
+        time.sleep(0.005)
+    return False
+
+
 def test_a_sliding_window_cache_keeps_the_prefix_through_a_checkpoint(fake_engine):
     engine = fake_engine(fim=True, reply="ok", n_slots=2, window=8)
     done = keystrokes(engine)
@@ -202,13 +214,7 @@ def test_a_superseded_read_past_the_cursor_is_interrupted():
             pass
         backend.gated = True
         second = submit("r e")
-        deadline = time.monotonic() + 30
-        while True:
-            with engine._cv:
-                if engine._in_step == [second.request]:
-                    break
-            assert time.monotonic() < deadline, "the step never came"
-            time.sleep(0.005)
+        assert until_in_step(engine, [second.request]), "the step never came"
         third = submit("r e s")  # the next keystroke: the second's read is all past the cursor
         assert interrupts == [True]
         backend.open()
@@ -236,9 +242,7 @@ def test_the_shortest_autocomplete_prompt_is_read_first():
         assert len(long_prompt) > 4 * len(short_prompt)
         first = engine.submit(long_prompt, SamplingParams(max_tokens=2, supersede="editor-1"),
                               priority=Priority.INTERACTIVE)
-        deadline = time.monotonic() + 30
-        while not engine._in_step and time.monotonic() < deadline:
-            time.sleep(0.005)  # the long prompt's first chunk is in flight
+        until_in_step(engine)  # the long prompt's first chunk is in flight
         second = engine.submit(short_prompt, SamplingParams(max_tokens=2, supersede="editor-2"),
                                priority=Priority.INTERACTIVE)
         backend.open()
@@ -264,9 +268,7 @@ def test_a_short_chat_prompt_is_not_kept_behind_an_editors_cold_file():
         assert len(chat) <= 32 < len(long_prompt) // 4
         editor = engine.submit(long_prompt, SamplingParams(max_tokens=2, supersede="editor"),
                                priority=Priority.INTERACTIVE)
-        deadline = time.monotonic() + 30
-        while not engine._in_step and time.monotonic() < deadline:
-            time.sleep(0.005)  # the long prompt's first chunk is in flight
+        until_in_step(engine)  # the long prompt's first chunk is in flight
         question = engine.submit(chat, SamplingParams(max_tokens=2), priority=Priority.NORMAL)
         indexing = engine.submit(list(chat), SamplingParams(max_tokens=2),
                                  priority=Priority.BACKGROUND)
@@ -294,9 +296,7 @@ def test_a_short_prompt_takes_a_short_step_beside_long_ones():
         assert len(chat) < PREFILL_CHUNK_WHILE_DECODING and len(long_prompt) > 256
         first = engine.submit(engine.prompt_tokens("warm up"), SamplingParams(max_tokens=1),
                               priority=Priority.INTERACTIVE)
-        deadline = time.monotonic() + 30
-        while not engine._in_step and time.monotonic() < deadline:
-            time.sleep(0.005)  # its step is in flight: both below wait for the next one
+        until_in_step(engine)  # its step is in flight: both below wait for the next one
         editor = engine.submit(long_prompt, SamplingParams(max_tokens=2, supersede="editor"),
                                priority=Priority.INTERACTIVE)
         question = engine.submit(chat, SamplingParams(max_tokens=2), priority=Priority.NORMAL)
@@ -336,9 +336,7 @@ def test_a_keystrokes_prompt_is_read_to_its_end_without_part_of_a_cold_file():
         assert len(keystroke) + len(cold) > 2 * 64 and len(keystroke) < 64
         first = engine.submit(engine.prompt_tokens("warm up"), SamplingParams(max_tokens=1),
                               priority=Priority.INTERACTIVE)
-        deadline = time.monotonic() + 30
-        while not engine._in_step and time.monotonic() < deadline:
-            time.sleep(0.005)  # its step is in flight: both below wait for the next one
+        until_in_step(engine)  # its step is in flight: both below wait for the next one
         editors = [engine.submit(prompt, SamplingParams(max_tokens=2, supersede=f"editor-{i}"),
                                  priority=Priority.INTERACTIVE)
                    for i, prompt in enumerate((cold, keystroke))]
@@ -370,9 +368,7 @@ def test_a_whole_batch_of_prompts_yields_to_a_short_new_turn():
         editor = engine.submit(engine.infill_tokens(PREFIX * 3, SUFFIX, prompt="r"),
                                SamplingParams(max_tokens=2, supersede="editor"),
                                priority=Priority.INTERACTIVE)
-        deadline = time.monotonic() + 30
-        while engine._in_step != [editor.request] and time.monotonic() < deadline:
-            time.sleep(0.005)  # a whole batch of the file is in flight
+        until_in_step(engine, [editor.request])  # a whole batch of the file is in flight
         others = [engine.submit(engine.prompt_tokens("line " * 150), SamplingParams(
             max_tokens=1)), engine.submit(engine.prompt_tokens("Why?"), SamplingParams(
                 max_tokens=1), priority=Priority.BACKGROUND)]
@@ -402,9 +398,7 @@ def test_a_short_prompt_is_not_kept_behind_a_long_one_of_its_own_priority():
         assert len(short) <= 32 < len(long_prompt) // 4
         first = engine.submit(engine.prompt_tokens("warm up"), SamplingParams(max_tokens=2),
                               priority=Priority.INTERACTIVE)
-        deadline = time.monotonic() + 30
-        while not engine._in_step and time.monotonic() < deadline:
-            time.sleep(0.005)  # a step is in flight: both below wait for the next one
+        until_in_step(engine)  # a step is in flight: both below wait for the next one
         question = engine.submit(short, SamplingParams(max_tokens=2),
                                  priority=Priority.INTERACTIVE)
         document = engine.submit(long_prompt, SamplingParams(max_tokens=2),

@@ -447,10 +447,15 @@ class Engine:
                 generation._emit(done_event(request, "cancelled", time.perf_counter()))
             # Nobody waits for the step in flight: stop it, unless it reads the part of an
             # autocomplete prompt that the next keystroke's request reads first.
-            if self._in_step and all(r.generation.cancelled for r in self._in_step) and \
-                    not self._in_step_kept:
+            if self._step_serves_nobody():
                 self.backend.interrupt()
             self._cv.notify()
+
+    def _step_serves_nobody(self) -> bool:
+        """Under ``_cv``: whether every client of the step in flight has left and it reads
+        nothing a leaving autocomplete client's next keystroke shares (``read_for_next``)."""
+        return bool(self._in_step) and not self._in_step_kept and all(
+            r.generation.cancelled for r in self._in_step)
 
     # --- the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -693,8 +698,7 @@ class Engine:
             self._in_step = [s.running for s in decoding] + [s.running for s, _ in chunks]
             self._in_step_prompt_rows = sum(n for _, n in chunks)
             self._in_step_kept = any(read_for_next(s.running, len(s.cached)) for s, _ in chunks)
-            if self._in_step and all(r.generation.cancelled for r in self._in_step) and \
-                    not self._in_step_kept:
+            if self._step_serves_nobody():
                 self.backend.interrupt()  # cancelled since the batch was built
         try:
             with self.thread_tuner.step(len(tokens)):
