@@ -310,6 +310,25 @@ def test_a_short_prompt_takes_a_short_step_beside_long_ones():
         engine.close()
 
 
+def test_an_editors_cold_file_is_read_in_steps_a_keystroke_need_not_wait_long_for(fake_engine):
+    """On the CPU an autocomplete prompt is read in steps of at most AUTOCOMPLETE_STEP_ROWS:
+    another editor's keystroke, as urgent, does not stop a step and waited for a whole
+    512-row batch of the file; a chat's long prompt is still read in whole batches."""
+    from localinfer.runtime.slots import AUTOCOMPLETE_STEP_ROWS
+
+    engine = fake_engine(fim=True, reply="ok", n_slots=2, n_batch=512, n_ctx=4096)
+    calls = engine.backend.decode_calls
+    cold = engine.infill_tokens(PREFIX * 6, SUFFIX, prompt="r")
+    assert len(cold) > 512
+    engine.submit(cold, SamplingParams(max_tokens=1, supersede="editor"),
+                  priority=Priority.INTERACTIVE).result()
+    assert max(calls) == AUTOCOMPLETE_STEP_ROWS < 512
+    calls.clear()
+    engine.submit(engine.prompt_tokens("line " * 600), SamplingParams(max_tokens=1),
+                  priority=Priority.INTERACTIVE).result()
+    assert max(calls) == 512
+
+
 def test_a_keystrokes_prompt_is_read_to_its_end_without_part_of_a_cold_file():
     """Two editors' prompts to read and nothing decoding: the step that reads a keystroke's
     prompt to its end reads no part of another editor's cold file beside it, which would hold
