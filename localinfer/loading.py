@@ -182,7 +182,8 @@ def load_engine(
         cache, threads = engine_files(config, path, isolated, name)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
                       chat_checkpoints=CHAT_CHECKPOINTS, prefix_cache=cache,
-                      thread_memory=threads, turns=cpu_turns(isolated))
+                      thread_memory=threads, turns=cpu_turns(isolated),
+                      workload=attention.workload_file(path) if config is not None else None)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     template = None
     if chat_template is not None:
@@ -196,7 +197,8 @@ def load_engine(
     cache, threads = engine_files(config, path, backend, name)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template,
-                  prefix_cache=cache, thread_memory=threads, turns=cpu_turns(backend))
+                  prefix_cache=cache, thread_memory=threads, turns=cpu_turns(backend),
+                  workload=attention.workload_file(path) if config is not None else None)
 
 
 def cpu_turns(backend: Backend) -> Turns | None:
@@ -356,7 +358,7 @@ def attention_for(path: str | Path, hardware: HardwareProfile, options: LoadOpti
     entry = attention.measured(hardware).get(attention.file_key(path))
     if entry is None:
         return None
-    return attention.choose(entry, rule=(False, rule_ubatch))
+    return attention.choose(entry, attention.workload_seen(path), rule=(False, rule_ubatch))
 
 
 def on_workers(options: LoadOptions, header: gguf.GGUFHeader, config: Config,

@@ -56,6 +56,11 @@ class Paths:
         """The thread counts learned per model (runtime/threads.py; ``hw --reset`` forgets)."""
         return self.cache_dir / "hardware" / "threads"
 
+    @property
+    def workload_dir(self) -> Path:
+        """What each model file was asked to do here (runtime/workload.py)."""
+        return self.cache_dir / "workload"
+
 
 def get_paths() -> Paths:
     """The directories for this process, read from the environment on every call."""

@@ -6,14 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from localinfer import gguf
 from localinfer.config import Config
 from localinfer.hardware import load_profile
 from localinfer.loading import options_for, with_batches
 from localinfer.planner import attention
-from localinfer.planner.attention import choose, file_key, forget, measured, record
+from localinfer.planner.attention import (
+    MIN_REQUESTS,
+    choose,
+    file_key,
+    forget,
+    measured,
+    record,
+)
+from localinfer.runtime.workload import Workload
 
 PROFILES = Path(__file__).parent / "profiles"
 
@@ -39,16 +45,58 @@ def test_the_set_up_that_reads_the_workload_fastest_wins():
     choice = choose(entry(), rule=(False, 256))
     assert choice is not None and (choice.flash_attn, choice.n_ubatch) == (True, 512)
     assert "flash attention on, 512-row batches: measured here" in choice.reason
-    assert "1.75x at 16,384" in choice.reason and "0.97x at 1,024" in choice.reason
+    assert "prefill at 16,384 tokens 1.75x" in choice.reason
+    assert "prefill at 1,024 tokens 0.97x" in choice.reason
+    assert "weighing one prompt of each length: no workload seen here yet" in choice.reason
 
 
 def test_the_workload_weighs_each_length_by_its_reading_time():
     # Only short prompts: the rule (flash attention 3% slower there).
-    choice = choose(entry(), {200: 1.0}, rule=(False, 256))
+    short = Workload(requests=50, prompts={256: 50 * 200})
+    choice = choose(entry(), short, rule=(False, 256))
     assert choice is not None and (choice.flash_attn, choice.n_ubatch) == (False, 256)
     # One long prompt in twenty takes more time than the nineteen short ones: flash attention.
-    choice = choose(entry(), {900: 0.95, 20000: 0.05}, rule=(False, 256))
+    mixed = Workload(requests=20, prompts={1024: 19 * 900, 32768: 20000})
+    choice = choose(entry(), mixed, rule=(False, 256))
     assert choice is not None and choice.flash_attn
+    assert "weighing the work of 20 requests here: reading prompts 100%" in choice.reason
+
+
+# As this 2-core CPU measured the starter: flash attention reads a fresh prompt a little faster
+# and generates faster, and reads a next turn after a history slower.
+KINDS = [{"flash_attn": fa, "n_ubatch": 512, "kind": kind, "tokens": n, "tps": tps}
+         for fa, kind, n, tps in [
+             (False, "prompt", 1024, 640.0), (True, "prompt", 1024, 680.0),
+             (False, "turn", 1200, 530.0), (True, "turn", 1200, 380.0),
+             (False, "decode", 1, 65.0), (True, "decode", 1, 71.0),
+             (False, "decode", 4, 101.0), (True, "decode", 4, 112.0)]]
+
+
+def test_the_work_seen_here_decides_between_turns_and_streams():
+    """A daemon that mostly answers next turns of long chats keeps flash attention off;
+    one that mostly generates several streams at once takes it; too little seen weighs one
+    prompt of each length."""
+    measurement = {"busy_share": 0.0, "rows": KINDS}
+    turns = Workload(requests=100, prompts={1024: 5000}, turns=100 * 60, decode={1: 1000})
+    choice = choose(measurement, turns, rule=(False, 512))
+    assert choice is not None and not choice.flash_attn
+    # The share of the time each kind took (with the rule's rates): 7.8, 11.3 and 15.4 s.
+    assert ("the work of 100 requests here: reading prompts 23%, next turns 33%, generating"
+            " 45% of the time") in choice.reason
+    streams = Workload(requests=100, prompts={1024: 5000}, turns=100 * 60,
+                       decode={1: 2000, 3: 9000, 4: 20000})
+    choice = choose(measurement, streams, rule=(False, 512))
+    assert choice is not None and choice.flash_attn
+    assert "a next turn after 1,200 0.72x" in choice.reason and "4 stream(s) 1.11x" in choice.reason
+    little = Workload(requests=MIN_REQUESTS - 1, turns=10**6)
+    choice = choose(measurement, little, rule=(False, 512))
+    assert choice is not None and choice.flash_attn  # the prompts alone: 1.06x
+    assert "no workload seen here yet" in choice.reason
+    # A measurement from before kinds were measured: its rows are prompts, its rate prefill.
+    old = {"busy_share": 0.0, "rows": rows({(False, 512): {1024: 640.0},
+                                            (True, 512): {1024: 500.0}})}
+    choice = choose(old, streams, rule=(False, 512))
+    assert choice is not None and not choice.flash_attn
 
 
 def test_noise_does_not_flip_the_rule():
@@ -112,17 +160,3 @@ def test_a_cpu_load_takes_the_measured_set_up(home, starter_path):
                                                                          16384: 280.0}}
     record(hw, starter_path, "gemma3:270m", rows(slow_fa), busy_share=0.0)
     assert load() == rule
-
-
-@pytest.mark.model
-def test_bench_prefill_records_what_loads_then_take(home, starter_path):
-    from localinfer.bench.prefill_bench import Setup, prefill_lengths
-    from localinfer.hardware import probe
-
-    result = prefill_lengths("gemma3:270m", Config(), lengths=(64, 200),
-                             setups=(Setup(False, 256), Setup(True, 512)))
-    assert {(r["flash_attn"], r["n_ubatch"], r["tokens"]) for r in result["rows"]} == {
-        (False, 256, 64), (False, 256, 200), (True, 512, 64), (True, 512, 200)}
-    entry = measured(probe(measure_bandwidth=False)).get(file_key(starter_path))
-    assert entry is not None and len(entry["rows"]) == 4
-    assert result["verdict"]  # which set-up loads take now, or why none

@@ -66,7 +66,14 @@ def test_bench_quick_json(starter_path):
 
 
 @pytest.mark.timeout(600)
-def test_bench_prefill_reads_each_length_fresh_with_each_setup(starter_path):
+def test_bench_prefill_reads_each_length_fresh_with_each_setup(home, starter_path):
+    """One real sweep (in a home of its own): each set-up's fresh prompts, next turn and
+    streams; the measurement recorded for loads; the sweep's own loads not counted as the
+    model's work."""
+    from localinfer.bench.prefill_bench import report
+    from localinfer.hardware import probe
+    from localinfer.planner import attention
+
     out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "gemma3:270m",
                           "--prefill", "--lengths", "64,300", "--json"],
                          capture_output=True, text=True, timeout=600, env={**os.environ})
@@ -75,10 +82,22 @@ def test_bench_prefill_reads_each_length_fresh_with_each_setup(starter_path):
     assert r["model"] == "gemma3:270m-q4_k_m" and r["trained_ctx"] == 32768
     setups = {(row["flash_attn"], row["n_ubatch"]) for row in r["rows"]}
     assert setups == {(False, 256), (False, 512), (True, 256), (True, 512)}
-    assert sorted(row["tokens"] for row in r["rows"]) == [64] * 4 + [300] * 4
+    prompts = [row for row in r["rows"] if row["kind"] == "prompt"]
+    assert sorted(row["tokens"] for row in prompts) == [64] * 4 + [300] * 4
     # Fresh: nothing of any prompt was in the cache before it.
     assert all(row["cached_tokens"] == 0 and row["prefill_tps"] > 0 and row["ttft_ms"] > 0
-               for row in r["rows"])
+               for row in prompts)
+    # And for each set-up a next turn after a history, and one stream and four generating.
+    assert sorted((row["kind"], row["tokens"]) for row in r["rows"] if row not in prompts) == \
+        [("decode", 1)] * 4 + [("decode", 4)] * 4 + [("turn", 1200)] * 4
+    assert all(attention.row_tps(row) > 0 for row in r["rows"])
+    entry = attention.measured(probe(measure_bandwidth=False)).get(
+        attention.file_key(starter_path))
+    assert entry is not None and len(entry["rows"]) == 20
+    assert r["verdict"]  # which set-up loads take now, or why none
+    assert not (home / "cache" / "workload").exists()
+    table = report(r)
+    assert "turn@1,200" in table and "4 stream(s)" in table and r["verdict"] in table
 
 
 def test_bench_prefill_refuses_bad_lengths():

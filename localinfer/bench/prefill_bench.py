@@ -15,6 +15,7 @@ The figures are the engine's own; ``bench/prefill_lengths.py`` puts them beside
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,8 +30,17 @@ from ..planner import Candidate, attention, physical_batch
 from ..runtime.engine import Engine
 from ..runtime.types import SamplingParams
 from ..store import ModelStore
-from .engine_bench import _PARAGRAPH, Progress
+from .engine_bench import _PARAGRAPH, STORY_PROMPTS, Progress, _streams
 
+TURN_HISTORY = 1200
+"""The history a measured next turn's ``attention.TURN_NEW`` tokens are read after (a chat of
+a few turns)."""
+STREAMS = (1, 4)
+"""Streams generating together, measured for each set-up."""
+STREAM_TOKENS = 32
+"""Tokens each stream generates."""
+REPEATS = 3
+"""Runs of each next turn and each number of streams, of which the median counts."""
 LENGTHS = (1024, 4096, 16384, 32000)
 """32,000 rather than 32,768: the prompt and the token it generates fit a 32k-trained model."""
 QUICK_LENGTHS = (1024, 4096)
@@ -69,42 +79,63 @@ def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = 
                        name=model.name)
     rows: list[dict[str, Any]] = []
     window = LoadWindow()  # other processes skew one set-up more than another
-    total = len(setups) * len(usable)
+    total = len(setups) * (len(usable) + 1)
+    work_ctx = TURN_HISTORY + (REPEATS + 1) * attention.TURN_NEW + STREAM_TOKENS
     done = 0
-    for setup in setups:
+
+    def load(setup: Setup, n_ctx: int, n_slots: int) -> Engine:
         # cpu_window_ubatch 0: the physical batch is n_ubatch whatever the model's layers.
-        options = replace(base, n_ctx=n_ctx, n_slots=1, flash_attn=setup.flash_attn,
-                          n_ubatch=setup.n_ubatch, cpu_window_ubatch=0,
-                          n_batch=max(base.n_batch, setup.n_ubatch))
-        engine = load_engine(model.path, options, name=model.name, family=model.family,
-                             header=header).wait_ready()
+        options = replace(base, flash_attn=setup.flash_attn, n_ubatch=setup.n_ubatch,
+                          cpu_window_ubatch=0, n_batch=max(base.n_batch, setup.n_ubatch),
+                          n_ctx=n_ctx, n_slots=n_slots)
+        return load_engine(model.path, options, name=model.name, family=model.family,
+                           header=header).wait_ready()
+
+    for setup in setups:
+        tag = {"flash_attn": setup.flash_attn, "n_ubatch": setup.n_ubatch}
+        engine = load(setup, n_ctx=n_ctx, n_slots=1)
         try:
             filler = engine.tokenize(_PARAGRAPH * 8)
             for n in usable:
                 done += 1
                 if progress is not None:
                     progress(f"{setup.label}, {n} tokens", done, total)
-                rows.append({"flash_attn": setup.flash_attn, "n_ubatch": setup.n_ubatch,
-                             **read_fresh(engine, filler, n)})
+                rows.append({**tag, "kind": "prompt", **read_fresh(engine, filler, n)})
         finally:
             engine.close()
-    load = window.finish()
+        done += 1
+        if trained < work_ctx:
+            continue
+        if progress is not None:
+            progress(f"{setup.label}, a next turn and {' and '.join(map(str, STREAMS))}"
+                     " streams", done, total)
+        # A load of its own: as many slots as streams, a context for the turn's history.
+        engine = load(setup, n_ctx=work_ctx, n_slots=max(STREAMS))
+        try:
+            rows.append({**tag, "kind": "turn", "tokens": TURN_HISTORY,
+                         "tps": next_turn(engine, filler)})
+            rows += [{**tag, "kind": "decode", "tokens": width, "tps": statistics.median(
+                _streams(engine, STORY_PROMPTS[:width], GENERATE)[0] for _ in range(REPEATS))}
+                for width in STREAMS]
+        finally:
+            engine.close()
+    load_seen = window.finish()
     choice = None
     if not base.n_gpu_layers and not base.rpc_servers:  # the CPU's set-ups: what loads use
-        attention.record(hardware, model.path, model.name, rows, busy_share=load.busy_share)
+        attention.record(hardware, model.path, model.name, rows, busy_share=load_seen.busy_share)
         rule = physical_batch(base.n_batch, Candidate.from_header(header, name=model.name),
                               cpu_only=True)
         choice = attention_for(model.path, hardware, base, rule)
     if choice is not None:
         verdict = f"loads of {model.name} on this CPU now take {choice.reason}"
-    elif load.busy_share > attention.BUSY_LIMIT:
-        verdict = (f"measured under load ({load.describe()}): kept, not used by loads; run it"
+    elif load_seen.busy_share > attention.BUSY_LIMIT:
+        verdict = (f"measured under load ({load_seen.describe()}): kept, not used by loads; run it"
                    " again on a quieter machine")
     else:
         verdict = "loads keep their default set-up (flash attention off on the CPU)"
     return {"model": model.name, "machine": hardware.cpu.model or "unknown CPU",
             "threads": base.n_threads or hardware.cpu.runtime_threads,
-            "trained_ctx": trained, "load": load.describe(), "verdict": verdict,
+            "trained_ctx": trained, "load": load_seen.describe(), "verdict": verdict,
             "rows": rows}
 
 
@@ -121,34 +152,59 @@ def read_fresh(engine: Engine, filler: list[int], n: int) -> dict[str, Any]:
             "cached_tokens": t.cached_tokens}
 
 
-def best_by_length(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """The fastest set-up at each length."""
-    best: dict[int, dict[str, Any]] = {}
+GENERATE = SamplingParams(temperature=0, max_tokens=STREAM_TOKENS, speculative=False)
+
+
+def next_turn(engine: Engine, filler: list[int], repeats: int = REPEATS) -> float:
+    """Tokens per second of a next turn: ``attention.TURN_NEW`` tokens read after a history of
+    ``TURN_HISTORY`` cached ones, each repeat one turn more (the median of ``repeats``)."""
+    engine.clear_cache()
+    head = engine.completion_tokens(f"Chat {time.monotonic_ns()}.")
+    prompt = (head + filler * (TURN_HISTORY // max(1, len(filler)) + 1))[:TURN_HISTORY]
+    once = SamplingParams(temperature=0, max_tokens=1, speculative=False)
+    engine.submit(prompt, once).result()
+    rates = []
+    for i in range(repeats):
+        prompt = prompt + filler[i * attention.TURN_NEW:(i + 1) * attention.TURN_NEW]
+        rates.append(engine.submit(prompt, once).result().timings.prefill_tps)
+    return statistics.median(rates)
+
+
+def best_by_length(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The fastest set-up for each kind and size of work."""
+    best: dict[tuple[str, int], dict[str, Any]] = {}
     for row in rows:
-        n = row["tokens"]
-        if n not in best or row["prefill_tps"] > best[n]["prefill_tps"]:
-            best[n] = row
+        key = (row["kind"], row["tokens"])
+        if key not in best or attention.row_tps(row) > attention.row_tps(best[key]):
+            best[key] = row
     return best
 
 
 def report(result: dict[str, Any]) -> str:
-    """A table: a row per set-up, a column per length (tok/s, TTFT), the best marked."""
+    """A table: a row per set-up; a column per prompt length (tok/s, TTFT s), then the next
+    turn (tok/s of its new tokens) and each number of streams (tok/s together); the best
+    marked."""
     rows = result["rows"]
-    lengths = sorted({r["tokens"] for r in rows})
+    columns = sorted({(r["kind"], r["tokens"]) for r in rows},
+                     key=lambda k: (("prompt", "turn", "decode").index(k[0]), k[1]))
+    heads = {"prompt": "{n:,}", "turn": "turn@{n:,}", "decode": "{n} stream(s)"}
     best = best_by_length(rows)
     lines = [f"{result['model']} on {result['machine']}, {result['threads']} threads:"
-             " prefill tok/s (TTFT s) of a fresh prompt, * the fastest at its length", "",
-             f"  {'set-up':<36}" + "".join(f"{n:>18,}" for n in lengths)]
+             " prefill tok/s (TTFT s) of a fresh prompt; tok/s of a next turn's"
+             f" {attention.TURN_NEW} tokens after a history; tok/s of streams generating"
+             " together; * the fastest", "",
+             f"  {'set-up':<36}" + "".join(f"{heads[k].format(n=n):>18}" for k, n in columns)]
     for setup in sorted({(r["flash_attn"], r["n_ubatch"]) for r in rows}):
         cells = []
-        for n in lengths:
+        for key in columns:
             row = next((r for r in rows if (r["flash_attn"], r["n_ubatch"]) == setup
-                        and r["tokens"] == n), None)
+                        and (r["kind"], r["tokens"]) == key), None)
             if row is None:
                 cells.append(f"{'-':>18}")
                 continue
-            mark = "*" if best[n] is row else " "
-            cells.append(f"{row['prefill_tps']:>9.0f} ({row['ttft_ms'] / 1000:5.1f}){mark}")
+            mark = "*" if best[key] is row else " "
+            ttft = f" ({row['ttft_ms'] / 1000:5.1f})" if key[0] == "prompt" else ""
+            cells.append(f"{attention.row_tps(row):>9.0f}{ttft}{mark}".rjust(18))
         lines.append(f"  {Setup(*setup).label:<36}" + "".join(cells))
     lines += ["", f"  {result['load']}: {result['verdict']}"]
     return "\n".join(lines)

@@ -138,9 +138,14 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["at"]))
         use = ("used by CPU loads" if entry["busy_share"] <= attention.BUSY_LIMIT else
                f"not used (others kept {entry['busy_share']:.0%} of the cores busy)")
-        lengths = sorted({int(r["tokens"]) for r in entry["rows"]})
-        print(f"{'ATTENTION':<10} {entry['model']}: prefill set-ups at"
-              f" {', '.join(f'{n:,}' for n in lengths)} tokens, {when}; {use}")
+        sizes = {kind: sorted({int(r["tokens"]) for r in entry["rows"]
+                               if attention.row_kind(r) == kind}) for kind in ("prompt", "turn",
+                                                                               "decode")}
+        more = [f", a next turn after {n:,}" for n in sizes["turn"]] + [
+            f", {n} stream{'s' if n > 1 else ''}" for n in sizes["decode"]]
+        print(f"{'ATTENTION':<10} {entry['model']}: set-ups measured at prompts of"
+              f" {', '.join(f'{n:,}' for n in sizes['prompt'])} tokens{''.join(more)}, {when};"
+              f" {use}")
     return 0
 
 
@@ -343,7 +348,8 @@ def _attention_notes(hw, shown, config: Config) -> list[str]:
         entry = measured.get(e.candidate.name)
         # The rule's batch at the default n_batch (512, as N_UBATCH).
         rule = (False, physical_batch(N_UBATCH, e.candidate, cpu_only=True))
-        choice = attention.choose(entry, rule=rule) if entry else None
+        choice = attention.choose(entry, attention.workload_seen(entry["path"]), rule=rule) \
+            if entry else None
         if choice is not None:
             notes.append(f"Attention for {e.candidate.name} on this CPU: {choice.reason}.")
         elif entry is not None:

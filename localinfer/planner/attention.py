@@ -5,16 +5,23 @@ On a CPU, flash attention computes attention in tiles instead of materialising e
 score matrix: it reads a long prompt faster and many streams cheaper, and on some CPUs reads a
 short message after a long history slower; the physical batch (``n_ubatch``, rows per graph)
 trades the window cache's size against the matrix kernels' efficiency. Which set-up is fastest
-depends on the CPU, the model and the length, so ``localinfer bench --prefill`` measures each
-(prefill_bench.py) and records the rates here, per machine (calibration.profile_key) and model
-file; ``hw --remeasure`` measures them again. A load on the CPU with flash attention left at
-``auto`` and an F16 cache then takes the set-up that reads the daemon's workload fastest:
-``choose`` adds up the seconds each set-up takes to read the workload's prompts, each counted
-at the nearest measured length (by default one prompt of each length, as a coding agent's
-16k-token requests and a chat's short turns both come): a few long prompts can outweigh many
-short ones, as they do in the time a person waits. Without a measurement the rule stays
-(flash attention off on the CPU: see runtime.llama.flash_attn_type), and ``plan`` says how to
-measure.
+depends on the CPU, the model and the work, so ``localinfer bench --prefill`` measures each
+(prefill_bench.py): fresh prompts of each length, a next turn's few tokens after a long
+history, and generation with one stream and with four. It records the rates here, per machine
+(calibration.profile_key) and model file; ``hw --remeasure`` measures them again.
+
+A load on the CPU with flash attention left at ``auto`` and an F16 cache then takes the set-up
+that does this model's work here fastest: its engines count what they read and generate
+(runtime/workload.py, kept across restarts), and ``choose`` adds up the seconds each set-up
+takes for that work, each prompt, turn or step counted at the nearest measured size. A daemon
+whose time goes to generating takes flash attention where it generates faster; one whose time
+goes to reading after a history (an editor's keystrokes with short completions) keeps it off
+where that reads slower. Until a
+model has served ``MIN_REQUESTS`` requests here the weights are one prompt of each measured
+length (a coding agent's 16k-token requests and a chat's short turns both come). The choice
+takes effect at the model's next load: flash attention changes the KV cache's layout. Without
+a measurement the rule stays (flash attention off on the CPU: see
+runtime.llama.flash_attn_type), and ``plan`` says how to measure.
 
 Measurements taken while other processes kept more than ``BUSY_LIMIT`` of the cores busy are
 kept, shown, and never used: a loaded machine skews one set-up more than another. The file is
@@ -35,6 +42,8 @@ from typing import Any
 
 from ..hardware.profile import HardwareProfile
 from ..paths import atomic_write_text, get_paths, read_json_object
+from ..runtime import workload
+from ..runtime.workload import Workload
 from .calibration import forget_machine, profile_key
 
 log = logging.getLogger(__name__)
@@ -43,6 +52,10 @@ FILE = "attention.json"
 BUSY_LIMIT = 0.25
 """The most of the machine's cores other processes may keep busy during a measurement that
 decides (a quarter: one core of 4; none of 2, where one busy core is half the machine)."""
+MIN_REQUESTS = 20
+"""A workload seen here of fewer requests weighs nothing (one prompt of each length does)."""
+TURN_NEW = 64
+"""The new tokens of the measured next turn (bench/prefill_bench.py)."""
 MIN_GAIN = 0.03
 """A set-up other than the rule's is taken only when it reads the workload at least this much
 faster: measurement noise must not flip the default."""
@@ -68,6 +81,18 @@ def file_key(path: str | Path) -> str:
     return hashlib.sha256(f"{p.name}|{size}".encode()).hexdigest()[:16]
 
 
+def workload_file(path: str | Path) -> Path:
+    """The file engines of the model file at ``path`` count its work in
+    (runtime/workload.py), which its next load's set-up weighs. Loads with the settings (the
+    daemon's, ``run``'s, the chat's) count; a measurement's own loads do not."""
+    return get_paths().workload_dir / f"{file_key(path)}.json"
+
+
+def workload_seen(path: str | Path) -> Workload | None:
+    """What engines of the model file at ``path`` have done here, or None."""
+    return workload.load(workload_file(path))
+
+
 def _path(cache_dir: Path | None) -> Path:
     return (cache_dir or get_paths().cache_dir) / "hardware" / FILE
 
@@ -75,7 +100,7 @@ def _path(cache_dir: Path | None) -> Path:
 def record(hw: HardwareProfile, model_path: str | Path, model_name: str,
            rows: Sequence[Mapping[str, Any]], *, busy_share: float,
            cache_dir: Path | None = None) -> None:
-    """Keep one sweep's rows (``flash_attn``, ``n_ubatch``, ``tokens``, ``prefill_tps``) for
+    """Keep one sweep's rows (``flash_attn``, ``n_ubatch``, ``kind``, ``tokens``, ``tps``) for
     this machine and model file, replacing the last; ``busy_share`` the share of the cores
     other processes kept busy meanwhile."""
     path = _path(cache_dir)
@@ -86,7 +111,8 @@ def record(hw: HardwareProfile, model_path: str | Path, model_name: str,
     machine[file_key(model_path)] = {
         "model": model_name, "path": str(model_path), "at": time.time(),
         "busy_share": round(busy_share, 3),
-        "rows": [{k: row[k] for k in ("flash_attn", "n_ubatch", "tokens", "prefill_tps")}
+        "rows": [{"flash_attn": row["flash_attn"], "n_ubatch": row["n_ubatch"],
+                  "kind": row_kind(row), "tokens": row["tokens"], "tps": row_tps(row)}
                  for row in rows]}
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
@@ -99,8 +125,8 @@ def measured(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, di
     out = {}
     for key, entry in machine.items():
         try:
-            rows = [(bool(r["flash_attn"]), int(r["n_ubatch"]), int(r["tokens"]),
-                     float(r["prefill_tps"])) for r in entry["rows"]]
+            rows = [(bool(r["flash_attn"]), int(r["n_ubatch"]), row_kind(r), int(r["tokens"]),
+                     row_tps(r)) for r in entry["rows"]]
             float(entry["busy_share"])
             str(entry["path"])
         except (KeyError, TypeError, ValueError):
@@ -116,41 +142,97 @@ def forget(hw: HardwareProfile, cache_dir: Path | None = None) -> bool:
     return forget_machine(_path(cache_dir), hw)
 
 
-def choose(entry: Mapping[str, Any], workload: Mapping[int, float] | None = None,
-           *, rule: tuple[bool, int]) -> AttentionChoice | None:
-    """The measured set-up that reads ``workload`` ({prompt tokens: share of requests},
-    default every measured length alike) in the least time, or None where the measurement
-    cannot decide (taken under load, or a set-up missing at some length). ``rule`` is the
-    set-up the load would take without a measurement: kept unless another is ``MIN_GAIN``
-    faster."""
-    if float(entry["busy_share"]) > BUSY_LIMIT:
-        return None
-    rates: dict[tuple[bool, int], dict[int, float]] = {}
+def _rates(entry: Mapping[str, Any]) -> dict[tuple[bool, int], dict[tuple[str, int], float]]:
+    """{set-up: {(kind, size): tokens per second}} of a measurement."""
+    rates: dict[tuple[bool, int], dict[tuple[str, int], float]] = {}
     for row in entry["rows"]:
         setup = (bool(row["flash_attn"]), int(row["n_ubatch"]))
-        rates.setdefault(setup, {})[int(row["tokens"])] = float(row["prefill_tps"])
-    lengths = sorted({n for by_length in rates.values() for n in by_length})
-    if not lengths or any(set(by_length) != set(lengths) for by_length in rates.values()):
+        rates.setdefault(setup, {})[(row_kind(row), int(row["tokens"]))] = row_tps(row)
+    return rates
+
+
+def _weights(keys: set[tuple[str, int]], seen: Workload | None) -> dict[tuple[str, int], float]:
+    """Tokens of each measured kind and size in ``seen``, each counted at the nearest size
+    measured; without enough of it, one prompt of each measured length."""
+    lengths = sorted(n for kind, n in keys if kind == "prompt")
+    if seen is None or seen.requests < MIN_REQUESTS:
+        return {("prompt", n): float(n) for n in lengths}
+    weights = dict.fromkeys(keys, 0.0)
+    for length, tokens in seen.prompts.items():
+        weights[("prompt", min(lengths, key=lambda n: abs(n - length)))] += tokens
+    turns = [n for kind, n in keys if kind == "turn"]
+    if turns:
+        weights[("turn", turns[0])] += seen.turns
+    widths = [n for kind, n in keys if kind == "decode"]
+    for width, tokens in seen.decode.items() if widths else ():
+        weights[("decode", min(widths, key=lambda n: abs(n - width)))] += tokens
+    return weights
+
+
+def choose(entry: Mapping[str, Any], seen: Workload | None = None,
+           *, rule: tuple[bool, int]) -> AttentionChoice | None:
+    """The measured set-up that does the work this model did here (``seen``, counted by its
+    engines: runtime/workload.py) in the least time, or None where the measurement cannot
+    decide (taken under load, or a set-up missing a measured kind or size). Without a
+    workload of ``MIN_REQUESTS`` requests, one prompt of each measured length. ``rule`` is
+    the set-up the load would take without a measurement: kept unless another is
+    ``MIN_GAIN`` faster."""
+    if float(entry["busy_share"]) > BUSY_LIMIT:
         return None
-    weights = dict.fromkeys(lengths, 1.0)
-    if workload:
-        weights = dict.fromkeys(lengths, 0.0)
-        for tokens, share in workload.items():  # each prompt counts at the nearest length
-            weights[min(lengths, key=lambda n: abs(n - tokens))] += share
-    seconds = {setup: sum(w * n / by_length[n] for n, w in weights.items())
-               for setup, by_length in rates.items()}
+    rates = _rates(entry)
+    keys = {key for by_key in rates.values() for key in by_key}
+    if not any(kind == "prompt" for kind, _ in keys) or any(
+            set(by_key) != keys for by_key in rates.values()):
+        return None
+    weights = _weights(keys, seen)
+    seconds = {setup: sum(w / by_key[key] for key, w in weights.items())
+               for setup, by_key in rates.items()}
     best = min(seconds, key=lambda s: seconds[s])
     if rule in seconds and seconds[rule] <= seconds[best] * (1 + MIN_GAIN):
         best = rule
     flash, ubatch = best
-    by_length = rates[best]
     baseline = rates.get(rule)
     if baseline is None or best == rule:
         versus = "the fastest measured"
     else:
-        gains = ", ".join(f"{by_length[n] / baseline[n]:.2f}x at {n:,}" for n in lengths)
-        versus = (f"prefill {gains} tokens against flash attention"
-                  f" {'on' if rule[0] else 'off'}, ubatch {rule[1]}")
+        gains = ", ".join(f"{_LABEL[kind].format(n=n)} {rates[best][kind, n] / old:.2f}x"
+                          for (kind, n), old in sorted(baseline.items(),
+                                                       key=lambda k: (_ORDER[k[0][0]], k[0][1])))
+        versus = f"{gains} against flash attention {'on' if rule[0] else 'off'}, ubatch {rule[1]}"
     reason = (f"flash attention {'on' if flash else 'off'}, {ubatch}-row batches: measured"
-              f" here ({versus}; `localinfer bench --prefill`)")
+              f" here ({versus}; {_basis(weights, rates.get(rule) or rates[best], seen)};"
+              " `localinfer bench --prefill`)")
     return AttentionChoice(flash, ubatch, reason)
+
+
+_ORDER = {"prompt": 0, "turn": 1, "decode": 2}
+_LABEL = {"prompt": "prefill at {n:,} tokens", "turn": "a next turn after {n:,}",
+          "decode": "{n} stream(s)"}
+
+
+def _basis(weights: Mapping[tuple[str, int], float],
+           rates: Mapping[tuple[str, int], float], seen: Workload | None) -> str:
+    """What the choice weighed: the work seen here, as shares of its time."""
+    if seen is None or seen.requests < MIN_REQUESTS:
+        return "weighing one prompt of each length: no workload seen here yet"
+    time = {kind: sum(w / rates[key] for key, w in weights.items() if key[0] == kind)
+            for kind in _ORDER}
+    total = sum(time.values()) or 1.0
+    return (f"weighing the work of {seen.requests:,} requests here: reading prompts"
+            f" {time['prompt'] / total:.0%}, next turns {time['turn'] / total:.0%},"
+            f" generating {time['decode'] / total:.0%} of the time")
+
+
+def row_kind(row: Mapping[str, Any]) -> str:
+    """A measured row's kind: ``prompt`` (a fresh prompt of ``tokens``), ``turn`` (a next
+    turn's ``TURN_NEW`` tokens after ``tokens`` cached) or ``decode`` (``tokens`` streams);
+    rows written before kinds were measured are prompts."""
+    kind = row.get("kind", "prompt")
+    if kind not in _ORDER:
+        raise ValueError(f"unknown kind {kind!r}")
+    return str(kind)
+
+
+def row_tps(row: Mapping[str, Any]) -> float:
+    """A measured row's rate: tokens read (or generated, all streams together) per second."""
+    return float(row["tps"] if "tps" in row else row["prefill_tps"])

@@ -75,6 +75,7 @@ from .types import (
     SamplingParams,
     Token,
 )
+from .workload import WorkloadCounter
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
         thread_memory: Path | None = None,
         turns: Turns | None = None,
+        workload: Path | None = None,
     ) -> None:
         self.backend = backend
         self.info: ModelInfo = backend.info
@@ -136,6 +138,7 @@ class Engine:
         ``thread_memory`` across processes (see threads.py)."""
         self.drafts = DraftPolicy()
         """Which drafts each step verifies, from the step costs it measures here."""
+        self.workload = WorkloadCounter(workload)  # what it reads and decodes (workload.py)
         self._jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         self._step_jobs: list[tuple[Callable[[], object], Future[Any]]] = []
         """Work for the worker between two steps, even while requests run (embeddings)."""
@@ -152,25 +155,13 @@ class Engine:
         self._thread.start()
 
     # --- submitting (any thread) --------------------------------------------------------
-    def chat(
-        self,
-        messages: Sequence[Message],
-        params: SamplingParams = DEFAULT_SAMPLING,
-        *,
-        priority: Priority = Priority.NORMAL,
-        sink: Sink | None = None,
-    ) -> Generation:
+    def chat(self, messages: Sequence[Message], params: SamplingParams = DEFAULT_SAMPLING, *,
+             priority: Priority = Priority.NORMAL, sink: Sink | None = None) -> Generation:
         """Generate the assistant's reply to ``messages`` with the model's chat template."""
         return self.submit(self.chat_tokens(messages), params, priority=priority, sink=sink)
 
-    def complete(
-        self,
-        prompt: str,
-        params: SamplingParams = DEFAULT_SAMPLING,
-        *,
-        priority: Priority = Priority.NORMAL,
-        sink: Sink | None = None,
-    ) -> Generation:
+    def complete(self, prompt: str, params: SamplingParams = DEFAULT_SAMPLING, *,
+                 priority: Priority = Priority.NORMAL, sink: Sink | None = None) -> Generation:
         """Continue ``prompt`` as raw text (no chat template)."""
         return self.submit(self.completion_tokens(prompt), params, priority=priority,
                            sink=sink)
@@ -404,6 +395,7 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+        self.workload.save()
         if self._turns is not None:
             self._turns.leave(self)
         self.backend.close()
@@ -603,6 +595,7 @@ class Engine:
             request.lookup = PromptLookup(request.prompt, self.drafts.acceptance)
         self._prompt_tokens_total += len(request.prompt)
         self._cached_tokens_total += n_keep
+        self.workload.read(len(request.prompt), n_keep)
 
     def _admit_followers(self, leader: Slot, first: Request, now: float) -> None:
         """The other completions of the prompt ``first`` has just read in ``leader``'s slot
@@ -719,6 +712,7 @@ class Engine:
                 self._in_step, self._in_step_prompt_rows, self._in_step_kept = [], 0, False
         now = time.perf_counter()
         self._steps += 1
+        self.workload.stepped(len(decoding))
         for slot in decoding + [s for s, _ in chunks]:
             slot.stepped_at = self._steps
         if not chunks:  # a step of decode rows alone: what drafting is weighed against
