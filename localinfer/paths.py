@@ -113,15 +113,18 @@ def read_json_object(path: Path) -> dict:
         return {}
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never a mix."""
+def atomic_write_text(path: Path, text: str, *, sync: bool = True) -> None:
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never a mix;
+    ``sync=False`` for counts a crash may lose, written where an fsync's wait would hold up
+    decoding."""
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -13,7 +13,7 @@ The ``Engine`` is that loop and its admission; it holds the collaborators that d
 a ``PromptBuilder`` (prompts.py) turns chats, completions and infills into tokens, a
 ``CacheKeeper`` (checkpoints.py) keeps what each slot's cache holds between requests, a
 ``DraftPolicy`` (speculate.py) picks what each step verifies and a ``ThreadTuner`` (threads.py)
-how many threads it takes.
+how many threads it takes; a ``WorkloadCounter`` (workload.py) counts its work for the next load.
 """
 
 from __future__ import annotations

@@ -144,7 +144,8 @@ class WorkloadCounter:
                 total.add(unsaved)
                 if total.requests >= DECAY_AT:
                     total = total.halved()
-                atomic_write_text(self.path, json.dumps(total.to_json(), indent=1) + "\n")
+                atomic_write_text(self.path, json.dumps(total.to_json(), indent=1) + "\n",
+                                  sync=False)  # on the engine's thread: no fsync's wait
         except OSError as exc:
             log.warning("cannot keep the workload counts in %s: %s", self.path, exc)
 
