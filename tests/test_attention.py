@@ -69,7 +69,7 @@ KINDS = [{"flash_attn": fa, "n_ubatch": 512, "kind": kind, "tokens": n, "tps": t
              (False, "prompt", 1024, 640.0), (True, "prompt", 1024, 680.0),
              (False, "turn", 1200, 530.0), (True, "turn", 1200, 380.0),
              (False, "decode", 1, 65.0), (True, "decode", 1, 71.0),
-             (False, "decode", 4, 101.0), (True, "decode", 4, 112.0)]]
+             (False, "decode", 4, 101.0), (True, "decode", 4, 125.0)]]
 
 
 def test_the_work_seen_here_decides_between_turns_and_streams():
@@ -87,10 +87,10 @@ def test_the_work_seen_here_decides_between_turns_and_streams():
                        decode={1: 2000, 3: 9000, 4: 20000})
     choice = choose(measurement, streams, rule=(False, 512))
     assert choice is not None and choice.flash_attn
-    assert "a next turn after 1,200 0.72x" in choice.reason and "4 stream(s) 1.11x" in choice.reason
+    assert "a next turn after 1,200 0.72x" in choice.reason and "4 stream(s) 1.24x" in choice.reason
     little = Workload(requests=MIN_REQUESTS - 1, turns=10**6)
     choice = choose(measurement, little, rule=(False, 512))
-    assert choice is not None and choice.flash_attn  # the prompts alone: 1.06x
+    assert choice is not None and not choice.flash_attn  # the prompts alone: 1.06x, noise
     assert "no workload seen here yet" in choice.reason
     # A measurement from before kinds were measured: its rows are prompts, its rate prefill.
     old = {"busy_share": 0.0, "rows": rows({(False, 512): {1024: 640.0},
@@ -101,7 +101,7 @@ def test_the_work_seen_here_decides_between_turns_and_streams():
 
 def test_noise_does_not_flip_the_rule():
     close = {(False, 256): {1024: 700.0, 16384: 200.0},
-             (True, 512): {1024: 700.0, 16384: 202.0}}  # 1% faster: within MIN_GAIN
+             (True, 512): {1024: 700.0, 16384: 215.0}}  # 7% faster: within MIN_GAIN
     choice = choose(entry(close), rule=(False, 256))
     assert choice is not None and (choice.flash_attn, choice.n_ubatch) == (False, 256)
 

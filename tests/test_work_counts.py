@@ -3,6 +3,7 @@ across processes; and the loads that weigh it (loading.options_for)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 
@@ -45,10 +46,22 @@ def test_counts_of_two_processes_add_up_and_old_work_fades(tmp_path):
     assert workload.load(path) == Workload(requests=2, prompts={128: 200}, decode={2: 2})
     second.save()  # nothing new: the file stays
     assert workload.load(path).requests == 2
-    # Every SAVE_EVERY requests the counts are added without waiting for the close.
+    # Every SAVE_EVERY requests the next step adds the counts without waiting for the close,
+    # and not while another process holds the file: they wait for the next step.
     for _ in range(SAVE_EVERY):
         first.read(100, 0)
-    assert workload.load(path).requests == 2 + SAVE_EVERY and first.unsaved.requests == 0
+    assert workload.load(path).requests == 2
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        first.stepped(1)
+    assert workload.load(path).requests == 2 and first.unsaved.requests == SAVE_EVERY
+    first.stepped(1)
+    assert workload.load(path).requests == 2 + SAVE_EVERY and first.unsaved == Workload()
+    assert workload.load(path).decode == {1: 2, 2: 2}
+    # Steps after the last save are kept at the close, requests or not.
+    first.stepped(3)
+    first.save()
+    assert workload.load(path).decode == {1: 2, 2: 2, 3: 3}
     # A file that has seen DECAY_AT requests is halved: the recent work weighs most.
     path.write_text(json.dumps(Workload(requests=DECAY_AT - 1, prompts={128: 1000}).to_json()))
     first.read(100, 0)
@@ -59,6 +72,8 @@ def test_counts_of_two_processes_add_up_and_old_work_fades(tmp_path):
 def test_a_damaged_file_is_started_again_with_a_warning(tmp_path, caplog):
     path = tmp_path / "w.json"
     for text in ("{not json", '{"requests": 1}', '[1, 2]',
+                 '{"requests": Infinity, "prompts": {}, "turns": 0, "decode": {}}',
+                 '{"requests": 1, "prompts": {"8": 1e999}, "turns": 0, "decode": {}}',
                  '{"requests": -5, "prompts": {}, "turns": 0, "decode": {}}',
                  '{"requests": 1, "prompts": {"0": 3}, "turns": 0, "decode": {}}'):
         path.write_text(text)

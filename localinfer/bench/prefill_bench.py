@@ -1,4 +1,5 @@
-"""``localinfer bench --prefill``: prompt reading at agent lengths, for each attention set-up.
+"""``localinfer bench --prefill``: prompt reading at agent lengths, a next turn and streams
+generating, for each attention set-up.
 
 Prefill is compute-bound and sets the time to the first token; a coding agent's every request
 repeats a 10k-30k-token system prompt and tool list. How fast a CPU reads one depends on
@@ -7,7 +8,10 @@ CPU it computes attention in tiles instead of materialising the whole score matr
 pays at long positions) and the physical batch (``n_ubatch``: rows computed per graph). So
 this measures them rather than assuming: each set-up loads the model once, with one slot and
 a context that holds the longest prompt, and reads a prompt of each length with its cache
-emptied first, timed by the engine from admission to the first token.
+emptied first, timed by the engine from admission to the first token. The same set-ups
+trade reading against generating (planner/attention.py weighs them by the work a daemon sees),
+so each is also loaded with four slots and a short context to read a next turn after a
+history and to generate with one stream and with four after it.
 
 The figures are the engine's own; ``bench/prefill_lengths.py`` puts them beside
 ``llama-bench -p`` and llama-server on the same file.
@@ -30,13 +34,13 @@ from ..planner import Candidate, attention, physical_batch
 from ..runtime.engine import Engine
 from ..runtime.types import SamplingParams
 from ..store import ModelStore
-from .engine_bench import _PARAGRAPH, STORY_PROMPTS, Progress, _streams
+from .engine_bench import _PARAGRAPH, Progress
 
 TURN_HISTORY = 1200
 """The history a measured next turn's ``attention.TURN_NEW`` tokens are read after (a chat of
 a few turns)."""
 STREAMS = (1, 4)
-"""Streams generating together, measured for each set-up."""
+"""Streams generating together after the next turns' history, measured for each set-up."""
 STREAM_TOKENS = 32
 """Tokens each stream generates."""
 REPEATS = 3
@@ -58,14 +62,31 @@ class Setup:
         return f"flash attention {'on' if self.flash_attn else 'off'}, ubatch {self.n_ubatch}"
 
 
-SETUPS = (Setup(False, 256), Setup(False, 512), Setup(True, 256), Setup(True, 512))
+SETUPS: tuple[Setup, ...] = (Setup(False, 256), Setup(False, 512), Setup(True, 256),
+                            Setup(True, 512))
+
+
+def parse_setups(text: str) -> tuple[Setup, ...]:
+    """``off-256,on-512``: set-ups by flash attention (off, on) and physical batch (32 to
+    4096 rows); ValueError naming what is not one."""
+    setups = []
+    for item in text.split(","):
+        flash, _, rows = item.strip().partition("-")
+        if flash not in ("off", "on") or not rows.isdigit() or not 32 <= int(rows) <= 4096:
+            raise ValueError(f"{item.strip()!r} is not a set-up: write off-256, on-512, ..."
+                             " (flash attention off or on, a batch of 32 to 4096 rows)")
+        if Setup(flash == "on", int(rows)) not in setups:
+            setups.append(Setup(flash == "on", int(rows)))
+    return tuple(setups)
 
 
 def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = LENGTHS,
                     setups: Sequence[Setup] = SETUPS, progress: Progress | None = None,
                     ) -> dict[str, Any]:
-    """Prefill rate and TTFT of a fresh prompt of each length, for each set-up: a row per
-    (set-up, length), with the model's name and the lengths its context allowed."""
+    """For each set-up: the prefill rate and TTFT of a fresh prompt of each length (rows of
+    kind ``prompt``), a next turn's rate after a history (``turn``) and the rate of 1 and 4
+    streams generating after it (``decode``; both where the model's context holds them), with
+    the model's name and what the choice of loads now is."""
     hardware = probe()
     model = ModelStore().resolve(model_ref)
     header = gguf.read_header(model.path)
@@ -112,11 +133,10 @@ def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = 
         # A load of its own: as many slots as streams, a context for the turn's history.
         engine = load(setup, n_ctx=work_ctx, n_slots=max(STREAMS))
         try:
-            rows.append({**tag, "kind": "turn", "tokens": TURN_HISTORY,
-                         "tps": next_turn(engine, filler)})
-            rows += [{**tag, "kind": "decode", "tokens": width, "tps": statistics.median(
-                _streams(engine, STORY_PROMPTS[:width], GENERATE)[0] for _ in range(REPEATS))}
-                for width in STREAMS]
+            rate, history = next_turn(engine, filler)
+            rows.append({**tag, "kind": "turn", "tokens": TURN_HISTORY, "tps": rate})
+            rows += [{**tag, "kind": "decode", "tokens": width,
+                      "tps": streams_after(engine, history, width)} for width in STREAMS]
         finally:
             engine.close()
     load_seen = window.finish()
@@ -155,9 +175,11 @@ def read_fresh(engine: Engine, filler: list[int], n: int) -> dict[str, Any]:
 GENERATE = SamplingParams(temperature=0, max_tokens=STREAM_TOKENS, speculative=False)
 
 
-def next_turn(engine: Engine, filler: list[int], repeats: int = REPEATS) -> float:
+def next_turn(engine: Engine, filler: list[int], repeats: int = REPEATS
+              ) -> tuple[float, list[int]]:
     """Tokens per second of a next turn: ``attention.TURN_NEW`` tokens read after a history of
-    ``TURN_HISTORY`` cached ones, each repeat one turn more (the median of ``repeats``)."""
+    ``TURN_HISTORY`` cached ones, each repeat one turn more (the median of ``repeats``); and
+    the history with its turns, cached."""
     engine.clear_cache()
     head = engine.completion_tokens(f"Chat {time.monotonic_ns()}.")
     prompt = (head + filler * (TURN_HISTORY // max(1, len(filler)) + 1))[:TURN_HISTORY]
@@ -167,6 +189,22 @@ def next_turn(engine: Engine, filler: list[int], repeats: int = REPEATS) -> floa
     for i in range(repeats):
         prompt = prompt + filler[i * attention.TURN_NEW:(i + 1) * attention.TURN_NEW]
         rates.append(engine.submit(prompt, once).result().timings.prefill_tps)
+    return statistics.median(rates), prompt
+
+
+def streams_after(engine: Engine, history: list[int], width: int,
+                  repeats: int = REPEATS) -> float:
+    """Tokens per second of ``width`` streams generating together after ``history`` (cached),
+    as a daemon generates: after a chat's or a file's tokens, not after a line. One stream
+    reads it and the others copy its cache, as an editor's other completions do (greedy,
+    they generate the same tokens, each its own row). The median of ``repeats``."""
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        first = engine.submit(history, GENERATE)
+        others = [engine.submit(history, GENERATE, follows=first) for _ in range(width - 1)]
+        tokens = sum(g.result().usage.completion_tokens for g in (first, *others))
+        rates.append(tokens / (time.perf_counter() - started))
     return statistics.median(rates)
 
 
@@ -186,7 +224,7 @@ def report(result: dict[str, Any]) -> str:
     marked."""
     rows = result["rows"]
     columns = sorted({(r["kind"], r["tokens"]) for r in rows},
-                     key=lambda k: (("prompt", "turn", "decode").index(k[0]), k[1]))
+                     key=lambda k: (list(attention.KINDS).index(k[0]), k[1]))
     heads = {"prompt": "{n:,}", "turn": "turn@{n:,}", "decode": "{n} stream(s)"}
     best = best_by_length(rows)
     lines = [f"{result['model']} on {result['machine']}, {result['threads']} threads:"

@@ -42,11 +42,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --editor: run the same workload on this llama-server too")
     p.add_argument("--prefill", action="store_true",
                    help="instead, prefill rate and TTFT at agent lengths (1k, 4k, 16k and 32k"
-                        " tokens; 1k and 4k with --quick) with flash attention off and on and"
-                        " 256- and 512-row batches: about 25 minutes in full for the starter"
-                        " on a 2-core CPU, 2 with --quick")
+                        " tokens; 1k and 4k with --quick), a next turn after a history and 1"
+                        " and 4 streams generating, with flash attention off and on and 256-"
+                        " and 512-row batches: about 25 minutes in full for the starter on a"
+                        " 2-core CPU, 1-2 with --quick; CPU loads then take the set-up that"
+                        " does the model's work here fastest")
     p.add_argument("--lengths", default=None, metavar="N,N,...",
                    help="with --prefill: the prompt lengths to read, in tokens")
+    p.add_argument("--setups", default=None, metavar="off-256,on-512,...",
+                   help="with --prefill: the set-ups to measure, flash attention off or on and"
+                        " the batch (default off-256,off-512,on-256,on-512)")
     add_load_flags(p, ctx_help="context per stream, tokens (default 4096)")
     p.set_defaults(func=cmd_bench)
 
@@ -58,7 +63,7 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     if args.editor:
         return editor_bench(model, args.llama_server, quick=args.quick, as_json=args.json)
     config = load_settings(config, args)
-    if args.prefill or args.lengths:
+    if args.prefill or args.lengths or args.setups:
         return prefill_bench(model, config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
     result = run_bench(model, config, quick=args.quick,
@@ -84,7 +89,14 @@ def stage_progress(bar: TerminalProgress, label: str) -> Callable[[str, int, int
 
 def prefill_bench(model: str, config: Config, args: argparse.Namespace) -> int:
     """``--prefill``: prompt reading at agent lengths for each attention set-up."""
-    from ..bench.prefill_bench import LENGTHS, QUICK_LENGTHS, prefill_lengths, report
+    from ..bench.prefill_bench import (
+        LENGTHS,
+        QUICK_LENGTHS,
+        SETUPS,
+        parse_setups,
+        prefill_lengths,
+        report,
+    )
 
     lengths: tuple[int, ...] = QUICK_LENGTHS if args.quick else LENGTHS
     if args.lengths:
@@ -96,10 +108,18 @@ def prefill_bench(model: str, config: Config, args: argparse.Namespace) -> int:
             print(f"localinfer bench: --lengths must be token counts of 16 or more separated by"
                   f" commas (e.g. 1024,4096), got {args.lengths!r}", file=sys.stderr)
             return 2
+    setups = SETUPS
+    if args.setups:
+        try:
+            setups = parse_setups(args.setups)
+        except ValueError as exc:
+            print(f"localinfer bench: --setups: {exc}", file=sys.stderr)
+            return 2
     bar = TerminalProgress(f"bench --prefill {model}", unit="prompts")
     progress = stage_progress(bar, f"prefill {model}")
     try:
-        result = prefill_lengths(model, config, lengths=lengths, progress=progress)
+        result = prefill_lengths(model, config, lengths=lengths, setups=setups,
+                                 progress=progress)
     except ValueError as exc:
         bar.finish(f"bench --prefill {model}: stopped")
         print(f"localinfer bench: {exc}", file=sys.stderr)

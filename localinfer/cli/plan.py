@@ -139,8 +139,7 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
         use = ("used by CPU loads" if entry["busy_share"] <= attention.BUSY_LIMIT else
                f"not used (others kept {entry['busy_share']:.0%} of the cores busy)")
         sizes = {kind: sorted({int(r["tokens"]) for r in entry["rows"]
-                               if attention.row_kind(r) == kind}) for kind in ("prompt", "turn",
-                                                                               "decode")}
+                               if attention.row_kind(r) == kind}) for kind in attention.KINDS}
         more = [f", a next turn after {n:,}" for n in sizes["turn"]] + [
             f", {n} stream{'s' if n > 1 else ''}" for n in sizes["decode"]]
         print(f"{'ATTENTION':<10} {entry['model']}: set-ups measured at prompts of"
@@ -353,9 +352,13 @@ def _attention_notes(hw, shown, config: Config) -> list[str]:
         if choice is not None:
             notes.append(f"Attention for {e.candidate.name} on this CPU: {choice.reason}.")
         elif entry is not None:
+            why = ("was taken under load; run `localinfer bench --prefill"
+                   f" {e.candidate.name}` again on a quieter machine"
+                   if entry["busy_share"] > attention.BUSY_LIMIT else
+                   "does not hold every set-up at the same sizes; run `localinfer bench"
+                   f" --prefill {e.candidate.name}` again")
             notes.append(f"Attention for {e.candidate.name} on this CPU: flash attention off"
-                         " (the rule): its measurement was taken under load; run `localinfer"
-                         f" bench --prefill {e.candidate.name}` again on a quieter machine.")
+                         f" (the rule): its measurement {why}.")
         else:
             notes.append(f"Attention for {e.candidate.name} on this CPU: flash attention off"
                          " (the rule, not measured here: `localinfer bench --prefill"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,9 +57,10 @@ MIN_REQUESTS = 20
 """A workload seen here of fewer requests weighs nothing (one prompt of each length does)."""
 TURN_NEW = 64
 """The new tokens of the measured next turn (bench/prefill_bench.py)."""
-MIN_GAIN = 0.03
-"""A set-up other than the rule's is taken only when it reads the workload at least this much
-faster: measurement noise must not flip the default."""
+MIN_GAIN = 0.10
+"""A set-up other than the rule's is taken only when it does the work at least this much
+faster: measurement noise must not flip the default (one set-up's figure moved by 5-10%
+between sweeps on a 2-core machine, and a change of set-up starts the prefix cache afresh)."""
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,12 @@ def measured(hw: HardwareProfile, cache_dir: Path | None = None) -> dict[str, di
         try:
             rows = [(bool(r["flash_attn"]), int(r["n_ubatch"]), row_kind(r), int(r["tokens"]),
                      row_tps(r)) for r in entry["rows"]]
-            float(entry["busy_share"])
+            numbers = [float(entry["busy_share"]), float(entry["at"]), *(r[-1] for r in rows)]
             str(entry["path"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
             log.warning("skipping a malformed attention measurement in %s", _path(cache_dir))
             continue
-        if rows and all(tps > 0 for *_, tps in rows):
+        if rows and all(tps > 0 for *_, tps in rows) and all(map(math.isfinite, numbers)):
             out[key] = entry
     return out
 
@@ -151,22 +153,29 @@ def _rates(entry: Mapping[str, Any]) -> dict[tuple[bool, int], dict[tuple[str, i
     return rates
 
 
-def _weights(keys: set[tuple[str, int]], seen: Workload | None) -> dict[tuple[str, int], float]:
+KINDS = {"prompt": "prefill at {n:,} tokens", "turn": "a next turn after {n:,}",
+         "decode": "{n} stream(s)"}
+"""The kinds of work a measurement's rows hold, in the order they are shown, with a label
+for one of a size ``n``."""
+
+
+def _weights(keys: set[tuple[str, int]], seen: Workload | None
+             ) -> dict[tuple[str, int], float] | None:
     """Tokens of each measured kind and size in ``seen``, each counted at the nearest size
-    measured; without enough of it, one prompt of each measured length."""
-    lengths = sorted(n for kind, n in keys if kind == "prompt")
+    measured (one history size is measured for next turns); None without enough of it."""
     if seen is None or seen.requests < MIN_REQUESTS:
-        return {("prompt", n): float(n) for n in lengths}
+        return None
     weights = dict.fromkeys(keys, 0.0)
+    lengths = sorted(n for kind, n in keys if kind == "prompt")
     for length, tokens in seen.prompts.items():
         weights[("prompt", min(lengths, key=lambda n: abs(n - length)))] += tokens
-    turns = [n for kind, n in keys if kind == "turn"]
+    turns = sorted(n for kind, n in keys if kind == "turn")
     if turns:
-        weights[("turn", turns[0])] += seen.turns
+        weights[("turn", turns[-1])] += seen.turns
     widths = [n for kind, n in keys if kind == "decode"]
     for width, tokens in seen.decode.items() if widths else ():
         weights[("decode", min(widths, key=lambda n: abs(n - width)))] += tokens
-    return weights
+    return weights if any(weights.values()) else None
 
 
 def choose(entry: Mapping[str, Any], seen: Workload | None = None,
@@ -177,50 +186,63 @@ def choose(entry: Mapping[str, Any], seen: Workload | None = None,
     workload of ``MIN_REQUESTS`` requests, one prompt of each measured length. ``rule`` is
     the set-up the load would take without a measurement: kept unless another is
     ``MIN_GAIN`` faster."""
-    if float(entry["busy_share"]) > BUSY_LIMIT:
+    if not decides(entry):
         return None
     rates = _rates(entry)
     keys = {key for by_key in rates.values() for key in by_key}
-    if not any(kind == "prompt" for kind, _ in keys) or any(
-            set(by_key) != keys for by_key in rates.values()):
-        return None
     weights = _weights(keys, seen)
+    basis = _basis(weights, rates.get(rule) or next(iter(rates.values())), seen)
+    if weights is None:
+        weights = {(kind, n): float(n) for kind, n in keys if kind == "prompt"}
     seconds = {setup: sum(w / by_key[key] for key, w in weights.items())
                for setup, by_key in rates.items()}
-    best = min(seconds, key=lambda s: seconds[s])
+    best = fastest = min(seconds, key=lambda s: seconds[s])
     if rule in seconds and seconds[rule] <= seconds[best] * (1 + MIN_GAIN):
         best = rule
     flash, ubatch = best
     baseline = rates.get(rule)
     if baseline is None or best == rule:
-        versus = "the fastest measured"
+        versus = ("the fastest measured" if best == fastest else
+                  f"within {MIN_GAIN:.0%} of the fastest measured, the default's set-up")
     else:
-        gains = ", ".join(f"{_LABEL[kind].format(n=n)} {rates[best][kind, n] / old:.2f}x"
-                          for (kind, n), old in sorted(baseline.items(),
-                                                       key=lambda k: (_ORDER[k[0][0]], k[0][1])))
+        order = list(KINDS)
+        gains = ", ".join(f"{KINDS[kind].format(n=n)} {rates[best][kind, n] / old:.2f}x"
+                          for (kind, n), old in sorted(baseline.items(), key=lambda k: (
+                              order.index(k[0][0]), k[0][1])))
         versus = f"{gains} against flash attention {'on' if rule[0] else 'off'}, ubatch {rule[1]}"
     reason = (f"flash attention {'on' if flash else 'off'}, {ubatch}-row batches: measured"
-              f" here ({versus}; {_basis(weights, rates.get(rule) or rates[best], seen)};"
-              " `localinfer bench --prefill`)")
+              f" here ({versus}; {basis}; `localinfer bench --prefill`)")
     return AttentionChoice(flash, ubatch, reason)
 
 
-_ORDER = {"prompt": 0, "turn": 1, "decode": 2}
-_LABEL = {"prompt": "prefill at {n:,} tokens", "turn": "a next turn after {n:,}",
-          "decode": "{n} stream(s)"}
+def decides(entry: Mapping[str, Any]) -> bool:
+    """Whether a measurement can decide: taken on a quiet machine, every set-up measured
+    for the same kinds and sizes, fresh prompts among them."""
+    rates = _rates(entry)
+    keys = {key for by_key in rates.values() for key in by_key}
+    return float(entry["busy_share"]) <= BUSY_LIMIT and any(k == "prompt" for k, _ in keys) \
+        and all(set(by_key) == keys for by_key in rates.values())
 
 
-def _basis(weights: Mapping[tuple[str, int], float],
+def _basis(weights: Mapping[tuple[str, int], float] | None,
            rates: Mapping[tuple[str, int], float], seen: Workload | None) -> str:
-    """What the choice weighed: the work seen here, as shares of its time."""
-    if seen is None or seen.requests < MIN_REQUESTS:
+    """What the choice weighed: the work seen here, as shares of its time, and the work
+    seen that the measurement has no rate for."""
+    if weights is None or seen is None:
         return "weighing one prompt of each length: no workload seen here yet"
     time = {kind: sum(w / rates[key] for key, w in weights.items() if key[0] == kind)
-            for kind in _ORDER}
+            for kind in KINDS}
     total = sum(time.values()) or 1.0
+    measured_kinds = {kind for kind, _ in rates}
+    seen_kinds = (("turn", "next turns", seen.turns),
+                  ("decode", "generating", sum(seen.decode.values())))
+    unmeasured = [what for kind, what, count in seen_kinds
+                  if count and kind not in measured_kinds]
+    missing = (f"; {' and '.join(unmeasured)} not measured (`localinfer hw --remeasure`)"
+               if unmeasured else "")
     return (f"weighing the work of {seen.requests:,} requests here: reading prompts"
             f" {time['prompt'] / total:.0%}, next turns {time['turn'] / total:.0%},"
-            f" generating {time['decode'] / total:.0%} of the time")
+            f" generating {time['decode'] / total:.0%} of the time{missing}")
 
 
 def row_kind(row: Mapping[str, Any]) -> str:
@@ -228,7 +250,7 @@ def row_kind(row: Mapping[str, Any]) -> str:
     turn's ``TURN_NEW`` tokens after ``tokens`` cached) or ``decode`` (``tokens`` streams);
     rows written before kinds were measured are prompts."""
     kind = row.get("kind", "prompt")
-    if kind not in _ORDER:
+    if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
     return str(kind)
 

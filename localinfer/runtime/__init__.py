@@ -21,6 +21,7 @@ handed (loading.py, above it, plans the load): it imports no planner, store or p
     logprobs.py       log-probabilities from the raw logits
     grammar.py        what a reply must look like (JSON schema, GBNF) for llama.cpp's sampler
     shortlist.py      the few tokens a grammar is asked about, for exact sampling
+    workload.py       what a model was asked to do here, counted for its next load's set-up
     tools.py          tool-call formats: their grammar, parsing calls back out
     thinking.py       thinking templates: switching them, splitting reasoning from the answer
     types.py          the vocabulary: ModelInfo, sampling parameters, messages, events, stats

@@ -13,11 +13,11 @@ Three kinds of work, because the attention set-ups trade them against each other
   ``"2"``, ... up to ``MAX_WIDTH``); a step that verifies a speculative draft counts one token
   a sequence, as its cost is near a plain step's.
 
-The engine counts in memory and adds its counts to the file every ``SAVE_EVERY`` requests and
-when it closes, under the file's lock (two daemons or ``localinfer run`` processes of one model
-add up), written atomically. Once the file holds ``DECAY_AT`` requests every count is halved,
-so the recent workload weighs most. A file that cannot be read is started again, with a
-warning.
+The engine counts in memory and adds its counts to the file every ``SAVE_EVERY`` requests
+(after a step, outside its lock) and when it closes, under the file's lock (two daemons or
+``localinfer run`` processes of one model add up), written atomically. Once the file holds
+``DECAY_AT`` requests every count is halved, so the recent workload weighs most. A file that
+cannot be read is started again, with a warning.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Workload:
         try:
             out = cls(int(data["requests"]), _counts(data["prompts"]), int(data["turns"]),
                       _counts(data["decode"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ValueError(f"not a workload ({exc!r})") from None
         if min([out.requests, out.turns, *out.prompts.values(), *out.decode.values()]) < 0:
             raise ValueError("a negative count")
@@ -121,31 +121,39 @@ class WorkloadCounter:
         elif new > 0:
             length = 1 << max(0, prompt - 1).bit_length()
             self.unsaved.prompts[length] = self.unsaved.prompts.get(length, 0) + new
-        if self.unsaved.requests >= SAVE_EVERY:
-            self.save()
 
     def stepped(self, sequences: int) -> None:
-        """A step that generated a token for each of ``sequences`` sequences."""
+        """A step that generated a token for each of ``sequences`` sequences. Called outside
+        the engine's lock, it adds the counts to the file once ``SAVE_EVERY`` requests wait
+        (without waiting for another process that is adding its own)."""
         if sequences:
             width = min(sequences, MAX_WIDTH)
             self.unsaved.decode[width] = self.unsaved.decode.get(width, 0) + sequences
+        if self.unsaved.requests >= SAVE_EVERY:
+            self.save(wait=False)
 
-    def save(self) -> None:
-        """Add the unsaved counts to the file, under its lock; they are dropped where the
-        file cannot be written (a warning), never raised into a request."""
+    def save(self, *, wait: bool = True) -> None:
+        """Add the unsaved counts to the file, under its lock (``wait=False``: where another
+        process holds it, keep them for the next time). Where the file cannot be written they
+        are dropped with a warning, never raised into a request."""
         unsaved, self.unsaved = self.unsaved, Workload()
-        if self.path is None or not unsaved.requests:
+        if self.path is None or unsaved == Workload():
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path.with_name(self.path.name + ".lock"), "a+b") as lock:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    unsaved.add(self.unsaved)
+                    self.unsaved = unsaved
+                    return
                 total = load(self.path) or Workload()
                 total.add(unsaved)
                 if total.requests >= DECAY_AT:
                     total = total.halved()
                 atomic_write_text(self.path, json.dumps(total.to_json(), indent=1) + "\n",
                                   sync=False)  # on the engine's thread: no fsync's wait
-        except OSError as exc:
+        except Exception as exc:  # counts are never worth a request
             log.warning("cannot keep the workload counts in %s: %s", self.path, exc)
 
