@@ -92,6 +92,21 @@ def test_the_work_seen_here_decides_between_turns_and_streams():
     choice = choose(measurement, little, rule=(False, 512))
     assert choice is not None and not choice.flash_attn  # the prompts alone: 1.06x, noise
     assert "no workload seen here yet" in choice.reason
+    # Streams after a line, where flash attention generates faster: taken for a daemon
+    # whose streams generate there, not for one whose streams generate after a history.
+    short = KINDS + [{"flash_attn": fa, "n_ubatch": 512, "kind": "decode_short", "tokens": n,
+                      "tps": tps} for fa, n, tps in [(False, 1, 66.0), (True, 1, 72.0),
+                                                      (False, 4, 95.0), (True, 4, 118.0)]]
+    long_rates = [row if row["kind"] != "decode" or not row["flash_attn"] else
+                  {**row, "tps": {1: 60.0, 4: 100.0}[row["tokens"]]} for row in short]
+    measurement = {"busy_share": 0.0, "rows": long_rates}
+    after_a_line = Workload(requests=100, prompts={16: 1200}, decode_short={4: 20000})
+    choice = choose(measurement, after_a_line, rule=(False, 512))
+    assert choice is not None and choice.flash_attn
+    assert "4 stream(s) after a line 1.24x" in choice.reason
+    after_history = Workload(requests=100, prompts={16: 1200}, decode={4: 20000})
+    choice = choose(measurement, after_history, rule=(False, 512))
+    assert choice is not None and not choice.flash_attn
     # A measurement from before kinds were measured: its rows are prompts, its rate prefill.
     old = {"busy_share": 0.0, "rows": rows({(False, 512): {1024: 640.0},
                                             (True, 512): {1024: 500.0}})}

@@ -27,12 +27,13 @@ def test_reads_are_prompts_by_length_or_turns_after_a_history(tmp_path):
     counter.read(1300, 200)  # 1,100 new: a prompt, however much is cached
     counter.read(300, 0)
     counter.read(1300, 1300)  # all cached: nothing read
-    counter.stepped(1)
-    counter.stepped(3)
-    counter.stepped(20)  # wider steps count as MAX_WIDTH
-    counter.stepped(0)
+    counter.stepped([600])
+    counter.stepped([10, 600, 511])  # two of the three before SHORT_POSITION
+    counter.stepped([600] * 20)  # wider steps count as MAX_WIDTH
+    counter.stepped([])
     assert counter.unsaved == Workload(requests=5, prompts={4096: 3000, 2048: 1100, 512: 300},
-                                       turns=100, decode={1: 1, 3: 3, 8: 20})
+                                       turns=100, decode={1: 1, 3: 1, 8: 20},
+                                       decode_short={3: 2})
 
 
 def test_counts_of_two_processes_add_up_and_old_work_fades(tmp_path):
@@ -40,7 +41,7 @@ def test_counts_of_two_processes_add_up_and_old_work_fades(tmp_path):
     first, second = WorkloadCounter(path), WorkloadCounter(path)
     first.read(100, 0)
     second.read(100, 0)
-    second.stepped(2)
+    second.stepped([600, 600])
     first.save()
     second.save()
     assert workload.load(path) == Workload(requests=2, prompts={128: 200}, decode={2: 2})
@@ -53,13 +54,13 @@ def test_counts_of_two_processes_add_up_and_old_work_fades(tmp_path):
     assert workload.load(path).requests == 2
     with open(path.with_name(path.name + ".lock"), "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        first.stepped(1)
+        first.stepped([600])
     assert workload.load(path).requests == 2 and first.unsaved.requests == SAVE_EVERY
-    first.stepped(1)
+    first.stepped([600])
     assert workload.load(path).requests == 2 + SAVE_EVERY and first.unsaved == Workload()
     assert workload.load(path).decode == {1: 2, 2: 2}
     # Steps after the last save are kept at the close, requests or not.
-    first.stepped(3)
+    first.stepped([600] * 3)
     first.save()
     assert workload.load(path).decode == {1: 2, 2: 2, 3: 3}
     # A file that has seen DECAY_AT requests is halved: the recent work weighs most.
@@ -85,6 +86,9 @@ def test_a_damaged_file_is_started_again_with_a_warning(tmp_path, caplog):
         counter.read(10, 0)
         counter.save()
         assert workload.load(path) == Workload(requests=1, prompts={16: 10})
+    # A file written before positions were counted is read.
+    path.write_text('{"requests": 3, "prompts": {}, "turns": 0, "decode": {"2": 4}}')
+    assert workload.load(path) == Workload(requests=3, decode={2: 4})
     # A file that cannot be written loses the counts, not the request.
     blocked = WorkloadCounter(tmp_path / "file" / "w.json")
     (tmp_path / "file").write_text("a file where the directory would be")
@@ -111,8 +115,10 @@ def test_the_engine_counts_what_it_reads_and_generates(tmp_path):
     assert seen.prompts == {1024: 699, 4: 12}
     assert seen.turns == turn.timings.prefill_tokens >= 3  # with what the cut-back re-read
     # Every generated token, at the width of the step it was in (8 tokens a request, the
-    # first sampled from the prompt's read).
-    assert sum(seen.decode.values()) == 5 * 7 and set(seen.decode) <= {1, 2, 3}
+    # first sampled from the prompt's read): the long prompts' after a history, the three
+    # streams' after a line.
+    assert sum(seen.decode.values()) == 2 * 7 and set(seen.decode) == {1}
+    assert sum(seen.decode_short.values()) == 3 * 7 and set(seen.decode_short) <= {1, 2, 3}
 
 
 def test_a_load_weighs_the_work_its_model_did_here(home, starter_path):
@@ -132,11 +138,11 @@ def test_a_load_weighs_the_work_its_model_did_here(home, starter_path):
     for _ in range(40):
         counter.read(1300, 1200)
         for _ in range(10):
-            counter.stepped(1)
+            counter.stepped([1300])
     counter.save()
     assert load().flash_attn is False  # measured: off, with its 512-row batches
     for _ in range(4000):
-        counter.stepped(4)
+        counter.stepped([1300] * 4)
     counter.read(10, 0)
     counter.save()
     assert load().flash_attn is True

@@ -11,7 +11,7 @@ a context that holds the longest prompt, and reads a prompt of each length with 
 emptied first, timed by the engine from admission to the first token. The same set-ups
 trade reading against generating (planner/attention.py weighs them by the work a daemon sees),
 so each is also loaded with four slots and a short context to read a next turn after a
-history and to generate with one stream and with four after it.
+history and to generate with one stream and with four after it, and after a line.
 
 The figures are the engine's own; ``bench/prefill_lengths.py`` puts them beside
 ``llama-bench -p`` and llama-server on the same file.
@@ -34,13 +34,14 @@ from ..planner import Candidate, attention, physical_batch
 from ..runtime.engine import Engine
 from ..runtime.types import SamplingParams
 from ..store import ModelStore
-from .engine_bench import _PARAGRAPH, Progress
+from .engine_bench import _PARAGRAPH, STORY_PROMPTS, Progress, _streams
 
 TURN_HISTORY = 1200
 """The history a measured next turn's ``attention.TURN_NEW`` tokens are read after (a chat of
 a few turns)."""
 STREAMS = (1, 4)
-"""Streams generating together after the next turns' history, measured for each set-up."""
+"""Streams generating together, measured for each set-up after the next turns' history and
+after a line (a story's first words)."""
 STREAM_TOKENS = 32
 """Tokens each stream generates."""
 REPEATS = 3
@@ -85,7 +86,8 @@ def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = 
                     ) -> dict[str, Any]:
     """For each set-up: the prefill rate and TTFT of a fresh prompt of each length (rows of
     kind ``prompt``), a next turn's rate after a history (``turn``) and the rate of 1 and 4
-    streams generating after it (``decode``; both where the model's context holds them), with
+    streams generating after it (``decode``) and after a line (``decode_short``; all three
+    where the model's context holds them), with
     the model's name and what the choice of loads now is."""
     hardware = probe()
     model = ModelStore().resolve(model_ref)
@@ -137,6 +139,9 @@ def prefill_lengths(model_ref: str, config: Config, *, lengths: Sequence[int] = 
             rows.append({**tag, "kind": "turn", "tokens": TURN_HISTORY, "tps": rate})
             rows += [{**tag, "kind": "decode", "tokens": width,
                       "tps": streams_after(engine, history, width)} for width in STREAMS]
+            rows += [{**tag, "kind": "decode_short", "tokens": width, "tps": statistics.median(
+                _streams(engine, STORY_PROMPTS[:width], GENERATE)[0] for _ in range(REPEATS))}
+                for width in STREAMS]
         finally:
             engine.close()
     load_seen = window.finish()
@@ -225,7 +230,8 @@ def report(result: dict[str, Any]) -> str:
     rows = result["rows"]
     columns = sorted({(r["kind"], r["tokens"]) for r in rows},
                      key=lambda k: (list(attention.KINDS).index(k[0]), k[1]))
-    heads = {"prompt": "{n:,}", "turn": "turn@{n:,}", "decode": "{n} stream(s)"}
+    heads = {"prompt": "{n:,}", "turn": "turn@{n:,}", "decode": "{n} stream(s)",
+             "decode_short": "{n} after a line"}
     best = best_by_length(rows)
     lines = [f"{result['model']} on {result['machine']}, {result['threads']} threads:"
              " prefill tok/s (TTFT s) of a fresh prompt; tok/s of a next turn's"

@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="instead, prefill rate and TTFT at agent lengths (1k, 4k, 16k and 32k"
                         " tokens; 1k and 4k with --quick), a next turn after a history and 1"
-                        " and 4 streams generating, with flash attention off and on and 256-"
+                        " and 4 streams generating after it and after a line, with flash"
+                        " attention off and on and 256-"
                         " and 512-row batches: about 25 minutes in full for the starter on a"
                         " 2-core CPU, 1-2 with --quick; CPU loads then take the set-up that"
                         " does the model's work here fastest")

@@ -141,7 +141,8 @@ def cmd_hw(args: argparse.Namespace, config: Config) -> int:
         sizes = {kind: sorted({int(r["tokens"]) for r in entry["rows"]
                                if attention.row_kind(r) == kind}) for kind in attention.KINDS}
         more = [f", a next turn after {n:,}" for n in sizes["turn"]] + [
-            f", {n} stream{'s' if n > 1 else ''}" for n in sizes["decode"]]
+            f", {n} stream{'s' if n > 1 else ''}" for n in sizes["decode"]] + [
+            f", {n} after a line" for n in sizes["decode_short"]]
         print(f"{'ATTENTION':<10} {entry['model']}: set-ups measured at prompts of"
               f" {', '.join(f'{n:,}' for n in sizes['prompt'])} tokens{''.join(more)}, {when};"
               f" {use}")

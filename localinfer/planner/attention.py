@@ -7,8 +7,9 @@ short message after a long history slower; the physical batch (``n_ubatch``, row
 trades the window cache's size against the matrix kernels' efficiency. Which set-up is fastest
 depends on the CPU, the model and the work, so ``localinfer bench --prefill`` measures each
 (prefill_bench.py): fresh prompts of each length, a next turn's few tokens after a long
-history, and generation with one stream and with four. It records the rates here, per machine
-(calibration.profile_key) and model file; ``hw --remeasure`` measures them again.
+history, and generation with one stream and with four, after that history and after a line.
+It records the rates here, per machine (calibration.profile_key) and model file; ``hw
+--remeasure`` measures them again.
 
 A load on the CPU with flash attention left at ``auto`` and an F16 cache then takes the set-up
 that does this model's work here fastest: its engines count what they read and generate
@@ -154,7 +155,7 @@ def _rates(entry: Mapping[str, Any]) -> dict[tuple[bool, int], dict[tuple[str, i
 
 
 KINDS = {"prompt": "prefill at {n:,} tokens", "turn": "a next turn after {n:,}",
-         "decode": "{n} stream(s)"}
+         "decode": "{n} stream(s)", "decode_short": "{n} stream(s) after a line"}
 """The kinds of work a measurement's rows hold, in the order they are shown, with a label
 for one of a size ``n``."""
 
@@ -172,9 +173,14 @@ def _weights(keys: set[tuple[str, int]], seen: Workload | None
     turns = sorted(n for kind, n in keys if kind == "turn")
     if turns:
         weights[("turn", turns[-1])] += seen.turns
-    widths = [n for kind, n in keys if kind == "decode"]
-    for width, tokens in seen.decode.items() if widths else ():
-        weights[("decode", min(widths, key=lambda n: abs(n - width)))] += tokens
+    for counted, kind in ((seen.decode, "decode"), (seen.decode_short, "decode_short")):
+        # Steps at a position not measured (a measurement from before positions were)
+        # count at the other.
+        if not any(k == kind for k, _ in keys):
+            kind = "decode" if kind == "decode_short" else "decode_short"
+        widths = [n for k, n in keys if k == kind]
+        for width, tokens in counted.items() if widths else ():
+            weights[(kind, min(widths, key=lambda n: abs(n - width)))] += tokens
     return weights if any(weights.values()) else None
 
 
@@ -232,10 +238,12 @@ def _basis(weights: Mapping[tuple[str, int], float] | None,
         return "weighing one prompt of each length: no workload seen here yet"
     time = {kind: sum(w / rates[key] for key, w in weights.items() if key[0] == kind)
             for kind in KINDS}
+    time["decode"] += time.pop("decode_short")
     total = sum(time.values()) or 1.0
-    measured_kinds = {kind for kind, _ in rates}
+    measured_kinds = {kind.removesuffix("_short") for kind, _ in rates}
     seen_kinds = (("turn", "next turns", seen.turns),
-                  ("decode", "generating", sum(seen.decode.values())))
+                  ("decode", "generating",
+                   sum(seen.decode.values()) + sum(seen.decode_short.values())))
     unmeasured = [what for kind, what, count in seen_kinds
                   if count and kind not in measured_kinds]
     missing = (f"; {' and '.join(unmeasured)} not measured (`localinfer hw --remeasure`)"
@@ -247,8 +255,9 @@ def _basis(weights: Mapping[tuple[str, int], float] | None,
 
 def row_kind(row: Mapping[str, Any]) -> str:
     """A measured row's kind: ``prompt`` (a fresh prompt of ``tokens``), ``turn`` (a next
-    turn's ``TURN_NEW`` tokens after ``tokens`` cached) or ``decode`` (``tokens`` streams);
-    rows written before kinds were measured are prompts."""
+    turn's ``TURN_NEW`` tokens after ``tokens`` cached), ``decode`` (``tokens`` streams after
+    that history) or ``decode_short`` (``tokens`` streams after a line); rows written before
+    kinds were measured are prompts."""
     kind = row.get("kind", "prompt")
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")

@@ -712,7 +712,7 @@ class Engine:
                 self._in_step, self._in_step_prompt_rows, self._in_step_kept = [], 0, False
         now = time.perf_counter()
         self._steps += 1
-        self.workload.stepped(len(decoding))
+        self.workload.stepped([len(s.cached) for s in decoding])
         for slot in decoding + [s for s, _ in chunks]:
             slot.stepped_at = self._steps
         if not chunks:  # a step of decode rows alone: what drafting is weighed against

@@ -11,7 +11,9 @@ Three kinds of work, because the attention set-ups trade them against each other
   keystroke after its file): attention over the history weighs on them;
 - ``decode``: tokens generated, by how many sequences decoded in the same step (``"1"``,
   ``"2"``, ... up to ``MAX_WIDTH``); a step that verifies a speculative draft counts one token
-  a sequence, as its cost is near a plain step's.
+  a sequence, as its cost is near a plain step's. ``decode_short`` holds those of sequences
+  under ``SHORT_POSITION`` tokens long: attention over a short cache costs another share of a
+  step.
 
 The engine counts in memory and adds its counts to the file every ``SAVE_EVERY`` requests
 (after a step, outside its lock) and when it closes, under the file's lock (two daemons or
@@ -37,6 +39,8 @@ TURN_ROWS = 512
 """A read of at most this many new tokens (a physical batch) ..."""
 TURN_HISTORY = 512
 """... after at least this many cached ones is a turn."""
+SHORT_POSITION = 512
+"""A sequence shorter than this generates at a short position."""
 MAX_WIDTH = 8
 """Steps of more sequences count as this many."""
 SAVE_EVERY = 32
@@ -55,35 +59,41 @@ class Workload:
     turns: int = 0
     """Tokens read in next turns."""
     decode: dict[int, int] = field(default_factory=dict)
-    """Sequences in the step -> tokens generated."""
+    """Sequences in the step -> tokens generated at ``SHORT_POSITION`` or more."""
+    decode_short: dict[int, int] = field(default_factory=dict)
+    """Sequences in the step -> tokens generated before ``SHORT_POSITION``."""
 
     def to_json(self) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns,
                 "prompts": {str(k): v for k, v in sorted(self.prompts.items())},
-                "decode": {str(k): v for k, v in sorted(self.decode.items())}}
+                "decode": {str(k): v for k, v in sorted(self.decode.items())},
+                "decode_short": {str(k): v for k, v in sorted(self.decode_short.items())}}
 
     @classmethod
     def from_json(cls, data: Any) -> Workload:
         """The counts in ``data``; ValueError where it is not what ``to_json`` writes."""
         try:
             out = cls(int(data["requests"]), _counts(data["prompts"]), int(data["turns"]),
-                      _counts(data["decode"]))
+                      _counts(data["decode"]), _counts(data.get("decode_short", {})))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ValueError(f"not a workload ({exc!r})") from None
-        if min([out.requests, out.turns, *out.prompts.values(), *out.decode.values()]) < 0:
+        if min([out.requests, out.turns, *out.prompts.values(), *out.decode.values(),
+                *out.decode_short.values()]) < 0:
             raise ValueError("a negative count")
         return out
 
     def add(self, other: Workload) -> None:
         self.requests += other.requests
         self.turns += other.turns
-        for mine, theirs in ((self.prompts, other.prompts), (self.decode, other.decode)):
+        for mine, theirs in ((self.prompts, other.prompts), (self.decode, other.decode),
+                             (self.decode_short, other.decode_short)):
             for key, count in theirs.items():
                 mine[key] = mine.get(key, 0) + count
 
     def halved(self) -> Workload:
         return Workload(self.requests // 2, {k: v // 2 for k, v in self.prompts.items()},
-                        self.turns // 2, {k: v // 2 for k, v in self.decode.items()})
+                        self.turns // 2, {k: v // 2 for k, v in self.decode.items()},
+                        {k: v // 2 for k, v in self.decode_short.items()})
 
 
 def _counts(data: Any) -> dict[int, int]:
@@ -122,13 +132,18 @@ class WorkloadCounter:
             length = 1 << max(0, prompt - 1).bit_length()
             self.unsaved.prompts[length] = self.unsaved.prompts.get(length, 0) + new
 
-    def stepped(self, sequences: int) -> None:
-        """A step that generated a token for each of ``sequences`` sequences. Called outside
-        the engine's lock, it adds the counts to the file once ``SAVE_EVERY`` requests wait
-        (without waiting for another process that is adding its own)."""
-        if sequences:
-            width = min(sequences, MAX_WIDTH)
-            self.unsaved.decode[width] = self.unsaved.decode.get(width, 0) + sequences
+    def stepped(self, positions: list[int]) -> None:
+        """A step that generated a token for each sequence, at these ``positions`` (tokens
+        in its cache). Called outside the engine's lock, it adds the counts to the file once
+        ``SAVE_EVERY`` requests wait (without waiting for another process that is adding its
+        own)."""
+        if positions:
+            width = min(len(positions), MAX_WIDTH)
+            short = sum(1 for p in positions if p < SHORT_POSITION)
+            for counts, n in ((self.unsaved.decode_short, short),
+                              (self.unsaved.decode, len(positions) - short)):
+                if n:
+                    counts[width] = counts.get(width, 0) + n
         if self.unsaved.requests >= SAVE_EVERY:
             self.save(wait=False)
 
