@@ -112,16 +112,18 @@ def thread_memory(model_id: str, backend: Backend) -> Path | None:
 
 
 def engine_files(config: Config | None, path: str | Path, backend: Backend, name: str
-                 ) -> tuple[PrefixCache | None, Path | None]:
+                 ) -> tuple[PrefixCache | None, Path | None, Path | None]:
     """What the engine keeps on disk for this model file and build: its view of the prefix
-    cache and the file of its learned thread counts, the file's identity read once; neither
-    where the file cannot be read for it."""
+    cache, the file of its learned thread counts, the file's identity read once (neither
+    where the file cannot be read for it), and the file it counts its work in where it is
+    loaded with the settings (attention.workload_file)."""
+    work = attention.workload_file(path) if config is not None else None
     try:
         model_id = model_file_id(path)
     except OSError as exc:
         log.warning("prefix cache and learned thread counts off for %s: %s", path, exc)
-        return None, None
-    return prefix_cache(config, model_id, backend, name), thread_memory(model_id, backend)
+        return None, None, work
+    return prefix_cache(config, model_id, backend, name), thread_memory(model_id, backend), work
 
 
 def load_engine(
@@ -179,11 +181,10 @@ def load_engine(
 
         isolated = IsolatedBackend(path, options, name=name, progress=progress,
                                    answers=worker_answers)
-        cache, threads = engine_files(config, path, isolated, name)
+        cache, threads, work = engine_files(config, path, isolated, name)
         return Engine(isolated, load_ms=isolated.load_ms, max_queue=max_queue,
                       chat_checkpoints=CHAT_CHECKPOINTS, prefix_cache=cache,
-                      thread_memory=threads, turns=cpu_turns(isolated),
-                      workload=attention.workload_file(path) if config is not None else None)
+                      thread_memory=threads, turns=cpu_turns(isolated), workload=work)
     backend = LlamaBackend(path, options, name=name, header=header, progress=progress)
     template = None
     if chat_template is not None:
@@ -194,11 +195,11 @@ def load_engine(
             backend.close()
             raise InvalidRequest(f"the chat template of {name} cannot be read: {exc}"
                                  ) from None
-    cache, threads = engine_files(config, path, backend, name)
+    cache, threads, work = engine_files(config, path, backend, name)
     return Engine(backend, load_ms=backend.load_ms, max_queue=max_queue,
                   chat_checkpoints=CHAT_CHECKPOINTS, chat_template=template,
                   prefix_cache=cache, thread_memory=threads, turns=cpu_turns(backend),
-                  workload=attention.workload_file(path) if config is not None else None)
+                  workload=work)
 
 
 def cpu_turns(backend: Backend) -> Turns | None:

@@ -213,7 +213,7 @@ def streams_after(engine: Engine, history: list[int], width: int,
     return statistics.median(rates)
 
 
-def best_by_length(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+def best_by_work(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
     """The fastest set-up for each kind and size of work."""
     best: dict[tuple[str, int], dict[str, Any]] = {}
     for row in rows:
@@ -232,7 +232,7 @@ def report(result: dict[str, Any]) -> str:
                      key=lambda k: (list(attention.KINDS).index(k[0]), k[1]))
     heads = {"prompt": "{n:,}", "turn": "turn@{n:,}", "decode": "{n} stream(s)",
              "decode_short": "{n} after a line"}
-    best = best_by_length(rows)
+    best = best_by_work(rows)
     lines = [f"{result['model']} on {result['machine']}, {result['threads']} threads:"
              " prefill tok/s (TTFT s) of a fresh prompt; tok/s of a next turn's"
              f" {attention.TURN_NEW} tokens after a history; tok/s of streams generating"

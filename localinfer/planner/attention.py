@@ -192,10 +192,11 @@ def choose(entry: Mapping[str, Any], seen: Workload | None = None,
     workload of ``MIN_REQUESTS`` requests, one prompt of each measured length. ``rule`` is
     the set-up the load would take without a measurement: kept unless another is
     ``MIN_GAIN`` faster."""
-    if not decides(entry):
-        return None
     rates = _rates(entry)
     keys = {key for by_key in rates.values() for key in by_key}
+    if float(entry["busy_share"]) > BUSY_LIMIT or not any(k == "prompt" for k, _ in keys) \
+            or any(set(by_key) != keys for by_key in rates.values()):
+        return None
     weights = _weights(keys, seen)
     basis = _basis(weights, rates.get(rule) or next(iter(rates.values())), seen)
     if weights is None:
@@ -219,15 +220,6 @@ def choose(entry: Mapping[str, Any], seen: Workload | None = None,
     reason = (f"flash attention {'on' if flash else 'off'}, {ubatch}-row batches: measured"
               f" here ({versus}; {basis}; `localinfer bench --prefill`)")
     return AttentionChoice(flash, ubatch, reason)
-
-
-def decides(entry: Mapping[str, Any]) -> bool:
-    """Whether a measurement can decide: taken on a quiet machine, every set-up measured
-    for the same kinds and sizes, fresh prompts among them."""
-    rates = _rates(entry)
-    keys = {key for by_key in rates.values() for key in by_key}
-    return float(entry["busy_share"]) <= BUSY_LIMIT and any(k == "prompt" for k, _ in keys) \
-        and all(set(by_key) == keys for by_key in rates.values())
 
 
 def _basis(weights: Mapping[tuple[str, int], float] | None,

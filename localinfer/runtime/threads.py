@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..paths import parse_json
+from ..paths import atomic_write_text, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -343,11 +343,9 @@ class ThreadMemory:
         if self.path is None:
             return
         try:  # atomically: another process of the same model may read it now
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"max_threads": self.max_threads,
-                                       "counts": self.counts}, sort_keys=True))
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps({"max_threads": self.max_threads,
+                                                     "counts": self.counts}, sort_keys=True),
+                              sync=False)  # on the engine's thread: no fsync's wait
         except OSError as exc:
             log.warning("cannot keep the learned thread counts in %s: %s", self.path, exc)
 
