@@ -135,7 +135,7 @@ def test_same_seed_same_tokens_as_the_whole_vocabulary_pass(real_engine, monkeyp
             params, seed=seed, max_tokens=48, speculative=False,
             grammar=json_grammar(SCHEMA))).result().text
 
-    for seed in (1, 2, 3):
+    for seed in (1, 2):
         monkeypatch.setattr(llama_module, "best_allowed", counted)
         walked = run(seed)
         monkeypatch.setattr(llama_module, "best_allowed", lambda *args, **kwargs: None)
