@@ -348,18 +348,34 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         shards = [header] + [_read_one(Path(f"{prefix}-{i:05d}-of-{count:05d}.gguf"),
                                        shard=True) for i in range(2, count + 1)]
         header = merge_split(shards, source=str(path))
-    # Every layer has tensors of its own: a count past them is a damaged or hostile header
-    # (the planner lists each layer: 2**31 of them took all the memory).
-    n_tensors = len(header.tensors)
-    if n_tensors and not 0 <= header.block_count <= n_tensors:
-        raise InvalidModelFile(f"{path} is not a valid GGUF file: it declares"
-                               f" {header.block_count} layers but holds {n_tensors} tensors.")
-    for t in header.tensors:
-        match = _LAYER_RE.match(t.name)
-        if match and int(match.group(1)) >= n_tensors:
-            raise InvalidModelFile(f"{path} is not a valid GGUF file: its tensor {t.name!r}"
-                                   f" names a layer past the {n_tensors} tensors it holds.")
+    check_layers(header, str(path))
     return header
+
+
+def check_layers(header: GGUFHeader, source: str) -> None:
+    """Refuse a header whose layers and tensors disagree, before llama.cpp sees it (it aborts
+    the process on such a file, and the planner lists each layer: 2**31 of them took all the
+    memory): no tensors at all, a layer count past the tensors, or ``blk.N`` tensors past the
+    layer count (a count of 0 included). A LoRA adapter declares no layer count."""
+    n_tensors = len(header.tensors)
+    if not n_tensors:
+        raise InvalidModelFile(f"{source} is not a valid GGUF file: it holds no tensors (no"
+                               " weights). Download or convert the model again.")
+    if not 0 <= header.block_count <= n_tensors:
+        raise InvalidModelFile(f"{source} is not a valid GGUF file: it declares"
+                               f" {header.block_count} layers but holds {n_tensors} tensors.")
+    layers = [(int(m.group(1)), t.name) for t in header.tensors
+              if (m := _LAYER_RE.match(t.name))]
+    if not layers:
+        return
+    last, name = max(layers)
+    if last >= n_tensors:
+        raise InvalidModelFile(f"{source} is not a valid GGUF file: its tensor {name!r} names"
+                               f" a layer past the {n_tensors} tensors it holds.")
+    if header.metadata.get("general.type") != "adapter" and last >= header.block_count:
+        raise InvalidModelFile(f"{source} is not a valid GGUF file: its tensor {name!r} names"
+                               f" layer {last}, but it declares {header.block_count} layers"
+                               f" ({header.architecture}.block_count).")
 
 
 def split_count(header: GGUFHeader) -> int:
@@ -575,10 +591,13 @@ class _Parser:
             )
         n_tensors = self.u64()
         n_kv = self.u64()
-        if n_kv > MAX_KV_COUNT or n_kv * 13 > self.total:
-            raise self.fail(f"it declares {n_kv} metadata entries")
-        if n_tensors > MAX_TENSOR_COUNT or n_tensors * 24 > self.total:
-            raise self.fail(f"it declares {n_tensors} tensors")
+        for count, what, least in ((n_kv, "metadata entries", 13),
+                                   (n_tensors, "tensors", 24)):
+            if count > (MAX_KV_COUNT if least == 13 else MAX_TENSOR_COUNT):
+                raise self.fail(f"it declares {count} {what}")
+            if count * least > self.total:
+                raise self.fail(f"it declares {count} {what}, more than its {self.total} bytes"
+                                " can hold: the file is cut short or damaged; download it again")
 
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):

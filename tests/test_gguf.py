@@ -182,6 +182,25 @@ def test_misaligned_tensor_and_bad_alignment(tmp_path):
     _expect_invalid(_write(tmp_path, data), "alignment")
 
 
+def test_layers_and_tensors_that_disagree_are_refused_before_llama_cpp(tmp_path):
+    """llama.cpp aborts the whole process (a daemon with every model it holds) on a layer
+    count of 0; a header of no tensors planned as a model decoding at 3,333 tok/s."""
+    data = g.tiny_model(n_layers=2).replace(g.kv("llama.block_count", g.U32, 2),
+                                            g.kv("llama.block_count", g.U32, 0), 1)
+    _expect_invalid(_write(tmp_path, data), "'blk.1.", "declares 0 layers",
+                    "llama.block_count")
+    data = g.tiny_model(n_layers=3).replace(g.kv("llama.block_count", g.U32, 3),
+                                            g.kv("llama.block_count", g.U32, 2), 1)
+    _expect_invalid(_write(tmp_path, data), "names layer 2", "declares 2 layers")
+    count = g.kv("llama.block_count", g.U32, 2**32 - 1)
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + count
+    _expect_invalid(_write(tmp_path, data), "holds no tensors")
+    _expect_invalid(_write(tmp_path, b"GGUF" + struct.pack("<IQQ", 3, 0, 0)), "no tensors")
+    # The first KB of a model of 236 tensors (the starter's) is a file cut short.
+    cut = b"GGUF" + struct.pack("<IQQ", 3, 236, 40) + b"\0" * 1000
+    _expect_invalid(_write(tmp_path, cut), "236 tensors", "cut short", "download it again")
+
+
 def test_every_truncation_of_a_valid_file_is_a_clean_error(tmp_path):
     full = g.tiny_model(n_layers=1, embd=32, vocab=8)
     header_end = gguf.parse_header(full, len(full)).data_offset
