@@ -252,8 +252,11 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
     if key == "prefix_cache_gb" and isinstance(value, (int, float)) and \
             not 0 <= value < float("inf"):
         raise ConfigError(f"{where}: {key} must be 0 (off) or more GB, got {value}.")
-    if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and value < 0:
-        raise ConfigError(f"{where}: {key} must be 0 or more, got {value}.")
+    if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and \
+            not 0 <= value < float("inf"):
+        raise ConfigError(f"{where}: {key} must be a number of 0 or more, got {value}.")
+    if key == "gpu_layers" and isinstance(value, int) and value < -1:
+        raise ConfigError(f"{where}: gpu_layers must be -1 (all) or 0 or more, got {value}.")
     if key == "flash_attn" and value not in FLASH_ATTN:
         raise ConfigError(f"{where}: flash_attn must be \"auto\", \"on\" or \"off\","
                           f" got {value!r}.")

@@ -459,10 +459,13 @@ class Launcher:
         self.idle_exit_s = idle_exit_s
         self.started_daemon_pid: int | None = None
         self._client: DaemonClient | None = None
+        self._opening_here = False
 
     @property
     def in_process(self) -> bool:
-        return self.no_daemon
+        """Whether models load in this process: no daemon asked for, or none was found, or
+        the model being opened is a file path (always loaded here)."""
+        return self.no_daemon or self._opening_here
 
     # --- the machine --------------------------------------------------------------------
     def probe_hardware(self, *, measure_bandwidth: bool) -> tuple[HardwareProfile,
@@ -521,6 +524,7 @@ class Launcher:
         """Get ``model`` ready (pull a Hub model named hf.co/... on first use, install the
         starter, start the daemon, load) and return a session on it. Raises LocalInferError
         subclasses with a message for the user."""
+        self._opening_here = False
         if is_hub_name(model) and not looks_like_path(model):
             model = self._pulled(model, progress)
         if not self.no_daemon and not looks_like_path(model):
@@ -579,6 +583,7 @@ class Launcher:
         return DaemonSession(client, resolved.name, info, priority=self.priority)
 
     def _open_in_process(self, model: str, progress: Progress) -> Session:
+        self._opening_here = True
         opener = self._open_engine
         if opener is None:
             from .loading import open_engine

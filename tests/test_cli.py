@@ -121,6 +121,38 @@ def test_prompt_longer_than_the_context(starter_path):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args, words", [
+    (["run", "gemma3:270m", "hi", "--threads", "0"], ["--threads", "at least 1, got 0"]),
+    (["run", "gemma3:270m", "hi", "--threads", "-3"], ["--threads", "at least 1, got -3"]),
+    (["run", "gemma3:270m", "hi", "--ctx", "0"], ["--ctx", "at least 1, got 0"]),
+    (["run", "gemma3:270m", "hi", "--gpu-layers", "-2"], ["--gpu-layers", "-1 (all) or 0"]),
+    (["bench", "--llama-server", "/nonexist", "--quick"], ["--llama-server goes with --editor"]),
+    (["bench", "--editor", "--ctx", "512"], ["--editor runs `localinfer serve`"]),
+])
+def test_loading_flags_out_of_range_are_refused_before_anything_loads(home, args, words):
+    out = cli(*args)
+    assert out.returncode == 2, out.stderr
+    for word in words:
+        assert word in out.stderr, out.stderr
+    assert "Loading" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_home_that_cannot_be_written_is_a_store_error(monkeypatch, capsys):
+    import errno
+
+    import localinfer.cli as cli_module
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", "/home/me/.localinfer/data")
+
+    monkeypatch.setattr(cli_module, "load_config", read_only)
+    assert cli_module.main(["list"]) == errors.StoreError.exit_code
+    err = capsys.readouterr().err
+    assert err == ("localinfer: store error: cannot use /home/me/.localinfer/data: Read-only"
+                   " file system. Make it writable or free space, or point LOCALINFER_HOME at"
+                   " a writable directory.\n")
+
+
 def test_not_gguf_file(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_text("this is not a model, it is a text file " * 10)
@@ -227,6 +259,42 @@ def test_run_and_plan_count_the_layers_alike(starter_path):
     row = next(line for line in plan.stdout.splitlines()
                if line.startswith("gemma3:270m-q4_k_m"))
     assert loaded[1] in row.split(), (loaded[1], row)
+
+
+@pytest.mark.model
+def test_all_layers_on_the_gpu_runs_on_the_cpu_where_there_is_none(starter_path):
+    """-1, "all layers wherever a GPU is found" (the hint the refusal of a count gives):
+    a CPU build's llama.cpp says it offloaded them all, and offloads none."""
+    if _can_offload():
+        pytest.skip("llama.cpp can offload to a GPU here")
+    out = cli("run", "gemma3:270m", "hi", "-n", "2", "--no-daemon", "--gpu-layers", "-1")
+    assert out.returncode == 0, out.stderr
+    assert "(Q4_K_M, 0/19 layers on GPU)" in out.stderr
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("after_s", [0.0, 0.15, 0.4])
+def test_ctrl_c_while_a_model_loads_exits_130_cleanly(starter_path, after_s):
+    """Ctrl-C as the load runs: llama.cpp calls back into Python (its log, the progress), where
+    a KeyboardInterrupt was printed by ctypes and dropped (the run went on to generate), and
+    an exit with the load still in llama.cpp crashed now and then."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "run", "gemma3:270m",
+                             "Once upon a time", "-n", "40", "--no-daemon"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = ""
+    while "Loading" not in seen:
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (seen + err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
 
 
 def test_think_without_a_chat_is_refused_before_anything_loads(home):

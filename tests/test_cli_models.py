@@ -68,7 +68,8 @@ def test_pull_list_show_rm(hub_home, local_hub):
     assert out.returncode == 2 and "pass --yes" in one_line_error(out)
     assert cli("list", "--json").stdout.count(NAME) == 1
     out = cli("rm", "tinygemma:270m", "--yes")
-    assert out.returncode == 0 and f"removed {NAME}" in out.stdout
+    assert out.returncode == 0 and f"removed {NAME} (deleted " in out.stdout
+    assert "already gone" not in out.stdout  # it was there until rm deleted it
     assert json.loads(cli("list", "--json").stdout) == []
 
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from .. import __version__, errors
@@ -62,15 +64,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("localinfer: interrupted", file=sys.stderr)
+        _exit_if_llama_busy(Cancelled.exit_code)
         return Cancelled.exit_code
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug: say so in one line unless asked for the traceback
         if args.debug:
             raise
+        if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
+            # Anything that writes the home (the store, chats, caches) on a read-only or
+            # full disk, or a file this user may not use: a one-line store error, not a bug.
+            where = f" {exc.filename}" if exc.filename else ""
+            print(f"localinfer: store error: cannot use{where}: {exc.strerror}. Make it"
+                  " writable or free space, or point LOCALINFER_HOME at a writable directory.",
+                  file=sys.stderr)
+            return errors.StoreError.exit_code
         print(f"localinfer: internal error: {type(exc).__name__}: {exc}"
               " (run with --debug for the traceback)", file=sys.stderr)
         return INTERNAL_ERROR
+
+
+_DISK_ERRORS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def _exit_if_llama_busy(code: int) -> None:
+    """Exit now when an engine's thread is still running (a model load interrupted by Ctrl-C
+    is inside llama.cpp): the interpreter's shutdown would tear down what that thread is using
+    under it (a segfault, now and then). Nothing of the engine's is left to save."""
+    if any(t.name.startswith("localinfer") and t.is_alive() and t is not threading.main_thread()
+           for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class Parser(argparse.ArgumentParser):

@@ -11,8 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import Config
+from ..errors import InvalidRequest
 from ..progress import TerminalProgress, human_bytes
-from .common import add_load_flags, gpu_layers_text, load_settings
+from .common import add_load_flags, gpu_layers_text, load_flags_given, load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +62,13 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from ..bench.engine_bench import run_bench  # the engine: not for building the parser
 
     model = args.model or config.default_model or "gemma3:270m"
+    if args.llama_server and not args.editor:
+        raise InvalidRequest("--llama-server goes with --editor (the editor workload on both"
+                             " servers); the other benches measure localinfer alone.")
+    if args.editor and (load_flags_given(args) or args.prefill or args.lengths or args.setups):
+        raise InvalidRequest("--editor runs `localinfer serve` as it starts by default, with"
+                             " the config's settings: leave out --prefill, --lengths, --setups"
+                             " and the loading flags, or set them in config.toml.")
     if args.editor:
         return editor_bench(model, args.llama_server, quick=args.quick, as_json=args.json)
     config = load_settings(config, args)

@@ -30,15 +30,32 @@ def kv_type_arg(value: str) -> str:
     return value
 
 
+def positive_int(value: str) -> int:
+    """A count of at least 1 (``--ctx``, ``--threads``; argparse prints the message, exit 2)."""
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def gpu_layers_arg(value: str) -> int:
+    """``--gpu-layers``: -1 (all, wherever a GPU is found) or a count of 0 or more."""
+    number = int(value)
+    if number < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (all) or 0 or more, got {number}")
+    return number
+
+
 def add_load_flags(p: argparse.ArgumentParser, *,
                    ctx_help: str = "context window per sequence, tokens") -> None:
     """--ctx, --gpu-layers, --threads, --kv-type and --flash-attn, for every command that
     loads a model; left out, each keeps the config's value."""
     g = p.add_argument_group("loading")
-    g.add_argument("--ctx", type=int, default=None, metavar="N", help=ctx_help)
-    g.add_argument("--gpu-layers", type=int, default=None, metavar="N",
+    g.add_argument("--ctx", type=positive_int, default=None, metavar="N", help=ctx_help)
+    g.add_argument("--gpu-layers", type=gpu_layers_arg, default=None, metavar="N",
                    help="layers to offload to the GPU (-1 = all)")
-    g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads")
+    g.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads")
     g.add_argument("--kv-type", type=kv_type_arg, default=None, metavar="TYPE",
                    help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter), or"
                         " K,V such as q8_0,q4_0; quantized types need flash attention")

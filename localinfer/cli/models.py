@@ -461,10 +461,12 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
             print("Nothing removed.")
             return 0
     for item in found:
+        gone = isinstance(item, InstalledModel) and item.file_missing  # before the removal
         store.remove(item.name)
         if isinstance(item, InstalledModel):
-            kept = (f" (its file {item.path} was already gone)" if item.file_missing
-                    else f" (the linked file {item.path} is kept)" if item.linked else "")
+            kept = (f" (its file {item.path} was already gone)" if gone
+                    else f" (the linked file {item.path} is kept)" if item.linked
+                    else f" (deleted {item.path})")
             print(f"removed {item.name}{kept}")
         else:
             print(f"removed the partial download of {item.name}")

@@ -174,8 +174,8 @@ def _parameter(name: str, value: Any, where: str) -> dict[str, Any]:
             (kind is int and not float(value).is_integer()):
         raise InvalidRequest(f"'{where}' must be {'an integer' if kind is int else 'a number'},"
                              f" got {value!r}.")
-    if value < 0 or (name == "num_ctx" and value < 1):
-        bound = "positive" if name == "num_ctx" else "0 or more"
+    if not 0 <= value < float("inf") or (name == "num_ctx" and value < 1):
+        bound = "positive" if name == "num_ctx" else "a number of 0 or more"
         raise InvalidRequest(f"'{where}' must be {bound}, got {value}.")
     return {name: int(value) if kind is int else float(value)}
 

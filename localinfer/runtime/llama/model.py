@@ -22,7 +22,17 @@ from ..backend import LoadOptions, ProgressCallback
 from ..types import ModelInfo, kv_cache_types
 from .decode import EMBED_CTX_GENERATIVE, EMBED_CTX_MAX, EMBED_SEQS, Decoding
 from .ggml_devices import Device, _use_workers, _worker_split, devices, system_info
-from .native import _failed_allocation, _init, _llama_said, _physical_cores, _recent_log, _set
+from .native import (
+    _failed_allocation,
+    _init,
+    _llama_said,
+    _physical_cores,
+    _recent_log,
+    _set,
+    called_back,
+    interrupted,
+    raise_pending_interrupt,
+)
 from .sampling import Sampling
 from .seq_state import SeqStates, build_id
 from .tensor_placement import cpu_overrides, expert_patterns, on_host, read_report, start_report
@@ -134,6 +144,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         start_report()
         t0 = time.perf_counter()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
+        raise_pending_interrupt()
         if not self._model:
             raise _out_of_memory(path, "its weights", options, header.block_count) or \
                 ModelLoadError(f"llama.cpp could not load {path}{_llama_said()}")
@@ -191,6 +202,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
                 raise ModelLoadError(f"{exc}.") from None
             _set(cparams, type_k=_GGML_KV_TYPES[k], type_v=_GGML_KV_TYPES[v])
         self._ctx = L.llama_init_from_model(self._model, cparams)
+        raise_pending_interrupt()
         if not self._ctx:
             self.close()
             slots = f"{options.n_ctx} tokens x {n_slots} slot{'s' * (n_slots != 1)}"
@@ -243,8 +255,9 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self._candidates = None
         self._vocab_ids = None
         report = read_report()
-        if report.offloaded is not None and not options.rpc_servers:
-            offloaded = report.offloaded  # llama.cpp's own count, as it says it
+        if report.offloaded is not None and not options.rpc_servers and gpu:
+            offloaded = report.offloaded  # llama.cpp's own count, as it says it (a CPU build
+            # says "offloaded 19/19 layers to GPU" for -1 too, and offloads none)
         self.info = self._describe(path, name, header, options, n_slots, n_layers=n_layers,
                                    offloaded=offloaded, gpu=gpu, flash_attn=flash_attn)
         # What a sequence's state saved on disk is valid for, besides the file (a state
@@ -263,6 +276,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         self.fim_repo = ((self._special_text(repo), self._special_text(sep))
                          if repo >= 0 and sep >= 0 else None)
 
+    @called_back
     def _on_progress(self, fraction: float, user_data: ctypes.c_void_p) -> bool:
         try:
             progress = self._progress
@@ -270,7 +284,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
             progress(float(fraction))
         except Exception:  # a UI error must not abort the load from inside C
             log.exception("progress callback failed")
-        return True
+        return not interrupted()  # a Ctrl-C stops the load (raised once llama.cpp returns)
 
     def _describe(self, path: Path, name: str, header: GGUFHeader, options: LoadOptions,
                   n_slots: int, *, n_layers: int, offloaded: int, gpu: list[Device],

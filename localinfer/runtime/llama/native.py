@@ -9,6 +9,7 @@ import ctypes
 import logging
 import os
 import re
+import signal
 import threading
 from typing import Any
 
@@ -33,7 +34,45 @@ _REPORTED = ("buffer size =", "offloaded ", "buffer type overridden")
 _LOG_LEVELS = {3: logging.INFO}
 
 
+_interrupted = False
+_callbacks: set[Any] = set()
+"""The code of the Python functions llama.cpp calls back (``called_back``)."""
+
+
+def called_back(function: Any) -> Any:
+    """Mark ``function`` as one llama.cpp calls from C: a Ctrl-C that lands inside it is put
+    off until llama.cpp returns (``raise_pending_interrupt``). Raised inside it, ctypes would
+    print the KeyboardInterrupt and drop it, and the load it meant to stop would go on."""
+    _callbacks.add(function.__code__)
+    return function
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _interrupted
+    at = frame
+    while at is not None:
+        if at.f_code in _callbacks:
+            _interrupted = True
+            return
+        at = at.f_back
+    signal.default_int_handler(signum, frame)
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl-C waits for llama.cpp to return (a load's progress callback stops it)."""
+    return _interrupted
+
+
+def raise_pending_interrupt() -> None:
+    """Raise the Ctrl-C put off while llama.cpp called back into Python, if one was."""
+    global _interrupted
+    if _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt
+
+
 @L.llama_log_callback
+@called_back
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp writes to stderr by default, which would corrupt a TUI; route it to logging
     # and keep the last lines so a load failure can say what llama.cpp complained about.
@@ -53,6 +92,9 @@ def _init() -> None:
     global _initialised
     with _init_lock:
         if not _initialised:
+            if threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.signal(signal.SIGINT, _on_sigint)  # the default's, but for called_back
             L.llama_log_set(_log_callback, ctypes.c_void_p(0))
             L.llama_backend_init()
             _initialised = True
