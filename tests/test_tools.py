@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from daemon_util import fake_factory, install_fake_models, ollama_client, openai_client, serve
 from localinfer.errors import InvalidRequest
 from localinfer.runtime.chat_template import BUILTIN_TEMPLATES, ChatTemplate
-from localinfer.runtime.grammar import integer_range, json_grammar, number_range, to_gbnf
+from localinfer.runtime.grammar import (
+    gbnf_grammar,
+    integer_range,
+    json_grammar,
+    number_range,
+    to_gbnf,
+)
 from localinfer.runtime.llama import schema_rules
 from localinfer.runtime.tools import (
     FORMATS,
@@ -289,8 +295,9 @@ def test_integer_bounds_are_enforced_or_refused():
     # math.isfinite: a 500); JSON's 1e400 reads as infinity, which is refused.
     assert "root ::=" in schema_rules({"type": "integer", "maximum": 10**400}, "root")
     for schema in ({"type": "integer", "maximum": float("inf")},
-                   {"type": "number", "maximum": 1}, {"type": "number", "minimum": 0.5,
-                                                       "maximum": 2},
+                   {"type": "number", "maximum": -1}, {"type": "number", "minimum": 0.5,
+                                                        "maximum": 2},
+                   {"type": "number", "minimum": -2}, {"type": "number", "exclusiveMinimum": 0},
                    {"type": "integer", "minimum": 3, "maximum": 1}):
         with pytest.raises(ValueError):
             schema_rules(schema, "n")
@@ -335,6 +342,86 @@ def test_number_bounds_from_zero_admit_the_numbers_in_range(high, value):
     text = f"{value:.3f}"
     assert bool(re.fullmatch(pattern, text)) == (float(text) <= high), (high, text)
     assert not re.fullmatch(pattern, "-1") and not re.fullmatch(pattern, f"0{high}")
+
+
+@given(low=st.one_of(st.none(), st.integers(0, 10**6), st.just(3.0)),
+       high=st.one_of(st.none(), st.integers(0, 10**7)),
+       value=st.floats(-2 * 10**7, 2 * 10**7))
+def test_number_bounds_on_one_side_admit_the_numbers_in_range(low, high, value):
+    """A maximum alone (an MCP tool's ``timeout: {type: number, maximum: 600000}``) admits
+    every number up to it, negatives included; a whole minimum alone, every number from it."""
+    if (low is None and high is None) or (low is not None and high is not None and high < low):
+        return
+    schema = {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}
+    pattern = _regex(number_range(schema))
+    text = f"{value:.3f}"
+    inside = (low is None or float(text) >= low) and (high is None or float(text) <= high)
+    if text.startswith("-") and float(text) == 0:
+        return  # "-0.000": in range, and a grammar from 0 up need not write it
+    if len(text.split(".")[0].lstrip("-")) <= 16:
+        assert bool(re.fullmatch(pattern, text)) == inside, (schema, text)
+
+
+def test_a_tools_local_refs_are_its_own():
+    """A tool schema with ``$defs`` and a local ``$ref`` (pydantic, FastMCP) makes a grammar:
+    its references resolve in its own schema, not in the call grammar's."""
+    shapes = {"type": "object", "required": ["where", "limit"], "properties": {
+        "where": {"$ref": "#/$defs/Place"}, "limit": {"type": "number", "maximum": 600000},
+        "then": {"$ref": "#/definitions/Step"}},
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}},
+        "definitions": {"Step": {"anyOf": [{"type": "string"}, {"$ref": "#/definitions/Step"},
+                                           {"$ref": "#"}]}}}
+    tools = parse_tools([{"type": "function", "function": {"name": n, "parameters": shapes}}
+                         for n in ("a", "b")])
+    fmt = detect_format("<tool_call>{{ tools }}</tool_call>")
+    for choice in (ToolChoice("required"), ToolChoice("function", "b")):
+        grammar = call_grammar(fmt, tools, choice, parallel=True)
+        assert grammar is not None
+        gbnf = to_gbnf(grammar, schema_rules)
+        assert "city" in gbnf and "600000" in gbnf
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "'minLength' 5 is greater than"),
+    ({"type": "array", "items": {}, "minItems": 3, "maxItems": 1}, "'minItems' 3 is greater"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "'allOf' can be enforced only"),
+    ({"type": "integer", "multipleOf": 7}, "'multipleOf' cannot be enforced"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+    ({"type": "object", "minProperties": 2}, "'minProperties'"),
+])
+def test_a_response_format_the_grammar_cannot_hold_is_refused(schema, words):
+    """Never a grammar that admits what the schema forbids; a minimum past its maximum (a
+    repetition of {5,2}) took llama.cpp's grammar parser to 23 GB and the daemon to the OOM
+    killer."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        schema_rules(schema, "root")
+
+
+def test_a_tools_parameters_leave_what_no_grammar_holds_to_the_model():
+    tools = parse_tools([{"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True,
+                                                  "items": {"type": "string"}}}}}}])
+    grammar = call_grammar(detect_format("<tool_call>{{ tools }}</tool_call>"), tools,
+                           ToolChoice("required"), parallel=False)
+    assert grammar is not None and grammar.described
+    from localinfer.runtime.llama.sampling import described_schema_rules
+
+    assert "tags" in to_gbnf(grammar, described_schema_rules)
+    bad = {"type": "object", "properties": {"a": {"type": "string", "minLength": 3,
+                                                  "maxLength": 1}}}
+    with pytest.raises(ValueError, match="'minLength' 3 is greater"):
+        described_schema_rules(bad, "root")
+
+
+@pytest.mark.parametrize("text, words", [
+    ('root ::= "a"{5,2}', "asks for at least 5 and at most 2"),
+    ('root ::= "a"{2000000}', "counts past 1,000,000"),
+    ('root ::= ("a" | "b"){0,3000000}', "counts past"),
+])
+def test_a_gbnf_repetition_llama_cpp_would_build_forever_is_refused(text, words):
+    with pytest.raises(ValueError, match=words):
+        gbnf_grammar(text)
+    gbnf_grammar('root ::= "a"{1,3} "b"{2,} [{] "x{5,2}"')  # literals and classes are text
 
 
 def test_grammar_nesting_counts_groups_outside_quotes_classes_and_comments():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,10 @@ class Grammar:
     """A thinking model's reasoning tags (open, close): the reply may begin with a reasoning
     block of free text, and the constraint holds after it. An empty open tag: the prompt
     opened the block, so the reply begins inside it and must close it first."""
+    described: bool = False
+    """The schema describes the JSON (a tool's parameters, which the client does not ask to
+    be enforced): keywords no grammar can hold (UNENFORCED_KEYWORDS) are left to the model.
+    False (a response format): such a keyword is refused, never loosened."""
 
     @property
     def schema_json(self) -> Any:
@@ -90,10 +95,18 @@ def gbnf_grammar(text: str) -> Grammar:
     return Grammar(gbnf=text)
 
 
+MAX_REPETITION = 1_000_000
+"""The largest count a repetition (``x{m,n}``) may give: llama.cpp writes one rule per
+repeated item (a string's maxLength of 524,288, Claude Code's, is 524,288 rules)."""
+_REPETITION = re.compile(r"\{\s*(\d*)\s*(,?)\s*(\d*)\s*\}")
+
+
 def gbnf_nesting(text: str) -> int:
     """How deep ``text``'s parenthesised groups nest (outside literals, classes and
     comments). Raises ValueError for what llama.cpp's grammar sampler aborts the process on:
-    a token reference (``<[id]>``, ``<name>``), a NUL character in a literal."""
+    a token reference (``<[id]>``, ``<name>``), a NUL character in a literal; and for a
+    repetition whose minimum passes its maximum or MAX_REPETITION, which llama.cpp's parser
+    tries to build until the memory runs out (``"a"{5,2}``: 23 GB, then the OOM killer)."""
     depth = deepest = 0
     closer = ""  # the character that ends the literal or class being read, if any
     escaped = comment = False
@@ -123,7 +136,21 @@ def gbnf_nesting(text: str) -> int:
             deepest = max(deepest, depth)
         elif char == ")":
             depth -= 1
+        elif char == "{":
+            _check_repetition(_REPETITION.match(text, i))
     return deepest
+
+
+def _check_repetition(match: re.Match[str] | None) -> None:
+    if match is None:
+        return  # not a count: llama.cpp's parser says what is wrong
+    low, comma, high = match.groups()
+    counts = [int(n) for n in (low, high) if n]
+    if any(n > MAX_REPETITION for n in counts):
+        raise ValueError(f"the repetition {match.group(0)} counts past {MAX_REPETITION:,}")
+    if low and high and comma and int(low) > int(high):
+        raise ValueError(f"the repetition {match.group(0)} asks for at least {low} and at"
+                         f" most {high}")
 
 
 SchemaRules = Callable[[Any, str], str]
@@ -202,20 +229,39 @@ def integer_range(schema: dict[str, Any]) -> str:
 
 
 def number_range(schema: dict[str, Any]) -> str:
-    """The GBNF of a number schema's bounds where both are whole, non-negative and inclusive
-    (``minimum: 0, maximum: 600000``, as tool schemas write a timeout): an integer part in
-    range and any fraction, the top bound only as itself. Other bounds are refused
-    (ValueError), never dropped."""
-    low, high = schema.get("minimum"), schema.get("maximum")
-    if (not isinstance(low, int) or not isinstance(high, int) or isinstance(low, bool)
-            or isinstance(high, bool) or "exclusiveMinimum" in schema
-            or "exclusiveMaximum" in schema or low < 0 or high < low):
-        raise ValueError("bounds on a 'number' can be enforced only as a whole, non-negative"
-                         " minimum and maximum; use an integer or leave them out")
+    """The GBNF of a number schema's bounds where they are whole and inclusive, the minimum
+    (if any) not negative, the maximum (if any) not below it (``minimum: 0, maximum: 600000``,
+    or a maximum alone, as tool schemas write a timeout): an integer part in range and any
+    fraction, the top bound only as itself. Other bounds are refused (ValueError), never
+    dropped."""
+    try:
+        low, high = _whole(schema.get("minimum")), _whole(schema.get("maximum"))
+    except ValueError:
+        low = high = None
+    if ("exclusiveMinimum" in schema or "exclusiveMaximum" in schema
+            or (low is None and high is None) or (low is not None and low < 0)
+            or (high is not None and high < (0 if low is None else low))):
+        raise ValueError("bounds on a 'number' can be enforced only as a whole, inclusive"
+                         " minimum of 0 or more and maximum of 0 or more; use an integer or"
+                         " leave them out")
     fraction = '("." [0-9]{1,15})?'
-    if high == low:
-        return f'"{high}" ("." "0"{{1,15}})?'
-    return f'({_integers(low, high - 1)}) {fraction} | "{high}" ("." "0"{{1,15}})?'
+    if high is None:
+        return f"({_naturals(low or 0, None)}) {fraction}"
+    parts = [f'"-" ({_naturals(0, None)}) {fraction}'] if low is None else []
+    if high > (low or 0):
+        parts.append(f"({_integers(low or 0, high - 1)}) {fraction}")
+    parts.append(f'"{high}" ("." "0"{{1,15}})?')
+    return " | ".join(parts)
+
+
+def _whole(value: Any) -> int | None:
+    """A bound as an int: None stays None; a whole finite number (5 or 5.0) is its int."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(value)
 
 
 def _integers(low: int | None, high: int | None) -> str:

@@ -160,20 +160,21 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
         return None
     chosen = [t for t in tools if choice.mode != "function" or t.name == choice.name]
     lazy = choice.mode == "auto"
+    parameters, defs = _embedded(chosen)
     if fmt.name == "harmony":  # the name is in the header: one alternative per function
-        return Grammar(json.dumps({"anyOf": [t.parameters for t in chosen]}),
+        return Grammar(json.dumps({"anyOf": parameters, **defs}), described=True,
                        heads=tuple(f"functions.{t.name}" for t in chosen),
                        infix=_HARMONY_INFIX, lead="" if lazy else _HARMONY_CALL_OPENING,
                        triggers=(_HARMONY_TRIGGER,) if lazy else ())
     call = {"anyOf": [{
         "type": "object",
-        "properties": {"name": {"const": t.name}, fmt.arguments_key: t.parameters},
+        "properties": {"name": {"const": t.name}, fmt.arguments_key: arguments},
         "required": ["name", fmt.arguments_key],
-    } for t in chosen]}
-    schema: dict[str, Any] = call
+    } for t, arguments in zip(chosen, parameters, strict=True)]}
+    schema: dict[str, Any] = {**call, **defs}
     separator: str | None = "\n" if parallel else None
     if fmt.as_list:
-        schema = {"type": "array", "items": call, "minItems": 1}
+        schema = {"type": "array", "items": call, "minItems": 1, **defs}
         if not parallel:
             schema["maxItems"] = 1
         separator = None
@@ -186,8 +187,38 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
     else:
         prefix = suffix = ""
         trigger = r"\s*(\{\s*\"name\")[\s\S]*"
-    return Grammar(json.dumps(schema), prefix=prefix, suffix=suffix,
+    return Grammar(json.dumps(schema), prefix=prefix, suffix=suffix, described=True,
                    separator=separator, triggers=(trigger,) if lazy else ())
+
+
+def _embedded(tools: Sequence[Tool]) -> tuple[list[Any], dict[str, Any]]:
+    """Each tool's parameters as the call grammar's schema holds them, and the ``$defs`` its
+    root needs. A tool's local ``$ref`` ("#/$defs/A", as pydantic and MCP servers write them)
+    points into the tool's own schema, not the grammar's: such a schema is copied under the
+    root's ``$defs`` as ``tool<i>``, its references moved under it."""
+    parameters: list[Any] = []
+    defs: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
+        if '"$ref"' not in json.dumps(tool.parameters):
+            parameters.append(tool.parameters)
+            continue
+        moved = _refs_under(tool.parameters, f"/$defs/tool{i}")
+        defs[f"tool{i}"] = moved
+        parameters.append(moved)
+    return parameters, ({"$defs": defs} if defs else {})
+
+
+def _refs_under(schema: Any, pointer: str) -> Any:
+    """``schema`` with every local reference ("#", "#/...") moved under ``pointer``."""
+    if isinstance(schema, list):
+        return [_refs_under(item, pointer) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    moved = {key: _refs_under(value, pointer) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        moved["$ref"] = "#" + pointer + ref[1:]
+    return moved
 
 
 def new_call_id() -> str:

@@ -120,7 +120,8 @@ class Sampling(LlamaHandles):
         gbnf = self._gbnf.get(grammar)
         if gbnf is None:
             try:
-                gbnf = to_gbnf(grammar, schema_rules)
+                gbnf = to_gbnf(grammar, schema_rules if not grammar.described else
+                               described_schema_rules)
                 depth = gbnf_nesting(gbnf)  # once per grammar: the text is cached below
                 if depth > MAX_GRAMMAR_NESTING:  # llama.cpp parses groups recursively: a crash
                     raise ValueError(f"the grammar nests groups {depth} deep (a repeated bound"
@@ -290,11 +291,14 @@ def _data_array(candidates: np.ndarray) -> L.llama_token_data_array:
         size=len(candidates), selected=-1, sorted=False)
 
 
-def schema_rules(schema: object, rule: str) -> str:
+def schema_rules(schema: object, rule: str, *, described: bool = False) -> str:
     """GBNF rules defining ``rule`` as JSON that matches ``schema``, by the converter that
-    llama-cpp-python ships (llama.cpp's json_schema_to_grammar.py; local $refs only)."""
+    llama-cpp-python ships (llama.cpp's json_schema_to_grammar.py; local $refs only). A
+    keyword it cannot enforce (UNENFORCED_KEYWORDS) is refused, unless the schema only
+    ``described`` the JSON (a tool's parameters)."""
     converter = _SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
                                  raw_pattern=False)
+    converter.described = described
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
     defined = converter.visit(converter.resolve_refs(schema, "request"), rule)
@@ -302,6 +306,21 @@ def schema_rules(schema: object, rule: str) -> str:
     # A primitive schema comes back as a built-in rule's name ("string"), not ``rule``.
     return rules if defined == rule else f"{rule} ::= {defined}\n{rules}"
 
+
+def described_schema_rules(schema: object, rule: str) -> str:
+    """``schema_rules`` for a tool's parameters."""
+    return schema_rules(schema, rule, described=True)
+
+
+UNENFORCED_KEYWORDS = ("multipleOf", "uniqueItems", "minProperties", "maxProperties",
+                       "dependentRequired", "dependentSchemas", "dependencies", "contains",
+                       "minContains", "maxContains", "propertyNames", "patternProperties",
+                       "if", "then", "else", "not", "unevaluatedProperties",
+                       "unevaluatedItems")
+"""JSON Schema keywords the converter does not enforce (it would write a grammar without
+them). A response format with one is refused; a tool's parameters keep the rest of their
+schema enforced and leave these to the model, as llama-server does."""
+_MIN_MAX = (("minLength", "maxLength"), ("minItems", "maxItems"))
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _ANNOTATIONS = {"description", "title", "default", "examples", "$comment", "$schema", "$id",
@@ -327,7 +346,26 @@ class _SchemaConverter(SchemaConverter):
     """The shipped converter, plus the numeric bounds it would silently ignore, and a schema
     of annotations alone (any value), which it refuses."""
 
+    described = False
+
     def visit(self, schema: Any, name: str) -> str:
+        if isinstance(schema, dict):
+            unenforced = [k for k in UNENFORCED_KEYWORDS if k in schema]
+            if unenforced and not self.described:
+                raise ValueError(f"'{unenforced[0]}' cannot be enforced by a grammar; leave it"
+                                 " out (or check it after the reply)")
+            for least, most in _MIN_MAX:
+                a, b = schema.get(least), schema.get(most)
+                if isinstance(a, int) and isinstance(b, int) and a > b:
+                    raise ValueError(f"'{least}' {a} is greater than '{most}' {b}")
+            if "allOf" in schema and not all(
+                    isinstance(part, dict) and (part.get("type") == "object" or set(part) & {
+                        "properties", "$ref", "anyOf"} or set(part) <= _ANNOTATIONS)
+                    for part in schema["allOf"] or [None]):
+                raise ValueError("'allOf' can be enforced only over object schemas (their"
+                                 " properties are merged)")
+            if self.described:
+                schema = {k: v for k, v in schema.items() if k not in UNENFORCED_KEYWORDS}
         if isinstance(schema, dict) and _plain_string_with_length(schema):
             # The shipped converter writes a length bound as one nested group per character,
             # which llama.cpp parses recursively: a maxLength of 65,536 overflowed its stack
