@@ -47,6 +47,16 @@ REFUSED = [
     ("/api/generate", GENERATE, {"width": 512}, "width"),
     ("/api/generate", GENERATE, {"options": {"typical_p": 0}}, "typical_p"),
     ("/api/generate", GENERATE, {"debug_render_only": True}, "debug_render_only"),
+    # Values refused rather than taken for something else (a client's mistake never runs on).
+    ("/api/generate", GENERATE, {"options": {"num_predict": -5}}, "options.num_predict"),
+    ("/v1/chat/completions", CHAT, {"stream": True, "stream_options": {"foo": 1}},
+     "stream_options.foo"),
+    ("/v1/chat/completions", CHAT, {"stream_options": "abc"}, "stream_options"),
+    ("/v1/chat/completions", CHAT, {"stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
+    ("/v1/chat/completions", CHAT, {"priority": "Interactive"}, "priority"),
+    ("/v1/chat/completions", CHAT, {"priority": 0}, "priority"),
+    ("/api/chat", OLLAMA_CHAT, {"priority": []}, "priority"),
 ]
 
 

@@ -35,8 +35,20 @@ def test_browser_origins_are_refused_unless_configured(daemon):
                      headers={"Origin": "https://evil.example"})
         assert bad.status_code == 403
         assert "access-control-allow-origin" not in bad.headers
+        # A page served from this machine or an editor's webview is answered with CORS
+        # headers, as Ollama answers them: the guard lets it through, so a browser may read it.
         ok = c.get("/api/tags", headers={"Origin": "http://localhost:5173"})
-        assert ok.status_code == 200 and "access-control-allow-origin" not in ok.headers
+        assert ok.status_code == 200
+        assert ok.headers["access-control-allow-origin"] == "http://localhost:5173"
+        for origin in ("http://localhost:5173", "vscode-webview://abc"):
+            pre = c.options("/api/chat", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type"})
+            assert pre.status_code == 200, pre.text
+            assert pre.headers["access-control-allow-origin"] == origin
+        refused = c.options("/api/chat", headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert refused.status_code == 403
 
 
 def test_configured_cors_origin(home):

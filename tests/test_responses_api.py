@@ -81,6 +81,7 @@ def test_max_output_tokens_makes_an_incomplete_response(daemon):
     client = openai_client(daemon)
     r = client.responses.create(model="fake:1b", input="hi", max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[-1].status == "incomplete"  # the message cut off, as OpenAI marks it
     assert r.usage.output_tokens == 3
     with client.responses.stream(model="fake:1b", input="hi", max_output_tokens=3) as s:
         types = [e.type for e in s]
@@ -295,9 +296,13 @@ def test_input_items_lists_what_a_response_was_made_from(daemon):
     second = client.responses.create(model="fake:1b", input="four",
                                      previous_response_id=first.id)
     page = client.responses.input_items.list(second.id, order="asc")
-    texts = [item.content[0].text if isinstance(item.content, list) else item.content
-             for item in page.data]
-    assert texts == ["one", "two", "three", REPLY, "four"]
+    assert [item.content[0].text for item in page.data] == ["one", "two", "three", REPLY,
+                                                             "four"]
+    # As OpenAI lists them: parts, not strings, and a status.
+    raw = page.model_dump()["data"]
+    assert [i["content"][0]["type"] for i in raw] == ["input_text", "output_text",
+                                                       "input_text", "output_text", "input_text"]
+    assert all(i["status"] == "completed" for i in raw)
     assert page.data[2].id == "msg_mine" and all(item.id for item in page.data)
     newest = client.responses.input_items.list(second.id, limit=2)
     assert [i.id for i in newest.data] == [page.data[4].id, page.data[3].id]

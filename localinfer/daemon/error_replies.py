@@ -75,6 +75,8 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
         if code is None and status >= 500:
             code = "server_error"
         headers = {"Retry-After": "2"} if isinstance(exc, Busy) else None
+        if isinstance(exc, Busy) and is_anthropic_path(path):
+            status = 529  # Anthropic's "overloaded" (its SDK's OverloadedError), retried
         body = error_body(path, status, exc.message, code)
         if path.startswith("/localinfer/"):  # localinfer's own client rebuilds the error
             body["error"] |= error_json(exc)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import time
+from collections.abc import Sequence
 from contextvars import ContextVar
 
 from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,6 +39,33 @@ def host_is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def origin_allowed(cors_origins: Sequence[str], origin: str) -> bool:
+    """A browser page's Origin this daemon answers: one given with ``--cors-origin`` (or
+    ``*``), an editor's or desktop app's webview, or a page served from this machine."""
+    if origin in cors_origins or "*" in cors_origins:
+        return True
+    if origin.startswith(_TRUSTED_ORIGIN_SCHEMES):
+        return True
+    for scheme in ("http://", "https://"):
+        if origin.startswith(scheme):
+            return host_is_loopback(origin[len(scheme):].split("/", 1)[0])
+    return False
+
+
+class LocalCORS(CORSMiddleware):
+    """CORS headers, and answers to preflights, for every origin the guard lets through (a
+    page on localhost, an editor's webview), as Ollama sends them; not only for those given
+    with ``--cors-origin``. Without them a browser drops the reply the guard allowed."""
+
+    def __init__(self, app: ASGIApp, cors_origins: Sequence[str]) -> None:
+        super().__init__(app, allow_origins=list(cors_origins), allow_methods=["*"],
+                         allow_headers=["*"])
+        self._origins = tuple(cors_origins)
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        return origin_allowed(self._origins, origin)
 
 
 class Guard:
@@ -104,14 +133,7 @@ class Guard:
         await self.app(scope, limited_receive, send)
 
     def _origin_allowed(self, origin: str) -> bool:
-        if origin in self.settings.cors_origins or "*" in self.settings.cors_origins:
-            return True
-        if origin.startswith(_TRUSTED_ORIGIN_SCHEMES):
-            return True
-        for scheme in ("http://", "https://"):
-            if origin.startswith(scheme):
-                return host_is_loopback(origin[len(scheme):].split("/", 1)[0])
-        return False
+        return origin_allowed(self.settings.cors_origins, origin)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, status: int,
                       message: str, code: str | None = None) -> None:

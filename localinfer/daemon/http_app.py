@@ -9,7 +9,6 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import LocalInferError
 from . import (
@@ -23,7 +22,7 @@ from . import (
     responses_routes,
 )
 from .error_replies import handle_error
-from .guard import Guard
+from .guard import Guard, LocalCORS
 from .state import DaemonState
 
 
@@ -32,10 +31,8 @@ def create_app(state: DaemonState) -> Starlette:
               *anthropic_routes.routes(state), *responses_routes.routes(state),
               *ollama_routes.routes(state), *embedding_routes.routes(state),
               *llama_routes.routes(state), *preset_routes.routes(state)]
-    middleware = [Middleware(Guard, settings=state.settings)]
-    if state.settings.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(
-            state.settings.cors_origins), allow_methods=["*"], allow_headers=["*"]))
+    middleware = [Middleware(Guard, settings=state.settings),
+                  Middleware(LocalCORS, cors_origins=tuple(state.settings.cors_origins))]
     app = Starlette(
         routes=routes,
         middleware=middleware,

@@ -336,8 +336,9 @@ def _options(f: Fields, *, top_level: bool = False):
     options = Fields(given, "options.")
     num_predict = options.integer("num_predict", None)
     max_tokens = None if num_predict is None or num_predict < 0 else num_predict
-    if num_predict == 0:
-        raise InvalidRequest("'options.num_predict' must be positive (or -1 for no limit).")
+    if num_predict is not None and (num_predict == 0 or num_predict < -2):
+        raise InvalidRequest("'options.num_predict' must be positive, or -1 (no limit) or -2"
+                             f" (until the context is full), got {num_predict}.")
     return dataclasses.replace(sampling(options, max_tokens=max_tokens),
                                logprobs=top_logprobs(f, asked=f.boolean("logprobs", False)),
                                grammar=ollama_format(f.data))

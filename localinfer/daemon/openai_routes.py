@@ -58,6 +58,23 @@ from .structured import (
 )
 
 
+def stream_usage(options: Any) -> bool:
+    """``stream_options``: whether a stream ends with a usage chunk (``include_usage``);
+    ``include_obfuscation`` is taken and has nothing to pad here. Anything else is refused."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object such as"
+                             " {\"include_usage\": true}.")
+    for key, value in options.items():
+        if key not in ("include_usage", "include_obfuscation"):
+            raise InvalidRequest(f"'stream_options.{key}' is not supported (only"
+                                 " include_usage and include_obfuscation are).")
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"'stream_options.{key}' must be true or false.")
+    return bool(options.get("include_usage"))
+
+
 def usage_json(done: Done) -> dict[str, Any]:
     u = done.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -197,8 +214,7 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
     encode_checked = within_slots(copies, encode, lambda n: (
         f"'n' must be at most {n} (this model's slots: each choice is a sequence of its own),"
         f" got {copies}."))
-    options = f.data.get("stream_options") or {}
-    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    include_usage = stream_usage(f.data.get("stream_options"))
     entry, events, stack = await start_generation(
         state.manager, name, encode_checked,
         constraints.sampling(params) if constraints is not None else params, priority,

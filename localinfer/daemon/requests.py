@@ -373,16 +373,24 @@ def _kind(value: Any) -> str:
             type(None): "null"}.get(type(value), type(value).__name__)
 
 
+_PRIORITIES = {"interactive": Priority.INTERACTIVE, "normal": Priority.NORMAL,
+               "background": Priority.BACKGROUND}
+
+
 def parse_priority(value: Any) -> Priority:
-    """``"interactive"`` (a person is waiting), ``"background"`` or anything else: normal."""
-    if value is not None and not isinstance(value, str):
+    """``"interactive"`` (a person is waiting), ``"normal"`` (None too) or ``"background"``;
+    anything else is refused (never taken for normal)."""
+    if value is None:
+        return Priority.NORMAL
+    if not isinstance(value, str) or value not in _PRIORITIES:
         raise InvalidRequest("'priority' must be \"interactive\", \"normal\" or"
-                             " \"background\".")
-    return {"interactive": Priority.INTERACTIVE,
-            "background": Priority.BACKGROUND}.get(value or "", Priority.NORMAL)
+                             f" \"background\", got {value!r}.")
+    return _PRIORITIES[value]
 
 
 def priority_of(request: Request, body: dict[str, Any]) -> Priority:
     """Interactive chat goes first; a client may say so (localinfer's chat UI does) with a
     ``priority`` field or an ``X-Localinfer-Priority`` header."""
-    return parse_priority(body.get("priority") or request.headers.get("x-localinfer-priority"))
+    asked = body["priority"] if "priority" in body else request.headers.get(
+        "x-localinfer-priority")
+    return parse_priority(asked)

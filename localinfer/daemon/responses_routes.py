@@ -145,7 +145,7 @@ def routes(state: DaemonState, store: ResponseStore | None = None) -> list[Route
             if after not in ids:
                 raise InvalidRequest(f"'after': no item {after!r} in this response's input.")
             items = items[ids.index(after) + 1:]
-        page = items[:int(limit)]
+        page = [listed_item(item) for item in items[:int(limit)]]
         return JSONResponse({"object": "list", "data": page,
                              "first_id": page[0].get("id") if page else None,
                              "last_id": page[-1].get("id") if page else None,
@@ -329,6 +329,21 @@ def input_items(value: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"'input[{i}]' needs a 'type' (or a 'role', for a message).")
         items.append({**item, "type": kind})
     return items
+
+
+def listed_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as OpenAI lists it: a message's text as a list of parts (``input_text``,
+    an assistant's ``output_text``) and its ``status``."""
+    if item.get("type") != "message":
+        return item
+    content = item.get("content")
+    if isinstance(content, str):
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        part: dict[str, Any] = {"type": kind, "text": content}
+        if kind == "output_text":
+            part["annotations"] = []
+        content = [part]
+    return {**item, "content": content, "status": item.get("status", "completed")}
 
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
@@ -528,7 +543,7 @@ class Reply:
         return {"type": "output_text", "text": text, "annotations": [],
                 "logprobs": entries_json(self.entries) if self.logprobs else []}
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         item = self.item
         if item is None:
             return []
@@ -538,7 +553,7 @@ class Reply:
         else:
             done = self._event("response.output_text.done", **where, text=self.text,
                                logprobs=part["logprobs"])
-        item = {**item, "status": "completed", "content": [part]}
+        item = {**item, "status": status, "content": [part]}
         events = [done, self._event("response.content_part.done", **where, part=part),
                   self._event("response.output_item.done", output_index=len(self.output),
                               item=item)]
@@ -592,7 +607,8 @@ class Reply:
     def _finish(self, done: Done, calls: list[ToolCall]) -> list[dict[str, Any]]:
         if self.item is not None and self.item["type"] == "message":
             self.entries += self.pending
-        events = self._close()
+        # The item still open when max_output_tokens ran out was cut off: incomplete.
+        events = self._close("incomplete" if done.finish_reason == "length" else "completed")
         for item in self.streamed:  # a call cut off (max_output_tokens) ends incomplete
             if item["status"] == "in_progress":
                 events += self._call_done(item, "incomplete")
