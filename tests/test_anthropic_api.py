@@ -234,6 +234,10 @@ BAD = [
     ({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
       "tool_choice": {"type": "tool", "name": [1]}}, "tool_choice.name"),
     ({"output_config": {"effort": [1]}}, "output_config.effort"),
+    # cache_control saves prefixes to disk: garbage is not taken for "ephemeral".
+    ({"cache_control": "abc"}, "cache_control"),
+    ({"cache_control": {"type": "ephemeral", "ttl": "1d"}}, "cache_control"),
+    ({"system": [{"type": "text", "text": "x", "cache_control": True}]}, "cache_control"),
 ]
 
 

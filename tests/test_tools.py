@@ -179,6 +179,13 @@ def test_openai_client_gets_tool_calls_whole_and_streamed(tool_daemon):
     assert deltas[0].function.name == "get_weather"
     arguments = "".join(d.function.arguments or "" for d in deltas)
     assert json.loads(arguments) == {"city": "Paris"}
+    # The arguments are streamed as the model writes them (in several pieces, before the
+    # reply ends), as OpenAI streams them, not held to the end; the id is sent once.
+    pieces = [d for d in deltas if d.function.arguments]
+    assert len(pieces) > 1 and [d.id for d in deltas if d.id] == [deltas[0].id]
+    last_piece = max(i for i, c in enumerate(chunks) for d in (
+        c.choices[0].delta.tool_calls or [] if c.choices else []) if d.function.arguments)
+    assert chunks[last_piece].choices[0].finish_reason is None
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # The history goes back: the call and its result reach the prompt.
     messages += [choice.message.model_dump(exclude_none=True),

@@ -156,7 +156,8 @@ def asks_caching(body: dict[str, Any]) -> bool:
     """Whether the request has a ``cache_control`` (its own, or on a system, tool or message
     block): its prompt's prefixes are then saved to the prefix cache on disk on their first
     reading, not only once read before (runtime/disk_cache.py)."""
-    if body.get("cache_control"):
+    if body.get("cache_control") is not None:
+        _cache_control(body["cache_control"], "cache_control")
         return True
     blocks: list[Any] = []
     for key in ("system", "tools"):
@@ -168,7 +169,19 @@ def asks_caching(body: dict[str, Any]) -> bool:
             blocks += content
             blocks += [part for block in content if isinstance(block, dict)
                        and isinstance(block.get("content"), list) for part in block["content"]]
-    return any(isinstance(block, dict) and block.get("cache_control") for block in blocks)
+    marked = [block["cache_control"] for block in blocks
+              if isinstance(block, dict) and block.get("cache_control") is not None]
+    for control in marked:
+        _cache_control(control, "a block's 'cache_control'")
+    return bool(marked)
+
+
+def _cache_control(value: Any, where: str) -> None:
+    """Anthropic's ``{"type": "ephemeral"}``, with an optional ``ttl`` of "5m" or "1h"."""
+    if not isinstance(value, dict) or value.get("type") != "ephemeral" or \
+            not set(value) <= {"type", "ttl"} or value.get("ttl", "5m") not in ("5m", "1h"):
+        raise InvalidRequest(f"{where} must be {{\"type\": \"ephemeral\"}} (with an optional"
+                             f" \"ttl\" of \"5m\" or \"1h\"), got {value!r}.")
 
 
 def _system(value: Any, where: str = "system") -> list[Message]:

@@ -54,6 +54,7 @@ from .structured import (
     openai_call_deltas,
     openai_calls,
     openai_constraints,
+    openai_partial_deltas,
     output_grammar,
 )
 
@@ -301,14 +302,21 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                 first["usage"] = None
             yield f"data: {json_line(first)}\n\n"
         dones: dict[int, Done] = {}
+        # Per choice, the calls streamed so far: how much of each one's arguments was sent.
+        streamed: dict[int, list[int]] = {}
         try:
             async for index, part in merged([
                     reply_parts(state, prompt_only_events(stream) if read_only else stream,
                                 thinkings[i], constraints)
                     for i, stream in enumerate(choices.streams)]):
+                sent_calls = streamed.setdefault(index, [])
                 if isinstance(part, Piece):
-                    yield chunk(index, part.content or None if part.reasoning else part.content,
-                                None, live_json(part.live), part.logprobs, part.reasoning)
+                    if part.reasoning or part.content or part.logprobs or not part.calls:
+                        yield chunk(index,
+                                    part.content or None if part.reasoning else part.content,
+                                    None, live_json(part.live), part.logprobs, part.reasoning)
+                    for delta in openai_partial_deltas(part.calls, sent_calls):
+                        yield chunk(index, None, None, live_json(part.live), tool_calls=delta)
                     continue
                 event = part.done
                 reason = finish_reason(event)
@@ -316,9 +324,10 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
                 if part.reasoning or part.content:
                     yield chunk(index, part.content or None, None, timings,
                                 reasoning=part.reasoning)
-                for delta in openai_call_deltas(part.calls):
+                for delta in openai_call_deltas(part.calls[len(sent_calls):],
+                                                first=len(sent_calls)):
                     yield chunk(index, None, None, timings, tool_calls=delta)
-                if part.calls and reason != "length":
+                if (part.calls or sent_calls) and reason != "length":
                     reason = "tool_calls"
                 yield chunk(index, None, reason, timings)
                 dones[index] = event

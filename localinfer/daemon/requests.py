@@ -173,8 +173,8 @@ def parse_messages(raw: Any, *, allow_empty: bool = False) -> list[Message]:
         f = Fields(item, f"messages[{i}].")
         role = f.string("role")
         if role not in ("system", "user", "assistant", "tool", "developer"):
-            raise InvalidRequest(f"'messages[{i}].role' must be system, user, assistant or"
-                                 f" tool, got {role!r}.")
+            raise InvalidRequest(f"'messages[{i}].role' must be system, developer, user,"
+                                 f" assistant or tool, got {role!r}.")
         if item.get("images"):
             raise InvalidRequest(f"'messages[{i}].images': this model server has no vision"
                                  " support; send text only.")

@@ -18,10 +18,12 @@ from ..runtime.engine import Engine
 from ..runtime.grammar import Grammar, gbnf_grammar, json_grammar
 from ..runtime.tools import (
     CallSplitter,
+    PartialCall,
     Tool,
     ToolChoice,
     ToolFormat,
     call_grammar,
+    new_call_id,
     parse_reply,
     parse_tool_choice,
     parse_tools,
@@ -379,13 +381,32 @@ def openai_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def openai_call_deltas(calls: Sequence[ToolCall]) -> list[list[dict[str, Any]]]:
-    """Each call as OpenAI streams it: its id and name, then its arguments."""
+def openai_call_deltas(calls: Sequence[ToolCall], first: int = 0
+                       ) -> list[list[dict[str, Any]]]:
+    """Each call as OpenAI streams it: its id and name, then its arguments (the calls
+    numbered from ``first``, after those streamed as they were written)."""
     deltas = []
-    for i, c in enumerate(calls):
+    for i, c in enumerate(calls, start=first):
         deltas.append([{"index": i, "id": c.id, "type": "function",
                         "function": {"name": c.name, "arguments": ""}}])
         deltas.append([{"index": i, "function": {"arguments": c.arguments}}])
+    return deltas
+
+
+def openai_partial_deltas(calls: Sequence[PartialCall], sent: list[int]
+                          ) -> list[list[dict[str, Any]]]:
+    """The calls as the model writes them, as OpenAI streams them: a call's id and name once
+    its name is written, then each new piece of its arguments. ``sent`` holds how much of
+    each call's arguments went out, and is updated."""
+    deltas = []
+    for i, call in enumerate(calls):
+        if i == len(sent):
+            deltas.append([{"index": i, "id": new_call_id(), "type": "function",
+                            "function": {"name": call.name, "arguments": ""}}])
+            sent.append(0)
+        if len(call.arguments) > sent[i]:
+            deltas.append([{"index": i, "function": {"arguments": call.arguments[sent[i]:]}}])
+            sent[i] = len(call.arguments)
     return deltas
 
 
