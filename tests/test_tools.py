@@ -102,10 +102,12 @@ def test_each_format_parses_back_to_calls(fmt, text, content):
     assert calls[0].id.startswith("call_")
 
 
-def test_text_and_broken_calls_stay_content():
+def test_text_stays_content_and_a_cut_call_is_dropped():
     assert parse_reply(FORMATS["hermes"], "Just prose.") == ("Just prose.", [])
     cut = '<tool_call>\n{"name": "get_weather", "argu'
-    assert parse_reply(FORMATS["hermes"], cut) == (cut, [])
+    # Cut off by max_tokens: the call's markup is not the answer (it reached clients as text).
+    assert parse_reply(FORMATS["hermes"], cut) == ("", [])
+    assert parse_reply(FORMATS["hermes"], "Checking.\n" + cut) == ("Checking.", [])
     assert parse_reply(FORMATS["hermes"], '{"name": "x", "arguments": {}}')[1] == []
     content, calls = parse_reply(FORMATS["hermes"], CALL_TEXT + "\n" + cut)
     assert content == "" and [c.name for c in calls] == ["get_weather"]

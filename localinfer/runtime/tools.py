@@ -226,14 +226,15 @@ def new_call_id() -> str:
 
 
 def parse_reply(fmt: ToolFormat, text: str) -> tuple[str, list[ToolCall]]:
-    """A whole reply -> (its text content, its calls). A reply whose calls do not parse
-    (cut off by max_tokens) is all content; a last call cut off after complete ones is
-    dropped."""
+    """A whole reply -> (its text content, its calls). A call cut off (by max_tokens) is
+    dropped, after complete ones or alone: with a format that opens calls with a tag, the
+    text from the tag on is a call, never content (its markup would reach the user as the
+    answer); a bare format's reply that does not parse as calls is all content."""
     start = _call_start(fmt, text)
     if start is None:
         return text, []
     calls = _parse_calls(fmt, text[start:])
-    if not calls:
+    if not calls and not fmt.opener:
         return text, []
     return text[:start].rstrip(), calls
 
