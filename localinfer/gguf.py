@@ -369,10 +369,17 @@ def check_layers(header: GGUFHeader, source: str) -> None:
     if not layers:
         return
     last, name = max(layers)
+    if header.metadata.get("general.type") == "adapter":
+        # An adapter holds a few layers' tensors (layers 30-31 of q_proj: 4 tensors): the
+        # base model's count bounds them, read when the adapter is applied.
+        if last >= MAX_TENSOR_COUNT:
+            raise InvalidModelFile(f"{source} is not a valid GGUF file: its tensor {name!r}"
+                                   " names a layer past any model's.")
+        return
     if last >= n_tensors:
         raise InvalidModelFile(f"{source} is not a valid GGUF file: its tensor {name!r} names"
                                f" a layer past the {n_tensors} tensors it holds.")
-    if header.metadata.get("general.type") != "adapter" and last >= header.block_count:
+    if last >= header.block_count:
         raise InvalidModelFile(f"{source} is not a valid GGUF file: its tensor {name!r} names"
                                f" layer {last}, but it declares {header.block_count} layers"
                                f" ({header.architecture}.block_count).")

@@ -149,8 +149,8 @@ def test_a_home_that_cannot_be_written_is_a_store_error(monkeypatch, capsys):
     assert cli_module.main(["list"]) == errors.StoreError.exit_code
     err = capsys.readouterr().err
     assert err == ("localinfer: store error: cannot use /home/me/.localinfer/data: Read-only"
-                   " file system. Make it writable or free space, or point LOCALINFER_HOME at"
-                   " a writable directory.\n")
+                   " file system. Then free space or make it writable, or point"
+                   " LOCALINFER_HOME at a directory this user can write.\n")
 
 
 def test_not_gguf_file(tmp_path):

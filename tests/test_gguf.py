@@ -196,6 +196,10 @@ def test_layers_and_tensors_that_disagree_are_refused_before_llama_cpp(tmp_path)
     data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + count
     _expect_invalid(_write(tmp_path, data), "holds no tensors")
     _expect_invalid(_write(tmp_path, b"GGUF" + struct.pack("<IQQ", 3, 0, 0)), "no tensors")
+    # A LoRA adapter declares no layer count, and may hold a few high layers' tensors only
+    # (here layer 9 among 8 tensors, as layers 30-31 of q_proj are 4).
+    adapter = g.lora_adapter(n_layers=2).replace(b"blk.1.", b"blk.9.")
+    assert gguf.read_header(_write(tmp_path, adapter, "lora.gguf")).block_count == 0
     # The first KB of a model of 236 tensors (the starter's) is a file cut short.
     cut = b"GGUF" + struct.pack("<IQQ", 3, 236, 40) + b"\0" * 1000
     _expect_invalid(_write(tmp_path, cut), "236 tensors", "cut short", "download it again")

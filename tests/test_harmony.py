@@ -137,6 +137,12 @@ def test_call_grammar_names_each_function_before_its_arguments():
     root = to_gbnf(required, schema_rules).splitlines()[0]
     assert root.startswith('root ::= ("<|channel|>analysis<|message|>" ')  # may reason first
     assert '"to=" ("functions.get_weather" ' in root
+    # Each function's schema is converted alone: its local $refs resolve in it.
+    listed = parse_tools([{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}},
+        "$defs": {"Item": {"type": "string", "enum": ["a", "b"]}}}}}])
+    pick = call_grammar(fmt, listed, ToolChoice("required"), parallel=False)
+    assert pick is not None and '"\\"a\\""' in to_gbnf(pick, schema_rules)
 
 
 def test_the_template_renders_the_history_calls_and_results():

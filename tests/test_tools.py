@@ -388,6 +388,22 @@ def test_a_tools_local_refs_are_its_own():
         assert grammar is not None
         gbnf = to_gbnf(grammar, schema_rules)
         assert "city" in gbnf and "600000" in gbnf
+    # Two tools' definitions of one name stay apart (the converter names a rule after the
+    # last segment of its reference: both were "Item", and the second tool got the first's).
+    one = {"type": "object", "properties": {"x": {"$ref": "#/$defs/Item"}}, "$defs": {
+        "Item": {"type": "object", "required": ["alpha"],
+                 "properties": {"alpha": {"type": "integer"}}}}}
+    two = {"type": "object", "properties": {"y": {"$ref": "#/$defs/Item"}}, "$defs": {
+        "Item": {"type": "object", "required": ["beta"],
+                 "properties": {"beta": {"type": "string"}}}}}
+    both = parse_tools([{"type": "function", "function": {"name": n, "parameters": p}}
+                        for n, p in (("one", one), ("two", two))])
+    grammar = call_grammar(fmt, both, ToolChoice("required"), parallel=False)
+    assert grammar is not None
+    rules = dict(line.split(" ::= ", 1) for line in to_gbnf(grammar, schema_rules).splitlines()
+                 if " ::= " in line)
+    assert '"\\"alpha\\""' in rules["tool0-Item-alpha-kv"]
+    assert '"\\"beta\\""' in rules["tool1-Item-beta-kv"]
 
 
 @pytest.mark.parametrize("schema, words", [

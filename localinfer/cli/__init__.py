@@ -27,12 +27,12 @@ import errno
 import logging
 import os
 import sys
-import threading
 from collections.abc import Sequence
 
 from .. import __version__, errors
 from ..config import load_config
 from ..errors import Cancelled, LocalInferError
+from ..runtime.inflight import loads_in_progress
 from . import bench, cache, chat, daemon, models, plan, presets, run, worker
 
 INTERNAL_ERROR = 70
@@ -75,8 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Anything that writes the home (the store, chats, caches) on a read-only or
             # full disk, or a file this user may not use: a one-line store error, not a bug.
             where = f" {exc.filename}" if exc.filename else ""
-            print(f"localinfer: store error: cannot use{where}: {exc.strerror}. Make it"
-                  " writable or free space, or point LOCALINFER_HOME at a writable directory.",
+            fix = ("check its permissions" if exc.errno in (errno.EACCES, errno.EPERM) else
+                   "free space or make it writable")
+            print(f"localinfer: store error: cannot use{where}: {exc.strerror}. Then {fix},"
+                  " or point LOCALINFER_HOME at a directory this user can write.",
                   file=sys.stderr)
             return errors.StoreError.exit_code
         print(f"localinfer: internal error: {type(exc).__name__}: {exc}"
@@ -88,11 +90,10 @@ _DISK_ERRORS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQU
 
 
 def _exit_if_llama_busy(code: int) -> None:
-    """Exit now when an engine's thread is still running (a model load interrupted by Ctrl-C
-    is inside llama.cpp): the interpreter's shutdown would tear down what that thread is using
-    under it (a segfault, now and then). Nothing of the engine's is left to save."""
-    if any(t.name.startswith("localinfer") and t.is_alive() and t is not threading.main_thread()
-           for t in threading.enumerate()):
+    """Exit now when a model load is inside llama.cpp on another thread (Ctrl-C during a
+    load): the interpreter's shutdown would tear down what that thread is using under it (a
+    segfault, now and then). Otherwise the process ends as usual (atexit flushes run)."""
+    if loads_in_progress():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -39,6 +39,7 @@ def autocomplete_params(params: SamplingParams, request: Request, model: str,
 def autocomplete_priority(request: Request, body: dict[str, Any]) -> Priority:
     """Interactive unless the client says otherwise (``priority`` or the
     ``X-Localinfer-Priority`` header)."""
-    asked = body["priority"] if "priority" in body else request.headers.get(
-        "x-localinfer-priority")
+    asked = body.get("priority")
+    if asked is None:
+        asked = request.headers.get("x-localinfer-priority")
     return Priority.INTERACTIVE if asked is None else parse_priority(asked)

@@ -67,6 +67,13 @@ class LocalCORS(CORSMiddleware):
     def is_allowed_origin(self, origin: str) -> bool:
         return origin_allowed(self._origins, origin)
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origin = Headers(scope=scope).get("origin") if scope["type"] == "http" else None
+        if origin and not self.is_allowed_origin(origin):
+            await self.app(scope, receive, send)  # the guard refuses it, saying why
+            return
+        await super().__call__(scope, receive, send)
+
 
 class Guard:
     """Host, Origin, API key and body-size checks in front of every route."""

@@ -31,8 +31,10 @@ def create_app(state: DaemonState) -> Starlette:
               *anthropic_routes.routes(state), *responses_routes.routes(state),
               *ollama_routes.routes(state), *embedding_routes.routes(state),
               *llama_routes.routes(state), *preset_routes.routes(state)]
-    middleware = [Middleware(Guard, settings=state.settings),
-                  Middleware(LocalCORS, cors_origins=tuple(state.settings.cors_origins))]
+    # CORS outside the guard: its own refusals (a wrong API key, a body too large) reach a
+    # page it let through with the headers that let the page read them.
+    middleware = [Middleware(LocalCORS, cors_origins=tuple(state.settings.cors_origins)),
+                  Middleware(Guard, settings=state.settings)]
     app = Starlette(
         routes=routes,
         middleware=middleware,

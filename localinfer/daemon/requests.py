@@ -391,6 +391,6 @@ def parse_priority(value: Any) -> Priority:
 def priority_of(request: Request, body: dict[str, Any]) -> Priority:
     """Interactive chat goes first; a client may say so (localinfer's chat UI does) with a
     ``priority`` field or an ``X-Localinfer-Priority`` header."""
-    asked = body["priority"] if "priority" in body else request.headers.get(
-        "x-localinfer-priority")
-    return parse_priority(asked)
+    asked = body.get("priority")
+    return parse_priority(asked if asked is not None else request.headers.get(
+        "x-localinfer-priority"))

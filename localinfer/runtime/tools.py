@@ -160,12 +160,13 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
         return None
     chosen = [t for t in tools if choice.mode != "function" or t.name == choice.name]
     lazy = choice.mode == "auto"
-    parameters, defs = _embedded(chosen)
-    if fmt.name == "harmony":  # the name is in the header: one alternative per function
-        return Grammar(json.dumps({"anyOf": parameters, **defs}), described=True,
+    if fmt.name == "harmony":  # the name is in the header: one alternative per function,
+        # each converted alone (its local $refs resolve in its own schema)
+        return Grammar(json.dumps({"anyOf": [t.parameters for t in chosen]}), described=True,
                        heads=tuple(f"functions.{t.name}" for t in chosen),
                        infix=_HARMONY_INFIX, lead="" if lazy else _HARMONY_CALL_OPENING,
                        triggers=(_HARMONY_TRIGGER,) if lazy else ())
+    parameters, defs = _embedded(chosen)
     call = {"anyOf": [{
         "type": "object",
         "properties": {"name": {"const": t.name}, fmt.arguments_key: arguments},
@@ -194,30 +195,48 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, *,
 def _embedded(tools: Sequence[Tool]) -> tuple[list[Any], dict[str, Any]]:
     """Each tool's parameters as the call grammar's schema holds them, and the ``$defs`` its
     root needs. A tool's local ``$ref`` ("#/$defs/A", as pydantic and MCP servers write them)
-    points into the tool's own schema, not the grammar's: such a schema is copied under the
-    root's ``$defs`` as ``tool<i>``, its references moved under it."""
+    points into the tool's own schema, not the grammar's: tool ``i``'s schema is copied under
+    the root's ``$defs`` as ``tool<i>``, each of its own definitions as ``tool<i>-<name>``
+    (the converter names a definition's rule after its last segment: two tools' ``Item``s
+    stay apart), and its references are moved there."""
     parameters: list[Any] = []
     defs: dict[str, Any] = {}
     for i, tool in enumerate(tools):
         if '"$ref"' not in json.dumps(tool.parameters):
             parameters.append(tool.parameters)
             continue
-        moved = _refs_under(tool.parameters, f"/$defs/tool{i}")
-        defs[f"tool{i}"] = moved
+        prefix = f"tool{i}"
+        moved = _refs_under(tool.parameters, prefix)
+        for key in _DEFINITIONS:
+            for name, definition in (moved.pop(key, None) or {}).items():
+                defs[f"{prefix}-{name}"] = definition
+        defs[prefix] = moved
         parameters.append(moved)
     return parameters, ({"$defs": defs} if defs else {})
 
 
-def _refs_under(schema: Any, pointer: str) -> Any:
-    """``schema`` with every local reference ("#", "#/...") moved under ``pointer``."""
+_DEFINITIONS = ("$defs", "definitions")
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")
+"""Keywords whose values are JSON data, not schemas: a "$ref" inside one is a value."""
+
+
+def _refs_under(schema: Any, prefix: str) -> Any:
+    """``schema`` (a tool's) with every local reference moved to where ``_embedded`` puts
+    its parts: a definition to ``#/$defs/<prefix>-<name>``, anything else (the root, its
+    properties) under ``#/$defs/<prefix>``."""
     if isinstance(schema, list):
-        return [_refs_under(item, pointer) for item in schema]
+        return [_refs_under(item, prefix) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    moved = {key: _refs_under(value, pointer) for key, value in schema.items()}
+    moved = {key: value if key in _DATA_KEYWORDS else _refs_under(value, prefix)
+             for key, value in schema.items()}
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
-        moved["$ref"] = "#" + pointer + ref[1:]
+        parts = ref[1:].split("/")
+        if len(parts) >= 3 and parts[1] in _DEFINITIONS:
+            moved["$ref"] = "/".join([f"#/$defs/{prefix}-{parts[2]}", *parts[3:]])
+        else:
+            moved["$ref"] = f"#/$defs/{prefix}" + ref[1:]
     return moved
 
 

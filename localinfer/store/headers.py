@@ -72,10 +72,12 @@ def hub_header(paths: Paths, repo: str, files: list[str], name: str, *,
         if header is None:
             return None
         headers.append(header)
-    if len(headers) == 1:
-        return headers[0]
     try:
-        return gguf.merge_split(headers, source=f"{repo}/{files[0]}")
+        header = headers[0] if len(headers) == 1 else gguf.merge_split(
+            headers, source=f"{repo}/{files[0]}")
+        # Checked as a local file's header is (the planner lists each layer it declares).
+        gguf.check_layers(header, f"{repo}/{files[0]}")
+        return header
     except LocalInferError as exc:
         if fetch is not None:
             fetch.notes.append(f"{name}: {exc.one_line()}")

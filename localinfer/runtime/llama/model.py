@@ -19,6 +19,7 @@ from ...catalog import is_embedding_header, is_reranker_header
 from ...errors import InvalidRequest, ModelLoadError
 from ...gguf import GGUFHeader
 from ..backend import LoadOptions, ProgressCallback
+from ..inflight import loading
 from ..types import ModelInfo, kv_cache_types
 from .decode import EMBED_CTX_GENERATIVE, EMBED_CTX_MAX, EMBED_SEQS, Decoding
 from .ggml_devices import Device, _use_workers, _worker_split, devices, system_info
@@ -31,7 +32,7 @@ from .native import (
     _set,
     called_back,
     interrupted,
-    raise_pending_interrupt,
+    raise_if_interrupted,
 )
 from .sampling import Sampling
 from .seq_state import SeqStates, build_id
@@ -143,8 +144,9 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         _recent_log.clear()
         start_report()
         t0 = time.perf_counter()
-        self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
-        raise_pending_interrupt()
+        with loading():
+            self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
+        raise_if_interrupted()
         if not self._model:
             raise _out_of_memory(path, "its weights", options, header.block_count) or \
                 ModelLoadError(f"llama.cpp could not load {path}{_llama_said()}")
@@ -201,8 +203,9 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
             except ValueError as exc:
                 raise ModelLoadError(f"{exc}.") from None
             _set(cparams, type_k=_GGML_KV_TYPES[k], type_v=_GGML_KV_TYPES[v])
-        self._ctx = L.llama_init_from_model(self._model, cparams)
-        raise_pending_interrupt()
+        with loading():
+            self._ctx = L.llama_init_from_model(self._model, cparams)
+        raise_if_interrupted()
         if not self._ctx:
             self.close()
             slots = f"{options.n_ctx} tokens x {n_slots} slot{'s' * (n_slots != 1)}"
@@ -284,7 +287,7 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
             progress(float(fraction))
         except Exception:  # a UI error must not abort the load from inside C
             log.exception("progress callback failed")
-        return not interrupted()  # a Ctrl-C stops the load (raised once llama.cpp returns)
+        return not interrupted()  # a Ctrl-C stops the load (raised once it returns)
 
     def _describe(self, path: Path, name: str, header: GGUFHeader, options: LoadOptions,
                   n_slots: int, *, n_layers: int, offloaded: int, gpu: list[Device],

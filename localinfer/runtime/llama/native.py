@@ -4,13 +4,16 @@ params-struct setter that refuses unknown fields, and the physical core count.""
 
 from __future__ import annotations
 
+import _thread
 import collections
 import ctypes
 import logging
 import os
 import re
 import signal
+import sys
 import threading
+import time
 from typing import Any
 
 import llama_cpp as L
@@ -41,21 +44,46 @@ _callbacks: set[Any] = set()
 
 def called_back(function: Any) -> Any:
     """Mark ``function`` as one llama.cpp calls from C: a Ctrl-C that lands inside it is put
-    off until llama.cpp returns (``raise_pending_interrupt``). Raised inside it, ctypes would
-    print the KeyboardInterrupt and drop it, and the load it meant to stop would go on."""
+    off until llama.cpp has returned to Python (raised inside it, ctypes would print the
+    KeyboardInterrupt and drop it, and the load it meant to stop would go on)."""
     _callbacks.add(function.__code__)
     return function
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
+    """Python's default SIGINT handler (KeyboardInterrupt), except inside a ``called_back``
+    function: there ``interrupted()`` turns true (a load's progress stops it) and a watcher
+    sends the signal again once the main thread is outside such a function (llama.cpp has
+    returned to Python, or runs C code between its calls back)."""
     global _interrupted
-    at = frame
-    while at is not None:
-        if at.f_code in _callbacks:
+    if _inside_callback(frame):
+        if not _interrupted:
             _interrupted = True
-            return
-        at = at.f_back
+            threading.Thread(target=_redeliver, args=(signal.Signals(signum),), daemon=True,
+                             name="localinfer-sigint").start()
+        return
+    _interrupted = False
     signal.default_int_handler(signum, frame)
+
+
+def _inside_callback(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code in _callbacks:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: signal.Signals) -> None:
+    main = threading.main_thread().ident
+    while _interrupted:
+        time.sleep(0.01)
+        frame = sys._current_frames().get(main) if main is not None else None
+        if frame is None:
+            return
+        if not _inside_callback(frame):
+            _thread.interrupt_main(signum)
+            time.sleep(0.05)  # handled at the main thread's next line of Python
 
 
 def interrupted() -> bool:
@@ -63,8 +91,8 @@ def interrupted() -> bool:
     return _interrupted
 
 
-def raise_pending_interrupt() -> None:
-    """Raise the Ctrl-C put off while llama.cpp called back into Python, if one was."""
+def raise_if_interrupted() -> None:
+    """After a load that a Ctrl-C stopped: raise it now (not the load's failure)."""
     global _interrupted
     if _interrupted:
         _interrupted = False

@@ -348,6 +348,28 @@ class _SchemaConverter(SchemaConverter):
 
     described = False
 
+    def _check_all_of(self, schema: dict[str, Any]) -> None:
+        """The converter enforces ``allOf`` as the merge of its parts' properties (parts it
+        does not visit): only over objects, each part's own keywords enforceable, and not
+        beside ``properties`` (which it would take instead, ignoring the parts)."""
+        parts = schema["allOf"]
+        if "properties" in schema or not isinstance(parts, list) or not parts:
+            raise ValueError("'allOf' can be enforced only alone, over object schemas (their"
+                             " properties are merged)")
+        for part in parts:
+            target = part
+            if isinstance(part, dict) and isinstance(part.get("$ref"), str):
+                target = self._refs.get(part["$ref"])
+            if not isinstance(target, dict) or not (
+                    target.get("type") == "object" or "properties" in target
+                    or set(target) <= _ANNOTATIONS):
+                raise ValueError("'allOf' can be enforced only over object schemas (their"
+                                 " properties are merged)")
+            unenforced = [k for k in UNENFORCED_KEYWORDS if k in target]
+            if unenforced:
+                raise ValueError(f"'{unenforced[0]}' (in an 'allOf' part) cannot be enforced"
+                                 " by a grammar; leave it out")
+
     def visit(self, schema: Any, name: str) -> str:
         if isinstance(schema, dict):
             unenforced = [k for k in UNENFORCED_KEYWORDS if k in schema]
@@ -358,12 +380,8 @@ class _SchemaConverter(SchemaConverter):
                 a, b = schema.get(least), schema.get(most)
                 if isinstance(a, int) and isinstance(b, int) and a > b:
                     raise ValueError(f"'{least}' {a} is greater than '{most}' {b}")
-            if "allOf" in schema and not all(
-                    isinstance(part, dict) and (part.get("type") == "object" or set(part) & {
-                        "properties", "$ref", "anyOf"} or set(part) <= _ANNOTATIONS)
-                    for part in schema["allOf"] or [None]):
-                raise ValueError("'allOf' can be enforced only over object schemas (their"
-                                 " properties are merged)")
+            if "allOf" in schema and not self.described:
+                self._check_all_of(schema)
             if self.described:
                 schema = {k: v for k, v in schema.items() if k not in UNENFORCED_KEYWORDS}
         if isinstance(schema, dict) and _plain_string_with_length(schema):
