@@ -26,6 +26,7 @@ handed (loading.py, above it, plans the load): it imports no planner, store or p
     thinking.py       thinking templates: switching them, splitting reasoning from the answer
     types.py          the vocabulary: ModelInfo, sampling parameters, messages, events, stats
     backend.py        the Backend contract and LoadOptions
+    inflight.py       how many model loads are inside llama.cpp now (what Ctrl-C's exit asks)
     llama/            the llama.cpp backend (the only package that imports llama_cpp)
     isolated.py       the llama.cpp backend in a child process, for models with RPC workers
     fake.py           a scripted backend for tests
