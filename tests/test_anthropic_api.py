@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import anthropic
 import httpx
@@ -457,6 +458,12 @@ def test_a_full_queue_is_an_overloaded_error(home):
             lines = r1.iter_lines()  # kept: a dropped iterator closes the connection
             next(lines)
             with c2.stream("POST", "/v1/messages", json=long):
+                # The second waits in the queue once the engine has it (its reply's headers
+                # can come first: on a busy machine the third overtook it).
+                engine = d.manager.loaded["fake:1b-f16"].engine
+                deadline = time.monotonic() + 30
+                while engine.stats().queue_depth < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 third = c3.post("/v1/messages", json={**long, "stream": False})
     assert third.status_code == 529 and third.headers["retry-after"]  # Anthropic's overloaded
     assert third.json()["error"]["type"] == "overloaded_error"

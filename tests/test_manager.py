@@ -34,10 +34,20 @@ def test_full_queue_is_503_with_retry_after(home):
             next(lines)
             with c2.stream("POST", "/v1/completions", json={"model": "fake:1b",
                                                              "prompt": "b", "stream": True}):
+                wait_until_queued(d, 1)
                 third = c3.post("/v1/completions", json={"model": "fake:1b", "prompt": "c"})
     assert third.status_code == 503
     assert third.headers["retry-after"]
     assert third.json()["error"]["code"] == "server_busy"
+
+
+def wait_until_queued(daemon, n: int) -> None:
+    """Until ``n`` requests wait in fake:1b's queue (a streamed reply's headers can come
+    before its request reaches the engine: on a busy machine a later request overtook it)."""
+    engine = daemon.manager.loaded["fake:1b-f16"].engine
+    deadline = time.monotonic() + 30
+    while engine.stats().queue_depth < n and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_concurrent_clients_all_complete_correctly(home):
