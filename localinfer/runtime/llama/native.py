@@ -76,12 +76,12 @@ def _inside_callback(frame: Any) -> bool:
 
 def _redeliver(signum: signal.Signals) -> None:
     main = threading.main_thread().ident
-    while _interrupted:
+    while True:
         time.sleep(0.01)
         frame = sys._current_frames().get(main) if main is not None else None
-        if frame is None:
-            return
-        if not _inside_callback(frame):
+        if frame is None or not _interrupted:
+            return  # raised already (raise_if_interrupted, or the handler outside)
+        if not _inside_callback(frame) and _interrupted:
             _thread.interrupt_main(signum)
             time.sleep(0.05)  # handled at the main thread's next line of Python
 
