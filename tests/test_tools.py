@@ -376,6 +376,7 @@ def test_a_tools_local_refs_are_its_own():
     its references resolve in its own schema, not in the call grammar's."""
     shapes = {"type": "object", "required": ["where", "limit"], "properties": {
         "where": {"$ref": "#/$defs/Place"}, "limit": {"type": "number", "maximum": 600000},
+        "default": {"$ref": "#/$defs/Place"},  # a property's name, not the keyword
         "then": {"$ref": "#/definitions/Step"}},
         "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}},
         "definitions": {"Step": {"anyOf": [{"type": "string"}, {"$ref": "#/definitions/Step"},

@@ -218,17 +218,23 @@ def _embedded(tools: Sequence[Tool]) -> tuple[list[Any], dict[str, Any]]:
 _DEFINITIONS = ("$defs", "definitions")
 _DATA_KEYWORDS = ("enum", "const", "default", "examples")
 """Keywords whose values are JSON data, not schemas: a "$ref" inside one is a value."""
+_NAMED_SCHEMAS = ("properties", "patternProperties", "dependentSchemas", *_DEFINITIONS)
+"""Keywords whose values map names (any names: a property may be called "default") to
+schemas."""
 
 
-def _refs_under(schema: Any, prefix: str) -> Any:
+def _refs_under(schema: Any, prefix: str, *, named: bool = False) -> Any:
     """``schema`` (a tool's) with every local reference moved to where ``_embedded`` puts
     its parts: a definition to ``#/$defs/<prefix>-<name>``, anything else (the root, its
-    properties) under ``#/$defs/<prefix>``."""
+    properties) under ``#/$defs/<prefix>``. ``named``: ``schema`` maps names to schemas."""
     if isinstance(schema, list):
         return [_refs_under(item, prefix) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    moved = {key: value if key in _DATA_KEYWORDS else _refs_under(value, prefix)
+    if named:
+        return {name: _refs_under(value, prefix) for name, value in schema.items()}
+    moved = {key: value if key in _DATA_KEYWORDS else
+             _refs_under(value, prefix, named=key in _NAMED_SCHEMAS)
              for key, value in schema.items()}
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
