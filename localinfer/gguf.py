@@ -598,9 +598,10 @@ class _Parser:
             )
         n_tensors = self.u64()
         n_kv = self.u64()
-        for count, what, least in ((n_kv, "metadata entries", 13),
-                                   (n_tensors, "tensors", 24)):
-            if count > (MAX_KV_COUNT if least == 13 else MAX_TENSOR_COUNT):
+        # Each entry takes at least ``least`` bytes of the header.
+        for count, what, least, most in ((n_kv, "metadata entries", 13, MAX_KV_COUNT),
+                                         (n_tensors, "tensors", 24, MAX_TENSOR_COUNT)):
+            if count > most:
                 raise self.fail(f"it declares {count} {what}")
             if count * least > self.total:
                 raise self.fail(f"it declares {count} {what}, more than its {self.total} bytes"

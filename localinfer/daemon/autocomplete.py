@@ -18,7 +18,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..runtime.types import Priority, SamplingParams
-from .requests import parse_priority
+from .requests import asked_priority, parse_priority
 
 KEY_CHARS = 256
 """How much of the text before the cursor tells one file's requests from another's."""
@@ -39,7 +39,5 @@ def autocomplete_params(params: SamplingParams, request: Request, model: str,
 def autocomplete_priority(request: Request, body: dict[str, Any]) -> Priority:
     """Interactive unless the client says otherwise (``priority`` or the
     ``X-Localinfer-Priority`` header)."""
-    asked = body.get("priority")
-    if asked is None:
-        asked = request.headers.get("x-localinfer-priority")
+    asked = asked_priority(request, body)
     return Priority.INTERACTIVE if asked is None else parse_priority(asked)

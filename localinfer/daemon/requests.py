@@ -388,9 +388,14 @@ def parse_priority(value: Any) -> Priority:
     return _PRIORITIES[value]
 
 
+def asked_priority(request: Request, body: dict[str, Any]) -> Any:
+    """The priority a client asked for: the body's ``priority``, else the
+    ``X-Localinfer-Priority`` header; None when neither says one."""
+    asked = body.get("priority")
+    return asked if asked is not None else request.headers.get("x-localinfer-priority")
+
+
 def priority_of(request: Request, body: dict[str, Any]) -> Priority:
     """Interactive chat goes first; a client may say so (localinfer's chat UI does) with a
     ``priority`` field or an ``X-Localinfer-Priority`` header."""
-    asked = body.get("priority")
-    return parse_priority(asked if asked is not None else request.headers.get(
-        "x-localinfer-priority"))
+    return parse_priority(asked_priority(request, body))

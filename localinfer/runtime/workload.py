@@ -63,37 +63,42 @@ class Workload:
     decode_short: dict[int, int] = field(default_factory=dict)
     """Sequences in the step -> tokens generated before ``SHORT_POSITION``."""
 
+    def _tables(self) -> dict[str, dict[int, int]]:
+        """The counts by size, by their field's name."""
+        return {"prompts": self.prompts, "decode": self.decode,
+                "decode_short": self.decode_short}
+
     def to_json(self) -> dict[str, Any]:
         return {"requests": self.requests, "turns": self.turns,
-                "prompts": {str(k): v for k, v in sorted(self.prompts.items())},
-                "decode": {str(k): v for k, v in sorted(self.decode.items())},
-                "decode_short": {str(k): v for k, v in sorted(self.decode_short.items())}}
+                **{name: {str(k): v for k, v in sorted(table.items())}
+                   for name, table in self._tables().items()}}
 
     @classmethod
     def from_json(cls, data: Any) -> Workload:
-        """The counts in ``data``; ValueError where it is not what ``to_json`` writes."""
+        """The counts in ``data``; ValueError where it is not what ``to_json`` writes (files
+        of before positions were counted have no ``decode_short``)."""
         try:
             out = cls(int(data["requests"]), _counts(data["prompts"]), int(data["turns"]),
                       _counts(data["decode"]), _counts(data.get("decode_short", {})))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ValueError(f"not a workload ({exc!r})") from None
-        if min([out.requests, out.turns, *out.prompts.values(), *out.decode.values(),
-                *out.decode_short.values()]) < 0:
+        if min([out.requests, out.turns,
+                *(v for table in out._tables().values() for v in table.values())]) < 0:
             raise ValueError("a negative count")
         return out
 
     def add(self, other: Workload) -> None:
         self.requests += other.requests
         self.turns += other.turns
-        for mine, theirs in ((self.prompts, other.prompts), (self.decode, other.decode),
-                             (self.decode_short, other.decode_short)):
-            for key, count in theirs.items():
+        theirs = other._tables()
+        for name, mine in self._tables().items():
+            for key, count in theirs[name].items():
                 mine[key] = mine.get(key, 0) + count
 
     def halved(self) -> Workload:
-        return Workload(self.requests // 2, {k: v // 2 for k, v in self.prompts.items()},
-                        self.turns // 2, {k: v // 2 for k, v in self.decode.items()},
-                        {k: v // 2 for k, v in self.decode_short.items()})
+        return Workload(self.requests // 2, turns=self.turns // 2, **{
+            name: {k: v // 2 for k, v in table.items()}
+            for name, table in self._tables().items()})
 
 
 def _counts(data: Any) -> dict[int, int]:
