@@ -227,3 +227,50 @@ def test_the_documented_responses_fields_are_the_sdks():
     assert sdk == set(DOCUMENTED["/v1/responses"])
     counted = set(input_token_count_params.InputTokenCountParams.__annotations__)
     assert counted == set(DOCUMENTED["/v1/responses/input_tokens"])
+
+
+MESSAGE_REFUSED = [
+    ({"role": "user", "content": "hi", "foo": 1}, "messages[0].foo"),
+    ({"role": "user", "content": "hi", "images": ["aGk="]}, "messages[0].images"),
+    ({"role": "assistant", "content": "", "refusal": "I can't"}, "messages[0].refusal"),
+    ({"role": "assistant", "content": "", "audio": {"id": "a1"}}, "messages[0].audio"),
+    ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text"),
+]
+
+
+@pytest.mark.parametrize(("message", "name"), MESSAGE_REFUSED,
+                         ids=[n for _, n in MESSAGE_REFUSED])
+def test_a_messages_unknown_or_refused_field_is_a_400_naming_it(daemon, message, name):
+    with daemon.uds() as c:
+        for path, base in (("/v1/chat/completions", CHAT), ("/api/chat", OLLAMA_CHAT)):
+            r = c.post(path, json={**base, "messages": [message]})
+            assert r.status_code == 400, (path, r.text)
+            error = r.json()["error"]
+            assert name in (error if isinstance(error, str) else error["message"])
+
+
+def test_what_clients_echo_back_in_messages_is_accepted(daemon):
+    """An assistant message as the openai SDK returns it (refusal, annotations, audio and
+    function_call null), with an earlier turn's reasoning, and a user's name."""
+    history = [{"role": "user", "content": "hi", "name": "ada"},
+               {"role": "assistant", "content": "Hello", "refusal": None, "annotations": [],
+                "audio": None, "function_call": None, "reasoning_content": "greet back"},
+               {"role": "user", "content": "again", "images": []}]
+    with daemon.uds() as c:
+        r = c.post("/v1/chat/completions", json={**CHAT, "messages": history})
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("path", "base", "extra", "name"), [
+    ("/v1/chat/completions", CHAT, {"user": 7}, "user"),
+    ("/v1/chat/completions", CHAT, {"metadata": "x"}, "metadata"),
+    ("/v1/chat/completions", CHAT, {"store": "yes"}, "store"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"num_thread": "four"}}, "options.num_thread"),
+    ("/api/chat", OLLAMA_CHAT, {"options": {"use_mmap": 1}}, "options.use_mmap"),
+])
+def test_an_ignored_field_of_the_wrong_type_is_a_400(daemon, path, base, extra, name):
+    with daemon.uds() as c:
+        r = c.post(path, json={**base, **extra})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert f"'{name}'" in (error if isinstance(error, str) else error["message"])

@@ -41,10 +41,19 @@ class RouteFields:
     refused: dict[str, Refused] = field(default_factory=dict)
 
     def audit(self, body: dict[str, Any], *, route: str, where: str = "") -> None:
-        """Raise InvalidRequest for the first refused or unknown field of ``body``."""
+        """Raise InvalidRequest for the first refused or unknown field of ``body``, or an
+        ignored one of the wrong type (OpenAI's ``user`` as a number is a client's mistake,
+        not something to let through because nothing reads it)."""
         known = set(self.honoured) | set(self.elsewhere) | set(self.ignored)
         for name, value in body.items():
-            if name in known or value is None:
+            if value is None:
+                continue
+            if name in self.ignored and name in IGNORED_KINDS:
+                kinds, what = IGNORED_KINDS[name]
+                if not isinstance(value, kinds) or (
+                        isinstance(value, bool) and bool not in kinds):
+                    raise InvalidRequest(f"'{where}{name}' must be {what}.")
+            if name in known:
                 continue
             rule = self.refused.get(name)
             if rule is None:
@@ -52,6 +61,28 @@ class RouteFields:
                                      " implements; remove it (docs/api.md lists the fields).")
             if not rule.allows(value):
                 raise InvalidRequest(f"'{where}{name}': {rule.message}")
+
+
+_STRING = ((str,), "a string")
+_BOOLEAN = ((bool,), "true or false")
+_INTEGER = ((int,), "an integer")
+_OBJECT = ((dict,), "an object")
+
+IGNORED_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    **dict.fromkeys(("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+                     "service_tier", "inference_geo", "user_profile_id", "workspace_id"),
+                    _STRING),
+    **dict.fromkeys(("store", "cache_prompt", "low_vram", "numa", "use_mmap", "use_mlock"),
+                    _BOOLEAN),
+    **dict.fromkeys(("num_thread", "num_batch", "num_gpu", "main_gpu", "num_keep", "id_slot",
+                     "t_max_prompt_ms", "max_tool_calls"), _INTEGER),
+    **dict.fromkeys(("metadata", "prompt_cache_options", "stream_options", "client_metadata"),
+                    _OBJECT),
+    "response_fields": ((list,), "a list of field names"),
+    "annotations": ((list,), "a list"),
+}
+"""The JSON type each accepted-and-ignored field has where it is defined (OpenAI's,
+Anthropic's, Ollama's and llama-server's references); a field of another type is a 400."""
 
 
 def _false(value: Any) -> bool:
@@ -285,6 +316,29 @@ TOKENIZE = RouteFields(
 
 DETOKENIZE = RouteFields(honoured=("model", "tokens"))
 
+_PAST_THINKING = ("an earlier turn's thinking: chat templates leave it out of the prompt, as"
+                  " localinfer does")
+
+CHAT_MESSAGE = RouteFields(
+    # name: given to the chat template as llama-server does (a tool result's function name;
+    # most templates leave it out for other roles).
+    honoured=("role", "content", "tool_calls", "tool_call_id", "name", "tool_name"),
+    ignored={"reasoning_content": _PAST_THINKING, "reasoning": _PAST_THINKING,
+             "thinking": _PAST_THINKING,
+             "annotations": "citations of OpenAI's web search, which does not run here"},
+    refused={
+        "images": Refused("this model server has no vision support; send text only.", _empty,
+                          "empty"),
+        "audio": Refused("this model server has no audio support; send text only."),
+        "refusal": Refused("an assistant's refusal is text: put it in 'content'.", _empty,
+                           "empty"),
+        "function_call": Refused("the deprecated function-calling fields are not supported;"
+                                 " send 'tool_calls'."),
+    },
+)
+"""The fields of one message in ``messages`` (Chat Completions, Ollama's /api/chat,
+llama-server's routes)."""
+
 _RENDERED = ("model", "messages", "reasoning_effort", "chat_template_kwargs")
 APPLY_TEMPLATE = RouteFields(
     honoured=_RENDERED,
@@ -406,6 +460,7 @@ ROUTES: dict[str, RouteFields] = {
     "/api/embed and /api/embeddings: options": EMBED_OPTIONS,
     "/api/create": API_CREATE,
     "/v1/rerank and /rerank": RERANK,
+    "each of messages (/v1/chat/completions, /api/chat, /apply-template)": CHAT_MESSAGE,
 }
 
 _OPTIONS = {"/api/chat": API_OPTIONS, "/api/generate": API_OPTIONS,

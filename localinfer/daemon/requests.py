@@ -19,6 +19,7 @@ from starlette.requests import Request
 from ..config import SAMPLING_SETTINGS, ModelSettings
 from ..errors import InvalidRequest
 from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams, ToolCall
+from .fields import CHAT_MESSAGE
 
 _MISSING = object()
 
@@ -171,13 +172,11 @@ def parse_messages(raw: Any, *, allow_empty: bool = False) -> list[Message]:
     messages = []
     for i, item in enumerate(raw):
         f = Fields(item, f"messages[{i}].")
+        CHAT_MESSAGE.audit(item, route="a chat message", where=f.where)
         role = f.string("role")
         if role not in ("system", "user", "assistant", "tool", "developer"):
             raise InvalidRequest(f"'messages[{i}].role' must be system, developer, user,"
                                  f" assistant or tool, got {role!r}.")
-        if item.get("images"):
-            raise InvalidRequest(f"'messages[{i}].images': this model server has no vision"
-                                 " support; send text only.")
         messages.append(Message("system" if role == "developer" else role,
                                 _content(item.get("content"), i),
                                 tool_calls=_tool_calls(item.get("tool_calls"), i),
@@ -220,8 +219,11 @@ def _content(value: Any, i: int) -> str:
     if isinstance(value, list):
         texts = []
         for j, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or \
+            if isinstance(part, dict) and part.get("type") == "text" and \
                     not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"'messages[{i}].content[{j}].text' must be a string, got"
+                                     f" {_kind(part.get('text'))}.")
+            if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else _kind(part)
                 raise InvalidRequest(f"'messages[{i}].content[{j}]' is {kind!r}; only text"
                                      " parts are supported.")
