@@ -144,6 +144,25 @@ def test_broken_manifest_is_ignored_not_fatal(home):
     assert store.installed() == []
 
 
+def test_a_model_whose_manifest_is_unreadable_is_listed_and_removed_with_its_file(
+        home, capsys):
+    """A manifest cut short (a full disk, a hand edit) hid its model and left its file on
+    disk for good: `list` now names it, using it says what to do, and `rm` removes both."""
+    store = ModelStore()
+    d = store.root / "junk"
+    d.mkdir(parents=True)
+    (d / "1b-q4_0.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    (d / "1b-q4_0.json").write_text('{"name": "junk:1b-q4_0", "pa')
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "junk:1b-q4_0 cannot be used" in out and "localinfer rm junk:1b-q4_0" in out
+    with pytest.raises(ModelNotFound, match="cannot be read"):
+        store.find_installed("junk:1b-q4_0")
+    assert main(["rm", "--yes", "junk:1b-q4_0"]) == 0
+    assert "removed junk:1b-q4_0 (deleted" in capsys.readouterr().out
+    assert not d.exists() or not any(d.iterdir())
+
+
 def test_the_starter_header_is_read_from_its_package_without_the_network(home):
     from localinfer.catalog import load_catalog
     from localinfer.paths import get_paths

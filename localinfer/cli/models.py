@@ -176,13 +176,15 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
         print(json.dumps([{**asdict(m), "base_model": _is_base(store, m),
                            "file_missing": m in missing}
                           for m in sorted(models + missing, key=lambda m: m.name)]
+                         + [{**asdict(m), "manifest_unreadable": True}
+                            for m in store.unreadable()]
                          + [{**p.to_json(), "preset": True} for p in store.presets.all()],
                          indent=2))
         return 0
-    if not models and not missing:
+    if not models and not missing and not store.unreadable():
         print("No models installed. `localinfer run gemma3:270m \"Hello\"` installs the starter"
               " model; `localinfer pull NAME` downloads one.")
-    else:
+    elif models or missing:
         rows = [("NAME", "QUANT", "SIZE", "PATH")]
         for m in sorted(models + missing, key=lambda m: m.name):
             notes = [note for note, present in (("linked", m.linked),
@@ -205,6 +207,8 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
         print_table(preset_rows)
     for m in missing:
         print(m.missing_file_error().message)
+    for m in store.unreadable():
+        print(store.unreadable_error(m).message)
     for partial in store.partials():
         if not partial.size_bytes:
             continue  # nothing downloaded yet: nothing to resume (or to show)

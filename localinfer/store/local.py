@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -49,8 +48,6 @@ from .starter import (
     is_starter,
     packaged_chunks,
 )
-
-log = logging.getLogger(__name__)
 
 SPACE_MARGIN = 64 << 20
 """Left free after a download or copy, for the manifest, logs and the rest of the system."""
@@ -232,6 +229,37 @@ class ModelStore:
         models = (self._read_manifest(path) for path in sorted(self.root.glob("*/*.json")))
         return [m for m in models if m is not None]
 
+    def unreadable(self) -> list[InstalledModel]:
+        """Entries whose manifest cannot be read (cut short, edited by hand): stand-ins naming
+        the file the store keeps for that name, so that ``list`` shows them and ``rm``
+        removes the manifest with the file, instead of the file staying on disk unlisted."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in sorted(self.root.glob("*/*.json")):
+            if self._read_manifest(path) is not None:
+                continue
+            name = f"{hub_names.family_of_folder(path.parent.name)}:{path.stem}"
+            try:
+                file = self.file_for(name)
+            except InvalidRequest:  # not a name the store would have written
+                continue
+            parts = [file] if file.is_file() else sorted(
+                file.parent.glob(f"{glob_escape(file.stem)}-*-of-*.gguf"))
+            size = sum(part.stat().st_size for part in parts if part.is_file())
+            found.append(InstalledModel(
+                name=name, model=name, quant="?", path=str(parts[0] if parts else file),
+                size_bytes=size, sha256=None, source=f"unreadable manifest {path}", added=0.0,
+                parts=max(1, len(parts))))
+        return found
+
+    def unreadable_error(self, model: InstalledModel) -> ModelNotFound:
+        """What using a model whose manifest cannot be read says."""
+        return ModelNotFound(
+            f"{model.name} cannot be used: {model.source.removeprefix('unreadable ')} cannot be"
+            f" read. `localinfer rm {model.name}` removes it (and its file), then pull or add"
+            " it again.")
+
     def get(self, name: str) -> InstalledModel | None:
         """The installed model named exactly ``family:size-quant``, if its file is there (an
         entry whose file is gone may be replaced: pulled or added again)."""
@@ -242,15 +270,13 @@ class ModelStore:
         return model if model is not None and not model.file_missing else None
 
     def _read_manifest(self, path: Path) -> InstalledModel | None:
+        """The manifest at ``path``; None when there is none or it cannot be read
+        (``unreadable`` lists those, and ``list`` and using the model say so)."""
         try:
             data = parse_json(path.read_text(encoding="utf-8"))
-            model = InstalledModel(**data)
-        except FileNotFoundError:
+            return InstalledModel(**data)
+        except (OSError, ValueError, TypeError):
             return None
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("ignoring unreadable manifest %s: %s", path, exc)
-            return None
-        return model
 
     def partials(self) -> list[PartialDownload]:
         """Downloads that stopped before the end (resumed by pulling again)."""
@@ -343,6 +369,9 @@ class ModelStore:
         gone = [m for m in self.missing() if name in (m.name, m.model)]
         if gone:
             raise gone[0].missing_file_error()
+        broken = [m for m in self.unreadable() if m.name == name]
+        if broken:
+            raise self.unreadable_error(broken[0])
 
     def _not_found(self, ref: str, name: str, installed: list[InstalledModel]
                    ) -> ModelNotFound:
@@ -373,6 +402,9 @@ class ModelStore:
         exact = [m for m in models if m.name == name]
         if exact:
             return exact[0]
+        broken = [m for m in self.unreadable() if m.name == name]
+        if broken and file_missing_ok:
+            return broken[0]
         same = [m for m in models if m.model == name]
         if len(same) == 1:
             return same[0]
