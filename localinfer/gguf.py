@@ -12,6 +12,7 @@ Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidModelFile
+from .paths import not_there
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -456,11 +458,15 @@ def _read_one(path: Path, *, shard: bool = False) -> GGUFHeader:
                         f" has {size}. Download it again."
                     ) from None
     except FileNotFoundError:
-        raise InvalidModelFile(f"{path} does not exist.") from None
+        raise InvalidModelFile(not_there(Path(path))) from None
     except IsADirectoryError:
         raise InvalidModelFile(f"{path} is a directory, not a GGUF file.") from None
     except PermissionError:
         raise InvalidModelFile(f"{path} cannot be read: permission denied.") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise InvalidModelFile(not_there(Path(path))) from None
 
 
 def parse_header(buf: Any, total_size: int, *, source: str = "file") -> GGUFHeader:

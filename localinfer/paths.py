@@ -7,6 +7,7 @@ callers ask for a directory with ``ensure=True`` when they are about to write in
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -129,3 +130,20 @@ def atomic_write_text(path: Path, text: str, *, sync: bool = True) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def not_there(path: Path, shown: object = None) -> str:
+    """Why ``path`` (shown as ``shown``, else itself) cannot be opened though it was named:
+    a symbolic link that loops or points at nothing says so, rather than "does not exist"
+    beside a link the user can see with ls."""
+    shown = path if shown is None else shown
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python before 3.13: a loop
+        return f"{shown} is a symbolic link that loops back on itself."
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{shown} is a symbolic link that loops back on itself."
+        if path.is_symlink():
+            return f"{shown} is a symbolic link to {os.readlink(path)}, which does not exist."
+    return f"{shown} does not exist."

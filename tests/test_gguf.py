@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ggufgen as g
 from localinfer import gguf
-from localinfer.errors import InvalidModelFile
+from localinfer.errors import InvalidModelFile, ModelNotFound
 
 
 @pytest.mark.model
@@ -238,3 +238,18 @@ def test_corrupted_headers_never_crash(data):
         gguf.parse_header(bytes(original), len(original), source="fuzzed")
     except InvalidModelFile:
         pass
+
+
+def test_a_link_that_loops_or_dangles_says_so(tmp_path, home):
+    """`ls` shows the link; "does not exist" beside it sent users looking in the wrong place."""
+    from localinfer.store import ModelStore
+
+    loop, dangling = tmp_path / "loop.gguf", tmp_path / "dangling.gguf"
+    loop.symlink_to(loop)
+    dangling.symlink_to(tmp_path / "moved" / "model.gguf")
+    for path, why in ((loop, "loops back on itself"), (dangling, "moved/model.gguf, which does")):
+        _expect_invalid(path, why)
+        with pytest.raises(ModelNotFound, match=why):
+            ModelStore().add(path)
+        with pytest.raises(ModelNotFound, match=why):
+            ModelStore().resolve(str(path))

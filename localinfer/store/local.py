@@ -36,6 +36,7 @@ from ..paths import (
     atomic_write_text,
     ensure_dir,
     get_paths,
+    not_there,
     parse_json,
     read_json_object,
 )
@@ -312,7 +313,7 @@ class ModelStore:
         if looks_like_path(ref):
             path = Path(ref).expanduser()
             if not path.exists():
-                raise ModelNotFound(f"{ref} does not exist.")
+                raise ModelNotFound(not_there(path, ref))
             if not path.is_file():
                 raise ModelNotFound(f"{ref} is not a file; give the path of a .gguf file.")
             if _magic(path) not in (gguf.GGUF_MAGIC, None):
@@ -461,8 +462,10 @@ class ModelStore:
         """Register a local GGUF file: validated, then copied into the store (SHA-256
         computed on the way) or, with ``link``, recorded where it is."""
         source = Path(path).expanduser()
+        if not source.exists():
+            raise ModelNotFound(not_there(source, path))
         if not source.is_file():
-            raise ModelNotFound(f"{path} does not exist or is not a file.")
+            raise ModelNotFound(f"{path} is not a file; give the path of a .gguf file.")
         source = source.resolve()
         header = gguf.read_header(source)
         quant = header.quant
