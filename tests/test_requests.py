@@ -34,6 +34,8 @@ pytest_plugins = ["daemon_fixtures"]  # daemon
      400, "role"),
     ("/api/show", {}, 400, "'model' is required"),
     ("/v1/nothing", {}, 404, "no such endpoint"),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+     404, "`localinfer add FILE.gguf` installs"),
 ])
 def test_bad_requests_get_clear_json_errors(daemon, path, body, status, needle):
     with daemon.uds() as c:
@@ -49,6 +51,14 @@ def test_bad_requests_get_clear_json_errors(daemon, path, body, status, needle):
         assert isinstance(error, str)  # Ollama's shape
     else:
         assert {"message", "type", "code"} <= set(error)  # OpenAI's shape
+
+
+def test_a_path_with_an_empty_segment_says_what_to_check(daemon):
+    """A base URL ending in a slash gives //v1/...: the 404 points at it."""
+    with daemon.uds() as c:
+        response = c.get(str(c.base_url).rstrip("/") + "//v1/models")
+    assert response.status_code == 404, response.text
+    assert "base URL end with a slash" in response.json()["error"]["message"]
 
 
 def test_wrong_method_is_a_json_error(daemon):

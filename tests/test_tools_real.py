@@ -259,8 +259,20 @@ def test_raw_grammar_and_json_schema_on_every_route(tool_daemon):
     with tool_daemon.uds() as http:
         r = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "x",
                                                "grammar": "root ::= undefined-rule"})
-    assert r.status_code == 400
-    assert "not GBNF that llama.cpp can parse" in r.json()["error"]["message"], r.text
+        assert r.status_code == 400
+        assert "not GBNF that llama.cpp can parse" in r.json()["error"]["message"], r.text
+        # What is wrong, where the message can tell: a rule that begins with itself, no
+        # root rule, an enum of nothing (each was "its start rule must be named root" or
+        # "could not parse").
+        for body, said in (({"grammar": 'root ::= root "a"'}, "may not begin with itself"),
+                           ({"grammar": 'start ::= "a"'}, "must be named root"),
+                           ({"json_schema": {"enum": []}}, "'enum' is an empty list")):
+            r = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "x",
+                                                   **body})
+            assert r.status_code == 400 and said in r.json()["error"]["message"], r.text
+        r = http.post("/v1/completions", json={"model": "gemma3:270m", "prompt": "x",
+                                               "grammar": 'root ::= "a" root | "b"'})
+        assert r.status_code == 200, r.text
 
 
 def test_a_grammar_no_token_can_follow_ends_the_request_not_the_daemon(tool_daemon):

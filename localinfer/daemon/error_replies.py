@@ -85,6 +85,9 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
         if exc.status_code == 404:
             message = f"no such endpoint: {path}"
+            if "//" in path:
+                message += (" (the path has an empty segment: does the client's base URL end"
+                            " with a slash?)")
         return JSONResponse(error_body(path, exc.status_code, message), exc.status_code)
     log.exception("unhandled error on %s", path)
     return JSONResponse(error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}",

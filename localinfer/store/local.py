@@ -390,8 +390,8 @@ class ModelStore:
                 f" `localinfer pull {name}`."
             )
         return ModelNotFound(
-            f"unknown model {ref!r} (installed: {have}). See `localinfer list`, or give the"
-            " path of a .gguf file."
+            f"unknown model {ref!r} (installed: {have}). See `localinfer list`;"
+            " `localinfer add FILE.gguf` installs a GGUF file."
         )
 
     def find_installed(self, ref: str, *, file_missing_ok: bool = False) -> InstalledModel:

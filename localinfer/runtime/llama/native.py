@@ -160,7 +160,8 @@ def _physical_cores() -> int:
 
 def _llama_said() -> str:
     recent = list(_recent_log)  # one copy: llama.cpp may log from another thread meanwhile
-    errors = [line for line in recent if "error" in line.lower() or "failed" in line.lower()]
+    errors = [line for line in recent
+              if any(word in line.lower() for word in ("error", "failed", "unsupported"))]
     return f" (llama.cpp: {errors[-1]})." if errors else "."
 
 

@@ -7,6 +7,7 @@ log-probabilities read."""
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,10 +146,15 @@ class Sampling(LlamaHandles):
             sampler = L.llama_sampler_init_grammar(self._vocab, gbnf.encode(),
                                                    grammar.start_rule.encode())
         if not sampler:
+            said = _llama_said()
+            if "left recursion" in said:
+                said += (" A rule may not begin with itself, directly or through the rules it"
+                         " begins with (root ::= root \"a\"): begin it with text.")
             if grammar.gbnf is not None:
-                raise InvalidRequest("the grammar is not GBNF that llama.cpp can parse"
-                                     f"{_llama_said()} Its start rule must be named root.")
-            raise InvalidRequest(f"llama.cpp could not parse the grammar{_llama_said()}")
+                if not re.search(rf"^\s*{re.escape(grammar.start_rule)}\s*::=", gbnf, re.M):
+                    said += f" Its start rule must be named {grammar.start_rule}."
+                raise InvalidRequest(f"the grammar is not GBNF that llama.cpp can parse{said}")
+            raise InvalidRequest(f"llama.cpp could not parse the grammar{said}")
         return sampler
 
     def _sample_constrained(self, chain: ctypes.c_void_p, constrained: _Constrained,
@@ -376,6 +382,9 @@ class _SchemaConverter(SchemaConverter):
             if unenforced and not self.described:
                 raise ValueError(f"'{unenforced[0]}' cannot be enforced by a grammar; leave it"
                                  " out (or check it after the reply)")
+            for keyword in ("enum", "anyOf", "oneOf"):
+                if schema.get(keyword) == []:
+                    raise ValueError(f"'{keyword}' is an empty list: no value can match it")
             for least, most in _MIN_MAX:
                 a, b = schema.get(least), schema.get(most)
                 if isinstance(a, int) and isinstance(b, int) and a > b:
