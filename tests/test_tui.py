@@ -139,6 +139,25 @@ def test_a_reply_streams_token_by_token_with_live_speed(home):
     run(main())
 
 
+def test_a_replys_single_line_breaks_stay_on_screen(home):
+    """A poem or a list written without Markdown's blank lines keeps its lines (Markdown alone
+    joins them into one paragraph)."""
+    poem = "Roses are red,\nviolets are blue.\n1. one\n2. two"
+    opener = Opener(lambda ref: FakeBackend(poem, name=ref))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "A poem")
+            await finished(pilot, 2)
+            paragraph = app.query(AssistantMessage).last().query("MarkdownParagraph").first()
+            assert "Roses are red,\nviolets are blue." in str(paragraph.content)
+        opener.close()
+
+    run(main())
+
+
 def test_escape_cancels_and_keeps_the_partial_reply(home):
     opener, backends = gated_opener()
 

@@ -85,8 +85,10 @@ def summary_line(stats: ReplyStats) -> str:
     """The line that stays under a reply: all measured, except the roofline share (of a
     predicted ceiling). After reasoning, the answer's own TTFT and decode come first (from
     its first token), then the whole reply's."""
+    # A reply cancelled before its first token has no TTFT (the engine's timings say 0).
+    ttft = f"{thousands(stats.ttft_ms)} ms" if stats.completion_tokens else "–"
     parts = [f"{stats.completion_tokens} tok", f"decode {tps(stats.decode_tps)} tok/s",
-             f"TTFT {thousands(stats.ttft_ms)} ms", f"prefill {tps(stats.prefill_tps)} tok/s"]
+             f"TTFT {ttft}", f"prefill {tps(stats.prefill_tps)} tok/s"]
     if stats.thought_tokens:
         parts = [f"answer: TTFT {thousands(stats.answer_ttft_ms)} ms, decode"
                  f" {tps(stats.answer_decode_tps)} tok/s", "all: " + parts[0], *parts[1:]]

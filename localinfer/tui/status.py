@@ -227,8 +227,9 @@ class StatusBar(Vertical):
             label.update("decode – tok/s · TTFT – · prefill – (measured while a reply streams)")
         else:
             prefix = "last reply: " if last else ""
-            label.update(f"{prefix}decode {tps(decode_tps)} tok/s · TTFT {thousands(ttft_ms)}"
-                         f" ms · prefill {tps(prefill_tps)} tok/s · {n_tokens} tok")
+            ttft = f"{thousands(ttft_ms)} ms" if n_tokens else "–"  # cancelled before any
+            label.update(f"{prefix}decode {tps(decode_tps)} tok/s · TTFT {ttft}"
+                         f" · prefill {tps(prefill_tps)} tok/s · {n_tokens} tok")
         self.query_one(Sparkline).data = list(samples)
 
     def show_roofline(self, roofline: Roofline | None, *, decode_tps: float, position: int,

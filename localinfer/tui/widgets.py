@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from textual import events, on
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -20,6 +22,23 @@ from ..chats import Attachment, Chat, ChatMessage
 from .figures import summary_line, thought_title
 
 HISTORY_LIMIT = 200
+
+
+def reply_parser() -> MarkdownIt:
+    """Textual's Markdown parser with a line break kept where the model wrote one: a poem, a
+    list or code written without a fence would otherwise run into one paragraph (Markdown joins
+    lines; chat front ends keep them, as markdown-it's ``breaks`` option does in HTML)."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("keep_line_breaks", _keep_line_breaks)
+    return parser
+
+
+def _keep_line_breaks(state: StateCore) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
 MOUNTED_MESSAGES = 60
 """A resumed chat shows its last messages; earlier ones are mounted on request."""
 
@@ -178,7 +197,8 @@ class AssistantMessage(Vertical, can_focus=True):
         block = ThoughtBlock(self.thinking, thought_title(self.message.stats, streaming=False))
         block.display = bool(self.thinking)
         yield block
-        yield Markdown("" if self.streaming else self.message.content, classes="reply")
+        yield Markdown("" if self.streaming else self.message.content, classes="reply",
+                       parser_factory=reply_parser)
         yield Label(self._note(), classes="summary", markup=False)
 
     def on_mount(self) -> None:
@@ -219,14 +239,16 @@ class AssistantMessage(Vertical, can_focus=True):
             self._stream = None
         self.message = message
         self.streaming = False
-        if self.markdown.source != message.content:
-            await self.markdown.update(message.content)
         self.thinking = message.thinking
         block = self.query_one(ThoughtBlock)
         block.display = bool(message.thinking)
         block.show(message.thinking, thought_title(message.stats, streaming=False))
         self.query_one(".summary", Label).update(self._note())
         self._show_state()
+        # Always rendered again whole (after this refresh, not holding up the caller): what
+        # the stream drew block by block while fragments arrived as it rendered can miss a
+        # part of the text (an HTML block, seen once).
+        self.call_after_refresh(self.markdown.update, message.content)
 
     def _show_state(self) -> None:
         m = self.message
