@@ -117,3 +117,21 @@ def test_sockets_accept_connections_from_the_bind_on(tmp_path):
     finally:
         unix.close()
         tcp.close()
+
+
+def test_a_live_daemons_socket_is_not_taken_over(tmp_path):
+    """`serve --socket` naming another home's socket: the live one is refused, not unlinked
+    (its daemon lost its clients, and its path when the second exited); a crash's leftover
+    is replaced."""
+    from localinfer.daemon.server import bind_unix
+
+    path = tmp_path / "d.sock"
+    live = bind_unix(path)
+    try:
+        with pytest.raises(DaemonError, match="already listening"):
+            bind_unix(path)
+        assert path.is_socket()
+    finally:
+        live.close()
+    again = bind_unix(path)  # closed without unlinking: nobody answers there now
+    again.close()

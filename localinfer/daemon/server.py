@@ -74,7 +74,14 @@ def bind_unix(path: Path) -> socket.socket:
                           " shorter one with --socket (or a shorter LOCALINFER_HOME).")
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if path.is_socket():
-        path.unlink()  # we hold the instance lock: a socket there is a crash's leftover
+        # This home's instance lock is ours, but --socket may name another home's socket:
+        # one that answers is a live daemon's, never taken over (its clients would lose it,
+        # and it would lose the path when this one exits).
+        if _answers(path):
+            raise DaemonError(f"a daemon is already listening on {path} (another home's);"
+                              " choose another --socket path, or stop that daemon first.",
+                              title="socket in use")
+        path.unlink()  # a crash's leftover
     elif path.exists() or path.is_symlink():
         raise DaemonError(f"{path} exists and is not a socket; choose another --socket path.")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -87,6 +94,19 @@ def bind_unix(path: Path) -> socket.socket:
     sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock
+
+
+def _answers(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:  # refused (nobody listens), or not ours to reach
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
