@@ -42,10 +42,45 @@ def test_stop_ends_in_flight_streams_and_removes_the_socket(home):
             {"role": "user", "content": "x"}])
         next(iter(stream))
         d.daemon.stop()
-        with pytest.raises(openai.APIError, match="cancelled"):
+        with pytest.raises(openai.APIError, match="shutting down"):
             for _ in stream:
                 pass
     assert not d.socket.exists()
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    ("/api/generate", {"prompt": "x", "stream": False}),
+    ("/v1/messages", {"max_tokens": 9000, "messages": [{"role": "user", "content": "x"}]}),
+    ("/completion", {"prompt": "x"}),
+])
+def test_a_whole_reply_cut_off_by_a_stop_is_a_503_not_a_short_200(home, path, body):
+    """A non-streamed reply the shutdown stopped came back 200 with finish_reason "stop" and
+    12 of 500 tokens: the client took half an answer for the whole."""
+    import threading
+    import time
+
+    import httpx
+
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005)) as d:
+        got: list[httpx.Response] = []
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.socket)),
+                          base_url="http://localinfer", timeout=60) as c:
+            asker = threading.Thread(target=lambda: got.append(c.post(
+                path, json={"model": "fake:1b", **body})))
+            asker.start()
+            deadline = time.monotonic() + 30
+            while not any(m["stats"]["active"] for m in
+                          DaemonClient(socket_path=d.socket).status()["loaded"]):
+                assert time.monotonic() < deadline, "the reply never started"
+                time.sleep(0.02)
+            time.sleep(0.1)  # a few tokens in
+            d.daemon.stop()
+            asker.join(30)
+    [r] = got
+    assert r.status_code == 503, r.text
+    assert "shutting down" in r.text
 
 
 def test_second_instance_and_stale_files(home, tmp_path):

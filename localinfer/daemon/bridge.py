@@ -403,6 +403,12 @@ async def whole_replies(state: DaemonState, request: Request, events: EventStrea
     for done in dones:
         assert isinstance(done, Done)  # a generation's last event
         state.record(done)
+    for done in dones:
+        # Stopped by the shutdown: an error, never a 200 that looks whole (a superseded
+        # autocomplete, cancelled otherwise, is llama-server's 200 with "superseded").
+        if isinstance(done, Done) and done.finish_reason == "cancelled" and \
+                state.shutting_down:
+            raise state.cut_off(done)
     return [done for done in dones if isinstance(done, Done)]
 
 

@@ -242,6 +242,8 @@ async def _answer(state: DaemonState, request: Request, name: str,
                                 "tokens_evaluated": event.live.prompt_tokens, "model": model})
                     continue
                 state.record(event)
+                if event.finish_reason == "cancelled" and state.shutting_down:
+                    raise state.cut_off(event)  # not a superseded keystroke's end
                 yield _sse(_only(fields, _final(event, model, "", settings, index=index)))
         except Exception as exc:  # headers are sent: report the error in the stream
             yield _sse(stream_error_body(request.url.path, exc))

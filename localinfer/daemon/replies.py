@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
-from ..errors import LocalInferError
 from ..runtime.tools import PartialCall
 from ..runtime.types import Done, Event, LiveStats, TokenLogprob, ToolCall
 from .reasoning_fields import Thinking
@@ -59,9 +58,7 @@ async def reply_parts(state: DaemonState, events: AsyncIterable[Event],
             continue
         state.record(event)
         if event.finish_reason == "cancelled":
-            raise LocalInferError("the generation was cancelled (the daemon is shutting down,"
-                                  " the model was unloaded, or a newer autocomplete request"
-                                  " replaced it).")
+            raise state.cut_off(event)
         reasoning, content = thinking.flush() if thinking else ("", "")
         whole: list[ToolCall] = []
         if splitter is not None:

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest, LocalInferError
+from ..errors import InvalidRequest
 from ..protocol import json_line
 from ..runtime.tools import PartialCall, new_call_id
 from ..runtime.types import Done, Message, SamplingParams, Token, TokenLogprob, ToolCall
@@ -484,8 +484,7 @@ class Reply:
                 continue
             state.record(event)
             if event.finish_reason == "cancelled":
-                raise LocalInferError("the generation was cancelled (the daemon is shutting"
-                                      " down, or the model was unloaded).")
+                raise state.cut_off(event)
             reasoning, content = thinking.flush()
             calls: list[ToolCall] = []
             if splitter is not None:

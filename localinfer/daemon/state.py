@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import DaemonError, LocalInferError
 from ..runtime.disk_cache import PrefixStore
 from ..runtime.types import Done
 from .manager import ModelManager
@@ -76,6 +77,16 @@ class DaemonState:
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
+
+    def cut_off(self, done: Done) -> LocalInferError:
+        """The error of a reply the engine cancelled before its end: a 503 while the daemon
+        shuts down (send it again once it is back), else one naming the other causes."""
+        n = done.usage.completion_tokens
+        if self.shutting_down:
+            return DaemonError(f"the daemon is shutting down: the reply was stopped after {n}"
+                               " tokens; send the request again once the daemon is back.")
+        return LocalInferError(f"the generation was cancelled after {n} tokens (the model was"
+                               " unloaded, or a newer autocomplete request replaced it).")
 
     def record(self, done: Done) -> None:
         """Count a finished generation's tokens for /metrics."""
