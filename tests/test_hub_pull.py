@@ -318,3 +318,29 @@ def test_the_chat_launcher_pulls_a_hub_name_on_first_use(hub_home, local_hub, mo
     offline = Launcher(Config(offline=True), open_engine=opener, if_no_daemon="in_process")
     with pytest.raises(OfflineError, match="is not installed and offline mode is on"):
         offline.open(f"hf.co/{QUANTS_REPO}:F16", steps.append)
+
+
+def test_a_hub_that_never_answers_is_a_clear_timeout(home, monkeypatch):
+    """A Hub (or proxy) that takes the connection and never answers: the repo's listing
+    waited for ever (`pull hf.co/...` and `plan hf.co/...` hung); it is a DownloadError
+    after the metadata timeout, as a catalog pull's is."""
+    import socket as socket_mod
+    import time
+
+    from huggingface_hub import constants
+
+    from localinfer.errors import DownloadError
+    from localinfer.store.hub_repo import list_repo
+
+    silent = socket_mod.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DownloadError, match="did not answer in time"):
+            list_repo("someone/some-GGUF")
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 30

@@ -87,7 +87,7 @@ class RepoListing:
 def list_repo(repo: str, *, offline: bool = False) -> RepoListing:
     """The GGUF quants of the Hub repo ``repo`` (one request). ModelNotFound for no such repo
     or one with no GGUF file, AccessDenied, DownloadError, OfflineError."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import RepositoryNotFoundError
 
     if offline or hub.offline():
@@ -98,7 +98,9 @@ def list_repo(repo: str, *, offline: bool = False) -> RepoListing:
     api = HfApi(endpoint=hub.endpoint(), library_name="localinfer",
                 library_version=__version__)
     try:
-        info = api.model_info(repo, files_metadata=True)
+        # A Hub that takes the connection and never answers: the same limit as a file's
+        # metadata request (HF_HUB_ETAG_TIMEOUT, 10 s), not a wait for ever.
+        info = api.model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except RepositoryNotFoundError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         private = "" if hub.has_token() else (
