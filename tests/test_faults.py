@@ -157,7 +157,7 @@ def test_a_pull_held_by_another_process_is_a_409(pull_daemon, local_hub):
     with lock, pull_daemon.uds() as http:
         response = http.post("/api/pull", json={"model": NAME, "stream": False})
     assert response.status_code == 409
-    assert "another pull of tinygemma:270m-q4_k_m is running" in response.json()["error"]
+    assert "a pull of tinygemma:270m-q4_k_m is running" in response.json()["error"]
 
 
 def test_stopping_the_daemon_cancels_a_stalled_pull_at_once(pull_daemon, local_hub):

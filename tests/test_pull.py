@@ -359,6 +359,13 @@ def test_a_second_pull_of_the_same_model_waits_its_turn(hub_home, local_hub):
         with pytest.raises(StoreError) as info:
             pull_model(ModelStore(), NAME)
         assert info.value.title == "pull in progress"
+        # Nor is its partial file removed from under it (the pull then failed with an
+        # internal error, FileNotFoundError, after the last byte).
+        partial = ModelStore().partials()
+        assert partial and partial[0].path.exists()
+        with pytest.raises(StoreError, match="a pull of .* is running"):
+            ModelStore().remove(NAME)
+        assert partial[0].path.exists()
     finally:
         local_hub.release()
         thread.join(120)

