@@ -148,9 +148,9 @@ def test_a_home_that_cannot_be_written_is_a_store_error(monkeypatch, capsys):
     monkeypatch.setattr(cli_module, "load_config", read_only)
     assert cli_module.main(["list"]) == errors.StoreError.exit_code
     err = capsys.readouterr().err
-    assert err == ("localinfer: store error: cannot use /home/me/.localinfer/data: Read-only"
-                   " file system. Then free space or make it writable, or point"
-                   " LOCALINFER_HOME at a directory this user can write.\n")
+    assert err == ("localinfer: store error: Read-only file system (/home/me/.localinfer/data):"
+                   " make it writable, or point LOCALINFER_HOME at a directory this user can"
+                   " write.\n")
 
 
 def test_not_gguf_file(tmp_path):

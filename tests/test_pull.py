@@ -191,7 +191,8 @@ def test_not_enough_disk_space_is_found_before_downloading(hub_home, local_hub):
     with pytest.raises(StoreError) as info:
         pull_model(store, NAME)
     assert info.value.title == "not enough disk space"
-    assert "0.25 GB needed, 0.10 GB free" in info.value.message
+    assert "0.32 GB needed (0.25 GB for the file, 64 MB left over for the rest), 0.10 GB" \
+        " free" in info.value.message
     assert local_hub.requests("cdn", "GET") == [] and store.installed() == []
 
 
@@ -381,3 +382,27 @@ def test_removing_an_unfinished_download(hub_home, local_hub):
     [partial] = store.partials()
     assert store.remove(NAME) == partial
     assert store.partials() == [] and no_leftovers(store)
+
+
+def test_a_disk_that_fills_during_the_download_says_what_is_kept(hub_home, local_hub,
+                                                                monkeypatch):
+    """ENOSPC while writing: "cannot use: No space left on device" with no path before; now
+    what filled, the bytes kept and how to resume (which works: the partial stays)."""
+    import errno
+
+    from localinfer.store import hub
+
+    def fills(remote, partial, *, on_bytes, cancel):
+        with open(partial, "ab") as out:
+            out.write(b"\0" * 4096)
+        on_bytes(4096, remote.size)
+        raise OSError(errno.ENOSPC, "No space left on device", str(partial))
+
+    monkeypatch.setattr(hub, "download", fills)
+    with pytest.raises(StoreError) as info:
+        pull_model(ModelStore(), NAME)
+    assert info.value.title == "not enough disk space"
+    assert "filled up while downloading" in info.value.message
+    assert "4.1 KB of" in info.value.message and "again to resume" in info.value.message
+    [partial] = ModelStore().partials()
+    assert partial.size_bytes == 4096

@@ -74,12 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
             # Anything that writes the home (the store, chats, caches) on a read-only or
             # full disk, or a file this user may not use: a one-line store error, not a bug.
-            where = f" {exc.filename}" if exc.filename else ""
+            where = f" ({exc.filename})" if exc.filename else ""
             fix = ("check its permissions" if exc.errno in (errno.EACCES, errno.EPERM) else
-                   "free space or make it writable")
-            print(f"localinfer: store error: cannot use{where}: {exc.strerror}. Then {fix},"
-                  " or point LOCALINFER_HOME at a directory this user can write.",
-                  file=sys.stderr)
+                   "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
+                   "make it writable")
+            print(f"localinfer: store error: {exc.strerror}{where}: {fix}, or point"
+                  " LOCALINFER_HOME at a directory this user can write.", file=sys.stderr)
             return errors.StoreError.exit_code
         print(f"localinfer: internal error: {type(exc).__name__}: {exc}"
               " (run with --debug for the traceback)", file=sys.stderr)

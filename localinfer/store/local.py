@@ -610,8 +610,10 @@ class ModelStore:
         free = self.disk_free(existing)
         if free < needed + SPACE_MARGIN:
             raise StoreError(
-                f"not enough disk space in {directory}: {needed / 1e9:.2f} GB needed,"
-                f" {free / 1e9:.2f} GB free. Free some space or set LOCALINFER_HOME elsewhere.",
+                f"not enough disk space in {directory}:"
+                f" {(needed + SPACE_MARGIN) / 1e9:.2f} GB needed ({needed / 1e9:.2f} GB for the"
+                f" file, {SPACE_MARGIN >> 20} MB left over for the rest), {free / 1e9:.2f} GB"
+                " free. Free some space or set LOCALINFER_HOME elsewhere.",
                 title="not enough disk space",
             )
 

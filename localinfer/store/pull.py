@@ -11,6 +11,7 @@ planner's choice).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -402,6 +403,12 @@ def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
     except (DownloadError, StoreError) as exc:
         raise type(exc)(f"{exc.message} {kept()} of {_mb(total)} is kept: {resume}",
                         title=exc.title) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise StoreError(f"the disk holding {partial.parent} filled up while downloading"
+                         f" {name}: {kept()} of {_mb(total)} is kept. Free space, then"
+                         f" {resume}", title="not enough disk space") from None
 
 
 def _verify_and_install(store: ModelStore, name: str, parts: list[_Part],
