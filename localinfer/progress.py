@@ -6,6 +6,7 @@ stderr is not a terminal (CI logs, pipes) it prints only the start and the end.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from typing import TextIO
@@ -65,21 +66,34 @@ class TerminalProgress:
         self.update(value, 1.0)
 
     def _draw(self, now: float) -> None:
-        elapsed = max(now - self.start, 1e-6)
-        parts = [self.label]
-        if self.total:
-            frac = min(max(self._done / self.total, 0.0), 1.0)
-            width = 24
-            filled = int(frac * width)
-            parts.append("[" + "#" * filled + "-" * (width - filled) + f"] {frac * 100:5.1f}%")
-            if self.unit == "bytes":
-                rate = max(self._done - self.initial, 0.0) / elapsed
-                parts.append(f"{human_bytes(self._done)}/{human_bytes(self.total)}")
-                parts.append(f"{human_bytes(rate)}/s")
-                if 0 < frac < 1 and rate > 0:
-                    parts.append(f"ETA {(self.total - self._done) / rate:.0f}s")
-        self.stream.write("\r" + "  ".join(parts) + "\x1b[K")
+        self.stream.write("\r" + self.line(now, shutil.get_terminal_size().columns - 1)
+                          + "\x1b[K")
         self.stream.flush()
+
+    def line(self, now: float, columns: int) -> str:
+        """The progress line in at most ``columns`` characters: a line wider than the
+        terminal wraps, and each redraw then leaves a line behind. A narrower bar, then the
+        ETA, the rate and the bytes go first, then the label's end."""
+        elapsed = max(now - self.start, 1e-6)
+        frac = min(max(self._done / self.total, 0.0), 1.0) if self.total else None
+        extra: list[str] = []  # what may be left out, last first
+        if self.total and self.unit == "bytes" and frac is not None:
+            rate = max(self._done - self.initial, 0.0) / elapsed
+            extra = [f"{human_bytes(self._done)}/{human_bytes(self.total)}",
+                     f"{human_bytes(rate)}/s"]
+            if 0 < frac < 1 and rate > 0:
+                extra.append(f"ETA {(self.total - self._done) / rate:.0f}s")
+        for keep in range(len(extra), -1, -1):
+            for width in (24, 16, 10):
+                parts = [self.label]
+                if frac is not None:
+                    filled = int(frac * width)
+                    parts.append("[" + "#" * filled + "-" * (width - filled)
+                                 + f"] {frac * 100:5.1f}%")
+                line = "  ".join(parts + extra[:keep])
+                if len(line) <= columns:
+                    return line
+        return line if len(line) <= columns else line[:max(columns - 1, 0)] + "…"
 
     def finish(self, message: str | None = None) -> None:
         if self._finished:
