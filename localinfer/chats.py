@@ -444,6 +444,21 @@ class ChatStore:
                 continue
         return None
 
+    def unreadable(self) -> list[Path]:
+        """The chat files that cannot be read, the most recently written first (``summaries``
+        leaves them out; the chat UI says so rather than open an older chat in silence)."""
+        if not self.root.is_dir():
+            return []
+        bad = []
+        for path in self.root.glob("*.json"):
+            if not _ID_RE.match(path.stem):
+                continue
+            try:
+                Chat.from_dict(parse_json(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError, KeyError):
+                bad.append(path)
+        return sorted(bad, key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
+
     def rename(self, chat_id: str, title: str) -> Chat:
         title = make_title(title)
         if not title:

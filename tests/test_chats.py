@@ -128,6 +128,8 @@ def test_unreadable_files_are_skipped_and_left_alone(home):
         with pytest.raises(ChatError, match="left as it is"):
             store.load(path.stem)
     assert broken.read_text(encoding="utf-8") == "{ not json"
+    # Listed, so that resuming the latest chat can say a newer one was left out.
+    assert set(store.unreadable()) == {broken, newer, nested}
 
 
 def test_rename_and_delete(home):

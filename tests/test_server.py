@@ -170,3 +170,23 @@ def test_a_live_daemons_socket_is_not_taken_over(tmp_path):
         live.close()
     again = bind_unix(path)  # closed without unlinking: nobody answers there now
     again.close()
+
+
+def test_a_chat_reply_cut_off_by_a_stop_is_an_error_not_a_cancel(home):
+    """localinfer's own stream (the chat UI's): the shutdown's cut showed as the user's
+    cancel ("✂ cancelled"), with no word of the daemon going away."""
+    import time
+
+    from localinfer.runtime.types import Message, SamplingParams, Token
+
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 5000, step_delay_s=0.005)) as d:
+        generation = DaemonClient(socket_path=d.socket).generate(
+            "fake:1b", messages=[Message("user", "x")], params=SamplingParams(max_tokens=4000))
+        events = iter(generation)
+        assert isinstance(next(events), Token)
+        time.sleep(0.05)
+        d.daemon.stop()
+        with pytest.raises(DaemonError, match="shutting down"):
+            for _ in events:
+                pass

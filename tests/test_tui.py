@@ -187,6 +187,26 @@ def test_escape_cancels_and_keeps_the_partial_reply(home):
     run(main())
 
 
+def test_ctrl_c_cancels_a_reply_as_escape_does(home):
+    """Ctrl+C mid-reply showed Textual's "Do you want to quit?" and the reply ran on."""
+    opener, backends = gated_opener()
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(100, 32)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Tell me a story")
+            backends[0].release(5)
+            await until(pilot, lambda: streamed(app, 5), "a few tokens")
+            await pilot.press("ctrl+c")
+            backends[0].open()
+            await finished(pilot, 2)
+            assert app.chat.messages[-1].finish_reason == "cancelled"
+        opener.close()
+
+    run(main())
+
+
 def test_quitting_mid_reply_keeps_the_partial_reply(home):
     opener, backends = gated_opener()
 
@@ -287,6 +307,24 @@ def test_the_input_keys(home):
             assert isinstance(app.screen, HelpScreen)
             await pilot.press("escape")
             assert not isinstance(app.screen, HelpScreen)
+            # A slash command that is not one is said, not sent to the model.
+            await pilot.press(*keys("/help"), "enter")
+            assert len(app.chat.messages) == 2 and box.text == "/help"
+            assert any("/help is not a command" in str(n.message)
+                       for n in app._notifications)
+            box.clear()
+            # The conversation scrolls from the message box.
+            transcript = app.query_one("#transcript")
+            scrolled: list[str] = []
+            transcript.scroll_page_up = lambda *a, **k: scrolled.append("up")
+            transcript.scroll_page_down = lambda *a, **k: scrolled.append("down")
+            await pilot.press("pageup", "pagedown")
+            assert scrolled == ["up", "down"] and app.focused is box
+            # F8 on a model that does not think says so and leaves thinking off (every
+            # message was a 400 once it was on).
+            await pilot.press("f8")
+            assert app.chat.think is None
+            assert any("does not think" in str(n.message) for n in app._notifications)
         opener.close()
 
     run(main())

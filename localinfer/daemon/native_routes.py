@@ -125,6 +125,10 @@ def routes(state: DaemonState) -> list[Route]:
                 async for event in events:
                     if isinstance(event, Done):
                         state.record(event)
+                        if event.finish_reason == "cancelled" and state.shutting_down:
+                            # An error, not the cancel a client asked for (the chat showed
+                            # a reply cut by the shutdown as cancelled by the user).
+                            raise state.cut_off(event)
                     yield json_line(event_json(event)) + "\n"
             except Exception as exc:
                 err = exc if isinstance(exc, LocalInferError) else LocalInferError(str(exc))

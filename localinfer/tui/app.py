@@ -101,6 +101,11 @@ class ChatApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("escape", "cancel_reply", "Cancel"),
+        # Ctrl+C stops a reply, as in a terminal program; otherwise Textual's hint to quit.
+        Binding("ctrl+c", "interrupt", show=False),
+        # The conversation scrolls from the message box (which keeps the focus).
+        Binding("pageup", "scroll_transcript(-1)", show=False, priority=True),
+        Binding("pagedown", "scroll_transcript(1)", show=False, priority=True),
         Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+r", "chats", "Chats"),
         Binding("ctrl+o", "models", "Models"),
@@ -292,6 +297,19 @@ class ChatApp(App[None]):
             self.conversation.stop_editing()
             return
         self.conversation.cancel_reply()
+
+    def action_scroll_transcript(self, pages: int) -> None:
+        transcript = self.query_one("#transcript", Transcript)
+        if pages < 0:
+            transcript.scroll_page_up()
+        else:
+            transcript.scroll_page_down()
+
+    def action_interrupt(self) -> None:
+        if self.reply is not None:
+            self.conversation.cancel_reply()
+        else:
+            self.action_help_quit()
 
     def action_think(self) -> None:
         self.conversation.cycle_think()

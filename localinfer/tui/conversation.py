@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -160,6 +161,15 @@ class ChatScreen(TurnEditing):
         except LocalInferError as exc:
             chat = None
             self.notify(exc.message, title="Cannot resume", severity="error")
+        if chat_id == "latest":
+            bad = self.chats.unreadable()
+            newer = [path for path in bad if chat is None or not path.exists()
+                     or path.stat().st_mtime >= chat.updated]
+            if newer:
+                self.notify(f"{newer[0]} cannot be read; it is left as it is"
+                            + (" (and " + str(len(newer) - 1) + " more)" if len(newer) > 1
+                               else "") + ("; the chat before it is open." if chat else "."),
+                            title="A newer chat cannot be read", severity="warning")
         if chat is not None:
             self.chat = chat
         return chat
@@ -283,6 +293,13 @@ class ChatScreen(TurnEditing):
         elif "\n" not in command and is_file(command):
             chat_input.clear()
             await self.attach(command)
+            return
+        elif re.fullmatch(r"/[A-Za-z]\w*", command.split(maxsplit=1)[0] if command else ""):
+            # /help, /clear... typed as in other chat programs: said, not sent to the model
+            # (with the files waiting to go); a message that starts with a path is sent.
+            self.notify(f"{command.split()[0]} is not a command here: /think and /file are"
+                        " (F1 lists the keys). Your text stays in the input.",
+                        severity="warning")
             return
         if self.reply is not None:
             self.notify("A reply is still streaming: Esc cancels it. Your message stays in"

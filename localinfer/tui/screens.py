@@ -49,7 +49,8 @@ HELP = """\
 | **Enter** | send the message |
 | **Shift+Enter**, **Ctrl+J** | new line in the message |
 | **Up** / **Down** on the first / last line | earlier prompts |
-| **Esc** | cancel the reply (the partial text is kept, marked ✂) |
+| **Esc**, **Ctrl+C** | cancel the reply (the partial text is kept, marked ✂) |
+| **PageUp** / **PageDown** | scroll the conversation |
 | **Ctrl+N** | new chat |
 | **Ctrl+R** | chats: resume, rename (r), delete (d) |
 | **Ctrl+O** | models: switch, pull; the planner's verdict for this machine |

@@ -17,6 +17,7 @@ from textual.screen import Screen
 
 from ..chats import THINK_VALUES, Attachment, Chat, ChatMessage, read_text_file
 from ..errors import LocalInferError
+from ..runtime.thinking import thinking_format
 from ..sampling_defaults import SamplingDefaults
 from ..session import Launcher, ModelRow, Session
 from .reply import Reply
@@ -209,14 +210,29 @@ class TurnEditing(Screen[None]):
                         " message to send it with that alone.", severity="warning")
             return None
         value = values[words[1]]
+        if not self._thinks(value):
+            return None
         if len(words) == 3 and words[2].strip():
             self._think_once = value
             return words[2]
         self.set_think(value)
         return None
 
+    def _thinks(self, value: bool | str | None) -> bool:
+        """Whether the loaded model can think as ``value`` asks; says so when it cannot
+        (every message was refused then, until thinking was turned back off)."""
+        session = self.host.session
+        if value in (None, False) or session is None or \
+                thinking_format(session.info.chat_template) is not None:
+            return True
+        self.notify(f"{session.info.name} does not think (its chat template has no"
+                    " reasoning): thinking stays off.", severity="warning")
+        return False
+
     def set_think(self, value: bool | str | None) -> None:
         assert value in THINK_VALUES
+        if not self._thinks(value):
+            return
         self.chat.think = value
         if self.chat.messages:
             self.save()
@@ -227,7 +243,10 @@ class TurnEditing(Screen[None]):
         """F8: the model's default, on, off."""
         order: list[bool | str | None] = [None, True, False]
         now = self.chat.think if self.chat.think in order else None
-        self.set_think(order[(order.index(now) + 1) % len(order)])
+        following = order[(order.index(now) + 1) % len(order)]
+        if not self._thinks(following):
+            return
+        self.set_think(following)
 
     # --- files ---------------------------------------------------------------------------------
     def free_tokens(self) -> int | None:
