@@ -250,15 +250,20 @@ def generate_request_json(model: str, *, messages: Sequence[Message] | None, pro
 
 def health_json(*, version: str, loading: str | None, load_fraction: float,
                 loaded: list[str]) -> tuple[dict[str, Any], int]:
-    """``GET /health`` and its HTTP status: 503 while a model loads (with how far it is)."""
-    if loading:
+    """``GET /health`` and its HTTP status: 503 while the first model loads (with how far it
+    is, as llama-server's), 200 once one serves, a model loading beside it named in the body
+    (a supervisor took a daemon serving its chat model for down while it loaded another)."""
+    if loading and not loaded:
         return {"status": "loading", "model": loading, "progress": round(load_fraction, 3)}, 503
-    return {"status": "ok", "version": version, "loaded": sorted(loaded)}, 200
+    body: dict[str, Any] = {"status": "ok", "version": version, "loaded": sorted(loaded)}
+    if loading:
+        body |= {"loading": loading, "progress": round(load_fraction, 3)}
+    return body, 200
 
 
 def load_fraction_from(health: dict[str, Any]) -> float | None:
     """How far the daemon's current load is (0..1), or None when it is not loading."""
-    if health.get("status") == "loading" and "progress" in health:
+    if (health.get("status") == "loading" or health.get("loading")) and "progress" in health:
         return float(health["progress"])
     return None
 

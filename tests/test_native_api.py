@@ -49,6 +49,20 @@ def test_health_is_503_while_loading(home):
         assert health.json()["progress"] == 0.5
 
 
+def test_health_is_200_while_a_second_model_loads():
+    """A daemon serving its chat model while it loads another is up (a supervisor took it
+    for down); the load is in the body, where the CLI's progress reads it."""
+    from localinfer.protocol import health_json, load_fraction_from
+
+    body, status = health_json(version="x", loading="code:7b", load_fraction=0.25,
+                               loaded=["chat:8b"])
+    assert status == 200 and body["status"] == "ok" and body["loading"] == "code:7b"
+    assert load_fraction_from(body) == 0.25
+    body, status = health_json(version="x", loading=None, load_fraction=0.0,
+                               loaded=["chat:8b"])
+    assert status == 200 and "loading" not in body and load_fraction_from(body) is None
+
+
 def test_status_describes_the_daemons_hardware(daemon):
     status = DaemonClient(socket_path=daemon.socket).status()
     assert status["hardware"]["cpu"]["logical_cores"] >= 1
