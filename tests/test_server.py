@@ -190,3 +190,35 @@ def test_a_chat_reply_cut_off_by_a_stop_is_an_error_not_a_cancel(home):
         with pytest.raises(DaemonError, match="shutting down"):
             for _ in events:
                 pass
+
+
+def test_a_client_that_stops_reading_frees_its_slot(home, monkeypatch):
+    """A client that never reads its stream (a suspended editor) held its slot for ever once
+    the socket's buffers filled: 8 of them wedged the daemon. Past STALL_S it is taken as
+    gone."""
+    import time
+
+    from localinfer.daemon import bridge
+
+    monkeypatch.setattr(bridge, "STALL_S", 1.0)
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="a long line of text " * 20000, n_ctx=200_000)) as d:
+        body = json.dumps({"model": "fake:1b", "prompt": "x", "stream": True,
+                           "max_tokens": 150_000}).encode()
+        stuck = socket.socket(socket.AF_UNIX)
+        stuck.connect(str(d.socket))
+        stuck.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type:"
+                      b" application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        client = DaemonClient(socket_path=d.socket)
+
+        def active() -> int:
+            return sum(m["stats"]["active"] for m in client.status()["loaded"])
+
+        deadline = time.monotonic() + 30
+        while not active():
+            assert time.monotonic() < deadline, "the stream never started"
+            time.sleep(0.02)
+        while active():  # its buffers fill, then it is ended
+            assert time.monotonic() < deadline, "the stalled stream kept its slot"
+            time.sleep(0.1)
+        stuck.close()

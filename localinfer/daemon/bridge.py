@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import Cancelled
 from ..runtime.engine import Engine, Generation, Sink
@@ -436,6 +436,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T],
     return worker.result()  # or raise the work's own error
 
 
+STALL_S = 60.0
+"""How long a stream waits for a client that reads none of it before ending it."""
+
+
 class BridgeResponse(StreamingResponse):
     """A streaming response that cancels the work behind it however the response ends (even
     if the client left before the first byte), and then runs ``on_close``."""
@@ -456,10 +460,19 @@ class BridgeResponse(StreamingResponse):
         self._ended = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_in_time(message: Message) -> None:
+            # A client that stops reading (a suspended editor, a stuck script) would hold its
+            # slot for ever once the socket's buffers fill: after STALL_S it is taken as gone.
+            with anyio.fail_after(STALL_S):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_in_time)
         except ClientDisconnect:
             pass  # counted below, like a disconnect noticed while waiting for the next item
+        except TimeoutError:
+            log.info("%s: the client read nothing for %.0f s: its stream is ended",
+                     scope.get("path"), STALL_S)
         finally:
             if not self._ended:
                 log.info("%s: the client left mid-stream", scope.get("path"))
