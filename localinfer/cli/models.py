@@ -213,9 +213,12 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
         if not partial.size_bytes:
             continue  # nothing downloaded yet: nothing to resume (or to show)
         total = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
+        # Of a model installed already, it is an update: rm would delete the model too.
+        drop = (f"`localinfer rm {partial.name}` deletes it and the installed model"
+                if any(m.name == partial.name for m in models + missing)
+                else f"`localinfer rm {partial.name}` deletes it")
         print(f"Partial download: {partial.name}, {human_bytes(partial.size_bytes)}{total}"
-              f" (`localinfer pull {partial.name}` resumes it, `localinfer rm"
-              f" {partial.name}` deletes it).")
+              f" (`localinfer pull {partial.name}` resumes it, {drop}).")
     return 0
 
 
