@@ -406,3 +406,26 @@ def test_a_disk_that_fills_during_the_download_says_what_is_kept(hub_home, local
     assert "4.1 KB of" in info.value.message and "again to resume" in info.value.message
     [partial] = ModelStore().partials()
     assert partial.size_bytes == 4096
+
+
+def test_a_file_shorter_than_its_listing_is_not_resumed_for_ever(hub_home, local_hub,
+                                                                  monkeypatch):
+    """A Hub listing more bytes than it serves: the first pull kept what came, and every
+    later one was HTTP 416 with "run again to resume". The partial goes; the next pull
+    starts again."""
+    from localinfer.errors import DownloadError
+    from localinfer.store import hub
+
+    def short(remote, partial, *, on_bytes, cancel):
+        with open(partial, "ab") as out:
+            out.write(b"\0" * 4096)
+        on_bytes(4096, remote.size)
+        raise DownloadError("the Hub has fewer bytes than it lists (HTTP 416).",
+                            title="size mismatch")
+
+    monkeypatch.setattr(hub, "download", short)
+    with pytest.raises(DownloadError) as info:
+        pull_model(ModelStore(), NAME)
+    assert "partial download was deleted" in info.value.message
+    assert "to resume" not in info.value.message
+    assert ModelStore().partials() == []

@@ -315,6 +315,9 @@ def translate(exc: BaseException, *, repo: str, file: str) -> LocalInferError | 
                 f" {hub}/settings/tokens.")
         if status == 403:
             return AccessDenied(f"the Hub refused access to {repo}/{file} (HTTP 403{detail}).")
+        if status == 416:  # a resume past the file's end: it is shorter than listed
+            return DownloadError(f"{hub} has fewer bytes of {repo}/{file} than it lists (HTTP"
+                                 f" 416{detail}).", title="size mismatch")
         if status == 429:
             return DownloadError(f"the Hub is rate-limiting requests (HTTP 429{detail}); wait a"
                                  " minute and try again.")
@@ -336,5 +339,5 @@ def translate(exc: BaseException, *, repo: str, file: str) -> LocalInferError | 
         return StoreError(f"cannot write the download of {file}: {exc}.")
     if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
         return DownloadError(f"the server sent a different number of bytes than it announced"
-                             f" for {repo}/{file}.")
+                             f" for {repo}/{file}.", title="size mismatch")
     return None  # not a network or Hub error: a bug, let it show

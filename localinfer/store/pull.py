@@ -401,6 +401,13 @@ def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
         raise Cancelled(f"stopped the download of {name} at {kept()} of {_mb(total)};"
                         f" {resume}") from None
     except (DownloadError, StoreError) as exc:
+        if exc.title == "size mismatch":  # resuming asks past the end again: start afresh
+            partial.unlink(missing_ok=True)
+            meta_path.unlink(missing_ok=True)
+            raise DownloadError(f"{exc.message} The partial download was deleted: the next"
+                                " pull starts again; if it fails the same way, the file on the"
+                                " Hub does not match its listing (tell the repo's owner).",
+                                title=exc.title) from None
         raise type(exc)(f"{exc.message} {kept()} of {_mb(total)} is kept: {resume}",
                         title=exc.title) from None
     except OSError as exc:
