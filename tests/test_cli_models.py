@@ -216,6 +216,20 @@ def _no_daemon_address(monkeypatch):
     monkeypatch.delenv("LOCALINFER_HOST", raising=False)
 
 
+def test_a_catalog_name_is_not_lent_to_a_file_of_another_architecture(home, tmp_path):
+    """`add --name qwen3:1.7b-q4_k_m` of a 2-layer llama file made it "Qwen3" with Qwen3's
+    license and sampling, and `pull qwen3:1.7b-q4_k_m` then said it was installed; and any
+    llama file was shown as Llama 3.2 under its license."""
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(ggufgen.tiny_model())
+    out = cli("add", str(model), "--name", "qwen3:1.7b-q4_k_m")
+    assert out.returncode == 2 and "catalog's Qwen3" in out.stderr, out.stderr
+    assert cli("add", str(model), "--name", "mine:7b").returncode == 0
+    out = cli("show", "mine:7b")
+    assert out.returncode == 0, out.stderr
+    assert "Llama 3.2" not in out.stdout and "llama3.2" not in out.stdout, out.stdout
+
+
 def test_a_linked_model_whose_file_is_gone(home, tmp_path):
     model = tmp_path / "tiny.gguf"
     model.write_bytes(ggufgen.tiny_model())

@@ -269,9 +269,11 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
         return 0
     header = gguf.read_header(path)
     catalog = store.catalog
-    family = catalog.family_for(installed.family if installed else header.architecture)
-    if family is None:
-        family = catalog.family_for(header.architecture)
+    # The family by the model's name says its title and license; by the file's architecture
+    # alone it only picks the chat template the loader would (any "llama" file is not
+    # Llama 3.2, nor under its license).
+    named = catalog.families.get(installed.family) if installed else None
+    family = named or catalog.family_for(header.architecture)
     base_model = installed is not None and _is_base(store, installed)
     # The template a chat uses, as the loader and the engine choose it: the file's, else the
     # catalog's built-in one for the family, else the generic ChatML.
@@ -287,7 +289,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
             template_source = ("generic 'chatml' (neither the file nor the catalog has"
                                " one)")
         template = BUILTIN_TEMPLATES.get(builtin or "")
-    license_ = header.license or (family.license if family else "") or "not stated"
+    license_ = header.license or (named.license if named else "") or "not stated"
     # The default sampling of its chat and `run`: its card's, its file's, config.toml's.
     sampling = model_defaults(catalog, installed.model if installed else name,
                               header.metadata, config, name)
@@ -326,7 +328,7 @@ def cmd_show(args: argparse.Namespace, config: Config) -> int:
 
     size = installed.size_bytes if installed else header.file_size
     rows = [
-        ("architecture", header.architecture + (f" ({family.title})" if family else "")),
+        ("architecture", header.architecture + (f" ({named.title})" if named else "")),
         *([("kind", "base model: continues text, does not follow instructions")]
           if base_model else []),
         ("parameters", _params(header.parameter_count)),

@@ -494,6 +494,15 @@ class ModelStore:
         header = gguf.read_header(source)
         quant = header.quant
         name = self._name_for_added(source, header, name)
+        family = self.catalog.families.get(name.split(":", 1)[0])
+        if family is not None and family.architecture != header.architecture:
+            # The catalog's name would lend this file its family's template, sampling and
+            # license (a 2-layer llama file became "Qwen3", and `pull` of the real one said
+            # it was installed).
+            raise InvalidRequest(
+                f"{name} is a name of the catalog's {family.title} (architecture"
+                f" {family.architecture}), but {path} is a {header.architecture} model; give"
+                " it a name of its own with --name.")
         if self.get(name) is not None:
             raise InvalidRequest(f"{name} is already installed; choose another name with"
                                  " --name, or remove it first with `localinfer rm`.")
