@@ -167,6 +167,7 @@ def test_copy_delete_and_push(home):
     ({"model": "p", "from": "fake:1b", "template": "{{ .System }} {{ .Prompt }}"}, 400,
      "Go template"),
     ({"model": "fake:1b", "from": "fake:1b"}, 400, "installed model"),
+    ({"model": "gemma3:270m", "from": "fake:1b"}, 400, "a model of the catalog"),
     ({"model": "p/../x", "from": "fake:1b"}, 400, "invalid preset name"),
     ({"model": "p", "from": "fake:1b", "modelfile": "FROM fake:1b\nBOGUS x\n"}, 400,
      "line 2"),

@@ -92,6 +92,15 @@ def _check_free(store: ModelStore, name: str) -> None:
     if taken:
         raise InvalidRequest(f"{name} is the name of the installed model {taken[0]}; choose"
                              " another name for the preset.")
+    try:
+        store.catalog.lookup(name)
+    except KeyError:
+        if name not in store.catalog.families:
+            return
+    # A catalog model not pulled yet: the preset would hide it once it is (`show` and the
+    # API found the preset, not the model pulled).
+    raise InvalidRequest(f"{name} is a model of the catalog (`localinfer pull {name}`"
+                         " downloads it); choose another name for the preset.")
 
 
 def _check_adapter(path: Path, architecture: str) -> None:
