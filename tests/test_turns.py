@@ -330,3 +330,25 @@ def test_models_with_layers_or_experts_on_the_cpu_take_turns():
     for gpu_layers, cpu_moe, takes_turns in ((n, 0, False), (n - 1, 0, True), (n, 2, True)):
         backend.info = replace(backend.info, n_gpu_layers=gpu_layers, n_cpu_moe=cpu_moe)
         assert (cpu_turns(backend) is not None) == takes_turns
+
+
+def test_a_second_model_gets_turns_while_the_first_generates():
+    """Two chat engines: the second's request waited for the first's whole reply (its
+    engine's turn ended and was asked again at once, before the waiting thread woke): a
+    code model's first token came only after the chat model's 400 tokens."""
+    overlap = Overlap()
+    shared = Turns()
+    first = FakeBackend(reply="word " * 2000, name="fake:chat", step_delay_s=0.002)
+    second = FakeBackend(reply="code " * 50, name="fake:code", step_delay_s=0.002)
+    overlap.watch(first, "first", "decode")
+    overlap.watch(second, "second", "decode")
+    with Engine(first, turns=shared) as a, Engine(second, turns=shared) as b:
+        long = a.chat([Message("user", "Go on.")], SamplingParams(max_tokens=1500))
+        time.sleep(0.1)  # generating now
+        short = b.chat([Message("user", "Complete.")], SamplingParams(max_tokens=20)).result()
+        long.cancel()
+    assert short.usage.completion_tokens == 20 and overlap.most == 1
+    # The second's steps ran between the first's, not after its reply: it ended while the
+    # first had made a few dozen of its 1,500 tokens.
+    second_end = max(end for _, end in overlap.spans["second"])
+    assert len([s for s, _ in overlap.spans["first"] if s < second_end]) < 500

@@ -19,6 +19,7 @@ and without)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -75,6 +76,11 @@ class Turns:
         owes has run (RECENT_S at most): no other yield, and the next background decode goes
         once ``_turns_taken`` reaches ``_held_back_until``, without waiting."""
         self._held_back_until = 0
+        self._queue: collections.deque[object] = collections.deque()
+        """The turns to generate waiting, in the order they asked: an engine whose turn ends
+        asks again at once, and would otherwise take the cores back before the waiting
+        engine's thread wakes (another model's request then waited for the first model's
+        whole reply)."""
 
     def join(self, engine: object, generating: Callable[[], bool]) -> None:
         """Take part; ``generating()`` says whether ``engine`` has requests to generate for
@@ -100,42 +106,16 @@ class Turns:
         taken, before waiting for it: the engine hands over the tokens its last step made,
         which would otherwise wait for another engine's decode too."""
         with self._cv:
+            ticket = object()
             if not background:
                 self._last_turn[engine] = time.monotonic()
-            deadline = time.monotonic() + BACKGROUND_WAIT_S
-            due = waited_out = False  # a background decode that may go next, and why
-            while True:
-                held_back = self._yielded() and self._turns_taken < self._held_back_until
-                if background and not due:
-                    waited_out = self._yielded() and not held_back or \
-                        time.monotonic() >= deadline
-                    if waited_out or not self._generating_now(engine):
-                        due = True
-                        self._due += 1
-                        self._due_waited += waited_out
-                if not self._held and (due and not held_back or not background and (
-                        not self._due or held_back)):
-                    break
-                if not background and self._interruptible is not None and \
-                        not self._protected:
-                    self._interruptible()  # the indexing in flight stops for this one
-                    self._interruptible = None
-                if before_wait is not None:
-                    run, before_wait = before_wait, None
-                    self._cv.release()
-                    try:
-                        run()
-                    finally:
-                        self._cv.acquire()
-                    continue
-                self._cv.wait(POLL_S if background else None)
-            if due:
-                self._due -= 1
-                self._due_waited -= waited_out
-            self._turns_taken += not background
-            self._held = True
-            self._interruptible = interrupt if background else None
-            self._protected = waited_out or due and self._yielded()
+                self._queue.append(ticket)
+            try:
+                self._wait_for_turn(engine, background, interrupt, before_wait, ticket)
+            finally:
+                if not background and self._queue and ticket in self._queue:
+                    self._queue.remove(ticket)
+                    self._cv.notify_all()
             owed = background and self._yielded()  # the turn a yield owed indexing
         try:
             yield
@@ -147,6 +127,46 @@ class Turns:
                 if owed:
                     self._yielded_at = None
                 self._cv.notify_all()
+
+    def _wait_for_turn(self, engine: object, background: bool,
+                       interrupt: Callable[[], None] | None,
+                       before_wait: Callable[[], None] | None, ticket: object) -> None:
+        """``turn``'s wait, holding the lock, until the cores are this decode's (then marked
+        held); a turn to generate goes when it is the first of those waiting."""
+        deadline = time.monotonic() + BACKGROUND_WAIT_S
+        due = waited_out = False  # a background decode that may go next, and why
+        while True:
+            held_back = self._yielded() and self._turns_taken < self._held_back_until
+            if background and not due:
+                waited_out = self._yielded() and not held_back or \
+                    time.monotonic() >= deadline
+                if waited_out or not self._generating_now(engine):
+                    due = True
+                    self._due += 1
+                    self._due_waited += waited_out
+            if not self._held and (due and not held_back or not background and (
+                    not self._due or held_back) and self._queue[0] is ticket):
+                break
+            if not background and self._interruptible is not None and \
+                    not self._protected:
+                self._interruptible()  # the indexing in flight stops for this one
+                self._interruptible = None
+            if before_wait is not None:
+                run, before_wait = before_wait, None
+                self._cv.release()
+                try:
+                    run()
+                finally:
+                    self._cv.acquire()
+                continue
+            self._cv.wait(POLL_S if background else None)
+        if due:
+            self._due -= 1
+            self._due_waited -= waited_out
+        self._turns_taken += not background
+        self._held = True
+        self._interruptible = interrupt if background else None
+        self._protected = waited_out or due and self._yielded()
 
     def yield_for(self, quick: Callable[[], bool]) -> None:
         """A request to generate has come: where indexing that waited its BACKGROUND_WAIT_S
