@@ -156,3 +156,13 @@ def test_a_file_naming_no_quant_gets_a_label_a_name_can_spell():
                                         10, None)])
     [quant] = listing.quant_names()
     assert parse(f"hf.co/u/r:{quant}").quant == quant
+
+
+def test_a_repo_named_without_hf_co_is_pointed_at_it():
+    """`pull demo/Quants-GGUF` said only that it is a path."""
+    from localinfer.catalog import load_catalog
+    from localinfer.errors import InvalidRequest
+    from localinfer.store.pull import lookup
+
+    with pytest.raises(InvalidRequest, match=r"pull hf\.co/demo/Quants-GGUF"):
+        lookup(load_catalog(), "demo/Quants-GGUF")

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -135,9 +136,13 @@ def lookup(catalog: Catalog, ref: str) -> tuple[list[ModelSpec], Variant | None]
     ``family`` -> the family's models, with no variant (``selection.pull_target`` chooses).
     Raises InvalidRequest for a path, ModelNotFound for a name the catalog lacks."""
     if looks_like_path(ref):
+        repo = ref.split(":", 1)[0]
+        hub_hint = (f" A Hub repo is named hf.co/{ref} (`localinfer pull hf.co/{ref}`)."
+                    if re.fullmatch(r"[\w.-]+/[\w.-]+", repo) and not Path(repo).exists()
+                    else "")
         raise InvalidRequest(
-            f"{ref!r} is a path: `pull` downloads catalog models. Run a local file"
-            " directly, or register it with `localinfer add PATH`.")
+            f"{ref!r} is a path: `pull` downloads catalog models and Hub repos. Run a local"
+            f" file directly, or register it with `localinfer add PATH`.{hub_hint}")
     name = validate_name(ref)
     try:
         spec, variant = catalog.lookup(name)
