@@ -65,29 +65,36 @@ def slot_score(slot: Slot, request: Request, backend: Backend
                ) -> tuple[bool, bool, int, bool, float]:
     """Which free slot a request should take: the one its editor's previous keystroke used
     (an autocomplete prompt shares its prefix, often less than half of it, and the checkpoint
-    there), else one whose cached tokens it mostly shares or that holds its whole prompt (the
-    longest such prefix wins), else the least recently used of those that are empty or keep
-    the little they share with it (a new chat's template opening: on a sliding-window cache
-    only a short sequence can be cut back that far, or back to a checkpoint within the shared
-    prefix), else the least recently used, so that a
-    small shared prefix (a common system prompt) does not evict a long cached conversation.
-    A prompt cached whole is one asked again (a regenerated reply, a client retrying, several
-    clients asking alike): what it drops there is the reply that followed it, which the asker
-    is replacing. (llama-server takes the slot holding the largest share of a new prompt, and
-    keeps what it drops in host memory.) Another completion of a prompt (``Request.follows``)
-    copies it: it takes an empty slot, else the least recently used (a finished one's slot
-    counts as never used: its cache repeats its leader's)."""
+    there), else one whose cached tokens it mostly shares, that holds its whole prompt, or
+    whose last prompt it holds whole and keeps (the longest such prefix wins), else the least
+    recently used of those that are empty or keep the little they share with it (a new chat's
+    template opening: on a sliding-window cache only a short sequence can be cut back that
+    far, or back to a checkpoint within the shared prefix), else the least recently used, so
+    that a small shared prefix (a common system prompt) does not evict a long cached
+    conversation. A prompt cached whole is one asked again (a regenerated reply, a client
+    retrying, several clients asking alike): what it drops there is the reply that followed
+    it, which the asker is replacing. A prompt that holds the slot's last prompt whole is that
+    conversation's next turn: what it drops is the rest of the reply it resends, whose text
+    is tokenized anew, and not always as it was sampled (the starter sampled "=" "?", read
+    back as "=?", 26 tokens into a 300-token reply; with seven empty slots the daemon's next
+    turn took one and read the whole conversation again). (llama-server takes the slot
+    holding the largest share of a new prompt, and keeps what it drops in host memory.)
+    Another completion of a prompt (``Request.follows``) copies it: it takes an empty slot,
+    else the least recently used (a finished one's slot counts as never used: its cache
+    repeats its leader's)."""
     if request.follows is not None:  # it copies its prompt: an empty or the stalest cache
         return False, False, 0, not slot.cached, -slot.last_used
     key = request.params.supersede
     target = request.target
     common = common_prefix(slot.cached, target)
-    keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target))
     n_keep = min(common, len(target) - REREAD_TAIL)
     keeps = not slot.cached or (n_keep > 0 and (
         backend.can_cut(len(slot.cached), n_keep) or any(
             0 < len(c.tokens) <= n_keep and c.tokens == target[:len(c.tokens)]
             for c in slot.checkpoints)))
+    next_turn = keeps and 0 < slot.reply_start <= common
+    keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target)) \
+        or next_turn
     return (key is not None and slot.supersede == key, keeps_most,
             common if keeps_most else 0, keeps, -slot.last_used)
 
@@ -135,6 +142,7 @@ class CacheKeeper:
             n_keep = self._from_disk(slot, request, n_keep)
         del slot.cached[n_keep:]
         slot.turn_start = n_keep
+        slot.reply_start = len(request.prompt)
         kept: list[Checkpoint] = []
         dropped: list[Checkpoint] = []
         for c in slot.checkpoints:  # those of another prompt go
@@ -180,7 +188,7 @@ class CacheKeeper:
         slot.save_at, slot.save_prompt = [], 0
         if self.backend.seq_load(slot.seq_id, state, n):
             slot.cached[:] = source.cached
-            slot.turn_start = n
+            slot.turn_start, slot.reply_start = n, source.reply_start
             return True
         slot.cached.clear()
         return False
@@ -192,6 +200,7 @@ class CacheKeeper:
         self.backend.seq_trim(slot.seq_id, 0)
         slot.cached.clear()
         slot.checkpoints, slot.spare, slot.checkpoint_at, slot.ahead = [], None, None, []
+        slot.reply_start = 0
 
     def _from_disk(self, slot: Slot, request: Request, n_keep: int) -> int:
         """Restore the longest saved prefix of the request's target longer than the slot's

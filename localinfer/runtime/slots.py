@@ -52,6 +52,10 @@ class Slot:
         the copy, ~140 ms for a 20k-token prefix here)."""
         self.turn_start = 0
         """Where the last request in this slot began reading (its cached tokens)."""
+        self.reply_start = 0
+        """Where the last request's reply begins in this slot's cache (its prompt's length;
+        0: none since the cache was emptied): a prompt that shares all before it is that
+        conversation's next turn (``checkpoints.slot_score``)."""
         self.supersede: str | None = None
         """The supersede key of the last request in this slot: the next keystroke's request
         from the same editor comes back to this slot's cache."""
