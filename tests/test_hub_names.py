@@ -166,3 +166,14 @@ def test_a_repo_named_without_hf_co_is_pointed_at_it():
 
     with pytest.raises(InvalidRequest, match=r"pull hf\.co/demo/Quants-GGUF"):
         lookup(load_catalog(), "demo/Quants-GGUF")
+
+
+def test_a_repo_of_a_split_model_missing_a_shard_says_so():
+    """It said the repo "has no GGUF file (it has no files)"."""
+    from localinfer.store.hub_repo import listing_of, no_gguf
+
+    listing = listing_of("demo/split-GGUF", None,
+                         [("model-Q4_K_M-00001-of-00002.gguf", 100, None)])
+    assert listing.quants == ()
+    message = no_gguf(listing).message
+    assert "part of a split GGUF for Q4_K_M" in message and "no files" not in message

@@ -157,7 +157,13 @@ def _label_of(path: str) -> str:
 
 
 def no_gguf(listing: RepoListing) -> ModelNotFound:
-    """The error for a repo with no GGUF file."""
+    """The error for a repo with no GGUF file (or only split ones missing a shard)."""
+    if listing.incomplete:
+        return ModelNotFound(
+            f"hf.co/{listing.repo} has only part of a split GGUF for"
+            f" {_listed(list(listing.incomplete))}: a shard is missing from the repo (its"
+            " files are named -0000N-of-0000M.gguf). Tell the repo's owner, or pick another"
+            " repo.")
     files = _listed(list(listing.other_files)) if listing.other_files else "no files"
     return ModelNotFound(
         f"hf.co/{listing.repo} has no GGUF file (it has {files}): localinfer runs llama.cpp"
