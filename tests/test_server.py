@@ -222,3 +222,33 @@ def test_a_client_that_stops_reading_frees_its_slot(home, monkeypatch):
             assert time.monotonic() < deadline, "the stalled stream kept its slot"
             time.sleep(0.1)
         stuck.close()
+
+
+def test_a_connection_that_sends_nothing_or_half_a_request_is_closed(home, monkeypatch):
+    """Idle and half-sent connections stayed open for ever: enough of them used up the
+    daemon's file descriptors and it stopped answering."""
+    import time
+
+    from localinfer.daemon import server as server_module
+
+    monkeypatch.setattr(server_module, "REQUEST_READ_S", 0.5)
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="tok " * 100, step_delay_s=0.01)) as d:
+        silent = socket.socket(socket.AF_UNIX)
+        silent.connect(str(d.socket))
+        half = socket.socket(socket.AF_UNIX)
+        half.connect(str(d.socket))
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                     b"\r\n0123456789")
+        for conn in (silent, half):
+            conn.settimeout(10)
+            started = time.monotonic()
+            while conn.recv(4096):  # read to the close (a 400 or nothing)
+                pass
+            assert time.monotonic() - started < 9
+        # A whole request, and a stream longer than the deadline, are not cut.
+        started = time.monotonic()
+        reply = openai_client(d).completions.create(model="fake:1b", prompt="x",
+                                                    max_tokens=100,
+                                                    extra_body={"speculative": False})
+        assert reply.usage.completion_tokens == 100 and time.monotonic() - started > 0.5

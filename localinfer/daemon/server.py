@@ -134,9 +134,50 @@ def url_for(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+REQUEST_READ_S = 30.0
+"""How long a connection may take to send a whole request (from its first byte, or from the
+connection when it sends none): one that sends nothing or half a request is closed after it,
+or enough of them would use up the daemon's file descriptors."""
+
+
 class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, answering a request it cannot parse (a malformed request
-    line or header) with the JSON error shape instead of its plain-text 400."""
+    line or header) with the JSON error shape instead of its plain-text 400, and closing a
+    connection whose request does not arrive whole within REQUEST_READ_S."""
+
+    _reading: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        if hasattr(AutoHTTPProtocol, "on_message_complete"):  # httptools' parser (h11's has
+            self._read_deadline()  # no such callbacks: no deadline rather than a wrong one)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._read_deadline()
+
+    def on_message_complete(self) -> None:
+        self._read_done()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._read_done()
+        super().connection_lost(exc)
+
+    def _read_deadline(self) -> None:
+        self._read_done()
+        self._reading = self.loop.call_later(REQUEST_READ_S, self._too_slow)
+
+    def _read_done(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
+
+    def _too_slow(self) -> None:
+        self._reading = None
+        log.info("closing a connection whose request did not arrive within %.0f s",
+                 REQUEST_READ_S)
+        self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         body = json.dumps(error_body("/", 400, msg.rstrip(".") + ": send a well-formed HTTP/1.1"
