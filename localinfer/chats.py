@@ -418,21 +418,25 @@ class ChatStore:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ChatError(f"{path} cannot be read ({exc}); it is left as it is.") from None
 
-    def summaries(self) -> list[ChatSummary]:
-        """Every readable chat, the most recently updated first."""
+    def _read_all(self) -> list[tuple[Path, Chat | None]]:
+        """Every chat file, with its chat, or None where it cannot be read (left as it is)."""
         if not self.root.is_dir():
             return []
-        out = []
+        out: list[tuple[Path, Chat | None]] = []
         for path in self.root.glob("*.json"):
             if not _ID_RE.match(path.stem):
                 continue
             try:
-                chat = Chat.from_dict(parse_json(path.read_text(encoding="utf-8")))
+                out.append((path, Chat.from_dict(parse_json(path.read_text(encoding="utf-8")))))
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.warning("skipping unreadable chat %s: %s", path, exc)
-                continue
-            out.append(ChatSummary(chat.id, chat.display_title, chat.updated,
-                                   len(chat.messages), chat.model))
+                out.append((path, None))
+        return out
+
+    def summaries(self) -> list[ChatSummary]:
+        """Every readable chat, the most recently updated first."""
+        out = [ChatSummary(chat.id, chat.display_title, chat.updated, len(chat.messages),
+                           chat.model) for _, chat in self._read_all() if chat is not None]
         out.sort(key=lambda s: (s.updated, s.id), reverse=True)
         return out
 
@@ -447,16 +451,7 @@ class ChatStore:
     def unreadable(self) -> list[Path]:
         """The chat files that cannot be read, the most recently written first (``summaries``
         leaves them out; the chat UI says so rather than open an older chat in silence)."""
-        if not self.root.is_dir():
-            return []
-        bad = []
-        for path in self.root.glob("*.json"):
-            if not _ID_RE.match(path.stem):
-                continue
-            try:
-                Chat.from_dict(parse_json(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError, KeyError):
-                bad.append(path)
+        bad = [path for path, chat in self._read_all() if chat is None]
         return sorted(bad, key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
 
     def rename(self, chat_id: str, title: str) -> Chat:

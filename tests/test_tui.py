@@ -158,7 +158,10 @@ def test_a_replys_single_line_breaks_stay_on_screen(home):
     run(main())
 
 
-def test_escape_cancels_and_keeps_the_partial_reply(home):
+@pytest.mark.parametrize("key", ["escape", "ctrl+c"])
+def test_escape_cancels_and_keeps_the_partial_reply(home, key):
+    """Esc, or Ctrl+C (which showed Textual's "Do you want to quit?" while the reply ran
+    on), stops the reply."""
     opener, backends = gated_opener()
 
     async def main():
@@ -170,7 +173,7 @@ def test_escape_cancels_and_keeps_the_partial_reply(home):
             backends[0].release(5)
             await until(pilot, lambda: streamed(app, 5), "a few tokens")
             assert app.check_action("cancel_reply", ()) is True
-            await pilot.press("escape")
+            await pilot.press(key)
             backends[0].open()
             await finished(pilot, 2)
             reply = app.chat.messages[-1]
@@ -182,26 +185,6 @@ def test_escape_cancels_and_keeps_the_partial_reply(home):
             assert ChatStore().load(app.chat.id).messages[-1].finish_reason == "cancelled"
             # The next turn sends the partial reply as the context.
             assert app.chat.prompt_messages()[-1].content == reply.content
-        opener.close()
-
-    run(main())
-
-
-def test_ctrl_c_cancels_a_reply_as_escape_does(home):
-    """Ctrl+C mid-reply showed Textual's "Do you want to quit?" and the reply ran on."""
-    opener, backends = gated_opener()
-
-    async def main():
-        app = in_process_app(opener)
-        async with app.run_test(size=(100, 32)) as pilot:
-            await ready(pilot)
-            await send(pilot, "Tell me a story")
-            backends[0].release(5)
-            await until(pilot, lambda: streamed(app, 5), "a few tokens")
-            await pilot.press("ctrl+c")
-            backends[0].open()
-            await finished(pilot, 2)
-            assert app.chat.messages[-1].finish_reason == "cancelled"
         opener.close()
 
     run(main())
