@@ -18,6 +18,7 @@ carry the reasoning, ``Token`` events the answer alone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -340,6 +341,11 @@ class _InfoTracking:
         for event in self._generation:
             info = self._generation.info
             if info is not None and info is not self._session.info:
+                # A stream's info comes without the chat template (the load's had it): the
+                # chat UI reads from it whether the model thinks.
+                if info.chat_template is None and self._session.info.path == info.path:
+                    info = dataclasses.replace(info,
+                                               chat_template=self._session.info.chat_template)
                 self._session.info = info
             yield event
 

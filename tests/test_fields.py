@@ -235,6 +235,7 @@ MESSAGE_REFUSED = [
     ({"role": "assistant", "content": "", "refusal": "I can't"}, "messages[0].refusal"),
     ({"role": "assistant", "content": "", "audio": {"id": "a1"}}, "messages[0].audio"),
     ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text"),
+    ({"role": "assistant", "content": "Sure", "prefix": True}, "messages[0].prefix"),
 ]
 
 
@@ -254,7 +255,9 @@ def test_what_clients_echo_back_in_messages_is_accepted(daemon):
     function_call null), with an earlier turn's reasoning, and a user's name."""
     history = [{"role": "user", "content": "hi", "name": "ada"},
                {"role": "assistant", "content": "Hello", "refusal": None, "annotations": [],
-                "audio": None, "function_call": None, "reasoning_content": "greet back"},
+                "audio": None, "function_call": None, "reasoning_content": "greet back",
+                "reasoning_details": [{"type": "reasoning.text", "text": "greet back"}],
+                "cache_control": {"type": "ephemeral"}},
                {"role": "user", "content": "again", "images": []}]
     with daemon.uds() as c:
         r = c.post("/v1/chat/completions", json={**CHAT, "messages": history})

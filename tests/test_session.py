@@ -150,3 +150,26 @@ def test_model_rows_list_installed_models_first_then_the_catalog(home):
     rows = model_rows(ModelStore(), load_profile(PROFILES / "laptop-8gb-cpu.json"), Config())
     assert rows[0].name == "fake:1b-f16" and rows[0].installed and rows[0].fits
     assert all(not r.installed for r in rows[1:]) and len(rows) > 5
+
+
+def test_a_daemon_generation_keeps_the_models_chat_template():
+    """A stream's start event carries the model's info without its template; taking it as it
+    came made the chat UI think a thinking model (qwen3) did not think after its first reply
+    through the daemon, and refuse /think and F8."""
+    from types import SimpleNamespace
+
+    from localinfer.session import _InfoTracking
+    from test_protocol import INFO
+
+    loaded = dataclasses.replace(INFO, chat_template="{{ '<think>' }}")
+    streamed = dataclasses.replace(loaded, chat_template=None, n_ctx=8192)
+
+    class Events:
+        info = streamed
+
+        def __iter__(self):
+            yield "token"
+
+    session = SimpleNamespace(info=loaded)
+    assert list(_InfoTracking(Events(), session)) == ["token"]  # type: ignore[arg-type]
+    assert session.info.n_ctx == 8192 and session.info.chat_template == "{{ '<think>' }}"

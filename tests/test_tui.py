@@ -303,6 +303,9 @@ def test_the_input_keys(home):
             transcript.scroll_page_down = lambda *a, **k: scrolled.append("down")
             await pilot.press("pageup", "pagedown")
             assert scrolled == ["up", "down"] and app.focused is box
+            await pilot.press("f1")  # another screen's lists page as they do
+            assert app.check_action("scroll_transcript", (1,)) is False
+            await pilot.press("escape")
             # F8 on a model that does not think says so and leaves thinking off (every
             # message was a 400 once it was on).
             await pilot.press("f8")

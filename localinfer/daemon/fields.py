@@ -324,8 +324,11 @@ CHAT_MESSAGE = RouteFields(
     # most templates leave it out for other roles).
     honoured=("role", "content", "tool_calls", "tool_call_id", "name", "tool_name"),
     ignored={"reasoning_content": _PAST_THINKING, "reasoning": _PAST_THINKING,
-             "thinking": _PAST_THINKING,
-             "annotations": "citations of OpenAI's web search, which does not run here"},
+             "thinking": _PAST_THINKING, "reasoning_details": _PAST_THINKING,
+             "thinking_blocks": _PAST_THINKING,
+             "annotations": "citations of OpenAI's web search, which does not run here",
+             "cache_control": "prompt caching is automatic: each request reuses the longest"
+                              " cached prefix"},
     refused={
         "images": Refused("this model server has no vision support; send text only.", _empty,
                           "empty"),
@@ -334,6 +337,9 @@ CHAT_MESSAGE = RouteFields(
                            "empty"),
         "function_call": Refused("the deprecated function-calling fields are not supported;"
                                  " send 'tool_calls'."),
+        "prefix": Refused("continuing a partial assistant message (prefix) is not supported;"
+                          " send the text as a completion prompt (/v1/completions).",
+                          _false, "false"),
     },
 )
 """The fields of one message in ``messages`` (Chat Completions, Ollama's /api/chat,

@@ -102,6 +102,8 @@ def _answers(path: Path) -> bool:
     probe.settimeout(1.0)
     try:
         probe.connect(str(path))
+    except (TimeoutError, BlockingIOError):  # a live daemon whose backlog is full
+        return True
     except OSError:  # refused (nobody listens), or not ours to reach
         return False
     finally:

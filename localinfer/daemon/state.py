@@ -86,7 +86,7 @@ class DaemonState:
             return DaemonError(f"the daemon is shutting down: the reply was stopped after {n}"
                                " tokens; send the request again once the daemon is back.")
         return LocalInferError(f"the generation was cancelled after {n} tokens (the model was"
-                               " unloaded, or a newer autocomplete request replaced it).")
+                               " unloaded, or a newer request superseded it).")
 
     def record(self, done: Done) -> None:
         """Count a finished generation's tokens for /metrics."""

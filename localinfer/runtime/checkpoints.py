@@ -92,7 +92,9 @@ def slot_score(slot: Slot, request: Request, backend: Backend
         backend.can_cut(len(slot.cached), n_keep) or any(
             0 < len(c.tokens) <= n_keep and c.tokens == target[:len(c.tokens)]
             for c in slot.checkpoints)))
-    next_turn = keeps and 0 < slot.reply_start <= common
+    # Its own reply's start too: a side request that only repeats the prompt (a "summarize
+    # the above" completion) does not take the conversation's reply away.
+    next_turn = keeps and 0 < slot.reply_start < common
     keeps_most = 2 * common >= len(slot.cached) or (common > 0 and common == len(target)) \
         or next_turn
     return (key is not None and slot.supersede == key, keeps_most,

@@ -92,6 +92,8 @@ def _check_free(store: ModelStore, name: str) -> None:
     if taken:
         raise InvalidRequest(f"{name} is the name of the installed model {taken[0]}; choose"
                              " another name for the preset.")
+    if store.presets.get(name) is not None:
+        return  # made before this refusal: it may be made again
     try:
         store.catalog.lookup(name)
     except KeyError:

@@ -495,10 +495,12 @@ class ModelStore:
         quant = header.quant
         name = self._name_for_added(source, header, name)
         family = self.catalog.families.get(name.split(":", 1)[0])
-        if family is not None and family.architecture != header.architecture:
+        if family is not None and not (header.architecture.startswith(family.architecture)
+                                       or family.architecture.startswith(header.architecture)):
             # The catalog's name would lend this file its family's template, sampling and
             # license (a 2-layer llama file became "Qwen3", and `pull` of the real one said
-            # it was installed).
+            # it was installed). A variant of the architecture (qwen3moe of qwen3) is the
+            # family's.
             raise InvalidRequest(
                 f"{name} is a name of the catalog's {family.title} (architecture"
                 f" {family.architecture}), but {path} is a {header.architecture} model; give"

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 BASE_MODEL_NOTE = "base model: continues text, does not follow instructions · Ctrl+O: models"
 """Under the title bar while a base model is loaded (it fits in 80 columns)."""
 MAIN_SCREEN_ACTIONS = {"cancel_reply", "new_chat", "chats", "models", "settings",
-                       "copy_reply", "help", "think", "attach", "regenerate", "edit"}
+                       "copy_reply", "help", "think", "attach", "regenerate", "edit",
+                       "scroll_transcript", "interrupt"}
 """The chat screen's keys: hidden while another screen is up."""
 
 
