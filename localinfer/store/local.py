@@ -236,23 +236,31 @@ class ModelStore:
         removes the manifest with the file, instead of the file staying on disk unlisted."""
         if not self.root.is_dir():
             return []
-        found = []
-        for path in sorted(self.root.glob("*/*.json")):
-            if self._read_manifest(path) is not None:
-                continue
-            name = f"{hub_names.family_of_folder(path.parent.name)}:{path.stem}"
-            try:
-                file = self.file_for(name)
-            except InvalidRequest:  # not a name the store would have written
-                continue
-            parts = [file] if file.is_file() else sorted(
-                file.parent.glob(f"{glob_escape(file.stem)}-*-of-*.gguf"))
-            size = sum(part.stat().st_size for part in parts if part.is_file())
-            found.append(InstalledModel(
-                name=name, model=name, quant="?", path=str(parts[0] if parts else file),
-                size_bytes=size, sha256=None, source=f"unreadable manifest {path}", added=0.0,
-                parts=max(1, len(parts))))
-        return found
+        found = (self._unreadable_at(path) for path in sorted(self.root.glob("*/*.json")))
+        return [model for model in found if model is not None]
+
+    def _unreadable_named(self, name: str) -> InstalledModel | None:
+        """``unreadable``'s entry for ``name`` (``family:size-quant``), if it has one."""
+        try:
+            return self._unreadable_at(self._manifest_path(name)) if ":" in name else None
+        except InvalidRequest:
+            return None
+
+    def _unreadable_at(self, path: Path) -> InstalledModel | None:
+        if not path.exists() or self._read_manifest(path) is not None:
+            return None
+        name = f"{hub_names.family_of_folder(path.parent.name)}:{path.stem}"
+        try:
+            file = self.file_for(name)
+        except InvalidRequest:  # not a name the store would have written
+            return None
+        parts = [file] if file.is_file() else sorted(
+            file.parent.glob(f"{glob_escape(file.stem)}-*-of-*.gguf"))
+        size = sum(part.stat().st_size for part in parts if part.is_file())
+        return InstalledModel(
+            name=name, model=name, quant="?", path=str(parts[0] if parts else file),
+            size_bytes=size, sha256=None, source=f"unreadable manifest {path}", added=0.0,
+            parts=max(1, len(parts)))
 
     def unreadable_error(self, model: InstalledModel) -> ModelNotFound:
         """What using a model whose manifest cannot be read says."""
@@ -370,9 +378,9 @@ class ModelStore:
         gone = [m for m in self.missing() if name in (m.name, m.model)]
         if gone:
             raise gone[0].missing_file_error()
-        broken = [m for m in self.unreadable() if m.name == name]
-        if broken:
-            raise self.unreadable_error(broken[0])
+        broken = self._unreadable_named(name)
+        if broken is not None:
+            raise self.unreadable_error(broken)
 
     def _not_found(self, ref: str, name: str, installed: list[InstalledModel]
                    ) -> ModelNotFound:
@@ -403,9 +411,9 @@ class ModelStore:
         exact = [m for m in models if m.name == name]
         if exact:
             return exact[0]
-        broken = [m for m in self.unreadable() if m.name == name]
-        if broken and file_missing_ok:
-            return broken[0]
+        broken = self._unreadable_named(name) if file_missing_ok else None
+        if broken is not None:
+            return broken
         same = [m for m in models if m.model == name]
         if len(same) == 1:
             return same[0]

@@ -63,6 +63,12 @@ def tps(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
+def ttft(ms: float, n_tokens: int) -> str:
+    """"412 ms", or "–" for a reply cancelled before its first token (the engine's timings
+    then say 0)."""
+    return f"{thousands(ms)} ms" if n_tokens else "–"
+
+
 def placement(info: ModelInfo) -> str:
     """"CPU only", "GPU 24/32 layers" or "GPU 33/33 layers (CUDA)"."""
     if info.n_gpu_layers <= 0:
@@ -85,10 +91,9 @@ def summary_line(stats: ReplyStats) -> str:
     """The line that stays under a reply: all measured, except the roofline share (of a
     predicted ceiling). After reasoning, the answer's own TTFT and decode come first (from
     its first token), then the whole reply's."""
-    # A reply cancelled before its first token has no TTFT (the engine's timings say 0).
-    ttft = f"{thousands(stats.ttft_ms)} ms" if stats.completion_tokens else "–"
     parts = [f"{stats.completion_tokens} tok", f"decode {tps(stats.decode_tps)} tok/s",
-             f"TTFT {ttft}", f"prefill {tps(stats.prefill_tps)} tok/s"]
+             f"TTFT {ttft(stats.ttft_ms, stats.completion_tokens)}",
+             f"prefill {tps(stats.prefill_tps)} tok/s"]
     if stats.thought_tokens:
         parts = [f"answer: TTFT {thousands(stats.answer_ttft_ms)} ms, decode"
                  f" {tps(stats.answer_decode_tps)} tok/s", "all: " + parts[0], *parts[1:]]

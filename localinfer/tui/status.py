@@ -24,7 +24,7 @@ from ..planner import Candidate, Roofline
 from ..protocol import ModelInfo
 from ..runtime.types import Done, LiveStats
 from ..session import DecodeReference, Launcher, Session, decode_reference, with_loaded_backend
-from .figures import placement, thousands, tps
+from .figures import placement, thousands, tps, ttft
 
 if TYPE_CHECKING:
     from ..chats import ReplyStats
@@ -227,8 +227,7 @@ class StatusBar(Vertical):
             label.update("decode – tok/s · TTFT – · prefill – (measured while a reply streams)")
         else:
             prefix = "last reply: " if last else ""
-            ttft = f"{thousands(ttft_ms)} ms" if n_tokens else "–"  # cancelled before any
-            label.update(f"{prefix}decode {tps(decode_tps)} tok/s · TTFT {ttft}"
+            label.update(f"{prefix}decode {tps(decode_tps)} tok/s · TTFT {ttft(ttft_ms, n_tokens)}"
                          f" · prefill {tps(prefill_tps)} tok/s · {n_tokens} tok")
         self.query_one(Sparkline).data = list(samples)
 

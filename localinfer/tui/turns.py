@@ -243,10 +243,7 @@ class TurnEditing(Screen[None]):
         """F8: the model's default, on, off."""
         order: list[bool | str | None] = [None, True, False]
         now = self.chat.think if self.chat.think in order else None
-        following = order[(order.index(now) + 1) % len(order)]
-        if not self._thinks(following):
-            return
-        self.set_think(following)
+        self.set_think(order[(order.index(now) + 1) % len(order)])  # refused if it cannot
 
     # --- files ---------------------------------------------------------------------------------
     def free_tokens(self) -> int | None:
