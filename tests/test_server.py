@@ -240,12 +240,18 @@ def test_a_connection_that_sends_nothing_or_half_a_request_is_closed(home, monke
         half.connect(str(d.socket))
         half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
                      b"\r\n0123456789")
-        for conn in (silent, half):
+        received = {}
+        for name, conn in (("silent", silent), ("half", half)):
             conn.settimeout(10)
             started = time.monotonic()
-            while conn.recv(4096):  # read to the close (a 400 or nothing)
-                pass
+            received[name] = b""
+            while chunk := conn.recv(4096):  # read to the close
+                received[name] += chunk
             assert time.monotonic() - started < 9
+        assert received["silent"] == b""  # an idle connection is only closed
+        head, _, body = received["half"].partition(b"\r\n\r\n")  # half a request: told why
+        assert head.startswith(b"HTTP/1.1 408 ")
+        assert "did not arrive whole within 0.5 s" in json.loads(body)["error"]["message"]
         # A whole request, and a stream longer than the deadline, are not cut.
         started = time.monotonic()
         reply = openai_client(d).completions.create(model="fake:1b", prompt="x",

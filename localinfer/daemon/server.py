@@ -139,15 +139,19 @@ def url_for(host: str, port: int) -> str:
 REQUEST_READ_S = 30.0
 """How long a connection may take to send a whole request (from its first byte, or from the
 connection when it sends none): one that sends nothing or half a request is closed after it,
-or enough of them would use up the daemon's file descriptors."""
+or enough of them would use up the daemon's file descriptors; half a request is answered 408
+first."""
 
 
 class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, answering a request it cannot parse (a malformed request
     line or header) with the JSON error shape instead of its plain-text 400, and closing a
-    connection whose request does not arrive whole within REQUEST_READ_S."""
+    connection whose request does not arrive whole within REQUEST_READ_S (with a 408 where
+    part of it came: a client on a slow link learns why)."""
 
     _reading: asyncio.TimerHandle | None = None
+    _begun = False
+    """A request's first byte has come, and not yet its last."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -156,9 +160,11 @@ class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._begun = True
         self._read_deadline()
 
     def on_message_complete(self) -> None:
+        self._begun = False
         self._read_done()
         super().on_message_complete()
 
@@ -179,14 +185,23 @@ class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         self._reading = None
         log.info("closing a connection whose request did not arrive within %.0f s",
                  REQUEST_READ_S)
+        if self._begun and not self.transport.is_closing():
+            self._close_with(408, "Request Timeout", f"the request did not arrive whole within"
+                             f" {REQUEST_READ_S:g} s; send it again, all of it at once",
+                             "request_timeout")
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        body = json.dumps(error_body("/", 400, msg.rstrip(".") + ": send a well-formed HTTP/1.1"
-                                     " request.", "invalid_http_request")).encode()
-        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                             b"content-length: " + str(len(body)).encode() +
-                             b"\r\nconnection: close\r\n\r\n" + body)
+        self._close_with(400, "Bad Request", msg.rstrip(".") + ": send a well-formed HTTP/1.1"
+                         " request.", "invalid_http_request")
+
+    def _close_with(self, status: int, reason: str, message: str, code: str) -> None:
+        """Answer ``status`` with the JSON error shape and close the connection (the request
+        was never handed to the app: its path is unknown, hence the OpenAI shape)."""
+        body = json.dumps(error_body("/", status, message, code)).encode()
+        self.transport.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json"
+                             f"\r\ncontent-length: {len(body)}\r\nconnection: close"
+                             f"\r\n\r\n".encode() + body)
         self.transport.close()
 
 
