@@ -4,6 +4,7 @@ clear errors for a busy port or a bad socket path, and a stop that ends in-fligh
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -202,7 +203,11 @@ def test_a_client_that_stops_reading_frees_its_slot(home, monkeypatch):
 
     monkeypatch.setattr(bridge, "STALL_S", 1.0)
     install_fake_models("fake:1b-f16")
+    errors: list[logging.LogRecord] = []
+    seen = logging.Handler(logging.ERROR)
+    seen.emit = errors.append  # type: ignore[method-assign]
     with serve(fake_factory(reply="a long line of text " * 20000, n_ctx=200_000)) as d:
+        logging.getLogger("uvicorn.error").addHandler(seen)  # after uvicorn set its logging
         body = json.dumps({"model": "fake:1b", "prompt": "x", "stream": True,
                            "max_tokens": 150_000}).encode()
         stuck = socket.socket(socket.AF_UNIX)
@@ -222,6 +227,9 @@ def test_a_client_that_stops_reading_frees_its_slot(home, monkeypatch):
             assert time.monotonic() < deadline, "the stalled stream kept its slot"
             time.sleep(0.1)
         stuck.close()
+    logging.getLogger("uvicorn.error").removeHandler(seen)
+    # Its close is logged at info as what it is, not at error as an unfinished response.
+    assert [r.getMessage() for r in errors] == []
 
 
 def test_a_connection_that_sends_nothing_or_half_a_request_is_closed(home, monkeypatch):

@@ -438,6 +438,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T],
 
 STALL_S = 60.0
 """How long a stream waits for a client that reads none of it before ending it."""
+STALLED = "localinfer.stalled"
+"""Set in the ASGI scope of a stream ended after STALL_S: the server then logs its connection's
+close as that, not as a response its app left unfinished (see server._StallAwareLog)."""
 
 
 class BridgeResponse(StreamingResponse):
@@ -473,9 +476,11 @@ class BridgeResponse(StreamingResponse):
         except TimeoutError:
             log.info("%s: the client read nothing for %.0f s: its stream is ended",
                      scope.get("path"), STALL_S)
+            scope[STALLED] = True
         finally:
             if not self._ended:
-                log.info("%s: the client left mid-stream", scope.get("path"))
+                if not scope.get(STALLED):
+                    log.info("%s: the client left mid-stream", scope.get("path"))
                 if self.on_client_left is not None:
                     self.on_client_left()
             self._work.cancel()

@@ -34,7 +34,7 @@ from ..errors import DaemonError
 from ..instance import InstanceLock, default_socket_path, pid_file, runtime_dir
 from ..paths import Paths, get_paths
 from ..runtime.disk_cache import PrefixStore
-from .bridge import PullJob
+from .bridge import STALLED, PullJob
 from .error_replies import error_body
 from .http_app import create_app
 from .manager import EngineFactory, ModelManager
@@ -143,15 +143,45 @@ or enough of them would use up the daemon's file descriptors; half a request is 
 first."""
 
 
+UNFINISHED = "ASGI callable returned without completing response."
+"""What uvicorn logs at error when an app returns mid-response; it then closes the connection."""
+
+
+class _StallAwareLog:
+    """uvicorn's error logger for one connection, where the close of a stream ended for a
+    client that read nothing (``bridge.STALLED``) is logged at info as that, not at error as
+    a response its app left unfinished; everything else goes to uvicorn's logger."""
+
+    def __init__(self, logger: logging.Logger, protocol: asyncio.Protocol) -> None:
+        self._logger = logger
+        self._protocol = protocol
+
+    def error(self, msg: object, *args: object, **kwargs: object) -> None:
+        scope = getattr(self._protocol, "scope", None) or {}
+        if msg == UNFINISHED and scope.get(STALLED):
+            log.info("%s: closed the connection of the stream its client stopped reading",
+                     scope.get("path"))
+            return
+        self._logger.error(msg, *args, **kwargs)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._logger, name)
+
+
 class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, answering a request it cannot parse (a malformed request
-    line or header) with the JSON error shape instead of its plain-text 400, and closing a
+    line or header) with the JSON error shape instead of its plain-text 400, closing a
     connection whose request does not arrive whole within REQUEST_READ_S (with a 408 where
-    part of it came: a client on a slow link learns why)."""
+    part of it came: a client on a slow link learns why), and logging a stalled stream's
+    close as that (``_StallAwareLog``)."""
 
     _reading: asyncio.TimerHandle | None = None
     _begun = False
     """A request's first byte has come, and not yet its last."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _StallAwareLog(logging.getLogger("uvicorn.error"), self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
