@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 
 import openai
 import pytest
@@ -266,3 +267,35 @@ def test_a_connection_that_sends_nothing_or_half_a_request_is_closed(home, monke
                                                     max_tokens=100,
                                                     extra_body={"speculative": False})
         assert reply.usage.completion_tokens == 100 and time.monotonic() - started > 0.5
+
+
+def test_connections_past_the_cap_are_refused_with_a_json_503(home, monkeypatch):
+    """A client that opens connections without closing them used up the daemon's file
+    descriptors (~21,000 here) and nobody could reach it; past MAX_CONNECTIONS a new one is
+    told why, and the daemon answers again once they close."""
+    from localinfer.daemon import server as server_module
+
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 3)
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory()) as d:
+        idle = []
+        for _ in range(3):
+            conn = socket.socket(socket.AF_UNIX)
+            conn.connect(str(d.socket))
+            idle.append(conn)
+        refused = socket.socket(socket.AF_UNIX)
+        refused.connect(str(d.socket))
+        refused.settimeout(10)
+        received = b""
+        while chunk := refused.recv(4096):
+            received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ")
+        assert "3 connections open already" in json.loads(body)["error"]["message"]
+        for conn in idle:
+            conn.close()
+        with d.uds() as c:
+            deadline = time.monotonic() + 10
+            while c.get("/health").status_code != 200:  # the idle ones' closes are seen
+                assert time.monotonic() < deadline
+                time.sleep(0.05)

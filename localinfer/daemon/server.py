@@ -136,6 +136,11 @@ def url_for(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+MAX_CONNECTIONS = 512
+"""Connections open at once past which a new one is answered 503 and closed: a client that
+opens connections without closing them (each idle one lasts up to REQUEST_READ_S, or
+uvicorn's keep-alive) would otherwise use up the daemon's file descriptors, and then nobody
+could reach it (~21,000 did here). Editors and agents keep a few each."""
 REQUEST_READ_S = 30.0
 """How long a connection may take to send a whole request (from its first byte, or from the
 connection when it sends none): one that sends nothing or half a request is closed after it,
@@ -172,8 +177,8 @@ class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, answering a request it cannot parse (a malformed request
     line or header) with the JSON error shape instead of its plain-text 400, closing a
     connection whose request does not arrive whole within REQUEST_READ_S (with a 408 where
-    part of it came: a client on a slow link learns why), and logging a stalled stream's
-    close as that (``_StallAwareLog``)."""
+    part of it came: a client on a slow link learns why), refusing connections past
+    MAX_CONNECTIONS, and logging a stalled stream's close as that (``_StallAwareLog``)."""
 
     _reading: asyncio.TimerHandle | None = None
     _begun = False
@@ -185,6 +190,13 @@ class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
+        if len(self.connections) > MAX_CONNECTIONS:
+            log.warning("refusing a connection: %d are open", len(self.connections) - 1)
+            self._close_with(503, "Service Unavailable",
+                             f"the daemon has {MAX_CONNECTIONS} connections open already: close"
+                             " the ones not in use (a client that opens one per request"
+                             " without closing it?), then try again", "too_many_connections")
+            return
         if hasattr(AutoHTTPProtocol, "on_message_complete"):  # httptools' parser (h11's has
             self._read_deadline()  # no such callbacks: no deadline rather than a wrong one)
 
