@@ -383,6 +383,33 @@ def test_enter_saves_the_settings_and_escape_cancels(home):
     run(main())
 
 
+def test_a_short_window_keeps_the_message_box_and_some_conversation(home):
+    """At 40x10 the title, status and key bars left the transcript 2 rows, and below that the
+    screen scrolled the message box away; they give way, and come back in a taller window."""
+    from textual.widgets import Footer, Header
+
+    install_fake_models("fake:1b-f16")
+    opener = Opener(lambda ref: FakeBackend(REPLY, name=ref))
+
+    async def main():
+        app = in_process_app(opener)
+        async with app.run_test(size=(40, 10)) as pilot:
+            await ready(pilot)
+            await pilot.pause()
+            box = app.query_one(ChatInput).region
+            assert box.y >= 0 and box.bottom <= 10 and box.height == 3
+            assert app.query_one("#transcript").region.height >= 5
+            assert not any(w.display for w in (app.query_one(Header), app.query_one(Footer),
+                                               app.status))
+            await pilot.resize_terminal(100, 32)
+            await pilot.pause()
+            assert all(w.display for w in (app.query_one(Header), app.query_one(Footer),
+                                           app.status))
+        opener.close()
+
+    run(main())
+
+
 def test_a_base_model_is_said_to_continue_text_not_follow_instructions(home):
     install_fake_models("fake:1b-f16")
     opener = Opener(lambda ref: FakeBackend(REPLY, name=ref, base_model=ref == "fake:base"))

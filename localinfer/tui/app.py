@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.message import Message
@@ -90,6 +90,12 @@ class SessionFailed(Message):
         super().__init__()
         self.model = model
         self.error = error
+
+
+SHORT_ROWS = 16
+"""Below this many rows the title and key bars are hidden (the transcript had 2 rows at 10)."""
+TINY_ROWS = 12
+"""Below this many the status bar too: the message box and a few lines of the conversation."""
 
 
 class ChatApp(App[None]):
@@ -171,6 +177,12 @@ class ChatApp(App[None]):
         yield FileChips(id="files")
         yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J new line)")
         yield Footer()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Make room for the message box in a short window: the title and key bars go first,
+        then the status bar (below SHORT_ROWS and TINY_ROWS rows)."""
+        self.conversation.set_class(event.size.height < SHORT_ROWS, "-short")
+        self.conversation.set_class(event.size.height < TINY_ROWS, "-tiny")
 
     async def on_mount(self) -> None:
         self.query_one(Footer).compact = True
