@@ -46,7 +46,9 @@ QUANTS = "hf.co/localinfer-test/tiny-quants-gguf"
 
 
 def no_leftovers(store: ModelStore) -> bool:
-    return not [p for p in store.root.rglob("*") if ".partial" in p.name]
+    """No partial file or meta, and no empty folder (a failed first pull left one)."""
+    return not [p for p in store.root.rglob("*") if ".partial" in p.name
+                or p.is_dir() and not any(p.iterdir())]
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -34,9 +34,9 @@ PROFILES = Path(__file__).parent / "profiles"
 
 
 def no_leftovers(store: ModelStore) -> bool:
-    """Nothing half-done in the store: no partial file, meta or lock."""
+    """Nothing half-done in the store: no partial file, meta or lock, and no empty folder."""
     return not [p for p in store.root.rglob("*") if ".partial" in p.name or
-                p.name.endswith(".lock")]
+                p.name.endswith(".lock") or p.is_dir() and not any(p.iterdir())]
 
 
 # --- pull ------------------------------------------------------------------------------------

@@ -461,6 +461,8 @@ class ModelStore:
                 raise
             with self.pull_lock(partial.name):
                 self._remove_partial(partial.name)
+                with contextlib.suppress(OSError):
+                    self.partial_paths(partial.name)[0].parent.rmdir()  # only when empty
             return partial
         using = self.presets.using(model.name)
         if using:

@@ -11,6 +11,7 @@ planner's choice).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -395,8 +396,7 @@ def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
     def kept() -> str:
         size = partial.stat().st_size if partial.exists() else 0
         if size == 0:  # nothing to resume: no phantom partial download in `list`
-            partial.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
+            _discard(part)
         return human_bytes(before + size)
 
     ensure_dir(partial.parent)
@@ -407,8 +407,7 @@ def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
                         f" {resume}") from None
     except (DownloadError, StoreError) as exc:
         if exc.title == "size mismatch":  # resuming asks past the end again: start afresh
-            partial.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
+            _discard(part)
             raise DownloadError(f"{exc.message} The partial download was deleted: the next"
                                 " pull starts again; if it fails the same way, the file on the"
                                 " Hub does not match its listing (tell the repo's owner).",
@@ -423,6 +422,15 @@ def _fetch_part(name: str, part: _Part, had: int, before: int, total: int,
                          f" {resume}", title="not enough disk space") from None
 
 
+def _discard(part: _Part) -> None:
+    """Delete a part's partial download and its meta, and the model's folder if that leaves
+    it empty (a failed first pull left an empty folder behind)."""
+    part.partial.unlink(missing_ok=True)
+    part.meta_path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        part.partial.parent.rmdir()  # only when empty
+
+
 def _verify_and_install(store: ModelStore, name: str, parts: list[_Part],
                         emit: PullCallback, cancel: threading.Event | None, *, model: str,
                         quant: str, source_repo: str | None = None) -> InstalledModel:
@@ -431,8 +439,7 @@ def _verify_and_install(store: ModelStore, name: str, parts: list[_Part],
 
     def reject(title: str, problem: str) -> StoreError:
         for part in parts:
-            part.partial.unlink(missing_ok=True)
-            part.meta_path.unlink(missing_ok=True)
+            _discard(part)
         return StoreError(f"{problem}; the download was removed. Run `localinfer pull"
                           f" {name}` to download it again.", title=title)
 
