@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -31,7 +32,13 @@ from hub_server import (
 )
 from localinfer import gguf
 from localinfer.config import Config
-from localinfer.errors import AccessDenied, InvalidRequest, ModelNotFound, OfflineError
+from localinfer.errors import (
+    AccessDenied,
+    Cancelled,
+    InvalidRequest,
+    ModelNotFound,
+    OfflineError,
+)
 from localinfer.hardware import load_profile
 from localinfer.planner import PlanPrefs
 from localinfer.runtime.engine import Engine
@@ -119,6 +126,24 @@ def test_a_corrupted_shard_is_refused_and_nothing_is_listed(hub_home, local_hub,
         pull_model(store, f"{QUANTS}:Q2_K")
     assert "SHA-256" in str(info.value) and "the download was removed" in str(info.value)
     assert store.installed() == [] and no_leftovers(store)
+
+
+def test_a_partial_download_is_removed_by_the_repo_name(hub_home, local_hub):
+    """`rm hf.co/user/repo` missed the partial download of its quant (and said it was not
+    installed); two of them are named, not guessed between."""
+    store = ModelStore()
+    for quant in ("Q2_K", "Q4_K_M"):
+        cancel = threading.Event()
+        with pytest.raises(Cancelled):
+            pull_model(store, f"{QUANTS}:{quant}", cancel=cancel,
+                       progress=lambda step, c=cancel: c.set() if step.completed else None)
+    assert len(store.partials()) == 2
+    with pytest.raises(InvalidRequest, match="more than one partial download"):
+        store.remove(QUANTS)
+    store.remove(f"{QUANTS}:Q2_K")
+    [left] = store.partials()
+    assert store.remove(QUANTS) == left
+    assert store.partials() == [] and no_leftovers(store)
 
 
 def test_without_q4_k_m_the_planner_picks_the_quant(hub_home, local_hub):

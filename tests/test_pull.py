@@ -384,6 +384,19 @@ def test_removing_an_unfinished_download(hub_home, local_hub):
     assert store.partials() == [] and no_leftovers(store)
 
 
+def test_removing_an_unfinished_download_named_without_its_quant(hub_home, local_hub):
+    """`rm hf.co/user/repo` (or family:size) said "not installed" of a partial download that
+    the full name removed."""
+    store = ModelStore()
+    cancel = threading.Event()
+    with pytest.raises(Cancelled):
+        pull_model(store, NAME, progress=lambda step: cancel.set() if step.completed else None,
+                   cancel=cancel)
+    [partial] = store.partials()
+    assert store.remove(NAME.rsplit("-", 1)[0]) == partial  # tinygemma:270m
+    assert store.partials() == [] and no_leftovers(store)
+
+
 def test_a_disk_that_fills_during_the_download_says_what_is_kept(hub_home, local_hub,
                                                                 monkeypatch):
     """ENOSPC while writing: "cannot use: No space left on device" with no path before; now

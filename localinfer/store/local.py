@@ -455,8 +455,7 @@ class ModelStore:
         try:
             model = self.find_installed(name, file_missing_ok=True)
         except ModelNotFound:
-            clean = validate_name(name)
-            partial = next((p for p in self.partials() if p.name == clean), None)
+            partial = self._partial_named(name)
             if partial is None:
                 raise
             with self.pull_lock(partial.name):
@@ -480,6 +479,22 @@ class ModelStore:
                 manifest.parent.rmdir()  # only when empty
         self._changes += 1
         return model
+
+    def _partial_named(self, name: str) -> PartialDownload | None:
+        """The partial download ``name`` names exactly, or the one of a model named without
+        its quant (``hf.co/user/repo``, ``family:size``); None where there is none."""
+        clean = validate_name(name)
+        partials = self.partials()
+        exact = [p for p in partials if p.name == clean]
+        if exact:
+            return exact[0]
+        same = [p for p in partials if p.name.startswith(clean + ":")
+                or ":" in clean and p.name.startswith(clean + "-")]
+        if len(same) > 1:
+            names = ", ".join(p.name for p in same)
+            raise InvalidRequest(f"{name.strip()} has more than one partial download ({names}):"
+                                 " name one of them.")
+        return same[0] if same else None
 
     def _remove_partial(self, name: str) -> None:
         """Every partial file of ``name`` (a split model's shards too) and their metas."""
