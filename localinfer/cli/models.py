@@ -433,7 +433,7 @@ def _params(n: int) -> str:
 
 # --- rm ----------------------------------------------------------------------------------------
 def cmd_rm(args: argparse.Namespace, config: Config) -> int:
-    from ..store import InstalledModel, validate_name  # the store: not for building the parser
+    from ..store import InstalledModel  # the store: not for building the parser
 
     store = _store(config)
     found = []
@@ -447,8 +447,7 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
         try:
             found.append(store.find_installed(ref, file_missing_ok=True))
         except ModelNotFound:
-            name = validate_name(ref)
-            partial = next((p for p in store.partials() if p.name == name), None)
+            partial = store.partial_named(ref)
             if partial is None:
                 raise
             found.append(partial)

@@ -455,7 +455,7 @@ class ModelStore:
         try:
             model = self.find_installed(name, file_missing_ok=True)
         except ModelNotFound:
-            partial = self._partial_named(name)
+            partial = self.partial_named(name)
             if partial is None:
                 raise
             with self.pull_lock(partial.name):
@@ -480,7 +480,7 @@ class ModelStore:
         self._changes += 1
         return model
 
-    def _partial_named(self, name: str) -> PartialDownload | None:
+    def partial_named(self, name: str) -> PartialDownload | None:
         """The partial download ``name`` names exactly, or the one of a model named without
         its quant (``hf.co/user/repo``, ``family:size``); None where there is none."""
         clean = validate_name(name)
