@@ -82,6 +82,10 @@ def local_hub(starter_path, tiny_quant_files, tmp_path, monkeypatch):
     hub.add_repo(NO_GGUF_REPO, {p.name: p for p in other.iterdir()})
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    # No token saved by `hf auth login` either: here and in the CLI's processes.
+    token_file = tmp_path / "hf-token"
+    monkeypatch.setenv("HF_TOKEN_PATH", str(token_file))
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(token_file))
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("LOCALINFER_OFFLINE", raising=False)

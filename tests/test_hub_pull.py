@@ -262,6 +262,21 @@ def test_the_daemon_pulls_and_serves_a_hub_name(hub_home, local_hub):
 
 # --- run: pulled, verified and run ----------------------------------------------------------
 @pytest.mark.model
+def test_the_daemon_says_where_it_reads_hf_token(hub_home, local_hub):
+    """Through the daemon, "set HF_TOKEN" sent users to a shell the running daemon never
+    sees; its errors say it reads the environment it was started in."""
+    with serve(fake_factory()) as d:
+        with d.uds() as c:
+            r = c.post("/api/pull", json={"model": f"hf.co/{GATED_REPO}:Q4_K_M",
+                                          "stream": False}, timeout=60)
+            assert r.status_code in (401, 403), r.text
+            message = r.json()["error"]
+            assert "set HF_TOKEN" in message and "environment it was started in" in message
+            r = c.post("/api/pull", json={"model": f"hf.co/{GATED_REPO}:Q4_K_M"}, timeout=60)
+            last = json.loads(r.text.strip().splitlines()[-1])
+            assert "environment it was started in" in last["error"]
+
+
 def test_run_pulls_verifies_and_runs_a_hub_name(hub_home, local_hub):
     name = f"hf.co/{REPO}:Q4_K_M"
     result = cli("run", name, "The capital of France is", "-n", "6", "-t", "0",

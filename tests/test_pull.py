@@ -169,6 +169,20 @@ def test_unknown_names_and_paths_fail_before_the_network(hub_home, local_hub):
     assert local_hub.log == []
 
 
+def test_a_token_saved_by_hf_auth_login_opens_a_gated_repo(hub_home, local_hub):
+    """huggingface_hub sends the token `hf auth login` saved; the errors said "set HF_TOKEN"
+    as if there were none, and "the token in HF_TOKEN" when it was the saved one."""
+    from huggingface_hub import constants
+
+    Path(constants.HF_TOKEN_PATH).write_text("hf_not_the_right_one")
+    with pytest.raises(AccessDenied) as info:
+        pull_model(ModelStore(), "tinygemma:gated-q4_k_m")
+    assert "has no access to it (HTTP 403)" in info.value.message
+    assert "`hf auth login` saved" in info.value.message
+    Path(constants.HF_TOKEN_PATH).write_text(TOKEN)
+    assert pull_model(ModelStore(), "tinygemma:gated-q4_k_m").sha256 == STARTER_SHA256
+
+
 def test_gated_repo_needs_a_token(hub_home, local_hub, monkeypatch):
     store = ModelStore()
     with pytest.raises(AccessDenied) as info:

@@ -68,6 +68,16 @@ def error_body(path: str, status: int, message: str, code: str | None = None
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
+DAEMON_TOKEN = (" The daemon reads HF_TOKEN from the environment it was started in, or the"
+                " token `hf auth login` saved: set it there, then restart `localinfer serve`.")
+
+
+def message_of(exc: LocalInferError) -> str:
+    """An error's message as the daemon says it: one that asks for HF_TOKEN says where the
+    daemon reads it (a user sets it in a shell the running daemon never sees)."""
+    return exc.message + DAEMON_TOKEN if "HF_TOKEN" in exc.message else exc.message
+
+
 def error_response(path: str, exc: Exception) -> JSONResponse:
     if isinstance(exc, LocalInferError):
         status = http_status(exc)
@@ -77,9 +87,9 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": "2"} if isinstance(exc, Busy) else None
         if isinstance(exc, Busy) and is_anthropic_path(path):
             status = 529  # Anthropic's "overloaded" (its SDK's OverloadedError), retried
-        body = error_body(path, status, exc.message, code)
+        body = error_body(path, status, message_of(exc), code)
         if path.startswith("/localinfer/"):  # localinfer's own client rebuilds the error
-            body["error"] |= error_json(exc)
+            body["error"] |= error_json(exc) | {"message": message_of(exc)}
         return JSONResponse(body, status, headers=headers)
     if isinstance(exc, HTTPException):
         message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
@@ -98,7 +108,7 @@ def stream_failure(path: str, exc: Exception) -> tuple[int, str, str | None]:
     """The status, message and code of an error raised after a stream's headers were sent
     (reported as the stream's last event); an unexpected one is logged."""
     if isinstance(exc, LocalInferError):
-        return http_status(exc), exc.message, _CODES.get(type(exc))
+        return http_status(exc), message_of(exc), _CODES.get(type(exc))
     log.exception("error mid-stream on %s", path)
     return 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"
 

@@ -36,7 +36,7 @@ from ..store import InstalledModel, PullProgress
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, PullJob, start_generation, whole_reply
-from .error_replies import guarded
+from .error_replies import guarded, message_of
 from .fields import audit
 from .logprob_fields import entries_json
 from .manager import LoadedModel
@@ -253,7 +253,7 @@ def routes(state: DaemonState) -> list[Route]:
                         yield json_line(pull_json(step)) + "\n"
                     status = step.status
             except Exception as exc:  # noqa: BLE001 - headers sent: report it in the stream
-                message = exc.message if isinstance(exc, LocalInferError) else str(exc)
+                message = message_of(exc) if isinstance(exc, LocalInferError) else str(exc)
                 yield json_line({"error": message}) + "\n"
 
         return BridgeResponse(lines(), job, media_type="application/x-ndjson")

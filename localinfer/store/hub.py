@@ -60,8 +60,11 @@ def endpoint() -> str:
 
 
 def has_token() -> bool:
-    """Whether a Hub token is set (HF_TOKEN, or the older HUGGING_FACE_HUB_TOKEN)."""
-    return bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+    """Whether requests to the Hub carry a token: HF_TOKEN (or the older
+    HUGGING_FACE_HUB_TOKEN), or the one ``hf auth login`` saved, as huggingface_hub sends."""
+    from huggingface_hub import get_token
+
+    return bool(get_token())
 
 
 def offline() -> bool:
@@ -291,7 +294,8 @@ def translate(exc: BaseException, *, repo: str, file: str) -> LocalInferError | 
     if isinstance(exc, GatedRepoError):
         if status == 403 or token:
             return AccessDenied(
-                f"{repo} is a gated repo and the token in HF_TOKEN has no access to it"
+                f"{repo} is a gated repo and the Hub token (HF_TOKEN, or the one"
+                f" `hf auth login` saved) has no access to it"
                 f" (HTTP {status}). Ask for access at {page}, then try again.")
         return AccessDenied(
             f"{repo} is a gated repo (HTTP {status}): accept its terms at {page}, create a"
@@ -310,7 +314,7 @@ def translate(exc: BaseException, *, repo: str, file: str) -> LocalInferError | 
         if status == 401:
             return AccessDenied(
                 f"the Hub refused the request for {repo}/{file} (HTTP 401{detail}). Check the"
-                f" token in HF_TOKEN ({hub}/settings/tokens)." if token else
+                f" Hub token (HF_TOKEN, or `hf auth login`; {hub}/settings/tokens)." if token else
                 f"{repo} needs a login (HTTP 401{detail}): set HF_TOKEN to a read token from"
                 f" {hub}/settings/tokens.")
         if status == 403:
