@@ -9,7 +9,7 @@ for the fit rows and for each batch's held rows (38c: the clean hold-out of rece
 38g: rows collected before the 38g decode pass; 38h: rows collected before the second
 prefill pass; 38i: rows collected before the third prefill pass; 38j: discrete-GPU rows
 collected before the fourth prefill pass; 38k: Intel Arc and Lunar Lake rows collected before
-the 38k pass).
+the 38k pass; 38l: rows collected after it, predicted with its constants).
 
     python bench/planner_published.py [--rows] [--fit]
         --rows: every row with its error
@@ -187,6 +187,7 @@ def main() -> None:
     issue_table(outcomes, "held", "38i")
     issue_table(outcomes, "held", "38j")
     issue_table(outcomes, "held", "38k")
+    issue_table(outcomes, "held", "38l")
     if args.fit:
         fit_table(outcomes)
     copied = sum(r.verified == "retrieved-copy" for r in rows)

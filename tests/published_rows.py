@@ -52,7 +52,8 @@ class Row:
     """The issue whose work collected it ("16", "38", "38b", "38c": the hold-out of recent
     builds, "38d": fit rows found with it, "38e": held rows collected after the 38c refit,
     "38f": held rows collected before the 38f prefill pass, "38g", "38h", "38i", "38j", "38k": held
-    rows collected before the later decode and prefill passes)."""
+    rows collected before the later decode and prefill passes, "38l": held rows collected after
+    the 38k pass)."""
     machine: HardwareProfile
     candidate: Candidate
 

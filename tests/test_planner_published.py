@@ -56,13 +56,15 @@ def test_rows_are_within_a_factor_of_two():
     # RADV reaches 1,074 on the same build), and an Arc A770 on Windows' Vulkan driver without
     # integer dot products or matrix cores (gemma2 2B, 3.2x too fast; batch 38i); and the
     # Ubuntu runs of ggml-org/llama.cpp#14001 on Mesa 24.2.8 (an Arc B580, an A770 and a Lunar
-    # Lake iGPU decoding at a third of what the same PCs reach on Windows' driver, batch 38k).
+    # Lake iGPU decoding at a third of what the same PCs reach on Windows' driver, batch 38k);
+    # an Arc Pro B70 on Vulkan whose decode is half its own SYCL run's in the same publication
+    # and prefill twice it (four rows, batch 38l).
     # GPUs behind a Raspberry Pi's or a RISC-V board's PCIe lane are out of this guard (their
-    # host's driver path: machine.ARM_HOST_*). 23 of 326 rows are past 2x today.
+    # host's driver path: machine.ARM_HOST_*). 27 of 348 rows are past 2x today.
     outcomes = [o for o in OUTCOMES if not o.row.sbc_host]
     outside = [o.row.what for o in outcomes if not within(o, 2.0, (0.4, 2.5))]
-    assert len(outside) <= 0.071 * len(outcomes), outside
-    # Past 3x: only such rows (17 of 326).
+    assert len(outside) <= 0.078 * len(outcomes), outside
+    # Past 3x: only such rows (17 of 348).
     far = [o.row.what for o in outcomes if not within(o, 3.0, (0.33, 3.0))]
     assert len(far) <= 0.053 * len(outcomes), far
 
@@ -79,23 +81,27 @@ def test_most_held_out_rows_are_within_25_percent():
     # Issue 38's goals on held-out rows: decode >= 90% of all rows, >= 75% off Apple, >= 65% of
     # discrete GPUs; prefill >= 75% of all rows, >= 55% off Apple. The held rows today (231): the
     # Metal rows, the rows of pre-2025 builds (the planner follows recent builds and predicts
-    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h, 38i, 38j and 38k. Met:
-    # decode 83% of all (goal 90%: NOT met; 85% before batch 38j's 13 rows came in), 77% off
-    # Apple (goal 75%: met; 79% before 38j), 73% of discrete GPUs (goal 65%: met; 75% before
-    # 38j); prefill 60% of all (goal 75%: NOT met; 62% before 38j, 61% before 38k), 45% off
-    # Apple (goal 55%: NOT met; 46% before 38j and 38k, 41% with batch 38i before the 38i pass,
-    # 39% before that batch). These assert what is met, so that a regression fails;
+    # those too fast, on purpose), batches 38c, 38e, 38f, 38g, 38h, 38i, 38j, 38k and 38l (253).
+    # Met: decode 82% of all (goal 90%: NOT met; 83% before batch 38l's 22 rows came in, 85%
+    # before 38j's 13), 76% off Apple (goal 75%: met; 77% before 38l), 73% of discrete GPUs
+    # (goal 65%: met); prefill 57% of all (goal 75%: NOT met; 60% before 38l, 62% before 38j),
+    # 43% off Apple (goal 55%: NOT met; 45% before 38l, 46% before 38j and 38k, 41% with batch
+    # 38i before the 38i pass, 39% before that batch). Batch 38l alone, predicted with the 38k
+    # constants: decode 16 of 22 (SYCL's B70 rows 15-26% faster than predicted, its Vulkan rows
+    # half as fast), prefill 6 of 22 (the B70's K-quant and Q8_0 prompts on SYCL at 0.55-0.7 of
+    # the rate predicted where its Q4_0 ran 1.24 of it, and an Arc B580 fit row 2.2x).
+    # These assert what is met, so that a regression fails;
     # bench/planner_published.py prints the tables.
     off_apple = [o for o in held if not o.row.apple]
     discrete = [o for o in held if o.row.kind == "discrete"]
-    assert share_within(held, "decode") >= 0.82, report
+    assert share_within(held, "decode") >= 0.81, report
     assert share_within(off_apple, "decode") >= 0.76, report
-    assert share_within(discrete, "decode") >= 0.73, report
-    assert share_within(held, "prefill") >= 0.60
-    assert share_within(off_apple, "prefill") >= 0.45
+    assert share_within(discrete, "decode") >= 0.72, report
+    assert share_within(held, "prefill") >= 0.57
+    assert share_within(off_apple, "prefill") >= 0.43
     # The 124 held rows before batch 38f: decode 90%, prefill 73% of all and 48% off Apple.
     before = [o for o in held
-              if o.row.batch not in ("38f", "38g", "38h", "38i", "38j", "38k")]
+              if o.row.batch not in ("38f", "38g", "38h", "38i", "38j", "38k", "38l")]
     assert share_within(before, "decode") >= 0.90
     assert share_within(before, "prefill") >= 0.72
     assert share_within([o for o in before if not o.row.apple], "prefill") >= 0.48
@@ -106,17 +112,18 @@ def test_the_plans_intervals_hold_most_held_out_rows():
     # widened until 80% of batches 16/38's held rows fell inside (issue 38b); the 38g pass re-set
     # ROCm's decode interval by the same recipe, the 38h pass the CUDA, ROCm and Vulkan prefill
     # intervals on the rows of 2025-2026 builds (batch 38h left out), the 38i pass ROCm's again
-    # by that recipe once its AMD iGPU share moved. On every held row today 85% of decode and
-    # 84% of prefill figures fall inside (81% of prefill off Apple; 73% and 64% before the 38h
-    # pass: 43% of the held Vulkan rows fell in 0.69-1.23; 86% and 86% before batch 38k); on
-    # batch 38h 12 of 19 prefill figures (8 before); on batch 38i 25 of 25 decode and 10 of 12
-    # prefill figures (9 before the pass); on batch 38k 5 of 8 decode and 4 of 8 prefill.
+    # by that recipe once its AMD iGPU share moved. On every held row today 83% of decode and
+    # 83% of prefill figures fall inside (79% of prefill off Apple; 85%, 84% and 81% before
+    # batch 38l; 73% and 64% before the 38h pass: 43% of the held Vulkan rows fell in
+    # 0.69-1.23; 86% and 86% before batch 38k); on batch 38h 12 of 19 prefill figures (8
+    # before); on batch 38i 25 of 25 decode and 10 of 12 prefill figures (9 before the pass); on
+    # batch 38k 5 of 8 decode and 4 of 8 prefill; on batch 38l 14 and 15 of 22.
     held = [o for o in OUTCOMES if o.row.role == "held"]
     pre = [o for o in held if o.prefill_inside is not None]
     assert sum(o.decode_inside for o in held) >= 0.83 * len(held)
-    assert sum(bool(o.prefill_inside) for o in pre) >= 0.84 * len(pre)
+    assert sum(bool(o.prefill_inside) for o in pre) >= 0.82 * len(pre)
     off_apple = [o for o in pre if not o.row.apple]
-    assert sum(bool(o.prefill_inside) for o in off_apple) >= 0.80 * len(off_apple)
+    assert sum(bool(o.prefill_inside) for o in off_apple) >= 0.79 * len(off_apple)
 
 
 def test_an_immature_backend_says_so_in_the_plan():
