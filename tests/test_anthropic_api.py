@@ -17,7 +17,7 @@ from daemon_util import REPLY, fake_factory, install_fake_models, serve
 from localinfer.daemon.fields import ROUTES
 from localinfer.daemon.state import DaemonSettings
 from template_fixtures import QWEN3_REASONING as REASONING
-from template_fixtures import QWEN3_TOOLS
+from template_fixtures import QWEN3_CALL, QWEN3_TOOLS
 
 pytest_plugins = ["daemon_fixtures"]
 
@@ -239,6 +239,28 @@ BAD = [
     ({"cache_control": "abc"}, "cache_control"),
     ({"cache_control": {"type": "ephemeral", "ttl": "1d"}}, "cache_control"),
     ({"system": [{"type": "text", "text": "x", "cache_control": True}]}, "cache_control"),
+    # Fields Anthropic's API does not define, nested as at the top: named, never dropped.
+    ({"messages": [{"role": "user", "content": "hi", "foo": 1}]}, "messages[0].foo"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "foo": 1}]}]},
+     "messages[0].content[0].foo"),
+    ({"metadata": {"foo": "x"}}, "metadata.foo"),
+    ({"metadata": {"user_id": 5}}, "metadata.user_id"),
+    # What Anthropic's API refuses that the engine would take.
+    ({"temperature": 5}, "temperature"),
+    ({"stop_sequences": "he"}, "stop_sequences"),
+    ({"stop_sequences": [""]}, "stop_sequences"),
+    ({"tools": [{"name": "bad name!", "input_schema": {"type": "object"}}]}, "tools[0].name"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "string"}}]}, "tools[0].input_schema"),
+    ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content"),
+    ({"messages": [{"role": "system", "content": "Be brief."}]}, "no user turn"),
+    # A tool_result answers the turn before's tool_use, and each tool_use is answered.
+    ({"messages": [*HI, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2",
+                                      "content": "x"}]}]}, "'messages[2].content[0].tool_use_id'"),
+    ({"messages": [*HI, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": "and then?"}]}, "toolu_1 have no tool_result"),
 ]
 
 
@@ -443,8 +465,15 @@ def test_models_are_listed_in_anthropics_shape_to_an_anthropic_client(daemon):
     assert {m.id for m in page.data} >= {"fake:1b-f16", "other:2b-f16"}
     assert all(m.type == "model" and m.display_name == m.id for m in page.data)
     assert c.models.retrieve("fake:1b-f16").created_at.year >= 2024
+    # By any name a request may give it, as the generating routes take it: the family's too.
+    assert c.models.retrieve("fake").id == "fake:1b-f16"
+    # Not found: Anthropic's error shape for Anthropic's client (OpenAI's shape before).
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        c.models.retrieve("nope")
+    assert caught.value.body["error"]["type"] == "not_found_error"
     with daemon.uds() as http:
         assert http.get("/v1/models").json()["object"] == "list"
+        assert http.get("/v1/models/nope").json()["error"]["code"] == "model_not_found"
 
 
 def test_a_full_queue_is_an_overloaded_error(home):
@@ -482,8 +511,13 @@ def test_a_last_assistant_turn_is_continued(home):
     with serve(fake_factory(reply=reply)) as d:
         answer = client(d).messages.create(model="fake:1b", max_tokens=16, messages=[
             {"role": "user", "content": "Capital of France, as JSON?"},
-            {"role": "assistant", "content": '{"capital": '}])
-    assert prompts[-1].endswith('<start_of_turn>model\n{"capital": ')
+            {"role": "assistant", "content": '{"capital":'}])
+        # As Anthropic's API: a prefill may not end in white space.
+        with pytest.raises(anthropic.BadRequestError, match="cannot end with white space"):
+            client(d).messages.create(model="fake:1b", max_tokens=16, messages=[
+                {"role": "user", "content": "Capital of France, as JSON?"},
+                {"role": "assistant", "content": '{"capital": '}])
+    assert prompts[-1].endswith('<start_of_turn>model\n{"capital":')
     assert answer.content[0].text == '"Paris"}'
 
 
@@ -575,3 +609,60 @@ def test_budget_tokens_closes_the_thinking(home):
         assert roomy.content[1].text == "The long answer."
         adaptive = c.messages.create(**{**ask, "thinking": {"type": "adaptive"}})
         assert adaptive.content[1].text == "The long answer."
+
+
+def test_a_reply_cut_by_max_tokens_has_the_same_blocks_whole_and_streamed(home):
+    """max_tokens inside the second call, or inside the first: the stream sent the calls as
+    far as written, the whole reply dropped them (one call of two; an empty text block in
+    place of the first)."""
+    install_fake_models("qwen3:1b-f16")
+    second = QWEN3_CALL.replace("get_weather", "get_time")
+    with serve(fake_factory(reply=f"{QWEN3_CALL}\n{second}", chat_template=QWEN3_TOOLS)) as d:
+        c = client(d)
+        time_tool = {**WEATHER, "name": "get_time"}
+        seen = set()
+        for max_tokens in range(4, 60, 3):
+            ask = {"model": "qwen3:1b", "max_tokens": max_tokens, "tools": [WEATHER, time_tool],
+                   "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+            whole = c.messages.create(**ask)
+            with c.messages.stream(**ask) as s:
+                streamed = s.get_final_message()
+            shape = [(b.type, getattr(b, "name", None)) for b in whole.content]
+            assert shape == [(b.type, getattr(b, "name", None)) for b in streamed.content], \
+                max_tokens
+            assert all(b.type != "text" or b.text for b in whole.content)  # no empty text
+            assert whole.stop_reason == streamed.stop_reason
+            seen.add(tuple(shape))
+    assert ((("tool_use", "get_weather"),) in seen and
+            (("tool_use", "get_weather"), ("tool_use", "get_time")) in seen), seen
+
+
+def test_stop_reasons_say_what_the_client_asked(home):
+    """A stop string the client did not send (a preset's) ends the turn as the model's end
+    does; the context's end is not max_tokens; a reply with nothing in it has no blocks."""
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply=REPLY)) as d:
+        c = client(d)
+        with d.uds() as http:
+            made = http.post("/api/create", json={"model": "stops", "from": "fake:1b",
+                                                  "parameters": {"stop": ["fake"]},
+                                                  "stream": False})
+            assert made.status_code == 200, made.text
+        own = c.messages.create(model="stops", max_tokens=64, messages=HI)
+        assert own.content[0].text == "Hello from the "  # the preset's stop string held
+        assert (own.stop_reason, own.stop_sequence) == ("end_turn", None)
+        asked = c.messages.create(model="fake:1b", max_tokens=64, messages=HI,
+                                  stop_sequences=["fake"])
+        assert (asked.stop_reason, asked.stop_sequence) == ("stop_sequence", "fake")
+        empty = c.messages.create(model="fake:1b", max_tokens=64, messages=HI,
+                                  stop_sequences=["Hello"])
+        assert empty.content == [] and empty.stop_reason == "stop_sequence"
+        with d.uds() as http:
+            raw = http.post("/v1/messages", json={"model": "fake:1b", "max_tokens": 64,
+                                                  "messages": HI, "stream": True,
+                                                  "stop_sequences": ["Hello"]}).text
+        assert "content_block_start" not in raw
+    with serve(fake_factory(reply="word " * 400, n_ctx=64)) as d:
+        full = client(d).messages.create(model="fake:1b", max_tokens=200, messages=HI)
+        assert full.stop_reason == "model_context_window_exceeded"
+        assert full.usage.output_tokens < 200

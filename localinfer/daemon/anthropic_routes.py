@@ -46,6 +46,7 @@ def routes(state: DaemonState) -> list[Route]:
         audit("/v1/messages", body)
         f = Fields(body)
         max_tokens = f.integer("max_tokens", low=1)
+        _anthropic_ranges(body)
         prompt = _Prompt(body, max_tokens)
         # A preset's system prompt and seed turns (the encoder reads the list when it runs).
         prompt.messages[:] = await state.manager.with_preset(f.string("model"),
@@ -55,7 +56,7 @@ def routes(state: DaemonState) -> list[Route]:
         entry, events, stack = await start_generation(
             state.manager, f.string("model"), prompt.encode,
             prompt.constraints.sampling(params), priority_of(request, body))
-        reply = _Reply(entry.name, prompt)
+        reply = _Reply(entry.name, prompt, params.stop, max_tokens)
         if not f.boolean("stream", False):
             done = await whole_reply(state, request, events, stack)
             return JSONResponse(reply.whole(done))
@@ -106,6 +107,29 @@ def routes(state: DaemonState) -> list[Route]:
     ]
 
 
+def _anthropic_ranges(body: dict[str, Any]) -> None:
+    """What Anthropic's API refuses that the engine would take: a temperature past 0-1,
+    ``stop_sequences`` not a list of non-empty strings, ``metadata`` with a field other than
+    a string ``user_id``."""
+    temperature = body.get("temperature")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and \
+            not 0 <= temperature <= 1:
+        raise InvalidRequest(f"'temperature' must be between 0 and 1 (Anthropic's range), got"
+                             f" {temperature!r}.")
+    stops = body.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list) or not all(
+            isinstance(s, str) and s for s in stops)):
+        raise InvalidRequest("'stop_sequences' must be a list of non-empty strings, got"
+                             f" {json.dumps(stops)[:80]}.")
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise InvalidRequest("'metadata' must be an object with an optional 'user_id'.")
+        _known_fields(metadata, {"user_id"}, "metadata", "metadata")
+        if not isinstance(metadata.get("user_id", ""), (str, type(None))):
+            raise InvalidRequest("'metadata.user_id' must be a string or null.")
+
+
 async def _with_pings(parts: AsyncIterator[Piece | End]) -> AsyncIterator[Piece | End | None]:
     """``parts``, with a None each time ``PING_INTERVAL_S`` passes without one (the wait
     for the next part goes on: it is not cancelled)."""
@@ -135,6 +159,14 @@ class _Prompt:
         prefill = ""
         if last is not None and last.role == "assistant" and not last.tool_calls:
             prefill = self.messages.pop().content
+            if prefill != prefill.rstrip():
+                raise InvalidRequest("the final assistant message (the reply's start) cannot"
+                                     " end with white space (as Anthropic's API): the model"
+                                     " writes the space with the next word.")
+        if not any(m.role == "user" for m in self.messages):
+            raise InvalidRequest("'messages' holds no user turn: the conversation starts with"
+                                 " a user message (a last assistant message is the start of"
+                                 " the reply to it).")
         config = body.get("output_config")
         self.thinking, self.show_thinking = anthropic_think(
             body.get("thinking"), max_tokens,
@@ -209,58 +241,97 @@ _NO_VISION = {"image", "document"}
 _PAST_THINKING = {"thinking", "redacted_thinking"}
 
 
+_BLOCK_FIELDS = {
+    "text": {"type", "text", "cache_control", "citations"},
+    "tool_use": {"type", "id", "name", "input", "cache_control"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "thinking": {"type", "thinking", "signature"},
+    "redacted_thinking": {"type", "data"},
+}
+"""The fields of each content block Anthropic defines and this route reads."""
+
+
+def _known_fields(value: dict[str, Any], fields: set[str], where: str, what: str) -> None:
+    """Refuse a field ``value`` (a message or a block) does not have in Anthropic's API, as
+    Anthropic does: a 400 naming it, not a field dropped in silence."""
+    extra = sorted(set(value) - fields)
+    if extra:
+        raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {what}; send"
+                             f" {', '.join(sorted(fields))}.")
+
+
 def _messages(raw: Any) -> list[Message]:
     """Anthropic's messages as the templates' messages: a user turn's ``tool_result`` blocks
     become tool messages (in their order among its text), an assistant turn's ``tool_use``
     blocks its calls. Earlier turns' thinking is left out of the prompt, as the chat
-    templates leave it out of the history."""
+    templates leave it out of the history. As Anthropic's API: every field is one it defines,
+    a turn's content is not empty (but for the last assistant turn), and the user turn after
+    an assistant's tool_use blocks answers each with a tool_result of its id."""
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("'messages' must be a non-empty list of {role, content} objects.")
     out: list[Message] = []
     names: dict[str, str] = {}  # tool_use id -> the tool's name, for its result
+    waiting: list[str] = []  # the last assistant turn's tool_use ids, not yet answered
     for i, item in enumerate(raw):
         f = Fields(item, f"messages[{i}].")
         role = f.string("role")
         if role not in ("user", "assistant", "system"):
-            raise InvalidRequest(f"'messages[{i}].role' must be \"user\", \"assistant\" or"
-                                 f" \"system\", got {role!r}.")
+            raise InvalidRequest(f"'messages[{i}].role' must be \"user\" or \"assistant\","
+                                 f" got {role!r}.")
+        _known_fields(item, {"role", "content"}, f"messages[{i}]", "a message")
         content = item.get("content")
+        last = i == len(raw) - 1
+        if content in ("", []) and not (role == "assistant" and last):
+            raise InvalidRequest(f"'messages[{i}].content' is empty: every message but the"
+                                 " last assistant one needs content.")
+        answered: set[str] = set()
         if role == "system":  # a system turn mid-conversation (Claude Code sends them)
             out += _system(content, f"messages[{i}].content")
             continue
         if isinstance(content, str):
             out.append(Message(role, content))
-            continue
-        if not isinstance(content, list):
+        elif not isinstance(content, list):
             raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of"
                                  " content blocks.")
-        texts: list[str] = []
-        calls: list[ToolCall] = []
-        for j, block in enumerate(content):
-            where = f"messages[{i}].content[{j}]"
-            kind = _kind(block)
-            if kind == "text":
-                texts.append(_text(block, where))
-            elif kind in _NO_VISION:
-                raise InvalidRequest(f"'{where}' is {'an' if kind == 'image' else 'a'} {kind}:"
-                                     " this model server has no vision support; send text"
-                                     " only.")
-            elif role == "assistant" and kind in _PAST_THINKING:
-                continue
-            elif role == "assistant" and kind == "tool_use":
-                calls.append(_tool_use(block, where))
-                names[calls[-1].id] = calls[-1].name
-            elif role == "user" and kind == "tool_result":
-                if texts:  # text before a result is a turn of its own
-                    out.append(Message("user", "".join(texts)))
-                    texts = []
-                out.append(_tool_result(block, where, names))
-            else:
-                raise InvalidRequest(f"'{where}' is a {kind!r} block, which a {role} message"
-                                     " cannot hold here; send text, tool_use (assistant) or"
-                                     " tool_result (user) blocks.")
-        if texts or calls or role == "assistant":
-            out.append(Message(role, "".join(texts), tool_calls=tuple(calls)))
+        else:
+            texts: list[str] = []
+            calls: list[ToolCall] = []
+            for j, block in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                kind = _kind(block)
+                if kind in _BLOCK_FIELDS:
+                    _known_fields(block, _BLOCK_FIELDS[kind], where, f"a {kind} block")
+                if kind == "text":
+                    texts.append(_text(block, where))
+                elif kind in _NO_VISION:
+                    raise InvalidRequest(f"'{where}' is {'an' if kind == 'image' else 'a'}"
+                                         f" {kind}: this model server has no vision support;"
+                                         " send text only.")
+                elif role == "assistant" and kind in _PAST_THINKING:
+                    continue
+                elif role == "assistant" and kind == "tool_use":
+                    calls.append(_tool_use(block, where))
+                    names[calls[-1].id] = calls[-1].name
+                elif role == "user" and kind == "tool_result":
+                    if texts:  # text before a result is a turn of its own
+                        out.append(Message("user", "".join(texts)))
+                        texts = []
+                    out.append(_tool_result(block, where, names, waiting))
+                    answered.add(out[-1].tool_call_id or "")
+                else:
+                    article = "an" if role == "assistant" else "a"
+                    raise InvalidRequest(f"'{where}' is a {kind!r} block, which {article} {role}"
+                                         " message cannot hold here; send text, tool_use"
+                                         " (assistant) or tool_result (user) blocks.")
+            if texts or calls or role == "assistant":
+                out.append(Message(role, "".join(texts), tool_calls=tuple(calls)))
+        missing = [call_id for call_id in waiting if call_id not in answered]
+        if missing:
+            raise InvalidRequest(f"'messages[{i}]' does not answer the tool_use blocks of the"
+                                 f" turn before it: tool_use ids {', '.join(missing)} have no"
+                                 " tool_result block (each tool_use needs one, in the next"
+                                 " user message).")
+        waiting = [c.id for c in out[-1].tool_calls] if role == "assistant" and out else []
     return out
 
 
@@ -278,9 +349,11 @@ def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
     return ToolCall(f.string("name"), json.dumps(arguments, ensure_ascii=False), f.string("id"))
 
 
-def _tool_result(block: dict[str, Any], where: str, names: dict[str, str]) -> Message:
+def _tool_result(block: dict[str, Any], where: str, names: dict[str, str],
+                 waiting: Sequence[str]) -> Message:
     """A tool's result, its content a string or text blocks; ``is_error`` is said in it (the
-    templates have no field for it)."""
+    templates have no field for it). Its id is one of the turn before's tool_use blocks
+    (``waiting``)."""
     f = Fields(block, f"{where}.")
     call_id = f.string("tool_use_id")
     content = block.get("content", "")
@@ -288,6 +361,9 @@ def _tool_result(block: dict[str, Any], where: str, names: dict[str, str]) -> Me
         parts = []
         for k, part in enumerate(content):
             kind = _kind(part)
+            if kind == "text":
+                _known_fields(part, _BLOCK_FIELDS["text"], f"{where}.content[{k}]",
+                              "a text block")
             if kind in _NO_VISION:
                 raise InvalidRequest(f"'{where}.content[{k}]' is {'an' if kind == 'image' else 'a'}"
                                      f" {kind}: this model server has no vision support; send"
@@ -298,6 +374,10 @@ def _tool_result(block: dict[str, Any], where: str, names: dict[str, str]) -> Me
         raise InvalidRequest(f"'{where}.content' must be a string or a list of text blocks.")
     if f.boolean("is_error", False):
         content = f"Error: {content}"
+    if call_id not in waiting:
+        expected = ", ".join(waiting) if waiting else "none: the turn before called no tool"
+        raise InvalidRequest(f"'{where}.tool_use_id' {call_id!r} answers no tool_use block of"
+                             f" the assistant turn before it (its ids: {expected}).")
     return Message("tool", content, tool_call_id=call_id, tool_name=names.get(call_id, ""))
 
 
@@ -316,25 +396,48 @@ def _usage(done: Done) -> dict[str, int]:
             "output_tokens": u.completion_tokens}
 
 
-def _stop(done: Done, calls: list[ToolCall]) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence."""
+def _stop(done: Done, calls: Sequence[object], stops: Sequence[str], max_tokens: int
+          ) -> tuple[str, str | None]:
+    """Anthropic's stop_reason and stop_sequence: ``stop_sequence`` only for one of the
+    request's ``stops`` (a preset's own stop string ends the turn as the model's end does),
+    and the context's end apart from ``max_tokens`` (a client that raised max_tokens would
+    meet it again)."""
     if done.finish_reason == "length":
+        if done.usage.completion_tokens < max_tokens:
+            return "model_context_window_exceeded", None
         return "max_tokens", None
     if calls:
         return "tool_use", None
-    if done.stop_sequence:
+    if done.stop_sequence and done.stop_sequence in stops:
         return "stop_sequence", done.stop_sequence
     return "end_turn", None
+
+
+def _partial_input(arguments: str) -> dict[str, Any]:
+    """A call's input as far as the model wrote it before max_tokens cut it: the members it
+    finished (as the SDKs read a streamed call's partial JSON), or nothing."""
+    for text in (arguments, arguments[:arguments.rfind(",")] + "}"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
 
 
 class _Reply:
     """One reply in Anthropic's shape: whole, or as the stream's events (content blocks
     opened, extended and closed in order, each with its index)."""
 
-    def __init__(self, model: str, prompt: _Prompt) -> None:
+    def __init__(self, model: str, prompt: _Prompt, stops: Sequence[str] = (),
+                 max_tokens: int = 0) -> None:
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self.prompt = prompt
+        self.stops = stops
+        """The request's stop_sequences."""
+        self.max_tokens = max_tokens
         self.index = -1
         self.open: str | None = None  # the kind of the block being streamed
         self.streamed: list[int] = []
@@ -350,17 +453,36 @@ class _Reply:
         return text if self.prompt.show_thinking else ""
 
     def whole(self, done: Done) -> dict[str, Any]:
+        """The reply's message, with the blocks its stream would have sent: no empty text
+        block, and a call that max_tokens cut (or whose end it cut) as far as it came."""
         reasoning, content, calls = whole_parts(done, self.prompt.thinking,
                                                 self.prompt.constraints)
+        content, cut = self._cut(done, content, calls)
         blocks: list[dict[str, Any]] = []
         if reasoning:
             blocks.append({"type": "thinking", "thinking": self._thinking(reasoning),
                            "signature": ""})
-        if content or not calls:
+        if content:
             blocks.append({"type": "text", "text": content})
         blocks += [{"type": "tool_use", "id": _tool_id(c), "name": c.name,
                     "input": json.loads(c.arguments)} for c in calls]
-        return self._message(blocks, _stop(done, calls), _usage(done))
+        blocks += [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24],
+                    "name": c.name, "input": _partial_input(c.arguments)} for c in cut]
+        return self._message(blocks, _stop(done, [*calls, *cut], self.stops, self.max_tokens),
+                             _usage(done))
+
+    def _cut(self, done: Done, content: str, calls: list[ToolCall]
+             ) -> tuple[str, list[PartialCall]]:
+        """Where max_tokens ended the reply inside its calls: the text before them and the
+        calls the stream would have shown past the whole ones (``calls``)."""
+        splitter = self.prompt.constraints.splitter()
+        if done.finish_reason != "length" or splitter is None:
+            return content, []
+        thinking = self.prompt.thinking
+        text = thinking.whole(done.text)[1] if thinking else done.text
+        shown = splitter.push(text)
+        cut = splitter.calls[len(calls):]
+        return (shown if cut else content), cut
 
     def start(self) -> str:
         usage = {"input_tokens": self.prompt.n_tokens, "cache_creation_input_tokens": 0,
@@ -424,15 +546,14 @@ class _Reply:
 
     def end(self, done: Done, calls: list[ToolCall]) -> list[str]:
         events = []
-        if self.index < 0 and not calls:  # an empty reply still has its text block
-            events += self._block("text", {"type": "text", "text": ""})
         for call in calls[len(self.streamed):]:  # those not streamed: whole
             events += self._block("tool_use", {"type": "tool_use", "id": _tool_id(call),
                                                "name": call.name, "input": {}})
             events.append(self._delta({"type": "input_json_delta",
                                        "partial_json": call.arguments}))
         events += self._close()
-        stop_reason, stop_sequence = _stop(done, calls)
+        stop_reason, stop_sequence = _stop(done, calls or self.streamed, self.stops,
+                                           self.max_tokens)
         events.append(_event("message_delta", {
             "type": "message_delta", "usage": _usage(done),
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}))

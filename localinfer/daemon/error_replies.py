@@ -56,12 +56,20 @@ def anthropic_error_type(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
-def error_body(path: str, status: int, message: str, code: str | None = None
-               ) -> dict[str, Any]:
-    """The error shape of the API a path belongs to."""
+def anthropic_client(request: Request) -> bool:
+    """Whether the error goes to Anthropic's API's client: its routes, and /v1/models asked
+    with Anthropic's version header (its SDK's models.list and models.retrieve)."""
+    path = request.url.path
+    return is_anthropic_path(path) or (path.startswith("/v1/models")
+                                       and "anthropic-version" in request.headers)
+
+
+def error_body(path: str, status: int, message: str, code: str | None = None, *,
+               anthropic: bool = False) -> dict[str, Any]:
+    """The error shape of the API a path belongs to (Anthropic's also where ``anthropic``)."""
     if is_ollama_path(path):
         return {"error": message}
-    if is_anthropic_path(path):
+    if anthropic or is_anthropic_path(path):
         return {"type": "error", "error": {"type": anthropic_error_type(status),
                                            "message": message}}
     kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
@@ -78,7 +86,7 @@ def message_of(exc: LocalInferError) -> str:
     return exc.message + DAEMON_TOKEN if "HF_TOKEN" in exc.message else exc.message
 
 
-def error_response(path: str, exc: Exception) -> JSONResponse:
+def error_response(path: str, exc: Exception, *, anthropic: bool = False) -> JSONResponse:
     if isinstance(exc, LocalInferError):
         status = http_status(exc)
         code = _CODES.get(type(exc))
@@ -87,7 +95,7 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": "2"} if isinstance(exc, Busy) else None
         if isinstance(exc, Busy) and is_anthropic_path(path):
             status = 529  # Anthropic's "overloaded" (its SDK's OverloadedError), retried
-        body = error_body(path, status, message_of(exc), code)
+        body = error_body(path, status, message_of(exc), code, anthropic=anthropic)
         if path.startswith("/localinfer/"):  # localinfer's own client rebuilds the error
             body["error"] |= error_json(exc) | {"message": message_of(exc)}
         return JSONResponse(body, status, headers=headers)
@@ -98,7 +106,8 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
             if "//" in path:
                 message += (" (the path has an empty segment: does the client's base URL end"
                             " with a slash?)")
-        return JSONResponse(error_body(path, exc.status_code, message), exc.status_code)
+        return JSONResponse(error_body(path, exc.status_code, message, anthropic=anthropic),
+                            exc.status_code)
     log.exception("unhandled error on %s", path)
     return JSONResponse(error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}",
                                    "internal_error"), 500)
@@ -121,7 +130,7 @@ def stream_error_body(path: str, exc: Exception) -> dict[str, Any]:
 async def handle_error(request: Request, exc: Exception) -> Response:
     """Starlette's exception handler, for what happens outside a guarded route (a 404, a
     wrong method)."""
-    return error_response(request.url.path, exc)
+    return error_response(request.url.path, exc, anthropic=anthropic_client(request))
 
 
 def guarded(state: DaemonState, name: str,
@@ -142,7 +151,8 @@ def guarded(state: DaemonState, name: str,
             state.counters.client_left(name)
             return Response(status_code=ClientLeft.http_status)
         except Exception as exc:
-            response = error_response(request.url.path, exc)
+            response = error_response(request.url.path, exc,
+                                      anthropic=anthropic_client(request))
         state.counters.count(name, response.status_code)
         if hasattr(response, "on_client_left"):  # a stream (bridge.BridgeResponse)
             response.on_client_left = lambda: state.counters.client_left(name)

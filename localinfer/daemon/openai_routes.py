@@ -129,13 +129,12 @@ def routes(state: DaemonState) -> list[Route]:
         return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(request: Request) -> Response:
-        """OpenAI's model object for an installed model: by its full name, or by the name
-        without the quant (``gemma3:270m``) as requests may give it."""
+        """OpenAI's model object for an installed model (or preset): by any name a request
+        may give it (its full name, the name without the quant, ``gemma3:270m``, or the
+        family's), as the generating routes resolve it."""
         model_id = request.path_params["model_id"]
         installed = await asyncio.to_thread(listed_models, state.manager.store)
-        wanted = model_id.strip().lower()
-        found = next((m for m in installed if m.name == wanted), None) or next(
-            (m for m in installed if m.model == wanted), None)
+        found = state.manager.store.named(model_id.strip().lower(), installed)
         if found is None:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"

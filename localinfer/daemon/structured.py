@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -458,6 +459,9 @@ def _list(body: dict[str, Any], name: str) -> list[Any]:
     return value
 
 
+_ANTHROPIC_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+
+
 def _anthropic_tool(i: int, tool: Any) -> dict[str, Any]:
     """One of Anthropic's tools as the OpenAI-shaped definition the templates render."""
     where = f"tools[{i}]"
@@ -474,9 +478,14 @@ def _anthropic_tool(i: int, tool: Any) -> dict[str, Any]:
         raise InvalidRequest(f"'{where}.{unknown[0]}' is not supported for a custom tool;"
                              " send name, description and input_schema.")
     schema = tool.get("input_schema")
-    if not isinstance(schema, dict):
-        raise InvalidRequest(f"'{where}.input_schema' must be a JSON schema object.")
-    function = {"name": tool.get("name"), "parameters": schema}
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise InvalidRequest(f"'{where}.input_schema' must be a JSON schema of type \"object\""
+                             " (a tool's input is an object).")
+    name = tool.get("name")
+    if not isinstance(name, str) or not _ANTHROPIC_TOOL_NAME.fullmatch(name):
+        raise InvalidRequest(f"'{where}.name' must be 1-128 letters, digits, '_' or '-' (as"
+                             f" Anthropic's API), got {name!r}.")
+    function = {"name": name, "parameters": schema}
     if tool.get("description") is not None:
         if not isinstance(tool["description"], str):
             raise InvalidRequest(f"'{where}.description' must be a string.")

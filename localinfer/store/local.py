@@ -332,14 +332,9 @@ class ModelStore:
         if preset is not None:
             return self.resolve_preset(preset, progress=progress)
         installed = self.installed()
-        exact = [m for m in installed if m.name == name]
-        if exact:
-            return self._resolved(exact[0])
-        same_model = [m for m in installed if m.model == name]
-        if not same_model and ":" not in name:
-            same_model = [m for m in installed if m.family == name]
-        if same_model:
-            return self._resolved(self._preferred(same_model))
+        named = self.named(name, installed)
+        if named is not None:
+            return self._resolved(named)
         if is_starter(name):  # installed again when its file is gone
             return self._resolved(install_starter(self, progress))
         self._raise_if_missing(name)
@@ -361,6 +356,18 @@ class ModelStore:
 
     def _resolved(self, model: InstalledModel) -> ResolvedModel:
         return ResolvedModel(name=model.name, path=Path(model.path), installed=model)
+
+    def named(self, name: str, installed: list[InstalledModel]) -> InstalledModel | None:
+        """The one of ``installed`` a request's model ``name`` (valid, lower case) means: its
+        full name, else the preferred variant of the model or (a name without ':') of the
+        family; None where none is."""
+        exact = [m for m in installed if m.name == name]
+        if exact:
+            return exact[0]
+        same_model = [m for m in installed if m.model == name]
+        if not same_model and ":" not in name:
+            same_model = [m for m in installed if m.family == name]
+        return self._preferred(same_model) if same_model else None
 
     def _preferred(self, models: list[InstalledModel]) -> InstalledModel:
         """Among installed variants of one model, the catalog's default quant, else the best.
