@@ -14,10 +14,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import DaemonError, LocalInferError
+from .errors import ConfigError, DaemonError, LocalInferError
 from .instance import running_daemon
 from .paths import Paths
 from .protocol import (
@@ -157,12 +158,25 @@ class DaemonClient:
     @classmethod
     def for_address(cls, address: str, *, api_key: str | None = None) -> DaemonClient:
         """``unix:/path``, ``http://host:port`` or ``host:port`` (LOCALINFER_HOST's forms)."""
+        given = address
         if address.startswith("unix:"):
+            if not address[5:].strip():
+                raise ConfigError(f"{HOST_ENV}={address!r} names no socket: use"
+                                  " unix:/path/to/localinfer.sock.", title="bad configuration")
             return cls(socket_path=Path(address[5:]))
         if "://" not in address:
             address = "http://" + address
         if address.count(":") == 1:  # no port
             address += ":11480"
+        try:
+            parts = urlsplit(address)
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None or parts.scheme not in ("http", "https"):
+            raise ConfigError(f"{HOST_ENV}={given!r} is not an address: use host:port,"
+                              " http://host:port (the port 1-65535) or unix:/path.",
+                              title="bad configuration")
         return cls(url=address.rstrip("/"), api_key=api_key)
 
     def close(self) -> None:

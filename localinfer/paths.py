@@ -18,6 +18,8 @@ from typing import Any
 
 import platformdirs
 
+from .errors import ConfigError
+
 APP_NAME = "localinfer"
 HOME_ENV = "LOCALINFER_HOME"
 
@@ -68,6 +70,9 @@ def get_paths() -> Paths:
     home = os.environ.get(HOME_ENV)
     if home:
         base = Path(home).expanduser().absolute()
+        if base.exists() and not base.is_dir():
+            raise ConfigError(f"{HOME_ENV} is {home}, which is not a directory: point it at a"
+                              " directory (a missing one is made).", title="bad configuration")
         return Paths(
             config_dir=base / "config",
             data_dir=base / "data",

@@ -45,6 +45,27 @@ def test_stop_and_ps_without_a_daemon_say_so_and_succeed(home):
                                   " (`localinfer serve` starts one).")
 
 
+@pytest.mark.parametrize("args,env,words", [
+    (["serve", "--port", "70000"], {}, "must be a port from 1 to 65535"),
+    (["serve", "--port", "-1"], {}, "must be a port from 1 to 65535"),
+    (["serve", "--idle-exit", "-1"], {}, "--idle-exit: must be a number of seconds above 0"),
+    (["serve", "--max-queue", "-1"], {}, "--max-queue: must be 0 or more"),
+    (["serve", "--slots", "0"], {}, "--slots: must be at least 1"),
+    (["ps"], {"LOCALINFER_HOST": "127.0.0.1:abc"}, "is not an address"),
+    (["ps"], {"LOCALINFER_HOST": "notahost:99999"}, "is not an address"),
+    (["ps"], {"LOCALINFER_HOST": "unix:"}, "names no socket"),
+    (["list"], {"LOCALINFER_HOME": "/dev/null"}, "LOCALINFER_HOME is /dev/null, which is not a"
+                                                 " directory"),
+], ids=["port-high", "port-negative", "idle-exit", "max-queue", "slots", "host-port",
+        "host-range", "host-unix", "home-file"])
+def test_bad_addresses_and_numbers_are_usage_errors(home, args, env, words):
+    """An out-of-range --port, a LOCALINFER_HOST with a bad port and a LOCALINFER_HOME that is
+    a file were internal errors (exit 70) or accepted; --idle-exit -1 exited at once."""
+    out = cli(*args, env=env)
+    assert out.returncode == 2, out.stderr
+    assert words in out.stderr and "internal error" not in out.stderr, out.stderr
+
+
 def test_ps_shows_where_the_daemon_listens_and_what_it_holds(home):
     install_fake_models("fake:1b-f16")
     with serve(fake_factory(reply="hi")) as daemon:

@@ -38,6 +38,31 @@ def positive_int(value: str) -> int:
     return number
 
 
+def port_arg(value: str) -> int:
+    """A TCP port, 1-65535, or 0 for any free one (``--port``)."""
+    number = int(value)
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535 (0: any free one),"
+                                         f" got {number}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    """A count of 0 or more (``--max-queue``)."""
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {number}")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    """A duration in seconds above 0 (``--idle-exit``)."""
+    number = float(value)
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {value}")
+    return number
+
+
 def gpu_layers_arg(value: str) -> int:
     """``--gpu-layers``: -1 (all, wherever a GPU is found) or a count of 0 or more."""
     number = int(value)

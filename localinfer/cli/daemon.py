@@ -11,7 +11,13 @@ import time
 from pathlib import Path
 
 from ..config import Config
-from ..errors import BackendUnavailable, DaemonError, InvalidRequest, WorkerError
+from ..errors import (
+    BackendUnavailable,
+    ConfigError,
+    DaemonError,
+    InvalidRequest,
+    WorkerError,
+)
 from ..hardware.rpc import MISMATCH, parse_endpoints, probe_worker
 from ..instance import running_daemon
 from ..progress import human_bytes
@@ -19,6 +25,10 @@ from .common import (
     add_load_flags,
     duration,
     load_settings,
+    non_negative_int,
+    port_arg,
+    positive_int,
+    positive_seconds,
     print_table,
     split_text,
 )
@@ -31,21 +41,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                     " editor plugins, in the OpenAI (/v1) and Ollama (/api) wire formats.")
     p.add_argument("--host", default=None, help="TCP address (default 127.0.0.1, or"
                    " LOCALINFER_HOST)")
-    p.add_argument("--port", type=int, default=None, help="TCP port (default 11480)")
+    p.add_argument("--port", type=port_arg, default=None, help="TCP port (default 11480)")
     p.add_argument("--no-tcp", action="store_true", help="listen on the Unix socket only")
     p.add_argument("--socket", default=None, metavar="PATH",
                    help="Unix socket path (default <runtime dir>/localinfer.sock)")
     p.add_argument("--keep-alive", default=None, metavar="DURATION",
                    help="how long an idle model stays loaded: 5m, 1h, 0 (unload at once),"
-                        " -1 (forever); default 5m")
-    p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                        " -1 or any negative value (forever, as Ollama); default 5m")
+    p.add_argument("--idle-exit", type=positive_seconds, default=None, metavar="SECONDS",
                    help="exit after this many seconds without requests")
-    p.add_argument("--max-loaded", type=int, default=None, metavar="N",
+    p.add_argument("--max-loaded", type=positive_int, default=None, metavar="N",
                    help="at most N models loaded at once (default: as many as fit in memory"
                         " together, by the plan's figures)")
-    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+    p.add_argument("--max-queue", type=non_negative_int, default=64, metavar="N",
                    help="requests that may wait for a slot before 503 (default 64)")
-    p.add_argument("--slots", type=int, default=None, metavar="N",
+    p.add_argument("--slots", type=positive_int, default=None, metavar="N",
                    help="sequences decoded in parallel per model")
     add_load_flags(p)
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -87,9 +97,13 @@ def parse_address(address: str, default_port: int) -> tuple[str, int]:
     else:
         host, port = text, ""
     try:
-        return host or "127.0.0.1", int(port) if port else default_port
+        number = int(port) if port else default_port
     except ValueError:
-        raise DaemonError(f"invalid address {address!r}: use host:port.") from None
+        number = -1
+    if not 1 <= number <= 65535:
+        raise ConfigError(f"invalid address {address!r}: use host:port, the port 1-65535.",
+                          title="bad configuration")
+    return host or "127.0.0.1", number
 
 
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
@@ -120,8 +134,6 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
         socket_path=Path(args.socket).expanduser() if args.socket else None,
         host=host, port=port, tcp=not args.no_tcp, keep_alive_s=keep_alive,
         max_loaded=args.max_loaded, settings=settings)
-    if args.max_loaded is not None and args.max_loaded < 1:
-        raise DaemonError(f"--max-loaded must be at least 1, got {args.max_loaded}.")
     daemon = Daemon(options, engine_factory(config, max_queue=args.max_queue),
                     memory=MemoryPlan.for_machine(config), prefix_cache=prefix_store(config))
     daemon.start()
