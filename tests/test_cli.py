@@ -113,6 +113,29 @@ def test_a_q8_cache_without_flash_attention_is_refused_before_loading(starter_pa
 
 
 @pytest.mark.model
+def test_a_prompt_that_is_empty_or_not_utf8_is_refused_before_loading(starter_path):
+    """Both loaded the model first; the bytes came out as 'an unpaired UTF-16 surrogate'."""
+    for args, stdin, words in ((["run", "gemma3:270m", ""], None, "the prompt is empty"),
+                               (["run", "gemma3:270m", "-"], "", "the prompt is empty")):
+        out = cli(*args, stdin=stdin)
+        assert out.returncode == 2 and words in out.stderr and "Loaded" not in out.stderr
+    raw = subprocess.run([sys.executable, "-m", "localinfer", "run", "gemma3:270m", "-"],
+                         input=b"\xff\xfe bad", capture_output=True, timeout=300)
+    assert raw.returncode == 2
+    assert b"not UTF-8 text (byte 0xff at offset 0)" in raw.stderr
+    assert b"Loaded" not in raw.stderr
+
+
+@pytest.mark.model
+def test_a_context_llama_cpp_rounds_up_is_said(starter_path):
+    """--ctx 64 ran with 256 without a word; a later "context window is 256" contradicted it."""
+    out = cli("run", "gemma3:270m", "Hello", "-n", "2", "--ctx", "64")
+    assert out.returncode == 0, out.stderr
+    assert "asked for a context of 64 tokens; llama.cpp sizes it in steps of 256: it is 256" \
+        in out.stderr
+
+
+@pytest.mark.model
 def test_prompt_longer_than_the_context(starter_path):
     out = cli("run", "gemma3:270m", "-", "--ctx", "256", stdin="word " * 400)
     assert out.returncode == 6

@@ -60,13 +60,16 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     from ..session import Launcher
 
     sampling_params(args)  # bad flags fail before a model is loaded
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = _stdin_text() if args.prompt == "-" else args.prompt
+    if not prompt:  # before a model is loaded for it
+        raise InvalidRequest("the prompt is empty: give the text to continue (or `-` and"
+                             " pipe it in).")
     messages = None
     think = {None: None, "on": True, "off": False}.get(args.think, args.think)
     # The daemon when one runs (one copy of the model for the whole machine), else this
     # process; loading flags need a load of their own, so they mean this process.
-    launcher = Launcher(load_settings(config, args),
-                        no_daemon=args.no_daemon or load_flags_given(args),
+    settings = load_settings(config, args)
+    launcher = Launcher(settings, no_daemon=args.no_daemon or load_flags_given(args),
                         if_no_daemon="in_process", priority=Priority.NORMAL)
     # A preset's defaults (or the model's config.toml table) under the flags given; a preset
     # with a system prompt or seed turns is a chat (the session puts them first).
@@ -90,6 +93,10 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         finally:
             display.close()
         display.loaded(session)
+        if settings.ctx is not None and session.info.n_ctx != settings.ctx and not args.json:
+            print(f"localinfer: warning: asked for a context of {settings.ctx} tokens;"
+                  f" llama.cpp sizes it in steps of 256: it is {session.info.n_ctx}.",
+                  file=sys.stderr)
         # The machine's load over the generation goes with its calibration record.
         window = LoadWindow()
         # The model's defaults (catalog, GGUF, config.toml), a preset's over them, the
@@ -123,6 +130,18 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             session.close()
         launcher.close()
     return Cancelled.exit_code if done.finish_reason == "cancelled" else 0
+
+
+def _stdin_text() -> str:
+    """The prompt piped in: UTF-8 text, else a clear error (not the unpaired surrogates
+    Python's reader turns stray bytes into, refused later as if they were the user's)."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"the prompt piped in is not UTF-8 text (byte"
+                             f" 0x{data[exc.start]:02x} at offset {exc.start}): convert it,"
+                             " e.g. with iconv -t utf-8.") from None
 
 
 class _LoadDisplay:
