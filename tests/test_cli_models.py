@@ -301,3 +301,18 @@ def test_a_base_model_is_marked_in_list_and_show(home, tmp_path):
     out = cli("show", "gemma3:270m")
     assert "  kind            base model: continues text, does not follow instructions\n" in \
         out.stdout
+
+
+def test_plan_takes_an_installed_models_own_name_and_a_preset(home, starter_path, tmp_path):
+    """`plan` knew catalog names and paths only: a model added under a name of its own, and a
+    preset over it, were "unknown" though list, show and run took them."""
+    assert cli("add", str(starter_path), "--name", "mystarter:270m").returncode == 0
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM mystarter:270m\nSYSTEM Be brief.\n")
+    assert cli("create", "mario", "-f", str(modelfile)).returncode == 0
+    for name in ("mystarter:270m", "mystarter", "mystarter:270m-q4_k_m", "mario"):
+        out = cli("plan", name, "--json")
+        assert out.returncode == 0, (name, out.stderr)
+        assert json.loads(out.stdout)["shown"] == ["mystarter:270m-q4_k_m"], name
+    out = cli("plan", "nosuch:1b")
+    assert out.returncode == 3 and "an installed model's name" in out.stderr

@@ -408,7 +408,7 @@ def _candidates(ref: str | None, fetch=None):
     # GGUF parsing, the planner and the store: not for building the parser.
     from .. import gguf
     from ..planner import Candidate
-    from ..selection import catalog_candidates
+    from ..selection import catalog_candidates, installed_candidate
     from ..store import HeaderFetch, ModelStore, is_hub_name, looks_like_path
 
     store = ModelStore()
@@ -434,9 +434,17 @@ def _candidates(ref: str | None, fetch=None):
     specs = catalog.in_family(name)
     if specs:
         return [(s.name, catalog_candidates(store, s, fetch=cached_only)) for s in specs]
+    # A model installed under a name of its own (`add --name`, a file's own name) or a
+    # preset (the model it is over), as `show`, `run` and `bench` take them.
+    preset = store.presets.get(name)
+    installed = store.installed()
+    named = store.named(preset.model if preset is not None else name, installed)
+    if named is not None:
+        return [(named.model, [installed_candidate(named)])]
     families = ", ".join(sorted(catalog.families))
     raise ModelNotFound(f"unknown model or family {ref!r}: the catalog has {families}; give"
-                        " family:size (gemma3:4b), family:size-quant, or a .gguf path.")
+                        " family:size (gemma3:4b), family:size-quant, an installed model's"
+                        " name (`localinfer list`), or a .gguf path.")
 
 
 def _hub_candidates(store, ref: str, fetch):
