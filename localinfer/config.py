@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -213,6 +214,22 @@ def _models(raw: Any, where: str) -> dict[str, ModelSettings]:
     return out
 
 
+def duration_seconds(text: str) -> float | None:
+    """A duration as Ollama writes keep_alive: seconds (``300``), or ``5m``, ``1h30m``,
+    ``90s``, ``500ms``, ``-1`` (negative: forever); None where ``text`` is none."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)", text.lstrip("-"))
+    if not parts or "".join(n + u for n, u in parts) != text.lstrip("-"):
+        return None
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sign * sum(float(number) * units[unit] for number, unit in parts)
+
+
 def _parse_env(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -239,6 +256,12 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
         expected = (str,)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
+    if key == "keep_alive" and isinstance(value, str):  # "5m", as --keep-alive takes it
+        seconds = duration_seconds(value)
+        if seconds is None:
+            raise ConfigError(f"{where}: keep_alive must be seconds or a duration such as"
+                              f" \"5m\" or \"1h\" (negative: forever), got {value!r}.")
+        value = seconds
     if not isinstance(value, expected) or (expected != (bool,) and isinstance(value, bool)):
         raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
     if key in ("ctx", "threads", "slots", "port", "prefix_cache_min_tokens") and \

@@ -118,3 +118,16 @@ def test_per_model_settings(home):
     gemma = config.for_model("gemma3:270m-q4_k_m", "gemma3:270m")  # no ctx of its own
     assert (gemma.ctx, gemma.kv_type) == (4096, "f16")
     assert config.model_settings("gemma3:270m") is None  # the key names the quant
+
+
+def test_keep_alive_takes_a_duration_as_the_flag_does(home):
+    """--keep-alive 5m (the documented default's form) was refused in config.toml and the
+    environment: "keep_alive must be float"."""
+    assert load_config(environ={"LOCALINFER_KEEP_ALIVE": "5m"}).keep_alive == 300.0
+    assert load_config(environ={"LOCALINFER_KEEP_ALIVE": "1h30m"}).keep_alive == 5400.0
+    assert load_config(environ={"LOCALINFER_KEEP_ALIVE": "-1"}).keep_alive == -1.0
+    (get_paths().config_dir).mkdir(parents=True, exist_ok=True)
+    (get_paths().config_dir / "config.toml").write_text('keep_alive = "10m"\n')
+    assert load_config(environ={}).keep_alive == 600.0
+    with pytest.raises(ConfigError, match='a duration such as "5m"'):
+        load_config(environ={"LOCALINFER_KEEP_ALIVE": "5x"})

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..config import SAMPLING_SETTINGS, ModelSettings
+from ..config import SAMPLING_SETTINGS, ModelSettings, duration_seconds
 from ..errors import InvalidRequest
 from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams, ToolCall
 from .fields import CHAT_MESSAGE
@@ -337,29 +337,9 @@ def parse_keep_alive(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return _keep_alive_seconds(float(value))
     if isinstance(value, str):
-        text = value.strip()
-        try:
-            return _keep_alive_seconds(float(text))
-        except ValueError:
-            pass
-        total, number, units = 0.0, "", {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
-        i = 0
-        sign = -1.0 if text.startswith("-") else 1.0
-        text = text.lstrip("-")
-        while i < len(text):
-            if text[i].isdigit() or text[i] == ".":
-                number += text[i]
-                i += 1
-                continue
-            unit = "ms" if text.startswith("ms", i) else text[i]
-            if unit not in units or not number:
-                break
-            total += float(number) * units[unit]
-            number = ""
-            i += len(unit)
-        else:
-            if not number and total:
-                return _keep_alive_seconds(sign * total)
+        seconds = duration_seconds(value)
+        if seconds is not None:
+            return _keep_alive_seconds(seconds)
     raise InvalidRequest(f"'keep_alive' must be a duration like \"5m\" or seconds, got {value!r}.")
 
 
