@@ -324,3 +324,11 @@ def test_think_without_a_chat_is_refused_before_anything_loads(home):
     out = cli("run", "gemma3:270m", "hi", "--think", "on", "--no-daemon")
     assert out.returncode == 2, out.stderr
     assert "--think is for a chat: add --chat" in out.stderr
+
+
+def test_chat_outside_a_terminal_says_so(home):
+    """It drew its full-screen UI into a pipe and waited for ever (a wrong model's error
+    shown only inside it)."""
+    out = cli("chat", "nosuch:1b", stdin="")
+    assert out.returncode == 2 and "not a terminal" in out.stderr
+    assert "localinfer run" in out.stderr

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..errors import LocalInferError
+from ..errors import ConfigError, LocalInferError
 from .common import duration, load_settings
 
 if TYPE_CHECKING:  # the session loads the planner and the store: not for building the parser
@@ -42,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chat(args: argparse.Namespace, config: Config) -> int:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # a script, a pipe, a CI job
+        raise ConfigError("`localinfer chat` is a full-screen terminal program and this is not"
+                          " a terminal; run it in one, or use `localinfer run MODEL PROMPT`"
+                          " (`--chat` for a chat turn) from a script.", title="not a terminal")
     from ..tui.app import create_app  # Textual: not for building the parser
 
     app = create_app(args.model, config=load_settings(config, args), no_daemon=args.no_daemon,
