@@ -115,6 +115,6 @@ def test_bench_prefill_refuses_bad_lengths_and_setups():
     out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "--prefill",
                           "--lengths", "4k"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--lengths must be token counts" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "--setups",
-                          "off-256,fast"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "localinfer", "bench", "--prefill",
+                          "--setups", "off-256,fast"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--setups: 'fast' is not a set-up" in out.stderr

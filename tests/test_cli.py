@@ -150,6 +150,7 @@ def test_prompt_longer_than_the_context(starter_path):
     (["run", "gemma3:270m", "hi", "--ctx", "0"], ["--ctx", "at least 1, got 0"]),
     (["run", "gemma3:270m", "hi", "--gpu-layers", "-2"], ["--gpu-layers", "-1 (all) or 0"]),
     (["bench", "--llama-server", "/nonexist", "--quick"], ["--llama-server goes with --editor"]),
+    (["bench", "--quick", "--lengths", "100,200"], ["--lengths goes with --prefill"]),
     (["bench", "--editor", "--ctx", "512"], ["--editor runs `localinfer serve`"]),
 ])
 def test_loading_flags_out_of_range_are_refused_before_anything_loads(home, args, words):

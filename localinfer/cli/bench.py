@@ -71,8 +71,12 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
                              " and the loading flags, or set them in config.toml.")
     if args.editor:
         return editor_bench(model, args.llama_server, quick=args.quick, as_json=args.json)
+    if (args.lengths or args.setups) and not args.prefill:
+        flag = "--lengths" if args.lengths else "--setups"
+        raise InvalidRequest(f"{flag} goes with --prefill (the prompt-reading bench); the"
+                             " default bench reads prompts of its own lengths.")
     config = load_settings(config, args)
-    if args.prefill or args.lengths or args.setups:
+    if args.prefill:
         return prefill_bench(model, config, args)
     bar = TerminalProgress(f"bench {model}", unit="steps")
     result = run_bench(model, config, quick=args.quick,
