@@ -275,6 +275,8 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
     if key == "prefix_cache_gb" and isinstance(value, (int, float)) and \
             not 0 <= value < float("inf"):
         raise ConfigError(f"{where}: {key} must be 0 (off) or more GB, got {value}.")
+    if key == "min_tps" and isinstance(value, (int, float)) and not 0 <= value < float("inf"):
+        raise ConfigError(f"{where}: min_tps must be 0 or more tok/s, got {value}.")
     if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and \
             not 0 <= value < float("inf"):
         raise ConfigError(f"{where}: {key} must be a number of 0 or more, got {value}.")

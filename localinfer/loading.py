@@ -150,7 +150,8 @@ def load_engine(
     if trained and options.n_ctx > trained:
         raise InvalidRequest(
             f"a context of {options.n_ctx} tokens is beyond what {name} was trained for"
-            f" ({trained}); use --ctx {trained} or less."
+            f" ({trained}); ask for {trained} or less (--ctx, or ctx in config.toml: its"
+            f" [models.\"NAME\"] table or LOCALINFER_CTX)."
         )
     if options.chat_template is None:
         options = replace(options, chat_template=fallback_template(header, family))

@@ -131,3 +131,9 @@ def test_keep_alive_takes_a_duration_as_the_flag_does(home):
     assert load_config(environ={}).keep_alive == 600.0
     with pytest.raises(ConfigError, match='a duration such as "5m"'):
         load_config(environ={"LOCALINFER_KEEP_ALIVE": "5x"})
+
+
+def test_min_tps_is_checked_where_it_is_set(home):
+    """min_tps = -2 was found only by `plan`, with no file named."""
+    with pytest.raises(ConfigError, match="LOCALINFER_MIN_TPS: min_tps must be 0 or more"):
+        load_config(environ={"LOCALINFER_MIN_TPS": "-2"})

@@ -54,10 +54,13 @@ class PromptBuilder:
         if not prompt:
             raise InvalidRequest("the prompt is empty after tokenization.")
         if len(prompt) >= n_ctx:
+            fix = ("Shorten the prompt, start a new chat, or load the model with a larger"
+                   " context (--ctx)." if not info.n_ctx_train or n_ctx < info.n_ctx_train else
+                   f"Shorten the prompt or start a new chat ({n_ctx} tokens is the most"
+                   f" {info.name} was trained for).")
             raise ContextOverflow(
                 f"the prompt is {len(prompt)} tokens but the context window is {n_ctx} tokens"
-                " (and at least one token must be left to generate). Shorten the prompt, start"
-                " a new chat, or load the model with a larger context (--ctx).",
+                f" (and at least one token must be left to generate). {fix}",
                 n_prompt=len(prompt),
                 n_ctx=n_ctx,
             )
