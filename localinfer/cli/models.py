@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _offline_flag(p)
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("list", aliases=["ls"], help="list installed models")
+    p = sub.add_parser("list", aliases=["ls"], help="list installed models",
+                       description="List the installed models and presets (name, quant, size,"
+                                   " file), and downloads that stopped before the end.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_list)
 

@@ -102,9 +102,10 @@ def _figure(f: Figure) -> dict[str, Any]:
 
 def _line(what: str, f: Figure, unit: str, digits: int) -> str:
     where = "inside" if f.inside else "outside"
+    side = "under" if f.error < 0 else "over"
     return (f"{what}: measured {f.measured:.{digits}f} {unit}, the plan predicted"
             f" {f.predicted:.{digits}f} ({f.low:.{digits}f}-{f.high:.{digits}f}):"
-            f" {f.error:+.0%}, {where} its interval")
+            f" {abs(f.error):.0%} {side} the measurement, {where} its interval")
 
 
 def build(hw: HardwareProfile, *, backend: str, model: str, quant: str, size_bytes: int,
