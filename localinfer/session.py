@@ -573,20 +573,25 @@ class Launcher:
 
     def _open_in_daemon_as_is(self, client: DaemonClient, model: str, progress: Progress
                               ) -> Session:
-        # Resolve here, with progress: the starter is copied into the store on first use,
-        # and an unknown name fails before the daemon is asked.
-        resolved = self.store.resolve(model, progress=_copy_progress(progress))
-        label = f"Loading {resolved.name} in the daemon…"
+        from .client import HOST_ENV
+
+        if os.environ.get(HOST_ENV):
+            # A daemon found through LOCALINFER_HOST has a store of its own (another home,
+            # another machine): it resolves the name, and nothing is copied here.
+            name = model
+        else:
+            # Resolve here, with progress: the starter is copied into the store on first
+            # use, and an unknown name fails before the daemon is asked.
+            name = self.store.resolve(model, progress=_copy_progress(progress)).name
+        label = f"Loading {name} in the daemon…"
         progress(LoadStep(label, stage="load"))
         try:
-            info = client.load(resolved.name,
-                               progress=lambda f: progress(LoadStep(label, f, "load")))
+            info = client.load(name, progress=lambda f: progress(LoadStep(label, f, "load")))
         except DaemonError as exc:
             if "cannot reach" in exc.message:
                 raise
-            raise ModelLoadError(f"the daemon could not load {resolved.name}: {exc.message}"
-                                 ) from None
-        return DaemonSession(client, resolved.name, info, priority=self.priority)
+            raise ModelLoadError(f"the daemon could not load {name}: {exc.message}") from None
+        return DaemonSession(client, name, info, priority=self.priority)
 
     def _open_in_process(self, model: str, progress: Progress) -> Session:
         self._opening_here = True

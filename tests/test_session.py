@@ -126,6 +126,25 @@ def test_a_daemon_session_chats_and_completes_and_follows_the_model_info(home, m
             launcher.close()
 
 
+def test_a_daemon_at_localinfer_host_resolves_the_name_in_its_own_store(home, monkeypatch,
+                                                                       tmp_path):
+    """Through LOCALINFER_HOST (another home, another machine) the name was resolved in this
+    home's store: a model the daemon had was "not installed" here, and the starter was
+    copied here first."""
+    install_fake_models("fake:1b-f16")
+    with serve(fake_factory(reply="From afar."), tcp=False) as daemon:
+        monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path / "elsewhere"))  # an empty store
+        monkeypatch.setenv("LOCALINFER_HOST", f"unix:{daemon.socket}")
+        launcher = Launcher(Config(), if_no_daemon="fail", priority=Priority.NORMAL)
+        try:
+            session = launcher.open("fake:1b", lambda step: None)
+            assert isinstance(session, DaemonSession)
+            assert finished(session.complete("Hi", GREEDY))[0] == "From afar."
+            assert not (tmp_path / "elsewhere" / "data" / "models").exists()
+        finally:
+            launcher.close()
+
+
 def test_the_speed_reference_uses_the_loaded_kv_cache_type():
     hardware = load_profile(PROFILES / "laptop-8gb-cpu.json")
     spec, variant = load_catalog().lookup("llama3.2:1b-q8_0")
