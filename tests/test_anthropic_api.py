@@ -16,8 +16,8 @@ import pytest
 from daemon_util import REPLY, fake_factory, install_fake_models, serve
 from localinfer.daemon.fields import ROUTES
 from localinfer.daemon.state import DaemonSettings
-from template_fixtures import QWEN3_REASONING as REASONING
 from template_fixtures import QWEN3_CALL, QWEN3_TOOLS
+from template_fixtures import QWEN3_REASONING as REASONING
 
 pytest_plugins = ["daemon_fixtures"]
 

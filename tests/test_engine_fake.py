@@ -108,7 +108,8 @@ def test_prompt_longer_than_the_context_says_the_numbers(fake_engine):
         engine.complete("word " * 100, SamplingParams())
     assert "201 tokens" in str(info.value) and "64 tokens" in str(info.value)
     # At the most the model was trained for, a larger --ctx is no advice.
-    assert "--ctx" not in str(info.value) and "the most fake:test was trained for" in str(info.value)
+    message = str(info.value)
+    assert "--ctx" not in message and "the most fake:test was trained for" in message
     smaller = fake_engine(n_ctx=64, n_ctx_train=128)
     with pytest.raises(ContextOverflow, match=r"a larger context \(--ctx\)"):
         smaller.complete("word " * 100, SamplingParams())

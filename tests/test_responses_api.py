@@ -235,6 +235,13 @@ REFUSED = [
     ({"tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "nope"),
     ({"frobnicate": 1}, "frobnicate"),
+    # Nested as at the top: a text part's and a tool's unknown fields are named.
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "foo": 1}]}]},
+     "input[0].content[0].foo"),
+    ({"tools": [{**WEATHER, "foo": 1}]}, "tools[0].foo"),
+    # OpenAI's ranges.
+    ({"temperature": 3}, "temperature"),
+    ({"top_p": 1.5}, "top_p"),
 ]
 
 

@@ -266,6 +266,11 @@ def read_request(body: dict[str, Any], history: list[dict[str, Any]]) -> Ask:
                      logprobs=top_logprobs(f, asked=asked))
     if params.logprobs is not None and params.logprobs > 20:
         raise InvalidRequest("'top_logprobs' must be at most 20.")
+    for name, high in (("temperature", 2), ("top_p", 1)):  # OpenAI's ranges
+        value = body.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                not 0 <= value <= high:
+            raise InvalidRequest(f"'{name}' must be between 0 and {high}, got {value!r}.")
     store = f.boolean("store", True)
     echo = {
         "id": "resp_" + uuid.uuid4().hex, "object": "response",
@@ -350,6 +355,8 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
           "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text",
                "reasoning_text")
+_PART_FIELDS = {"type", "text", "refusal", "annotations", "logprobs"}
+"""The fields a text part may have: what the API's own output parts carry, sent back."""
 
 
 def conversation_messages(items: list[dict[str, Any]]) -> list[Message]:
@@ -411,6 +418,11 @@ def _text(value: Any, where: str) -> str:
         if kind not in _TEXT_PARTS or not isinstance(text, str):
             raise InvalidRequest(f"'{where}[{j}]' must be a text part ({{\"type\":"
                                  " \"input_text\", \"text\": ...}).")
+        extra = sorted(set(part) - _PART_FIELDS)
+        if extra:
+            raise InvalidRequest(f"'{where}[{j}].{extra[0]}' is not a field of a text part;"
+                                 " send type and text (an output_text's annotations and"
+                                 " logprobs are taken back).")
         texts.append(text)
     return "".join(texts)
 

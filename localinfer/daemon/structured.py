@@ -140,6 +140,14 @@ class ResponsesTools:
     """The namespace of each tool given inside a ``namespace`` tool."""
 
 
+_RESPONSES_TOOL_FIELDS = {
+    "function": {"type", "name", "description", "parameters", "strict"},
+    "custom": {"type", "name", "description", "format"},
+    "namespace": {"type", "name", "description", "tools"},
+}
+"""The fields of the Responses API's tools that this route reads."""
+
+
 def responses_constraints(body: dict[str, Any]) -> ResponsesTools:
     """The Responses API's ``tools`` (``function``; ``custom`` whose input is free text or
     matches a regex, called as a function of one string argument, ``input``; ``namespace``,
@@ -156,6 +164,11 @@ def responses_constraints(body: dict[str, Any]) -> ResponsesTools:
             raise InvalidRequest(f"'{where}' is {kind!r}, one of OpenAI's built-in tools"
                                  " (they run on OpenAI's servers); localinfer runs none of"
                                  " them: define it as a function tool and run it yourself.")
+        if kind in _RESPONSES_TOOL_FIELDS:
+            extra = sorted(set(item) - _RESPONSES_TOOL_FIELDS[kind])
+            if extra:
+                raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of a {kind} tool;"
+                                     f" send {', '.join(sorted(_RESPONSES_TOOL_FIELDS[kind]))}.")
         if kind == "namespace" and not namespace and isinstance(item.get("name"), str) and \
                 isinstance(item.get("tools"), list):
             listed[:0] = [(f"{where}.tools[{j}]", tool, item["name"])
