@@ -666,3 +666,18 @@ def test_stop_reasons_say_what_the_client_asked(home):
         full = client(d).messages.create(model="fake:1b", max_tokens=200, messages=HI)
         assert full.stop_reason == "model_context_window_exceeded"
         assert full.usage.output_tokens < 200
+
+
+def test_message_start_splits_the_cache_reads_as_message_delta_does(daemon):
+    """message_start said every prompt token was read (cache 0) where message_delta then
+    said most came from the cache: clients that read usage at the start saw no cache hit."""
+    body = {"model": "fake:1b", "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "a long enough question " * 20}]}
+    with daemon.uds() as http:
+        http.post("/v1/messages", json=body)
+        sequence = events(http.post("/v1/messages", json=body).text)
+    start = sequence[0][1]["message"]["usage"]
+    end = next(d for k, d in sequence if k == "message_delta")["usage"]
+    assert start["cache_read_input_tokens"] > 0
+    assert (start["input_tokens"], start["cache_read_input_tokens"]) == \
+        (end["input_tokens"], end["cache_read_input_tokens"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
@@ -25,7 +26,7 @@ from ..errors import InvalidRequest
 from ..runtime.engine import Engine
 from ..runtime.tools import PartialCall
 from ..runtime.types import Done, Message, ToolCall
-from .bridge import BridgeResponse, start_generation, whole_reply
+from .bridge import BridgeResponse, EventStream, start_generation, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .reasoning_fields import anthropic_think
@@ -62,7 +63,7 @@ def routes(state: DaemonState) -> list[Route]:
             return JSONResponse(reply.whole(done))
 
         async def stream() -> AsyncIterator[str]:
-            yield reply.start()
+            yield reply.start(await _cached_at_admission(events))
             yield _event("ping", {"type": "ping"})
             try:
                 async for part in _with_pings(reply_parts(state, events, prompt.thinking,
@@ -128,6 +129,26 @@ def _anthropic_ranges(body: dict[str, Any]) -> None:
         _known_fields(metadata, {"user_id"}, "metadata", "metadata")
         if not isinstance(metadata.get("user_id", ""), (str, type(None))):
             raise InvalidRequest("'metadata.user_id' must be a string or null.")
+
+
+ADMISSION_WAIT_S = 1.0
+"""How long a stream's ``message_start`` waits for the engine to admit the request, whose
+cached prefix it then knows (a request queued behind busy slots for longer starts without)."""
+
+
+async def _cached_at_admission(events: EventStream) -> int:
+    """The prompt tokens the request finds cached, once the engine admits it (within
+    ADMISSION_WAIT_S; else 0): ``message_start``'s usage then splits input and cache reads as
+    the last ``message_delta`` does (clients that read it there saw no cache hit)."""
+    deadline = time.monotonic() + ADMISSION_WAIT_S
+    while time.monotonic() < deadline:
+        request = events.generation.request
+        if request is not None and request.t_start > 0:
+            return request.n_cached
+        if events.generation.done is not None or events.generation.cancelled:
+            break
+        await asyncio.sleep(0.002)
+    return 0
 
 
 async def _with_pings(parts: AsyncIterator[Piece | End]) -> AsyncIterator[Piece | End | None]:
@@ -484,9 +505,10 @@ class _Reply:
         cut = splitter.calls[len(calls):]
         return (shown if cut else content), cut
 
-    def start(self) -> str:
-        usage = {"input_tokens": self.prompt.n_tokens, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": 0, "output_tokens": 0}
+    def start(self, cached: int = 0) -> str:
+        usage = {"input_tokens": self.prompt.n_tokens - cached,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+                 "output_tokens": 0}
         return _event("message_start", {"type": "message_start",
                                         "message": self._message([], (None, None), usage)})
 
