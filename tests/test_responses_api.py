@@ -239,6 +239,12 @@ REFUSED = [
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "foo": 1}]}]},
      "input[0].content[0].foo"),
     ({"tools": [{**WEATHER, "foo": 1}]}, "tools[0].foo"),
+    # A call's output answers a call sent before it, and each call is answered.
+    ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
+     "call_id call_9"),
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+                {"role": "user", "content": "and?"}]}, "function call call_1"),
     # OpenAI's ranges.
     ({"temperature": 3}, "temperature"),
     ({"top_p": 1.5}, "top_p"),

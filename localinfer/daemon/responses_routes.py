@@ -365,6 +365,7 @@ def conversation_messages(items: list[dict[str, Any]]) -> list[Message]:
     it). Reasoning items are not rendered again (chat templates drop past reasoning)."""
     messages: list[Message] = []
     names: dict[str, str] = {}
+    unanswered: list[str] = []  # calls whose output has not come yet
     for i, item in enumerate(items):
         where = f"input[{i}]"
         f = Fields(item, where + ".")
@@ -374,6 +375,10 @@ def conversation_messages(items: list[dict[str, Any]]) -> list[Message]:
             if not isinstance(role, str) or role not in _ROLES:
                 raise InvalidRequest(f"'{where}.role' must be user, assistant, system or"
                                      f" developer, got {role!r}.")
+            if role == "user" and unanswered:  # as OpenAI's API: each call has its output
+                raise InvalidRequest(f"No tool output found for function call"
+                                     f" {unanswered[0]} before '{where}': send its"
+                                     " function_call_output first.")
             messages.append(Message(_ROLES[role], _text(item.get("content"),
                                                          where + ".content")))
         elif kind in ("function_call", "custom_tool_call"):
@@ -381,6 +386,7 @@ def conversation_messages(items: list[dict[str, Any]]) -> list[Message]:
             arguments = f.string("arguments") if kind == "function_call" else json.dumps(
                 {"input": f.string("input")}, ensure_ascii=False)
             names[call_id] = name
+            unanswered.append(call_id)
             call = ToolCall(name, arguments, call_id)
             if messages and messages[-1].role == "assistant":
                 last = messages[-1]
@@ -389,6 +395,12 @@ def conversation_messages(items: list[dict[str, Any]]) -> list[Message]:
                 messages.append(Message("assistant", "", tool_calls=(call,)))
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = f.string("call_id")
+            if call_id not in names:
+                raise InvalidRequest(f"No tool call found for function call output with"
+                                     f" call_id {call_id} ('{where}.call_id'): send the call"
+                                     " before its output.")
+            if call_id in unanswered:
+                unanswered.remove(call_id)
             messages.append(Message("tool", _text(item.get("output"), where + ".output"),
                                     tool_call_id=call_id, tool_name=names.get(call_id, "")))
         elif kind != "reasoning":
