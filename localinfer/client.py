@@ -166,14 +166,16 @@ class DaemonClient:
             return cls(socket_path=Path(address[5:]))
         if "://" not in address:
             address = "http://" + address
-        if address.count(":") == 1:  # no port
-            address += ":11480"
         try:
             parts = urlsplit(address)
             port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None or parts.scheme not in ("http", "https"):
+            if port is None and parts.hostname:  # no port: the daemon's default
+                address = address.rstrip("/") + ":11480"
+                parts, port = urlsplit(address), 11480
+        except ValueError:  # a bad port, a bad IPv6 address
+            parts, port = None, None
+        if parts is None or not parts.hostname or not port or \
+                parts.scheme not in ("http", "https"):
             raise ConfigError(f"{HOST_ENV}={given!r} is not an address: use host:port,"
                               " http://host:port (the port 1-65535) or unix:/path.",
                               title="bad configuration")

@@ -21,6 +21,7 @@ as the store names it, with its quant (``qwen3:8b-q4_k_m``) or without (``qwen3:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -214,6 +215,16 @@ def _models(raw: Any, where: str) -> dict[str, ModelSettings]:
     return out
 
 
+FOREVER = -1.0
+"""A keep_alive that never expires."""
+
+
+def keep_alive_value(seconds: float) -> float:
+    """A keep_alive in seconds as stored: negative or beyond a year (infinite) is forever,
+    as Ollama takes it."""
+    return FOREVER if seconds < 0 or seconds > 365 * 86400 else seconds
+
+
 def duration_seconds(text: str) -> float | None:
     """A duration as Ollama writes keep_alive: seconds (``300``), or ``5m``, ``1h30m``,
     ``90s``, ``500ms``, ``-1`` (negative: forever); None where ``text`` is none."""
@@ -275,6 +286,10 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
     if key == "prefix_cache_gb" and isinstance(value, (int, float)) and \
             not 0 <= value < float("inf"):
         raise ConfigError(f"{where}: {key} must be 0 (off) or more GB, got {value}.")
+    if key == "keep_alive" and isinstance(value, (int, float)):
+        if math.isnan(value):
+            raise ConfigError(f"{where}: keep_alive must be seconds or a duration, got {value}.")
+        value = keep_alive_value(value)
     if key == "min_tps" and isinstance(value, (int, float)) and not 0 <= value < float("inf"):
         raise ConfigError(f"{where}: min_tps must be 0 or more tok/s, got {value}.")
     if key in SAMPLING_SETTINGS and isinstance(value, (int, float)) and \

@@ -530,9 +530,12 @@ class Launcher:
         """Get ``model`` ready (pull a Hub model named hf.co/... on first use, install the
         starter, start the daemon, load) and return a session on it. Raises LocalInferError
         subclasses with a message for the user."""
+        from .client import HOST_ENV
+
         self._opening_here = False
-        if is_hub_name(model) and not looks_like_path(model):
-            model = self._pulled(model, progress)
+        remote = not self.no_daemon and bool(os.environ.get(HOST_ENV))
+        if is_hub_name(model) and not looks_like_path(model) and not remote:
+            model = self._pulled(model, progress)  # a daemon at LOCALINFER_HOST pulls its own
         if not self.no_daemon and not looks_like_path(model):
             client = self.client(progress)
             if client is not None:

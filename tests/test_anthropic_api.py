@@ -261,7 +261,32 @@ BAD = [
     ({"messages": [*HI, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
         {"role": "user", "content": "and then?"}]}, "toolu_1 have no tool_result"),
+    ({"messages": [*HI, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": "and then?"},
+        {"role": "assistant", "content": "ok"}]}, "toolu_1 have no tool_result"),
 ]
+
+
+def test_what_real_clients_send_back_is_accepted(home):
+    """A tool_use block with the SDK's caller and toolset_name, results split over user
+    turns (one per message, as some libraries send them), and an empty assistant turn (the
+    daemon's own empty reply sent back)."""
+    install_fake_models("qwen3:1b-f16")
+    calls = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "a"},
+         "caller": {"type": "direct"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "b"}}]}
+    with serve(fake_factory(reply="Sunny.", chat_template=QWEN3_TOOLS)) as d:
+        answer = client(d).messages.create(model="qwen3:1b", max_tokens=20, tools=[WEATHER],
+                                           messages=[
+            *HI, {"role": "assistant", "content": []}, *HI, calls,
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": "12 C", "toolset_name": "weather"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2",
+                                          "content": "14 C"}]}])
+    assert answer.content[0].text == "Sunny."
+
 
 
 @pytest.mark.parametrize("extra,name", BAD, ids=[n for _, n in BAD])
@@ -467,6 +492,7 @@ def test_models_are_listed_in_anthropics_shape_to_an_anthropic_client(daemon):
     assert c.models.retrieve("fake:1b-f16").created_at.year >= 2024
     # By any name a request may give it, as the generating routes take it: the family's too.
     assert c.models.retrieve("fake").id == "fake:1b-f16"
+    assert c.models.retrieve("FAKE:1B").id == "fake:1b-f16"  # as a request may spell it
     # Not found: Anthropic's error shape for Anthropic's client (OpenAI's shape before).
     with pytest.raises(anthropic.NotFoundError) as caught:
         c.models.retrieve("nope")
@@ -627,14 +653,26 @@ def test_a_reply_cut_by_max_tokens_has_the_same_blocks_whole_and_streamed(home):
             whole = c.messages.create(**ask)
             with c.messages.stream(**ask) as s:
                 streamed = s.get_final_message()
-            shape = [(b.type, getattr(b, "name", None)) for b in whole.content]
-            assert shape == [(b.type, getattr(b, "name", None)) for b in streamed.content], \
-                max_tokens
+            shape = [(b.type, getattr(b, "name", None), getattr(b, "input", None))
+                     for b in whole.content]
+            assert shape == [(b.type, getattr(b, "name", None), getattr(b, "input", None))
+                             for b in streamed.content], max_tokens
             assert all(b.type != "text" or b.text for b in whole.content)  # no empty text
             assert whole.stop_reason == streamed.stop_reason
-            seen.add(tuple(shape))
-    assert ((("tool_use", "get_weather"),) in seen and
-            (("tool_use", "get_weather"), ("tool_use", "get_time")) in seen), seen
+            seen.add(tuple((kind, name) for kind, name, _ in shape))
+        assert ((("tool_use", "get_weather"),) in seen and
+                (("tool_use", "get_weather"), ("tool_use", "get_time")) in seen), seen
+        # A stop sequence met inside a call: the same both ways, and no tool_use stop (the
+        # call never finished: a client would run it with half its input).
+        ask = {"model": "qwen3:1b", "max_tokens": 200, "tools": [WEATHER],
+               "stop_sequences": ["Par"],
+               "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+        whole = c.messages.create(**ask)
+        with c.messages.stream(**ask) as s:
+            streamed = s.get_final_message()
+        assert whole.stop_reason == streamed.stop_reason == "stop_sequence"
+        assert [(b.type, getattr(b, "input", None)) for b in whole.content] == \
+            [(b.type, getattr(b, "input", None)) for b in streamed.content]
 
 
 def test_stop_reasons_say_what_the_client_asked(home):

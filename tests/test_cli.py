@@ -124,6 +124,16 @@ def test_a_prompt_that_is_empty_or_not_utf8_is_refused_before_loading(starter_pa
     assert raw.returncode == 2
     assert b"not UTF-8 text (byte 0xff at offset 0)" in raw.stderr
     assert b"Loaded" not in raw.stderr
+    # A byte-order mark (a Windows editor's file) is no text of the prompt.
+    bom = subprocess.run([sys.executable, "-m", "localinfer", "run", "gemma3:270m", "-",
+                          "--json", "-n", "1"], input="\ufeffHello".encode(),
+                         capture_output=True, timeout=300)
+    plain = subprocess.run([sys.executable, "-m", "localinfer", "run", "gemma3:270m", "-",
+                            "--json", "-n", "1"], input=b"Hello", capture_output=True,
+                           timeout=300)
+    assert bom.returncode == plain.returncode == 0, bom.stderr
+    assert json.loads(bom.stdout)["usage"]["prompt_tokens"] == \
+        json.loads(plain.stdout)["usage"]["prompt_tokens"]
 
 
 @pytest.mark.model

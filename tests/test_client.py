@@ -80,3 +80,19 @@ def test_the_client_rebuilds_the_daemons_error_class(home):
         client = DaemonClient(socket_path=d.socket)
         with pytest.raises(ModelLoadError, match="out of memory"):
             client.generate("fake:1b", prompt="x")
+
+
+@pytest.mark.parametrize("address,url", [
+    ("localhost", "http://localhost:11480"), ("[::1]", "http://[::1]:11480"),
+    ("http://[::1]", "http://[::1]:11480"), ("[::1]:8080", "http://[::1]:8080"),
+    ("https://box.lan:443", "https://box.lan:443"), ("h:11500", "http://h:11500")])
+def test_localinfer_host_forms(address, url):
+    assert DaemonClient.for_address(address).url == url
+
+
+@pytest.mark.parametrize("address", ["h:abc", "h:0", "h:99999", "[::1", "unix:", "ftp://h:1"])
+def test_localinfer_host_mistakes_are_config_errors(address):
+    from localinfer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="LOCALINFER_HOST"):
+        DaemonClient.for_address(address)

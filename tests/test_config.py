@@ -131,6 +131,11 @@ def test_keep_alive_takes_a_duration_as_the_flag_does(home):
     assert load_config(environ={}).keep_alive == 600.0
     with pytest.raises(ConfigError, match='a duration such as "5m"'):
         load_config(environ={"LOCALINFER_KEEP_ALIVE": "5x"})
+    # As a request's keep_alive: past a year or infinite is forever, NaN is refused.
+    assert load_config(environ={"LOCALINFER_KEEP_ALIVE": "inf"}).keep_alive == -1.0
+    assert load_config(environ={"LOCALINFER_KEEP_ALIVE": "99999999h"}).keep_alive == -1.0
+    with pytest.raises(ConfigError, match="keep_alive must be seconds"):
+        load_config(environ={"LOCALINFER_KEEP_ALIVE": "nan"})
 
 
 def test_min_tps_is_checked_where_it_is_set(home):

@@ -249,8 +249,12 @@ def test_a_connection_that_sends_nothing_or_half_a_request_is_closed(home, monke
         half.connect(str(d.socket))
         half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
                      b"\r\n0123456789")
+        answered = socket.socket(socket.AF_UNIX)  # the app answers before the body is whole
+        answered.connect(str(d.socket))
+        answered.sendall(b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                         b"\r\n0123456789")
         received = {}
-        for name, conn in (("silent", silent), ("half", half)):
+        for name, conn in (("silent", silent), ("half", half), ("answered", answered)):
             conn.settimeout(10)
             started = time.monotonic()
             received[name] = b""
@@ -261,6 +265,9 @@ def test_a_connection_that_sends_nothing_or_half_a_request_is_closed(home, monke
         head, _, body = received["half"].partition(b"\r\n\r\n")  # half a request: told why
         assert head.startswith(b"HTTP/1.1 408 ")
         assert "did not arrive whole within 0.5 s" in json.loads(body)["error"]["message"]
+        # An answer already sent is not followed by a 408 on the same connection.
+        assert received["answered"].startswith(b"HTTP/1.1 404 ")
+        assert b"408" not in received["answered"]
         # A whole request, and a stream longer than the deadline, are not cut.
         started = time.monotonic()
         reply = openai_client(d).completions.create(model="fake:1b", prompt="x",
@@ -299,3 +306,25 @@ def test_connections_past_the_cap_are_refused_with_a_json_503(home, monkeypatch)
             while c.get("/health").status_code != 200:  # the idle ones' closes are seen
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+
+
+def test_the_connection_cap_leaves_room_under_the_open_files_limit(monkeypatch):
+    """macOS starts processes with 256 open files, below the 512 connections allowed: the
+    daemon raises its soft limit, and caps connections below whatever limit it has."""
+    import resource
+
+    from localinfer.daemon import server as server_module
+
+    monkeypatch.setattr(server_module, "_fd_limit", 300)
+    assert server_module.connection_cap() == 300 - server_module.FD_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        assert server_module.raise_fd_limit() == (hard if hard != resource.RLIM_INFINITY
+                                                  else resource.getrlimit(
+                                                      resource.RLIMIT_NOFILE)[0])
+        assert server_module.connection_cap() == min(server_module.MAX_CONNECTIONS,
+                                                     server_module._fd_limit
+                                                     - server_module.FD_SPARE)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

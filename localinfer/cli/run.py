@@ -93,10 +93,11 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         finally:
             display.close()
         display.loaded(session)
-        if settings.ctx is not None and session.info.n_ctx != settings.ctx and not args.json:
-            print(f"localinfer: warning: asked for a context of {settings.ctx} tokens;"
-                  f" llama.cpp sizes it in steps of 256: it is {session.info.n_ctx}.",
-                  file=sys.stderr)
+        asked = (own.ctx if own is not None and own.ctx else None) or settings.ctx
+        if asked and session.in_process and not args.json and \
+                session.info.n_ctx == -(-asked // 256) * 256 != asked:
+            print(f"localinfer: warning: asked for a context of {asked} tokens; llama.cpp"
+                  f" sizes it in steps of 256: it is {session.info.n_ctx}.", file=sys.stderr)
         # The machine's load over the generation goes with its calibration record.
         window = LoadWindow()
         # The model's defaults (catalog, GGUF, config.toml), a preset's over them, the
@@ -137,7 +138,7 @@ def _stdin_text() -> str:
     Python's reader turns stray bytes into, refused later as if they were the user's)."""
     data = sys.stdin.buffer.read()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no text
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"the prompt piped in is not UTF-8 text (byte"
                              f" 0x{data[exc.start]:02x} at offset {exc.start}): convert it,"

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import jiter
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -145,7 +146,7 @@ async def _cached_at_admission(events: EventStream) -> int:
         request = events.generation.request
         if request is not None and request.t_start > 0:
             return request.n_cached
-        if events.generation.done is not None or events.generation.cancelled:
+        if events.waiting or events.generation.cancelled:  # it ended, or failed
             break
         await asyncio.sleep(0.002)
     return 0
@@ -264,8 +265,9 @@ _PAST_THINKING = {"thinking", "redacted_thinking"}
 
 _BLOCK_FIELDS = {
     "text": {"type", "text", "cache_control", "citations"},
-    "tool_use": {"type", "id", "name", "input", "cache_control"},
-    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "tool_use": {"type", "id", "name", "input", "cache_control", "caller", "toolset_name"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control",
+                    "toolset_name"},
     "thinking": {"type", "thinking", "signature"},
     "redacted_thinking": {"type", "data"},
 }
@@ -292,20 +294,23 @@ def _messages(raw: Any) -> list[Message]:
         raise InvalidRequest("'messages' must be a non-empty list of {role, content} objects.")
     out: list[Message] = []
     names: dict[str, str] = {}  # tool_use id -> the tool's name, for its result
-    waiting: list[str] = []  # the last assistant turn's tool_use ids, not yet answered
+    waiting: list[str] = []  # the last assistant turn's tool_use ids
+    answered: set[str] = set()  # those the user turns since it answered
     for i, item in enumerate(raw):
         f = Fields(item, f"messages[{i}].")
         role = f.string("role")
         if role not in ("user", "assistant", "system"):
-            raise InvalidRequest(f"'messages[{i}].role' must be \"user\" or \"assistant\","
-                                 f" got {role!r}.")
+            raise InvalidRequest(f"'messages[{i}].role' must be \"user\" or \"assistant\""
+                                 f" (or \"system\"), got {role!r}.")
         _known_fields(item, {"role", "content"}, f"messages[{i}]", "a message")
         content = item.get("content")
-        last = i == len(raw) - 1
-        if content in ("", []) and not (role == "assistant" and last):
-            raise InvalidRequest(f"'messages[{i}].content' is empty: every message but the"
-                                 " last assistant one needs content.")
-        answered: set[str] = set()
+        # An assistant turn may be empty (a reply with nothing in it, sent back).
+        if content in ("", []) and role != "assistant":
+            raise InvalidRequest(f"'messages[{i}].content' is empty: a {role} message needs"
+                                 " content.")
+        if role == "assistant":
+            _answered(waiting, answered, i)
+            waiting, answered = [], set()
         if role == "system":  # a system turn mid-conversation (Claude Code sends them)
             out += _system(content, f"messages[{i}].content")
             continue
@@ -346,14 +351,21 @@ def _messages(raw: Any) -> list[Message]:
                                          " (assistant) or tool_result (user) blocks.")
             if texts or calls or role == "assistant":
                 out.append(Message(role, "".join(texts), tool_calls=tuple(calls)))
-        missing = [call_id for call_id in waiting if call_id not in answered]
-        if missing:
-            raise InvalidRequest(f"'messages[{i}]' does not answer the tool_use blocks of the"
-                                 f" turn before it: tool_use ids {', '.join(missing)} have no"
-                                 " tool_result block (each tool_use needs one, in the next"
-                                 " user message).")
-        waiting = [c.id for c in out[-1].tool_calls] if role == "assistant" and out else []
+        if role == "assistant":
+            waiting = [c.id for c in out[-1].tool_calls]
+    if out and out[-1].role != "assistant":  # the last assistant turn is the reply's start
+        _answered(waiting, answered, len(raw))
     return out
+
+
+def _answered(waiting: Sequence[str], answered: set[str], i: int) -> None:
+    """Refuse a conversation whose user turns after an assistant turn (up to message ``i``)
+    leave one of its tool_use blocks without a tool_result, as Anthropic's API does."""
+    missing = [call_id for call_id in waiting if call_id not in answered]
+    if missing:
+        raise InvalidRequest(f"tool_use ids {', '.join(missing)} have no tool_result block in"
+                             f" the user turns after them (before 'messages[{i}]'): each"
+                             " tool_use needs one.")
 
 
 def _kind(block: Any) -> str | None:
@@ -435,16 +447,14 @@ def _stop(done: Done, calls: Sequence[object], stops: Sequence[str], max_tokens:
 
 
 def _partial_input(arguments: str) -> dict[str, Any]:
-    """A call's input as far as the model wrote it before max_tokens cut it: the members it
-    finished (as the SDKs read a streamed call's partial JSON), or nothing."""
-    for text in (arguments, arguments[:arguments.rfind(",")] + "}"):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return {}
+    """A call's input as far as the model wrote it before the reply ended in it: read as the
+    SDKs read a streamed call's partial JSON (jiter's partial mode: finished members, an
+    unfinished string left out), else nothing."""
+    try:
+        value = jiter.from_json(arguments.encode(), partial_mode=True)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class _Reply:
@@ -489,15 +499,16 @@ class _Reply:
                     "input": json.loads(c.arguments)} for c in calls]
         blocks += [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24],
                     "name": c.name, "input": _partial_input(c.arguments)} for c in cut]
-        return self._message(blocks, _stop(done, [*calls, *cut], self.stops, self.max_tokens),
+        return self._message(blocks, _stop(done, calls, self.stops, self.max_tokens),
                              _usage(done))
 
     def _cut(self, done: Done, content: str, calls: list[ToolCall]
              ) -> tuple[str, list[PartialCall]]:
-        """Where max_tokens ended the reply inside its calls: the text before them and the
-        calls the stream would have shown past the whole ones (``calls``)."""
+        """Where the reply ended inside its calls (max_tokens, a stop sequence): the text
+        before them and the calls the stream would have shown past the whole ones
+        (``calls``)."""
         splitter = self.prompt.constraints.splitter()
-        if done.finish_reason != "length" or splitter is None:
+        if splitter is None:
             return content, []
         thinking = self.prompt.thinking
         text = thinking.whole(done.text)[1] if thinking else done.text
@@ -574,8 +585,7 @@ class _Reply:
             events.append(self._delta({"type": "input_json_delta",
                                        "partial_json": call.arguments}))
         events += self._close()
-        stop_reason, stop_sequence = _stop(done, calls or self.streamed, self.stops,
-                                           self.max_tokens)
+        stop_reason, stop_sequence = _stop(done, calls, self.stops, self.max_tokens)
         events.append(_event("message_delta", {
             "type": "message_delta", "usage": _usage(done),
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}))

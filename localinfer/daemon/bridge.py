@@ -70,6 +70,11 @@ class ThreadBridge(Generic[T]):
         """Stop the work; safe to call again, or once it has ended."""
         raise NotImplementedError
 
+    @property
+    def waiting(self) -> bool:
+        """Whether an item (or the end, or an error) waits to be read."""
+        return not self._queue.empty()
+
     async def __aiter__(self) -> AsyncIterator[T]:
         try:
             while True:

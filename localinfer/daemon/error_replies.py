@@ -76,14 +76,15 @@ def error_body(path: str, status: int, message: str, code: str | None = None, *,
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
-DAEMON_TOKEN = (" The daemon reads HF_TOKEN from the environment it was started in, or the"
-                " token `hf auth login` saved: set it there, then restart `localinfer serve`.")
+DAEMON_TOKEN = (" The daemon reads HF_TOKEN from the environment it was started in (set it"
+                " there, then restart `localinfer serve`), or the token `hf auth login` saved"
+                " (read at each request).")
 
 
 def message_of(exc: LocalInferError) -> str:
-    """An error's message as the daemon says it: one that asks for HF_TOKEN says where the
+    """An error's message as the daemon says it: one that asks to set HF_TOKEN says where the
     daemon reads it (a user sets it in a shell the running daemon never sees)."""
-    return exc.message + DAEMON_TOKEN if "HF_TOKEN" in exc.message else exc.message
+    return exc.message + DAEMON_TOKEN if "set HF_TOKEN" in exc.message else exc.message
 
 
 def error_response(path: str, exc: Exception, *, anthropic: bool = False) -> JSONResponse:

@@ -26,7 +26,7 @@ from ..errors import InvalidRequest, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
 from ..runtime.types import Done, ModelInfo, Priority, SamplingParams, TokenLogprob
-from ..store import InstalledModel, ModelStore
+from ..store import InstalledModel, ModelStore, validate_name
 from ..store.local import available_models
 from .autocomplete import autocomplete_params, autocomplete_priority
 from .bridge import BridgeResponse, Choices, merged, start_generation, whole_replies
@@ -134,7 +134,11 @@ def routes(state: DaemonState) -> list[Route]:
         family's), as the generating routes resolve it."""
         model_id = request.path_params["model_id"]
         installed = await asyncio.to_thread(listed_models, state.manager.store)
-        found = state.manager.store.named(model_id.strip().lower(), installed)
+        try:
+            wanted = validate_name(model_id)
+        except InvalidRequest:
+            wanted = ""  # no model can have that name
+        found = state.manager.store.named(wanted, installed) if wanted else None
         if found is None:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"

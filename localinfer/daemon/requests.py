@@ -16,7 +16,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..config import SAMPLING_SETTINGS, ModelSettings, duration_seconds
+from ..config import (
+    SAMPLING_SETTINGS,
+    ModelSettings,
+    duration_seconds,
+    keep_alive_value,
+)
 from ..errors import InvalidRequest
 from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams, ToolCall
 from .fields import CHAT_MESSAGE
@@ -325,8 +330,6 @@ def _seed(value: int | None) -> int | None:
     return None if value is None or value == -1 else value
 
 
-FOREVER = -1.0
-
 
 def parse_keep_alive(value: Any) -> float | None:
     """Ollama's keep_alive: seconds as a number, or a duration like "5m", "1h30m", "-1"."""
@@ -347,7 +350,7 @@ def _keep_alive_seconds(seconds: float) -> float:
     """Negative or absurdly long (beyond a year, infinite) means forever; NaN is refused."""
     if math.isnan(seconds):
         raise InvalidRequest("'keep_alive' must be a number of seconds or a duration.")
-    return FOREVER if seconds < 0 or seconds > 365 * 86400 else seconds
+    return keep_alive_value(seconds)
 
 
 def _kind(value: Any) -> str:

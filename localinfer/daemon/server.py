@@ -141,6 +141,41 @@ MAX_CONNECTIONS = 512
 opens connections without closing them (each idle one lasts up to REQUEST_READ_S, or
 uvicorn's keep-alive) would otherwise use up the daemon's file descriptors, and then nobody
 could reach it (~21,000 did here). Editors and agents keep a few each."""
+FD_SPARE = 128
+"""File descriptors kept for the daemon's own files (models, the prefix cache, logs) below the
+process's limit: the connection cap is at most the limit less these."""
+_fd_limit = 1 << 20
+"""The open-files limit ``raise_fd_limit`` found (before it runs: no bound of its own)."""
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (as Go's runtime does;
+    macOS starts processes at 256, below MAX_CONNECTIONS) and return the limit now."""
+    global _fd_limit
+    try:
+        import resource
+    except ImportError:  # not on a POSIX system
+        return _fd_limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for want in (hard, 65536, 10240):  # macOS refuses more than OPEN_MAX (10240)
+        if want == resource.RLIM_INFINITY or want <= soft:
+            continue
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            continue
+        soft = want
+        break
+    _fd_limit = soft if soft != resource.RLIM_INFINITY else 1 << 20
+    return _fd_limit
+
+
+def connection_cap() -> int:
+    """Connections open at once past which a new one is refused: MAX_CONNECTIONS, or fewer
+    where the open-files limit leaves less room."""
+    return max(1, min(MAX_CONNECTIONS, _fd_limit - FD_SPARE))
+
+
 REQUEST_READ_S = 30.0
 """How long a connection may take to send a whole request (from its first byte, or from the
 connection when it sends none): one that sends nothing or half a request is closed after it,
@@ -190,10 +225,11 @@ class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
-        if len(self.connections) > MAX_CONNECTIONS:
+        cap = connection_cap()
+        if len(self.connections) > cap:
             log.warning("refusing a connection: %d are open", len(self.connections) - 1)
             self._close_with(503, "Service Unavailable",
-                             f"the daemon has {MAX_CONNECTIONS} connections open already: close"
+                             f"the daemon has {cap} connections open already: close"
                              " the ones not in use (a client that opens one per request"
                              " without closing it?), then try again", "too_many_connections")
             return
@@ -227,7 +263,9 @@ class _JsonRejects(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         self._reading = None
         log.info("closing a connection whose request did not arrive within %.0f s",
                  REQUEST_READ_S)
-        if self._begun and not self.transport.is_closing():
+        cycle = getattr(self, "cycle", None)
+        answered = cycle is not None and getattr(cycle, "response_started", False)
+        if self._begun and not answered and not self.transport.is_closing():
             self._close_with(408, "Request Timeout", f"the request did not arrive whole within"
                              f" {REQUEST_READ_S:g} s; send it again, all of it at once",
                              "request_timeout")
@@ -299,6 +337,7 @@ class Daemon:
 
     def start(self) -> None:
         runtime_dir(self.paths)
+        raise_fd_limit()
         self._lock.acquire()
         try:
             self._sockets.append(bind_unix(self.socket_path))

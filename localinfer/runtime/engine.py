@@ -584,8 +584,8 @@ class Engine:
 
     def _start(self, request: Request, n_keep: int) -> None:
         """A request's first admission, with ``n_keep`` prompt tokens cached: its sampler."""
+        request.n_cached = n_keep  # before t_start: a reader seeing it set sees this
         request.t_start = time.perf_counter()
-        request.n_cached = n_keep
         request.load_ms, self._unreported_load_ms = self._unreported_load_ms, 0.0
         params = request.params
         request.sampler = self.backend.new_sampler(params, request.seed)
