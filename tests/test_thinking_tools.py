@@ -79,3 +79,34 @@ def test_a_required_call_may_follow_reasoning(qwen3):
     assert grammars[-1].reasoning == ("<think>", "</think>") and not grammars[-1].triggers
     client.chat.completions.create(model="qwen3:1b", messages=MESSAGES, tools=[WEATHER])
     assert grammars[-1].triggers and grammars[-1].reasoning is None  # waits for <tool_call>
+
+
+def test_a_call_cut_by_max_tokens_is_the_same_whole_and_streamed(home):
+    """The stream sent a call as far as max_tokens let it come; the whole reply dropped it
+    (no tool_calls, content ""), as OpenAI does not."""
+    from daemon_util import fake_factory, install_fake_models, serve
+    from template_fixtures import QWEN3_CALL
+
+    install_fake_models("qwen3:1b-f16")
+    with serve(fake_factory(reply=QWEN3_CALL, chat_template=QWEN3_TOOLS)) as d:
+        client = openai_client(d)
+        seen = set()
+        for max_tokens in range(4, 40, 3):
+            ask = {"model": "qwen3:1b", "max_tokens": max_tokens, "tools": [WEATHER],
+                   "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+            whole = client.chat.completions.create(**ask).choices[0]
+            calls: dict[int, dict] = {}
+            reason = None
+            for chunk in client.chat.completions.create(**ask, stream=True):
+                for choice in chunk.choices:
+                    reason = choice.finish_reason or reason
+                    for delta in choice.delta.tool_calls or []:
+                        call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                        call["name"] += delta.function.name or ""
+                        call["arguments"] += delta.function.arguments or ""
+            got = [{"name": c.function.name, "arguments": c.function.arguments}
+                   for c in whole.message.tool_calls or []]
+            assert got == [calls[i] for i in sorted(calls)], max_tokens
+            assert whole.finish_reason == reason
+            seen.add(bool(got) and got[0]["arguments"] != '{"city": "Paris"}')
+    assert True in seen  # some cut inside the call's arguments

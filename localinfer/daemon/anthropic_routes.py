@@ -31,7 +31,7 @@ from .bridge import BridgeResponse, EventStream, start_generation, whole_reply
 from .error_replies import guarded, stream_error_body
 from .fields import audit
 from .reasoning_fields import anthropic_think
-from .replies import End, Piece, reply_parts, whole_parts
+from .replies import End, Piece, cut_calls, reply_parts, whole_parts
 from .requests import Fields, priority_of, read_json, sampling
 from .state import DaemonState
 from .structured import Constraints, anthropic_constraints
@@ -488,7 +488,8 @@ class _Reply:
         block, and a call that max_tokens cut (or whose end it cut) as far as it came."""
         reasoning, content, calls = whole_parts(done, self.prompt.thinking,
                                                 self.prompt.constraints)
-        content, cut = self._cut(done, content, calls)
+        content, cut = cut_calls(done, self.prompt.thinking, self.prompt.constraints,
+                                 content, calls)
         blocks: list[dict[str, Any]] = []
         if reasoning:
             blocks.append({"type": "thinking", "thinking": self._thinking(reasoning),
@@ -501,20 +502,6 @@ class _Reply:
                     "name": c.name, "input": _partial_input(c.arguments)} for c in cut]
         return self._message(blocks, _stop(done, calls, self.stops, self.max_tokens),
                              _usage(done))
-
-    def _cut(self, done: Done, content: str, calls: list[ToolCall]
-             ) -> tuple[str, list[PartialCall]]:
-        """Where the reply ended inside its calls (max_tokens, a stop sequence): the text
-        before them and the calls the stream would have shown past the whole ones
-        (``calls``)."""
-        splitter = self.prompt.constraints.splitter()
-        if splitter is None:
-            return content, []
-        thinking = self.prompt.thinking
-        text = thinking.whole(done.text)[1] if thinking else done.text
-        shown = splitter.push(text)
-        cut = splitter.calls[len(calls):]
-        return (shown if cut else content), cut
 
     def start(self, cached: int = 0) -> str:
         usage = {"input_tokens": self.prompt.n_tokens - cached,

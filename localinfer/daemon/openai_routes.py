@@ -25,6 +25,7 @@ from starlette.routing import Route
 from ..errors import InvalidRequest, ModelNotFound
 from ..protocol import json_line, live_json, timings_json
 from ..runtime.engine import Engine
+from ..runtime.tools import new_call_id
 from ..runtime.types import Done, ModelInfo, Priority, SamplingParams, TokenLogprob
 from ..store import InstalledModel, ModelStore, validate_name
 from ..store.local import available_models
@@ -45,7 +46,7 @@ from .llama_fields import (
 )
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
-from .replies import Piece, reply_parts, whole_parts
+from .replies import Piece, cut_calls, reply_parts, whole_parts
 from .requests import Fields, parse_messages, priority_of, read_json, top_logprobs
 from .state import DaemonState
 from .structured import (
@@ -244,13 +245,17 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
             return {"index": index, "text": done.text, "logprobs": logprobs(done.logprobs),
                     "finish_reason": finish_reason(done)}
         reasoning, content, calls = whole_parts(done, thinkings[index], constraints)
+        # A call max_tokens cut is there as far as it came, as the stream sent it.
+        content, cut = cut_calls(done, thinkings[index], constraints, content, calls)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
         choice = {"index": index, "message": message,
                   "logprobs": logprobs(done.logprobs), "finish_reason": finish_reason(done)}
-        if calls:
-            message.update(content=content or None, tool_calls=openai_calls(calls))
+        if calls or cut:
+            message.update(content=content or None, tool_calls=openai_calls(calls) + [
+                {"id": new_call_id(), "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}} for c in cut])
             if done.finish_reason != "length":
                 choice["finish_reason"] = "tool_calls"
         return choice

@@ -74,3 +74,18 @@ def whole_parts(done: Done, thinking: Thinking | None, constraints: Constraints 
     if constraints is not None:
         content, calls = constraints.reply(content)
     return reasoning, content, calls
+
+
+def cut_calls(done: Done, thinking: Thinking | None, constraints: Constraints | None,
+              content: str, calls: list[ToolCall]) -> tuple[str, list[PartialCall]]:
+    """Where a whole reply ended inside its calls (max_tokens, a stop sequence): the text
+    before them and the calls its stream would have shown past the whole ones (``calls``),
+    as far as they were written; ``content`` and none otherwise. A whole reply then holds
+    what its stream sent."""
+    splitter = constraints.splitter() if constraints is not None else None
+    if splitter is None:
+        return content, []
+    text = thinking.whole(done.text)[1] if thinking else done.text
+    shown = splitter.push(text)
+    cut = splitter.calls[len(calls):]
+    return (shown if cut else content), cut
