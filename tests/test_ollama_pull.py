@@ -85,6 +85,27 @@ def test_delete_unloads_a_loaded_model_first(daemon):
     assert [m.name for m in ModelStore().installed()] == []
 
 
+def test_delete_refused_for_a_presets_model_leaves_it_loaded(daemon):
+    """A model a preset is over was unloaded, then the delete refused; the family's name
+    (which every other route takes) was "not installed"; Ollama's ":latest" tag was unknown
+    everywhere."""
+    install_fake_models("fake:1b-f16")
+    with daemon.uds() as http:
+        made = http.post("/api/create", json={"model": "mine", "from": "fake:1b",
+                                              "system": "Be brief.", "stream": False})
+        assert made.status_code == 200, made.text
+    client(daemon).generate(model="fake:1b", prompt="hello")
+    with pytest.raises(ollama.ResponseError, match="presets mine are over"):
+        client(daemon).delete("fake")
+    assert "fake:1b-f16" in daemon.manager.loaded
+    assert client(daemon).show("mine:latest").modelfile
+    assert client(daemon).chat(model="mine:latest",
+                               messages=[{"role": "user", "content": "hi"}]).message.content
+    assert client(daemon).delete("mine").status == "success"
+    assert client(daemon).delete("fake").status == "success"
+    assert [m.name for m in ModelStore().installed()] == []
+
+
 def test_a_client_that_leaves_cancels_the_pull(daemon, local_hub):
     local_hub.faults.pause_at = 60_000_000  # holds the download until the client has left
     store = ModelStore()

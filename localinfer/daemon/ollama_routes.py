@@ -272,6 +272,7 @@ def routes(state: DaemonState) -> list[Route]:
             await asyncio.to_thread(manager.store.presets.remove, preset.name)
             return Response(status_code=200)
         model = await asyncio.to_thread(manager.store.find_installed, name)
+        manager.store.check_removable(model)  # before it is unloaded for nothing
         entry = manager.loaded.get(model.name)
         if entry is not None:
             if entry.in_flight:

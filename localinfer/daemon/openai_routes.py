@@ -139,7 +139,8 @@ def routes(state: DaemonState) -> list[Route]:
             wanted = validate_name(model_id)
         except InvalidRequest:
             wanted = ""  # no model can have that name
-        found = state.manager.store.named(wanted, installed) if wanted else None
+        store = state.manager.store
+        found = store.named(store.untagged(wanted, installed), installed) if wanted else None
         if found is None:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"

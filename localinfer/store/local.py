@@ -327,11 +327,11 @@ class ModelStore:
             if _magic(path) not in (gguf.GGUF_MAGIC, None):
                 raise InvalidModelFile(f"{ref} is a file but not a GGUF model file (.gguf).")
             return ResolvedModel(name=path.name, path=path.resolve())
-        name = validate_name(ref)
+        installed = self.installed()
+        name = self.untagged(validate_name(ref), installed)
         preset = self.presets.get(name)
         if preset is not None:
             return self.resolve_preset(preset, progress=progress)
-        installed = self.installed()
         named = self.named(name, installed)
         if named is not None:
             return self._resolved(named)
@@ -356,6 +356,14 @@ class ModelStore:
 
     def _resolved(self, model: InstalledModel) -> ResolvedModel:
         return ResolvedModel(name=model.name, path=Path(model.path), installed=model)
+
+    def untagged(self, name: str, installed: list[InstalledModel]) -> str:
+        """``name`` without Ollama's default tag (``tooly:latest`` is ``tooly``, as Ollama's
+        clients write names), unless a model or preset has that full name."""
+        if not name.endswith(":latest") or self.presets.get(name) is not None or any(
+                m.name == name for m in installed):
+            return name
+        return name.removesuffix(":latest")
 
     def named(self, name: str, installed: list[InstalledModel]) -> InstalledModel | None:
         """The one of ``installed`` a request's model ``name`` (valid, lower case) means: its
@@ -413,8 +421,8 @@ class ModelStore:
         """The installed model ``ref`` names exactly, or the one installed variant of a
         model (``family:size``). Never downloads or assembles anything. A model whose file
         is gone raises ModelNotFound saying so, unless ``file_missing_ok`` (``rm``)."""
-        name = validate_name(ref)
         models = self._manifests() if file_missing_ok else self.installed()
+        name = self.untagged(validate_name(ref), models)
         exact = [m for m in models if m.name == name]
         if exact:
             return exact[0]
@@ -422,6 +430,8 @@ class ModelStore:
         if broken is not None:
             return broken
         same = [m for m in models if m.model == name]
+        if not same and ":" not in name:  # a family's name, as requests give it
+            same = [m for m in models if m.family == name]
         if len(same) == 1:
             return same[0]
         if same:
@@ -470,11 +480,7 @@ class ModelStore:
                 with contextlib.suppress(OSError):
                     self.partial_paths(partial.name)[0].parent.rmdir()  # only when empty
             return partial
-        using = self.presets.using(model.name)
-        if using:
-            names = ", ".join(p.name for p in using)
-            raise InvalidRequest(f"{model.name} is what the presets {names} are over; remove"
-                                 " them first (`localinfer rm NAME`).")
+        self.check_removable(model)
         with self.pull_lock(model.name):
             manifest = self._manifest_path(model.name)
             manifest.unlink(missing_ok=True)
@@ -502,6 +508,15 @@ class ModelStore:
             raise InvalidRequest(f"{name.strip()} has more than one partial download ({names}):"
                                  " name one of them.")
         return same[0] if same else None
+
+    def check_removable(self, model: InstalledModel) -> None:
+        """Refuse to remove a model presets are over (before anything is done to it: the
+        daemon unloads a model only once it may go)."""
+        using = self.presets.using(model.name)
+        if using:
+            names = ", ".join(p.name for p in using)
+            raise InvalidRequest(f"{model.name} is what the presets {names} are over; remove"
+                                 " them first (`localinfer rm NAME`).")
 
     def _remove_partial(self, name: str) -> None:
         """Every partial file of ``name`` (a split model's shards too) and their metas."""
