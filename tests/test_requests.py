@@ -97,6 +97,22 @@ def test_absurd_keep_alive_means_forever_and_ps_still_works(daemon):
     client.generate(model="fake:1b", prompt="hi", keep_alive="1e400")
     [running] = client.ps().models
     assert running.model == "fake:1b-f16"
-    assert str(running.expires_at).startswith("0001-01-01")  # Ollama's "never"
+    # Ollama's for ever: ~292 years on (its `ps` says "Forever" past 20 years; the zero
+    # time it says "Never" for, which read as expired to clients).
+    assert running.expires_at.year > 2200
     with daemon.uds() as c:
         assert c.get("/localinfer/status").status_code == 200
+
+
+def test_a_requests_keep_alive_does_not_stay_for_the_next(daemon):
+    """As Ollama: a request without keep_alive gets the daemon's (5 minutes here), not the
+    10 s or the -1 the request before it gave."""
+    import time as clock
+
+    client = ollama_client(daemon)
+    for given in ("10s", -1):
+        client.generate(model="fake:1b", prompt="hi", keep_alive=given)
+        client.generate(model="fake:1b", prompt="hi")
+        [running] = client.ps().models
+        left = running.expires_at.timestamp() - clock.time()
+        assert 250 < left < 310, (given, left)

@@ -277,8 +277,10 @@ class ModelManager:
     async def _release(self, entry: LoadedModel, keep_alive_s: float | None) -> None:
         async with self._changed:
             entry.in_flight -= 1
-            if keep_alive_s is not None:
-                entry.keep_alive_s = keep_alive_s
+            # As Ollama: each request's keep_alive, or the daemon's when it gives none (a
+            # request's "10s" or -1 does not stay for the requests after it).
+            entry.keep_alive_s = keep_alive_s if keep_alive_s is not None else \
+                self.default_keep_alive_s
             entry.last_used = time.time()
             if entry.in_flight == 0 and entry.keep_alive_s >= 0:
                 entry.expires_at = time.monotonic() + entry.keep_alive_s

@@ -494,7 +494,8 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
         size, size_vram = sum(n for _, _, n in info.buffers), info.gpu_bytes
     expires = entry.expires_at
     if expires is None:
-        until = "0001-01-01T00:00:00Z" if entry.keep_alive_s < 0 else now_iso()
+        # Kept for ever: as Ollama, the farthest time its clock can say (292 years on).
+        until = _iso(time.time() + FOREVER_S) if entry.keep_alive_s < 0 else now_iso()
     else:
         until = _iso(time.time() + (expires - time.monotonic()))
     installed = entry.model.installed
@@ -503,6 +504,10 @@ def _running(entry: LoadedModel) -> dict[str, Any]:
             "details": details(installed, info.quant, info.architecture, info.n_params),
             "expires_at": until, "size_vram": size_vram,
             "context_length": info.n_ctx}
+
+
+FOREVER_S = 292 * 365.25 * 86400
+"""Ollama's expiry of a model kept for ever: Go's longest duration from now (~292 years)."""
 
 
 def _iso(timestamp: float) -> str:
