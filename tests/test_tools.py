@@ -241,10 +241,46 @@ def test_refusals_are_400s_naming_the_field(tool_daemon, home):
             ({"tools": [WEATHER], "tool_choice": {"type": "function",
                                                   "function": {"name": "x"}}}, "not among"),
             ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+            # Nested fields the API does not define are named, never dropped.
+            ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
+            ({"response_format": {"type": "json_schema", "json_schema": {
+                "schema": {"type": "object"}, "foo": 1}}}, "json_schema.foo"),
+            ({"tools": [{**WEATHER, "foo": 1}]}, "tools[0].foo"),
+            ({"tools": [{**WEATHER, "function": {**WEATHER["function"], "foo": 1}}]},
+             "tools[0].function.foo"),
+            ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {
+                "name": "get_weather", "x": 1}}}, "tool_choice.function.x"),
+            ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi",
+                                                         "foo": 1}]}]}, "content[0].foo"),
+            ({"messages": [{"role": "user", "content": "hi"}, {
+                "role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "foo": 1,
+                                                     "function": {"name": "f",
+                                                                  "arguments": "{}"}}]}]},
+             "tool_calls[0].foo"),
+            # A tool message answers a call made before it; each call is answered.
+            ({"messages": [{"role": "user", "content": "hi"},
+                           {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
+             "answers no tool call"),
+            ({"messages": [{"role": "user", "content": "hi"},
+                           {"role": "tool", "content": "x"}]}, "tool_call_id' is required"),
+            ({"messages": [{"role": "user", "content": "hi"}, {
+                "role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                     "function": {"name": "f",
+                                                                  "arguments": "{}"}}]},
+                           {"role": "user", "content": "and?"}]}, "have no tool message"),
         ]:
             r = http.post("/v1/chat/completions", json={
                 "model": "fake:1b", "messages": [{"role": "user", "content": "hi"}], **body})
-            assert r.status_code == 400 and message in r.json()["error"]["message"], body
+            assert r.status_code == 400 and message in r.json()["error"]["message"], \
+                (body, r.text)
+        # llama-server's json_object with a schema: the schema holds (it was dropped).
+        r = http.post("/v1/chat/completions", json={
+            "model": "fake:1b", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object", "schema": {"type": "object",
+                                                                  "required": ["a"]}}})
+        assert r.status_code == 200, r.text
+        grammars = tool_daemon.manager.loaded["fake:1b-f16"].engine.backend.grammars
+        assert grammars[-1].schema_json == {"type": "object", "required": ["a"]}
         r = http.post("/api/chat", json={"model": "fake:1b", "format": "yaml",
                                          "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and "'format'" in r.json()["error"]

@@ -47,7 +47,14 @@ from .llama_fields import (
 from .logprob_fields import completion_json, entries_json
 from .reasoning_fields import Thinking, openai_think
 from .replies import Piece, cut_calls, reply_parts, whole_parts
-from .requests import Fields, parse_messages, priority_of, read_json, top_logprobs
+from .requests import (
+    Fields,
+    check_tool_history,
+    parse_messages,
+    priority_of,
+    read_json,
+    top_logprobs,
+)
 from .state import DaemonState
 from .structured import (
     OPENAI_OUTPUT_FIELDS,
@@ -153,7 +160,9 @@ def routes(state: DaemonState) -> list[Route]:
         f = Fields(body)
         # llama-server's clients may name no model (it serves one): llama.vim does.
         name = f.string("model", None) or default_model(state, "/v1/chat/completions")
-        messages = await state.manager.with_preset(name, parse_messages(body.get("messages")))
+        parsed = parse_messages(body.get("messages"))
+        check_tool_history(parsed)  # as OpenAI's API (Ollama's and llama-server's do not)
+        messages = await state.manager.with_preset(name, parsed)
         thinking = openai_think(body.get("reasoning_effort"), body.get("chat_template_kwargs"))
         constraints = openai_constraints(body)
         params = replace(_params(f), logprobs=top_logprobs(f, asked=f.boolean("logprobs",

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -204,6 +205,10 @@ def _tool_calls(raw: Any, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InvalidRequest(f"'{where}' must be {{\"function\": {{\"name\": ...,"
                                  " \"arguments\": ...}}.")
+        _known(item, _CALL_FIELDS, where, "a tool call")
+        _known(function, _FUNCTION_FIELDS, where + ".function", "a tool call's function")
+        if item.get("type", "function") != "function":
+            raise InvalidRequest(f"'{where}.type' must be \"function\", got {item['type']!r}.")
         arguments = function.get("arguments", {})
         if isinstance(arguments, dict):
             arguments = json.dumps(arguments, ensure_ascii=False)
@@ -214,6 +219,47 @@ def _tool_calls(raw: Any, i: int) -> tuple[ToolCall, ...]:
         calls.append(ToolCall(function["name"], arguments, ident if isinstance(ident, str)
                               else ""))
     return tuple(calls)
+
+
+_CALL_FIELDS = {"id", "type", "function", "index"}
+"""A past tool call's fields (``index``: as a streamed delta carried it, echoed back)."""
+_FUNCTION_FIELDS = {"name", "arguments"}
+_TEXT_PART_FIELDS = {"type", "text", "cache_control"}
+"""A text part's fields (``cache_control``: as Cline and others mark prompt-caching points)."""
+
+
+def _known(value: dict[str, Any], fields: set[str], where: str, what: str) -> None:
+    """Refuse a field ``value`` does not have in the API: a 400 naming it, never dropped."""
+    extra = sorted(set(value) - fields)
+    if extra:
+        raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {what}; send"
+                             f" {', '.join(sorted(fields))}.")
+
+
+def check_tool_history(messages: Sequence[Message]) -> None:
+    """As OpenAI's Chat Completions API checks a conversation: each tool message names, with
+    its ``tool_call_id``, a call an assistant message before it made, and each call has its
+    tool message before the next user message."""
+    made: set[str] = set()
+    open_calls: list[str] = []
+    for i, message in enumerate(messages):
+        if message.role == "assistant":
+            ids = [c.id for c in message.tool_calls]
+            made.update(ids)
+            open_calls += ids
+        elif message.role == "tool":
+            if not message.tool_call_id:
+                raise InvalidRequest(f"'messages[{i}].tool_call_id' is required: the tool"
+                                     " message answers that call.")
+            if message.tool_call_id not in made:
+                raise InvalidRequest(f"'messages[{i}].tool_call_id' {message.tool_call_id!r}"
+                                     " answers no tool call of an assistant message before"
+                                     " it.")
+            if message.tool_call_id in open_calls:
+                open_calls.remove(message.tool_call_id)
+        elif message.role == "user" and open_calls:
+            raise InvalidRequest(f"the tool calls {', '.join(open_calls)} have no tool message"
+                                 f" before 'messages[{i}]': each call needs its result.")
 
 
 def _content(value: Any, i: int) -> str:
@@ -232,6 +278,7 @@ def _content(value: Any, i: int) -> str:
                 kind = part.get("type") if isinstance(part, dict) else _kind(part)
                 raise InvalidRequest(f"'messages[{i}].content[{j}]' is {kind!r}; only text"
                                      " parts are supported.")
+            _known(part, _TEXT_PART_FIELDS, f"messages[{i}].content[{j}]", "a text part")
             texts.append(part["text"])
         return "".join(texts)
     raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts.")

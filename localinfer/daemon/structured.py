@@ -342,20 +342,36 @@ def ollama_format(body: dict[str, Any]) -> Grammar | None:
     raise InvalidRequest("'format' must be \"json\" or a JSON schema object.")
 
 
+_RESPONSE_FORMAT_FIELDS = {"text": {"type"}, "json_object": {"type", "schema"},
+                           "json_schema": {"type", "json_schema"}}
+"""``response_format``'s fields by type (``json_object`` with a ``schema``: llama-server's)."""
+_JSON_SCHEMA_FIELDS = {"name", "description", "schema", "strict"}
+
+
 def _response_format(value: Any) -> Grammar | None:
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
+    if isinstance(kind, str) and kind in _RESPONSE_FORMAT_FIELDS:
+        assert isinstance(value, dict)
+        _known_fields(value, _RESPONSE_FORMAT_FIELDS[kind], "response_format",
+                      f"a {kind} response_format")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return json_grammar(None)
+    if kind == "json_object":  # llama-server's: with a schema, JSON matching it
+        schema = value.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise InvalidRequest("'response_format.schema' must be a JSON schema object.")
+        return json_grammar(schema)
     if kind == "json_schema":
         spec = value.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema"
                                  " object.")
+        assert isinstance(spec, dict)
+        _known_fields(spec, _JSON_SCHEMA_FIELDS, "response_format.json_schema",
+                      "response_format.json_schema")
         return json_grammar(schema)
     raise InvalidRequest("'response_format.type' must be \"text\", \"json_object\" or"
                          " \"json_schema\".")
@@ -381,6 +397,14 @@ def _gbnf(value: Any) -> Grammar | None:
         return gbnf_grammar(value)
     except ValueError as exc:
         raise InvalidRequest(f"'grammar' cannot be used: {exc}.") from None
+
+
+def _known_fields(value: dict[str, Any], fields: set[str], where: str, what: str) -> None:
+    """A 400 naming a field ``value`` does not have in the API, never one dropped."""
+    extra = sorted(set(value) - fields)
+    if extra:
+        raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {what}; send"
+                             f" {', '.join(sorted(fields))}.")
 
 
 def _checked(constraints: Constraints, field: str) -> Constraints:

@@ -100,6 +100,11 @@ class Tool:
     """``{"type": "function", "function": {...}}`` as the template renders it."""
 
 
+_TOOL_FIELDS = {"type", "function"}
+_TOOL_FUNCTION_FIELDS = {"name", "description", "parameters", "strict"}
+"""A function tool's fields (``strict``: OpenAI's, which the grammar already is)."""
+
+
 def parse_tools(raw: Any) -> list[Tool]:
     """OpenAI/Ollama ``tools`` -> Tools, with errors naming the field."""
     if raw is None:
@@ -113,6 +118,12 @@ def parse_tools(raw: Any) -> list[Tool]:
                 not isinstance(function, dict):
             raise InvalidRequest(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\":"
                                  " {name, description, parameters}}.")
+        for value, fields, where in ((item, _TOOL_FIELDS, f"tools[{i}]"),
+                                     (function, _TOOL_FUNCTION_FIELDS, f"tools[{i}].function")):
+            extra = sorted(set(value) - fields)
+            if extra:
+                raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of a tool's"
+                                     f" definition; send {', '.join(sorted(fields))}.")
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequest(f"'tools[{i}].function.name' must be a non-empty string.")
@@ -147,6 +158,12 @@ def parse_tool_choice(raw: Any, tools: Sequence[Tool]) -> ToolChoice:
     if not isinstance(name, str):
         raise InvalidRequest("'tool_choice' must be \"auto\", \"none\", \"required\" or"
                              " {\"type\": \"function\", \"function\": {\"name\": ...}}.")
+    assert isinstance(raw, dict) and isinstance(function, dict)
+    for value, fields, where in ((raw, {"type", "function"}, "tool_choice"),
+                                 (function, {"name"}, "tool_choice.function")):
+        extra = sorted(set(value) - fields)
+        if extra:
+            raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {where}.")
     if name not in {t.name for t in tools}:
         raise InvalidRequest(f"'tool_choice' names {name!r}, which is not among 'tools'.")
     return ToolChoice("function", name)
