@@ -95,9 +95,13 @@ def test_ollama_embed_and_legacy_embeddings(embedder):
         client.embed(model="embed:1b", input="word " * 100, truncate=False)
     assert info.value.status_code == 400 and "truncate" in info.value.error
     assert len(client.embed(model="embed:1b", input="word " * 100).embeddings) == 1
+    # Sampling options, as a client sends one options object to every route: ignored (an
+    # embedding samples nothing), as Ollama ignores them.
+    assert client.embed(model="embed:1b", input="x", options={"temperature": 0}).embeddings \
+        == client.embed(model="embed:1b", input="x").embeddings
     with pytest.raises(ollama.ResponseError) as info:
-        client.embed(model="embed:1b", input="x", options={"temperature": 0})
-    assert info.value.status_code == 400 and "options.temperature" in info.value.error
+        client.embed(model="embed:1b", input="x", options={"temprature": 0})
+    assert info.value.status_code == 400 and "options.temprature" in info.value.error
     with pytest.raises(ollama.ResponseError) as info:
         client.embed(model="embed:1b", input="x", dimensions=17)
     assert info.value.status_code == 400 and "dimensions" in info.value.error

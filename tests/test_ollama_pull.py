@@ -131,3 +131,15 @@ def test_a_client_that_leaves_cancels_the_pull(daemon, local_hub):
     local_hub.reset_log()
     assert client(daemon).pull(NAME, stream=False).status == "success"
     assert local_hub.body_bytes() == STARTER_BYTES - partial.size_bytes
+
+
+def test_management_routes_name_a_field_they_do_not_take(daemon):
+    """/api/delete removed the model though its body had a mistyped field; /api/show and
+    /api/pull dropped unknown fields in silence."""
+    install_fake_models("fake:1b-f16")
+    with daemon.uds() as http:
+        for method, path in (("DELETE", "/api/delete"), ("POST", "/api/show"),
+                             ("POST", "/api/pull")):
+            r = http.request(method, path, json={"model": "fake:1b-f16", "forse": True})
+            assert r.status_code == 400 and "'forse' is not a field" in r.json()["error"]
+    assert [m.name for m in ModelStore().installed()] == ["fake:1b-f16"]

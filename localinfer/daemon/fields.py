@@ -367,7 +367,9 @@ V1_EMBEDDINGS = RouteFields(
 
 EMBED_OPTIONS = RouteFields(
     honoured=("num_ctx",),
-    ignored={name: why for name, why in API_OPTIONS.ignored.items() if name != "num_keep"})
+    ignored={**{name: why for name, why in API_OPTIONS.ignored.items() if name != "num_keep"},
+             # A client that sends one options object to every route (as Ollama ignores it).
+             **dict.fromkeys(("num_predict", *_SAMPLING), "an embedding samples nothing")})
 
 _ANTHROPIC_IGNORED = {
     "cache_control": "counting reads no cache; on /v1/messages it (or one on any block)"
