@@ -87,14 +87,16 @@ def _param_size(n: int) -> str:
 def durations(done: Done) -> dict[str, Any]:
     t = done.timings
     # eval_count / eval_duration is what clients show as the generation rate: keep it equal
-    # to the measured decode rate (the first token's time belongs to the prompt).
+    # to the measured decode rate, the first token's share of it taken from the prompt's
+    # time (which made it), so that the parts add up to no more than total_duration.
     eval_ms = t.decode_ms / t.decode_tokens * t.completion_tokens if t.decode_tokens else 0.0
+    prompt_ms = max(0.0, t.prefill_ms - (eval_ms - t.decode_ms))
     ns = 1_000_000
     return {
         "total_duration": int((t.total_ms + t.load_ms) * ns),
         "load_duration": int(t.load_ms * ns),
         "prompt_eval_count": t.prompt_tokens,
-        "prompt_eval_duration": int(t.prefill_ms * ns),
+        "prompt_eval_duration": int(prompt_ms * ns),
         "eval_count": t.completion_tokens,
         "eval_duration": int(eval_ms * ns),
     }
