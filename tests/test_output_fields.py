@@ -143,7 +143,8 @@ def test_embedding_routes_audit_their_fields(embedder):
     with embedder.uds() as http:
         for path, body in [
             ("/api/embed", {"input": "x", "truncate": True, "dimensions": 4, "keep_alive": "5m",
-                            "options": {"num_ctx": 64, "num_thread": 2, "use_mmap": True}}),
+                            "options": {"num_ctx": 64, "num_thread": 2, "use_mmap": True,
+                                        "temperature": 0}}),  # sampling: ignored
             ("/api/embeddings", {"prompt": "x", "keep_alive": 300,
                                  "options": {"num_gpu": 0}}),
             ("/v1/embeddings", {"input": "x", "user": "u1", "encoding_format": "float",
@@ -153,8 +154,8 @@ def test_embedding_routes_audit_their_fields(embedder):
             assert r.status_code == 200, (path, r.text)
         for path, body, name in [
             ("/api/embed", {"input": "x", "truncat": True}, "'truncat'"),
-            ("/api/embed", {"input": "x", "options": {"temperature": 0}},
-             "'options.temperature'"),
+            ("/api/embed", {"input": "x", "options": {"temprature": 0}},
+             "'options.temprature'"),
             ("/api/embeddings", {"prompt": "x", "input": "y"}, "'input'"),
             ("/v1/embeddings", {"input": "x", "truncate": True}, "'truncate'"),
             ("/v1/embeddings", {"input": "x", "options": {}}, "'options'"),

@@ -164,7 +164,7 @@ def responses_constraints(body: dict[str, Any]) -> ResponsesTools:
             raise InvalidRequest(f"'{where}' is {kind!r}, one of OpenAI's built-in tools"
                                  " (they run on OpenAI's servers); localinfer runs none of"
                                  " them: define it as a function tool and run it yourself.")
-        if kind in _RESPONSES_TOOL_FIELDS:
+        if isinstance(kind, str) and kind in _RESPONSES_TOOL_FIELDS:
             extra = sorted(set(item) - _RESPONSES_TOOL_FIELDS[kind])
             if extra:
                 raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of a {kind} tool;"
