@@ -387,27 +387,17 @@ def test_a_second_pull_of_the_same_model_waits_its_turn(hub_home, local_hub):
     assert errors == [] and ModelStore().find_installed(NAME).sha256 == STARTER_SHA256
 
 
-def test_removing_an_unfinished_download(hub_home, local_hub):
+@pytest.mark.parametrize("name", [NAME, NAME.rsplit("-", 1)[0]], ids=["full", "no-quant"])
+def test_removing_an_unfinished_download(hub_home, local_hub, name):
+    """By its full name, or the model's without the quant (tinygemma:270m: it said "not
+    installed" of the partial download, as `rm hf.co/user/repo` did)."""
     store = ModelStore()
     cancel = threading.Event()
     with pytest.raises(Cancelled):
         pull_model(store, NAME, progress=lambda step: cancel.set() if step.completed else None,
                    cancel=cancel)
     [partial] = store.partials()
-    assert store.remove(NAME) == partial
-    assert store.partials() == [] and no_leftovers(store)
-
-
-def test_removing_an_unfinished_download_named_without_its_quant(hub_home, local_hub):
-    """`rm hf.co/user/repo` (or family:size) said "not installed" of a partial download that
-    the full name removed."""
-    store = ModelStore()
-    cancel = threading.Event()
-    with pytest.raises(Cancelled):
-        pull_model(store, NAME, progress=lambda step: cancel.set() if step.completed else None,
-                   cancel=cancel)
-    [partial] = store.partials()
-    assert store.remove(NAME.rsplit("-", 1)[0]) == partial  # tinygemma:270m
+    assert store.remove(name) == partial
     assert store.partials() == [] and no_leftovers(store)
 
 
