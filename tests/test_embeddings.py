@@ -91,6 +91,7 @@ def test_ollama_embed_and_legacy_embeddings(embedder):
     assert cosine(legacy, out.embeddings[0]) == pytest.approx(1.0)
     assert abs(norm(legacy) - 1) > 1e-3  # the legacy route returns the vector as pooled
     assert client.embed(model="embed:1b", input=[]).embeddings == []  # load only
+    assert client.embed(model="embed", input="x").model == "embed"  # as asked, as Ollama
     with pytest.raises(ollama.ResponseError) as info:
         client.embed(model="embed:1b", input="word " * 100, truncate=False)
     assert info.value.status_code == 400 and "truncate" in info.value.error

@@ -70,11 +70,11 @@ def routes(state: DaemonState) -> list[Route]:
         raw = body.get("input")
         inputs: list[EmbedInput] = [] if raw is None or raw == "" else _strings(raw, "input")
         dimensions = f.integer("dimensions", None, low=1)
-        model, result, load_ms = await _embed(state, name, inputs, f,
+        _, result, load_ms = await _embed(state, name, inputs, f,
                                                truncate=f.boolean("truncate", True))
         ns = 1_000_000
         return JSONResponse({
-            "model": model,
+            "model": name,  # as asked, as Ollama echoes it (and /api/generate here)
             "embeddings": [normalized(v, _dimensions(v, dimensions)) for v in result.vectors],
             "total_duration": int((result.total_ms + load_ms) * ns),
             "load_duration": int(load_ms * ns),
