@@ -71,7 +71,7 @@ def routes(state: DaemonState) -> list[Route]:
         inputs: list[EmbedInput] = [] if raw is None or raw == "" else _strings(raw, "input")
         dimensions = f.integer("dimensions", None, low=1)
         _, result, load_ms = await _embed(state, name, inputs, f,
-                                               truncate=f.boolean("truncate", True))
+                                          truncate=f.boolean("truncate", True))
         ns = 1_000_000
         return JSONResponse({
             "model": name,  # as asked, as Ollama echoes it (and /api/generate here)
