@@ -273,6 +273,17 @@ def test_refusals_are_400s_naming_the_field(tool_daemon, home):
                 "model": "fake:1b", "messages": [{"role": "user", "content": "hi"}], **body})
             assert r.status_code == 400 and message in r.json()["error"]["message"], \
                 (body, r.text)
+        # A reply's own calls sent back: Ollama's carry function.index, OpenAI's streamed
+        # deltas an index (accepted, as the APIs take them).
+        history = [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "", "tool_calls": [
+                       {"id": "c1", "index": 0, "function": {"index": 0, "name": "get_weather",
+                                                             "arguments": {"city": "a"}}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "12 C"}]
+        for path in ("/api/chat", "/v1/chat/completions"):
+            r = http.post(path, json={"model": "fake:1b", "messages": history,
+                                      "stream": False})
+            assert r.status_code == 200, (path, r.text)
         # llama-server's json_object with a schema: the schema holds (it was dropped).
         r = http.post("/v1/chat/completions", json={
             "model": "fake:1b", "messages": [{"role": "user", "content": "hi"}],

@@ -223,7 +223,8 @@ def _tool_calls(raw: Any, i: int) -> tuple[ToolCall, ...]:
 
 _CALL_FIELDS = {"id", "type", "function", "index"}
 """A past tool call's fields (``index``: as a streamed delta carried it, echoed back)."""
-_FUNCTION_FIELDS = {"name", "arguments"}
+_FUNCTION_FIELDS = {"name", "arguments", "index"}
+"""A past call's function (``index``: Ollama's, which its clients send back)."""
 _TEXT_PART_FIELDS = {"type", "text", "cache_control"}
 """A text part's fields (``cache_control``: as Cline and others mark prompt-caching points)."""
 
