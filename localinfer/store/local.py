@@ -419,8 +419,9 @@ class ModelStore:
 
     def find_installed(self, ref: str, *, file_missing_ok: bool = False) -> InstalledModel:
         """The installed model ``ref`` names exactly, or the one installed variant of a
-        model (``family:size``). Never downloads or assembles anything. A model whose file
-        is gone raises ModelNotFound saying so, unless ``file_missing_ok`` (``rm``)."""
+        model (``family:size``) or, for a name without ':', of a family (``NAME:latest`` is
+        ``NAME``: ``untagged``). Never downloads or assembles anything. A model whose file is
+        gone raises ModelNotFound saying so, unless ``file_missing_ok`` (``rm``)."""
         models = self._manifests() if file_missing_ok else self.installed()
         name = self.untagged(validate_name(ref), models)
         exact = [m for m in models if m.name == name]
