@@ -58,6 +58,17 @@ class InvalidRequest(ConfigError):
     title = "invalid request"
 
 
+def refuse_unknown_fields(value: dict[str, object], fields: set[str], where: str,
+                          what: str) -> None:
+    """Raise InvalidRequest naming the first field of ``value`` (a request's nested object at
+    ``where``; "" for the body) that ``what`` does not have: never a field dropped in silence."""
+    extra = sorted(set(value) - fields)
+    if extra:
+        name = f"{where}.{extra[0]}" if where else extra[0]
+        raise InvalidRequest(f"'{name}' is not a field of {what}; send"
+                             f" {', '.join(sorted(fields))}.")
+
+
 class ModelNotFound(LocalInferError):
     title = "model not found"
     exit_code = 3

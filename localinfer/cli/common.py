@@ -30,29 +30,27 @@ def kv_type_arg(value: str) -> str:
     return value
 
 
+def _in_range(number: int, low: int, high: float, words: str) -> int:
+    """``number`` if ``low <= number <= high``, else argparse's error (exit 2) "``words``,
+    got N"."""
+    if not low <= number <= high:
+        raise argparse.ArgumentTypeError(f"{words}, got {number}")
+    return number
+
+
 def positive_int(value: str) -> int:
     """A count of at least 1 (``--ctx``, ``--threads``; argparse prints the message, exit 2)."""
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
+    return _in_range(int(value), 1, float("inf"), "must be at least 1")
 
 
 def port_arg(value: str) -> int:
     """A TCP port, 1-65535, or 0 for any free one (``--port``)."""
-    number = int(value)
-    if not 0 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535 (0: any free one),"
-                                         f" got {number}")
-    return number
+    return _in_range(int(value), 0, 65535, "must be a port from 1 to 65535 (0: any free one)")
 
 
 def non_negative_int(value: str) -> int:
     """A count of 0 or more (``--max-queue``)."""
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {number}")
-    return number
+    return _in_range(int(value), 0, float("inf"), "must be 0 or more")
 
 
 def positive_seconds(value: str) -> float:
@@ -65,10 +63,7 @@ def positive_seconds(value: str) -> float:
 
 def gpu_layers_arg(value: str) -> int:
     """``--gpu-layers``: -1 (all, wherever a GPU is found) or a count of 0 or more."""
-    number = int(value)
-    if number < -1:
-        raise argparse.ArgumentTypeError(f"must be -1 (all) or 0 or more, got {number}")
-    return number
+    return _in_range(int(value), -1, float("inf"), "must be -1 (all) or 0 or more")
 
 
 def add_load_flags(p: argparse.ArgumentParser, *,

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, refuse_unknown_fields
 from ..runtime.engine import Engine
 from ..runtime.tools import PartialCall
 from ..runtime.types import Done, Message, ToolCall
@@ -127,7 +127,7 @@ def _anthropic_ranges(body: dict[str, Any]) -> None:
     if metadata is not None:
         if not isinstance(metadata, dict):
             raise InvalidRequest("'metadata' must be an object with an optional 'user_id'.")
-        _known_fields(metadata, {"user_id"}, "metadata", "metadata")
+        refuse_unknown_fields(metadata, {"user_id"}, "metadata", "metadata")
         if not isinstance(metadata.get("user_id", ""), (str, type(None))):
             raise InvalidRequest("'metadata.user_id' must be a string or null.")
 
@@ -274,15 +274,6 @@ _BLOCK_FIELDS = {
 """The fields of each content block Anthropic defines and this route reads."""
 
 
-def _known_fields(value: dict[str, Any], fields: set[str], where: str, what: str) -> None:
-    """Refuse a field ``value`` (a message or a block) does not have in Anthropic's API, as
-    Anthropic does: a 400 naming it, not a field dropped in silence."""
-    extra = sorted(set(value) - fields)
-    if extra:
-        raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {what}; send"
-                             f" {', '.join(sorted(fields))}.")
-
-
 def _messages(raw: Any) -> list[Message]:
     """Anthropic's messages as the templates' messages: a user turn's ``tool_result`` blocks
     become tool messages (in their order among its text), an assistant turn's ``tool_use``
@@ -302,7 +293,7 @@ def _messages(raw: Any) -> list[Message]:
         if role not in ("user", "assistant", "system"):
             raise InvalidRequest(f"'messages[{i}].role' must be \"user\" or \"assistant\""
                                  f" (or \"system\"), got {role!r}.")
-        _known_fields(item, {"role", "content"}, f"messages[{i}]", "a message")
+        refuse_unknown_fields(item, {"role", "content"}, f"messages[{i}]", "a message")
         content = item.get("content")
         # An assistant turn may be empty (a reply with nothing in it, sent back).
         if content in ("", []) and role != "assistant":
@@ -326,7 +317,7 @@ def _messages(raw: Any) -> list[Message]:
                 where = f"messages[{i}].content[{j}]"
                 kind = _kind(block)
                 if kind in _BLOCK_FIELDS:
-                    _known_fields(block, _BLOCK_FIELDS[kind], where, f"a {kind} block")
+                    refuse_unknown_fields(block, _BLOCK_FIELDS[kind], where, f"a {kind} block")
                 if kind == "text":
                     texts.append(_text(block, where))
                 elif kind in _NO_VISION:
@@ -395,7 +386,7 @@ def _tool_result(block: dict[str, Any], where: str, names: dict[str, str],
         for k, part in enumerate(content):
             kind = _kind(part)
             if kind == "text":
-                _known_fields(part, _BLOCK_FIELDS["text"], f"{where}.content[{k}]",
+                refuse_unknown_fields(part, _BLOCK_FIELDS["text"], f"{where}.content[{k}]",
                               "a text block")
             if kind in _NO_VISION:
                 raise InvalidRequest(f"'{where}.content[{k}]' is {'an' if kind == 'image' else 'a'}"

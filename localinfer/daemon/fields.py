@@ -420,6 +420,13 @@ V1_COUNT_TOKENS = RouteFields(
              if name in ("mcp_servers", "context_management")},
 )
 
+API_SHOW = RouteFields(honoured=("model", "name", "verbose"))
+API_PULL = RouteFields(
+    honoured=("model", "name", "stream"),
+    ignored={"insecure": "Ollama's for a registry without TLS; the Hub's HTTPS is always"
+                         " checked"})
+API_DELETE = RouteFields(honoured=("model", "name"))
+
 API_CREATE = RouteFields(
     honoured=("model", "name", "from", "files", "system", "template", "parameters", "messages",
               "license", "quantize", "stream", "modelfile"),
@@ -466,6 +473,9 @@ ROUTES: dict[str, RouteFields] = {
     "/api/embed": API_EMBED,
     "/api/embeddings": API_EMBEDDINGS,
     "/api/embed and /api/embeddings: options": EMBED_OPTIONS,
+    "/api/show": API_SHOW,
+    "/api/pull": API_PULL,
+    "/api/delete": API_DELETE,
     "/api/create": API_CREATE,
     "/v1/rerank and /rerank": RERANK,
     "each of messages (/v1/chat/completions, /api/chat, /apply-template)": CHAT_MESSAGE,

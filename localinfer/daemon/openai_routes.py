@@ -147,7 +147,7 @@ def routes(state: DaemonState) -> list[Route]:
         except InvalidRequest:
             wanted = ""  # no model can have that name
         store = state.manager.store
-        found = store.named(store.untagged(wanted, installed), installed) if wanted else None
+        found = store.named(store.untagged(wanted), installed) if wanted else None
         if found is None:
             have = ", ".join(m.name for m in installed) or "none"
             raise ModelNotFound(f"the model {model_id!r} does not exist here (installed:"

@@ -23,7 +23,7 @@ from ..config import (
     duration_seconds,
     keep_alive_value,
 )
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, refuse_unknown_fields
 from ..runtime.types import DEFAULT_SAMPLING, Message, Priority, SamplingParams, ToolCall
 from .fields import CHAT_MESSAGE
 
@@ -205,8 +205,9 @@ def _tool_calls(raw: Any, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InvalidRequest(f"'{where}' must be {{\"function\": {{\"name\": ...,"
                                  " \"arguments\": ...}}.")
-        _known(item, _CALL_FIELDS, where, "a tool call")
-        _known(function, _FUNCTION_FIELDS, where + ".function", "a tool call's function")
+        refuse_unknown_fields(item, _CALL_FIELDS, where, "a tool call")
+        refuse_unknown_fields(function, _FUNCTION_FIELDS, where + ".function",
+                              "a tool call's function")
         if item.get("type", "function") != "function":
             raise InvalidRequest(f"'{where}.type' must be \"function\", got {item['type']!r}.")
         arguments = function.get("arguments", {})
@@ -227,14 +228,6 @@ _FUNCTION_FIELDS = {"name", "arguments", "index"}
 """A past call's function (``index``: Ollama's, which its clients send back)."""
 _TEXT_PART_FIELDS = {"type", "text", "cache_control"}
 """A text part's fields (``cache_control``: as Cline and others mark prompt-caching points)."""
-
-
-def _known(value: dict[str, Any], fields: set[str], where: str, what: str) -> None:
-    """Refuse a field ``value`` does not have in the API: a 400 naming it, never dropped."""
-    extra = sorted(set(value) - fields)
-    if extra:
-        raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {what}; send"
-                             f" {', '.join(sorted(fields))}.")
 
 
 def check_tool_history(messages: Sequence[Message]) -> None:
@@ -279,7 +272,8 @@ def _content(value: Any, i: int) -> str:
                 kind = part.get("type") if isinstance(part, dict) else _kind(part)
                 raise InvalidRequest(f"'messages[{i}].content[{j}]' is {kind!r}; only text"
                                      " parts are supported.")
-            _known(part, _TEXT_PART_FIELDS, f"messages[{i}].content[{j}]", "a text part")
+            refuse_unknown_fields(part, _TEXT_PART_FIELDS, f"messages[{i}].content[{j}]",
+                                  "a text part")
             texts.append(part["text"])
         return "".join(texts)
     raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts.")

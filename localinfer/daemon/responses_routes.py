@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, refuse_unknown_fields
 from ..protocol import json_line
 from ..runtime.tools import PartialCall, new_call_id
 from ..runtime.types import Done, Message, SamplingParams, Token, TokenLogprob, ToolCall
@@ -430,11 +430,7 @@ def _text(value: Any, where: str) -> str:
         if kind not in _TEXT_PARTS or not isinstance(text, str):
             raise InvalidRequest(f"'{where}[{j}]' must be a text part ({{\"type\":"
                                  " \"input_text\", \"text\": ...}).")
-        extra = sorted(set(part) - _PART_FIELDS)
-        if extra:
-            raise InvalidRequest(f"'{where}[{j}].{extra[0]}' is not a field of a text part;"
-                                 " send type and text (an output_text's annotations and"
-                                 " logprobs are taken back).")
+        refuse_unknown_fields(part, _PART_FIELDS, f"{where}[{j}]", "a text part")
         texts.append(text)
     return "".join(texts)
 

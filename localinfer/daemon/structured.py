@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, refuse_unknown_fields
 from ..runtime.engine import Engine
 from ..runtime.grammar import Grammar, gbnf_grammar, json_grammar
 from ..runtime.tools import (
@@ -165,10 +165,7 @@ def responses_constraints(body: dict[str, Any]) -> ResponsesTools:
                                  " (they run on OpenAI's servers); localinfer runs none of"
                                  " them: define it as a function tool and run it yourself.")
         if isinstance(kind, str) and kind in _RESPONSES_TOOL_FIELDS:
-            extra = sorted(set(item) - _RESPONSES_TOOL_FIELDS[kind])
-            if extra:
-                raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of a {kind} tool;"
-                                     f" send {', '.join(sorted(_RESPONSES_TOOL_FIELDS[kind]))}.")
+            refuse_unknown_fields(item, _RESPONSES_TOOL_FIELDS[kind], where, f"a {kind} tool")
         if kind == "namespace" and not namespace and isinstance(item.get("name"), str) and \
                 isinstance(item.get("tools"), list):
             listed[:0] = [(f"{where}.tools[{j}]", tool, item["name"])
@@ -354,7 +351,7 @@ def _response_format(value: Any) -> Grammar | None:
     kind = value.get("type") if isinstance(value, dict) else None
     if isinstance(kind, str) and kind in _RESPONSE_FORMAT_FIELDS:
         assert isinstance(value, dict)
-        _known_fields(value, _RESPONSE_FORMAT_FIELDS[kind], "response_format",
+        refuse_unknown_fields(value, _RESPONSE_FORMAT_FIELDS[kind], "response_format",
                       f"a {kind} response_format")
     if kind == "text":
         return None
@@ -370,7 +367,7 @@ def _response_format(value: Any) -> Grammar | None:
             raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema"
                                  " object.")
         assert isinstance(spec, dict)
-        _known_fields(spec, _JSON_SCHEMA_FIELDS, "response_format.json_schema",
+        refuse_unknown_fields(spec, _JSON_SCHEMA_FIELDS, "response_format.json_schema",
                       "response_format.json_schema")
         return json_grammar(schema)
     raise InvalidRequest("'response_format.type' must be \"text\", \"json_object\" or"
@@ -397,14 +394,6 @@ def _gbnf(value: Any) -> Grammar | None:
         return gbnf_grammar(value)
     except ValueError as exc:
         raise InvalidRequest(f"'grammar' cannot be used: {exc}.") from None
-
-
-def _known_fields(value: dict[str, Any], fields: set[str], where: str, what: str) -> None:
-    """A 400 naming a field ``value`` does not have in the API, never one dropped."""
-    extra = sorted(set(value) - fields)
-    if extra:
-        raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {what}; send"
-                             f" {', '.join(sorted(fields))}.")
 
 
 def _checked(constraints: Constraints, field: str) -> Constraints:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, refuse_unknown_fields
 from .grammar import Grammar
 from .thinking import HARMONY_MESSAGE
 from .types import ToolCall
@@ -118,12 +118,9 @@ def parse_tools(raw: Any) -> list[Tool]:
                 not isinstance(function, dict):
             raise InvalidRequest(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\":"
                                  " {name, description, parameters}}.")
-        for value, fields, where in ((item, _TOOL_FIELDS, f"tools[{i}]"),
-                                     (function, _TOOL_FUNCTION_FIELDS, f"tools[{i}].function")):
-            extra = sorted(set(value) - fields)
-            if extra:
-                raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of a tool's"
-                                     f" definition; send {', '.join(sorted(fields))}.")
+        refuse_unknown_fields(item, _TOOL_FIELDS, f"tools[{i}]", "a tool")
+        refuse_unknown_fields(function, _TOOL_FUNCTION_FIELDS, f"tools[{i}].function",
+                              "a tool's function")
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequest(f"'tools[{i}].function.name' must be a non-empty string.")
@@ -159,11 +156,8 @@ def parse_tool_choice(raw: Any, tools: Sequence[Tool]) -> ToolChoice:
         raise InvalidRequest("'tool_choice' must be \"auto\", \"none\", \"required\" or"
                              " {\"type\": \"function\", \"function\": {\"name\": ...}}.")
     assert isinstance(raw, dict) and isinstance(function, dict)
-    for value, fields, where in ((raw, {"type", "function"}, "tool_choice"),
-                                 (function, {"name"}, "tool_choice.function")):
-        extra = sorted(set(value) - fields)
-        if extra:
-            raise InvalidRequest(f"'{where}.{extra[0]}' is not a field of {where}.")
+    refuse_unknown_fields(raw, {"type", "function"}, "tool_choice", "tool_choice")
+    refuse_unknown_fields(function, {"name"}, "tool_choice.function", "tool_choice.function")
     if name not in {t.name for t in tools}:
         raise InvalidRequest(f"'tool_choice' names {name!r}, which is not among 'tools'.")
     return ToolChoice("function", name)

@@ -327,11 +327,11 @@ class ModelStore:
             if _magic(path) not in (gguf.GGUF_MAGIC, None):
                 raise InvalidModelFile(f"{ref} is a file but not a GGUF model file (.gguf).")
             return ResolvedModel(name=path.name, path=path.resolve())
-        installed = self.installed()
-        name = self.untagged(validate_name(ref), installed)
+        name = self.untagged(validate_name(ref))
         preset = self.presets.get(name)
         if preset is not None:
             return self.resolve_preset(preset, progress=progress)
+        installed = self.installed()
         named = self.named(name, installed)
         if named is not None:
             return self._resolved(named)
@@ -357,11 +357,12 @@ class ModelStore:
     def _resolved(self, model: InstalledModel) -> ResolvedModel:
         return ResolvedModel(name=model.name, path=Path(model.path), installed=model)
 
-    def untagged(self, name: str, installed: list[InstalledModel]) -> str:
+    def untagged(self, name: str) -> str:
         """``name`` without Ollama's default tag (``tooly:latest`` is ``tooly``, as Ollama's
-        clients write names), unless a model or preset has that full name."""
+        clients write names), unless a model or preset has that full name (the store is read
+        only for such a name)."""
         if not name.endswith(":latest") or self.presets.get(name) is not None or any(
-                m.name == name for m in installed):
+                m.name == name for m in self._manifests()):
             return name
         return name.removesuffix(":latest")
 
@@ -423,7 +424,7 @@ class ModelStore:
         ``NAME``: ``untagged``). Never downloads or assembles anything. A model whose file is
         gone raises ModelNotFound saying so, unless ``file_missing_ok`` (``rm``)."""
         models = self._manifests() if file_missing_ok else self.installed()
-        name = self.untagged(validate_name(ref), models)
+        name = self.untagged(validate_name(ref))
         exact = [m for m in models if m.name == name]
         if exact:
             return exact[0]
