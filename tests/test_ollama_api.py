@@ -51,6 +51,10 @@ def test_ollama_listing_routes(daemon):
     assert [m.model for m in running] == ["fake:1b-f16"] and running[0].size_vram == 0
     show = client.show("fake:1b")
     assert show.details.format == "gguf"
+    # A model the catalog does not size lists with its header's count, as /api/show gives it.
+    listed = {m.model: m for m in client.list().models}["fake:1b-f16"]
+    assert listed.details.parameter_size == show.details.parameter_size
+    assert listed.details.parameter_size.endswith("K")  # ggufgen's tiny model
 
 
 def test_ollama_load_unload_and_keep_alive(daemon):

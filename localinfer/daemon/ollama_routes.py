@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -81,7 +83,9 @@ def details(model: InstalledModel | None, quant: str = "", arch: str = "",
 def _param_size(n: int) -> str:
     if n <= 0:
         return ""
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
 def durations(done: Done) -> dict[str, Any]:
@@ -116,11 +120,14 @@ def routes(state: DaemonState) -> list[Route]:
         catalog = manager.store.catalog
         presets = await asyncio.to_thread(manager.store.presets.all)
         by_name = {m.name: m for m in installed}
-        tags = [_tag(m, getattr(catalog.models.get(m.model), "params", 0)) for m in installed]
+        params = await asyncio.to_thread(
+            lambda: {m.name: getattr(catalog.models.get(m.model), "params", 0) or
+                     _file_params(m.path) for m in installed})
+        tags = [_tag(m, params[m.name]) for m in installed]
         for preset in presets:  # a preset lists as its model does, under its own name
             base = by_name.get(preset.model)
             if base is not None:
-                tag = _tag(base, getattr(catalog.models.get(base.model), "params", 0))
+                tag = _tag(base, params[base.name])
                 tag.update(name=preset.name, model=preset.name,
                            modified_at=_iso(preset.created))
                 tag["details"]["parent_model"] = base.name
@@ -481,6 +488,26 @@ async def _generate(state: DaemonState, request: Request, f: Fields, name: str,
 
     return BridgeResponse(body(), events, media_type="application/x-ndjson",
                           on_close=stack.aclose)
+
+
+def _file_params(path: str) -> int:
+    """The parameter count in a model file's header (0 where it cannot be read now), for a
+    model the catalog does not size: a Hub or local file, as ``/api/show`` gives it."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return 0
+    return _header_params(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _header_params(path: str, mtime_ns: int, size: int) -> int:
+    """``_file_params`` of one version of a file: its header is read once, not at every
+    listing (clients poll ``/api/tags``)."""
+    try:
+        return gguf.read_header(path).parameter_count
+    except (OSError, LocalInferError):
+        return 0
 
 
 def _tag(m: InstalledModel, n_params: int) -> dict[str, Any]:
