@@ -647,10 +647,16 @@ class Launcher:
     def _spawn_daemon(self) -> DaemonClient:
         from .client import DaemonClient
 
-        log_path = ensure_dir(get_paths().cache_dir) / "daemon.log"
+        try:
+            log_path = ensure_dir(get_paths().cache_dir) / "daemon.log"
+        except OSError as exc:
+            raise _cannot_start(exc) from None
         args = [*self.serve_args]
         for attempt in range(2):
-            proc = spawn_daemon(args, self.idle_exit_s, log_path)
+            try:
+                proc = spawn_daemon(args, self.idle_exit_s, log_path)
+            except OSError as exc:  # a read-only home: its log cannot be written
+                raise _cannot_start(exc) from None
             deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
             while time.monotonic() < deadline:
                 client = DaemonClient.discover()
@@ -681,6 +687,15 @@ class Launcher:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _cannot_start(exc: OSError) -> DaemonError:
+    """Why a daemon could not be started here (its log or socket folder cannot be written):
+    a daemon error, so that a front end offers to run in process."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return DaemonError(f"cannot start the daemon: {exc.strerror or exc}{where}. Make"
+                       " LOCALINFER_HOME writable, or run without the daemon (--no-daemon).",
+                       title="daemon unreachable")
 
 
 def spawn_daemon(args: Iterable[str], idle_exit_s: float, log_path: Path) -> subprocess.Popen:

@@ -102,6 +102,21 @@ def test_without_a_daemon_a_launcher_that_may_not_start_one_says_so(home, monkey
         Launcher(Config(), if_no_daemon="maybe")
 
 
+def test_a_daemon_that_cannot_start_in_this_home_is_a_daemon_error(home, monkeypatch):
+    # A read-only home (here: a file where the cache folder goes) fails to start a daemon as
+    # a daemon error, which the chat answers with "Run in this process" (it was an OSError:
+    # an internal error).
+    monkeypatch.delenv("LOCALINFER_HOST", raising=False)
+    from localinfer.paths import get_paths
+
+    cache = get_paths().cache_dir
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text("not a folder")
+    launcher = Launcher(Config())
+    with pytest.raises(DaemonError, match="cannot start the daemon.*--no-daemon"):
+        launcher.open("fake:1b", lambda step: None)
+
+
 def test_a_daemon_session_chats_and_completes_and_follows_the_model_info(home, monkeypatch):
     install_fake_models("fake:1b-f16")
     with serve(fake_factory(reply="From the daemon."), tcp=False) as daemon:

@@ -9,6 +9,7 @@ import re
 import time
 
 import pytest
+from textual.widgets import Button
 
 from daemon_util import fake_factory, install_fake_models, serve
 from localinfer.chats import ChatStore
@@ -755,6 +756,13 @@ def test_daemon_unreachable_is_shown_and_offers_running_in_process(home, monkeyp
             assert "no localinfer daemon is running" in app.screen.message
             assert "no model" in text_of(app.query_one("#status-model"))
             await pilot.pause()
+            # All four buttons show whole (the last, Close, was cut off).
+            dialog = app.screen.query_one(".dialog")
+            buttons = list(app.screen.query(Button))
+            assert [b.id for b in buttons] == ["retry", "in_process", "models", "close"]
+            for button in buttons:
+                assert dialog.content_region.contains_region(button.region), button.id
+                assert button.region.width >= len(str(button.label)) + 2, button.id
             await pilot.click("#in_process")
             await until(pilot, lambda: app.session is not None, "the in-process engine")
             assert app.session.where == "in this process"

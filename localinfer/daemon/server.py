@@ -83,7 +83,8 @@ def bind_unix(path: Path) -> socket.socket:
                               title="socket in use")
         path.unlink()  # a crash's leftover
     elif path.exists() or path.is_symlink():
-        raise DaemonError(f"{path} exists and is not a socket; choose another --socket path.")
+        raise DaemonError(f"{path} exists and is not a socket: move it away, or start the"
+                          " daemon with another --socket path.")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # created 0600 from the start: no window for other users
     try:

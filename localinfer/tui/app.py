@@ -293,7 +293,8 @@ class ChatApp(App[None]):
                 self.launcher.no_daemon = True
                 self.connect(event.model)
 
-        self.push_screen(ErrorScreen(title, error.one_line(), buttons), chosen)
+        self.push_screen(ErrorScreen(title, error.one_line(), buttons, id="session-failed"),
+                         chosen)
 
     # --- actions ----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
