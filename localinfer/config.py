@@ -184,7 +184,9 @@ def load_config(paths: Paths | None = None, environ: Mapping[str, str] | None = 
         env = env_vars.get(_ENV_PREFIX + f.name.upper())
         if env is not None and env != "":
             # A string setting (an API key, a model name) is taken as written, never parsed.
-            value = env if _TYPES[f.name].startswith("str") else _parse_env(env)
+            kind = _TYPES[f.name]
+            value = env if kind.startswith("str") else (
+                _ENV_BOOLS.get(env.strip().lower(), env) if "bool" in kind else _parse_env(env))
             values[f.name] = _check(f.name, value, _ENV_PREFIX + f.name.upper())
     if env_vars.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         values["offline"] = True
@@ -241,6 +243,11 @@ def duration_seconds(text: str) -> float | None:
     return sign * sum(float(number) * units[unit] for number, unit in parts)
 
 
+_ENV_BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True) | dict.fromkeys(
+    ("0", "false", "no", "off"), False)
+"""A yes/no setting from the environment, spelt as HF_HUB_OFFLINE and shells spell it."""
+
+
 def _parse_env(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -274,7 +281,10 @@ def _check_value(key: str, value: Any, where: str, kind: str) -> Any:
                               f" \"5m\" or \"1h\" (negative: forever), got {value!r}.")
         value = seconds
     if not isinstance(value, expected) or (expected != (bool,) and isinstance(value, bool)):
-        raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}.")
+        words = " (true or false; 1 or 0, yes or no, on or off in the environment)" \
+            if expected == (bool,) else ""
+        raise ConfigError(f"{where}: {key} must be {kind.replace(' | None', '')}{words},"
+                          f" got {value!r}.")
     if key in ("ctx", "threads", "slots", "port", "prefix_cache_min_tokens") and \
             isinstance(value, int) and value <= 0:
         raise ConfigError(f"{where}: {key} must be positive, got {value}.")

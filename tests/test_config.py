@@ -78,6 +78,18 @@ def test_bad_environment_value_names_the_variable(home):
         load_config(environ={"LOCALINFER_CTX": "lots"})
 
 
+@pytest.mark.parametrize("word, value", [("1", True), ("yes", True), ("ON", True),
+                                         ("true", True), ("0", False), ("off", False)])
+def test_yes_no_settings_from_the_environment_take_the_usual_words(home, word, value):
+    # As HF_HUB_OFFLINE=1 is written (LOCALINFER_OFFLINE=1 was "must be bool").
+    assert load_config(environ={"LOCALINFER_OFFLINE": word}).offline is value
+
+
+def test_a_yes_no_setting_that_is_neither_says_what_it_takes(home):
+    with pytest.raises(ConfigError, match="LOCALINFER_OFFLINE.*1 or 0, yes or no"):
+        load_config(environ={"LOCALINFER_OFFLINE": "maybe"})
+
+
 @pytest.mark.parametrize("key", ["0x1F", "1e3", "+42", "true", "1979-05-27"])
 def test_string_settings_from_the_environment_are_taken_as_written(home, key):
     config = load_config(environ={"LOCALINFER_API_KEY": key, "LOCALINFER_DEFAULT_MODEL": key})
