@@ -73,6 +73,16 @@ def test_pull_downloads_verifies_and_lists(hub_home, local_hub):
     assert again[-1].message == f"{NAME} is up to date"
     assert local_hub.body_bytes() == 0 and len(local_hub.requests("hub")) == 1
 
+    # A file cut short since is downloaded again (it was "up to date", and would not load).
+    with open(model.path, "r+b") as f:
+        f.truncate(100_000_000)
+    local_hub.reset_log()
+    repaired = []
+    assert pull_model(store, NAME, progress=repaired.append).path == model.path
+    assert any("is damaged (100,000,000 bytes of" in s.message for s in repaired)
+    assert Path(model.path).stat().st_size == STARTER_BYTES
+    assert gguf.read_header(model.path).architecture == "gemma3"
+
 
 def test_a_cut_connection_is_resumed_where_it_stopped(hub_home, local_hub):
     local_hub.faults.cut_at = 100_000_000

@@ -20,7 +20,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,12 +221,30 @@ def pull_model(store: ModelStore, target: PullTarget | HubTarget | str, *,
             f" pins {pinned}: the file changed since the catalog was written. Update"
             " localinfer (or the LOCALINFER_CATALOG entry).", title="checksum mismatch")
     expected = expected or pinned
-    if installed is not None and expected and installed.sha256 == expected:
+    if installed is not None and expected and installed.sha256 == expected and \
+            _intact(installed, [remote], emit):
         emit(PullProgress("success", message=f"{name} is up to date", name=name,
                           digest=expected))
         return installed
     with store.pull_lock(name):
         return _download(store, target, remote, expected, emit, cancel)
+
+
+def _intact(installed: InstalledModel, remotes: Sequence[hub.RemoteFile],
+            emit: PullCallback) -> bool:
+    """Whether the installed files are there, each of the size the Hub gives (a file cut
+    short or removed since is downloaded again, not called up to date)."""
+    for path, remote in zip(installed.paths, remotes, strict=True):
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        if remote.size is not None and size != remote.size:
+            found = "missing" if size is None else f"{size:,} bytes of {remote.size:,}"
+            emit(PullProgress("resolving", name=installed.name,
+                              message=f"{path} is damaged ({found}): downloading it again"))
+            return False
+    return True
 
 
 def _offline(name: str, installed: InstalledModel | None, emit: PullCallback,
@@ -262,7 +280,7 @@ def _pull_hub(store: ModelStore, target: HubTarget, emit: PullCallback,
                                 " being pulled; run the pull again.")
         expected.append(remote.sha256 or listed.sha256)
     if installed is not None and expected[0] and installed.sha256 == expected[0] and \
-            installed.parts == len(files):
+            installed.parts == len(files) and _intact(installed, remotes, emit):
         emit(PullProgress("success", message=f"{name} is up to date", name=name,
                           digest=expected[0]))
         return installed
