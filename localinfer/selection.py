@@ -35,6 +35,7 @@ from .store import (
     ResolvedModel,
     hub_header,
     hub_target,
+    installed_hub_target,
     is_hub_name,
     list_repo,
     lookup,
@@ -206,6 +207,10 @@ def _planned(store: ModelStore, candidates: list[Candidate], config: Config | No
 def _hub_pull_target(store: ModelStore, ref: str, config: Config | None, *,
                      hardware: HardwareProfile | None, prefs: PlanPrefs | None) -> HubTarget:
     parsed = parse(ref)
+    if store.offline:  # installed: its pull says so; else list_repo says it is offline
+        installed = installed_hub_target(store, parsed)
+        if installed is not None:
+            return installed
     listing = list_repo(parsed.repo, offline=store.offline)
     if not listing.quants:
         raise no_gguf(listing)

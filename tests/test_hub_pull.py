@@ -113,6 +113,16 @@ def test_a_split_quant_is_pulled_as_one_model(hub_home, local_hub):
     gets = {r.path for r in local_hub.requests("cdn", "GET")}
     assert len(gets) == 2  # both shards came
     assert no_leftovers(store)
+    # Offline, its pull says it is installed, by any name (it said the Hub cannot be asked).
+    local_hub.reset_log()
+    for ref in (f"{QUANTS}:Q2_K", QUANTS):
+        result = cli("--offline", "pull", ref)
+        assert result.returncode == 0, result.stderr
+        assert f"{model.name} is installed (offline: not checked" in result.stdout
+        offline = ModelStore(offline=True)
+        assert pull_model(offline, pull_target(offline, ref)).path == model.path
+        assert pull_model(offline, ref).path == model.path
+    assert local_hub.requests("hub") == []
     store.remove(model.name)
     assert not any(p.exists() for p in model.paths) and not folder.exists()
 

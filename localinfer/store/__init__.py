@@ -33,6 +33,7 @@ from .pull import (
     PullProgress,
     PullTarget,
     hub_target,
+    installed_hub_target,
     lookup,
     named_target,
     pull_model,
@@ -43,6 +44,6 @@ __all__ = [
     "SPACE_MARGIN", "STARTER_NAME", "CopyProgress", "HeaderFetch", "HubRef", "HubTarget",
     "InstalledModel", "ModelStore", "PartialDownload", "PullCallback", "PullProgress",
     "PullTarget", "QuantFiles", "RepoListing", "ResolvedModel", "hub_header", "hub_target",
-    "install_starter", "is_hub_name", "list_repo", "looks_like_path", "lookup",
-    "named_target", "no_gguf", "pull_model", "remote_header", "validate_name",
+    "install_starter", "installed_hub_target", "is_hub_name", "list_repo", "looks_like_path",
+    "lookup", "named_target", "no_gguf", "pull_model", "remote_header", "validate_name",
 ]

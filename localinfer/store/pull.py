@@ -38,7 +38,7 @@ from ..errors import (
 from ..paths import atomic_write_text, ensure_dir, read_json_object
 from ..progress import human_bytes
 from . import hub, hub_names
-from .hub_repo import QuantFiles, RepoListing, list_repo, no_gguf
+from .hub_repo import HubGGUF, QuantFiles, RepoListing, list_repo, no_gguf
 from .local import InstalledModel, ModelStore, install_starter, looks_like_path, validate_name
 from .starter import STARTER_PACKAGE, package_installed
 
@@ -90,10 +90,16 @@ class HubTarget:
 
 
 def hub_target(ref: str | hub_names.HubRef, *, offline: bool = False,
-               listing: RepoListing | None = None) -> HubTarget:
+               listing: RepoListing | None = None, store: ModelStore | None = None
+               ) -> HubTarget:
     """The quant a Hub name names, or its default (Q4_K_M) when it names none; InvalidRequest
-    when the repo has no Q4_K_M (``selection.pull_target`` then asks the planner)."""
+    when the repo has no Q4_K_M (``selection.pull_target`` then asks the planner). Offline,
+    a model of the name installed in ``store`` is the target as installed."""
     parsed = hub_names.parse(ref) if isinstance(ref, str) else ref
+    if offline and listing is None and store is not None:
+        installed = installed_hub_target(store, parsed)
+        if installed is not None:
+            return installed
     listing = listing or list_repo(parsed.repo, offline=offline)
     if not listing.quants:
         raise no_gguf(listing)
@@ -105,6 +111,22 @@ def hub_target(ref: str | hub_names.HubRef, *, offline: bool = False,
                 f" {parsed.model}` choose one for this machine.")
         parsed = parsed.with_quant(hub_names.DEFAULT_QUANT)
     return HubTarget(parsed, listing.repo, listing.pick(parsed.quant or ""))
+
+
+def installed_hub_target(store: ModelStore, ref: hub_names.HubRef) -> HubTarget | None:
+    """The installed model a Hub name names (the one installed quant where it names none),
+    as a target whose files are the installed ones: offline, its pull says it is installed
+    (it said that the Hub cannot be asked). None when none is installed."""
+    try:
+        installed = store.resolve(ref.name).installed
+    except (ModelNotFound, InvalidRequest):
+        return None
+    if installed is None or not installed.name.startswith(ref.model + ":"):
+        return None
+    quant = installed.name.rsplit(":", 1)[1].upper()
+    files = tuple(HubGGUF(path.name, None, installed.sha256 if i == 0 else None)
+                  for i, path in enumerate(installed.paths))
+    return HubTarget(ref.with_quant(quant), ref.repo, QuantFiles(quant, files))
 
 
 @dataclass(frozen=True)
@@ -194,7 +216,8 @@ def pull_model(store: ModelStore, target: PullTarget | HubTarget | str, *,
     download within a chunk and raises ``Cancelled``, keeping the partial file. Raises
     ModelNotFound, AccessDenied, DownloadError, OfflineError or StoreError."""
     if isinstance(target, str):
-        target = hub_target(target, offline=store.offline) if hub_names.is_hub_name(target) \
+        target = hub_target(target, offline=store.offline, store=store) \
+            if hub_names.is_hub_name(target) \
             else named_target(store.catalog, target)
     emit = progress or (lambda step: None)
     if isinstance(target, HubTarget):
