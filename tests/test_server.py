@@ -139,6 +139,22 @@ def test_socket_path_that_is_a_file_is_not_deleted(home, tmp_path):
     assert notes.read_text() == "precious"
 
 
+def test_a_start_refused_for_another_homes_socket_leaves_it_alone(daemon, tmp_path,
+                                                                  monkeypatch):
+    # Another home's daemon on the same --socket: refused, and that daemon's socket stays
+    # (it was removed: the running daemon was then out of reach of ps and stop).
+    from localinfer.paths import get_paths
+
+    monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path / "other-home"))
+    other = Daemon(ServeOptions(socket_path=daemon.socket, tcp=False), fake_factory(),
+                   paths=get_paths())
+    with pytest.raises(DaemonError, match="already listening"):
+        other.start()
+    assert daemon.socket.is_socket()
+    with daemon.uds() as c:
+        assert c.get("/health").status_code == 200
+
+
 def test_sockets_accept_connections_from_the_bind_on(tmp_path):
     import socket as socket_mod
 

@@ -331,6 +331,8 @@ class Daemon:
         self.url: str | None = None
         self._lock = InstanceLock(pid_file(self.paths))
         self._sockets: list[socket.socket] = []
+        self._bound: int | None = None
+        """The inode of the socket file this daemon bound (None: it bound none)."""
         self._server: _Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.state: DaemonState | None = None
@@ -342,6 +344,7 @@ class Daemon:
         self._lock.acquire()
         try:
             self._sockets.append(bind_unix(self.socket_path))
+            self._bound = self.socket_path.stat().st_ino
             if self.options.tcp:
                 tcp = bind_tcp(self.options.host, self.options.port)
                 self._sockets.append(tcp)
@@ -427,8 +430,11 @@ class Daemon:
                 sock.close()
         self._sockets.clear()
         with contextlib.suppress(OSError):
-            # Only the owner removes the socket, and only a socket (never a file that was
-            # at a mistyped --socket path).
-            if self._lock.fd is not None and self.socket_path.is_socket():
+            # Only the socket this daemon bound, still there: never a file at a mistyped
+            # --socket path, nor another home's daemon's socket, which a start refused as
+            # "socket in use" removed (that daemon then ran on, out of reach of ps and stop).
+            if self._bound is not None and self.socket_path.is_socket() and \
+                    self.socket_path.stat().st_ino == self._bound:
                 self.socket_path.unlink()
+        self._bound = None
         self._lock.release()
