@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import time
 
-from localinfer.runtime.fim import FIM_BATCH
+import pytest
+
+from localinfer.errors import InvalidRequest
+from localinfer.runtime.fim import FIM_BATCH, FIM_TEXT_CHARS
 from localinfer.runtime.types import Priority, SamplingParams
 
 PREFIX = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(8))
@@ -103,6 +106,34 @@ def test_prefix_and_suffix_are_taken_to_fit_one_batch_as_llama_server_takes_them
     # A short file goes whole.
     short = engine.backend.detokenize(engine.infill_tokens("a b c", "d e f"))
     assert short.endswith("<fim_prefix>a b c<fim_suffix>d e f<fim_middle>")
+
+
+def test_a_huge_prefix_and_suffix_are_cut_before_they_are_tokenized(fake_engine):
+    # A 5 MB prefix was tokenized whole (minutes of CPU, out of reach of a cancel) to keep
+    # ~1,000 tokens of it: now its tail and the suffix's head go to the tokenizer.
+    engine = fake_engine(fim=True, n_ctx=8192)
+    backend = engine.backend
+    seen: list[int] = []
+    tokenize = backend.tokenize
+
+    def measured(text, **kwargs):
+        seen.append(len(text))
+        return tokenize(text, **kwargs)
+
+    backend.tokenize = measured
+    line = "def f(x):\n    return x\n"
+    prefix, suffix = line * 100_000, line * 100_000
+    tokens = engine.infill_tokens(prefix, suffix, prompt="y = ")
+    assert max(seen) <= FIM_TEXT_CHARS
+    head, tail = backend.detokenize(tokens).split("<fim_suffix>")
+    assert head.endswith("    return x\ny = ") and tail.startswith("def f(x):")
+    # Typing on keeps the same start of the prefix, and with it the cache.
+    typed = engine.infill_tokens(prefix + "y = 1\n", suffix, prompt="")
+    start = tokens.index(backend.tokenize("<fim_prefix>", add_special=False)[0]) + 1
+    assert typed[:start + 64] == tokens[:start + 64]
+    # A line typed at the cursor longer than that is refused, not tokenized.
+    with pytest.raises(InvalidRequest, match="at most"):
+        engine.infill_tokens("a", "b", prompt="x" * (FIM_TEXT_CHARS + 1))
 
 
 def test_a_superseding_request_takes_the_slot_of_the_one_it_cancels(fake_engine):

@@ -40,6 +40,32 @@ FIM_BATCH = 1024
 in llama.vscode's and llama.vim's settings, ``-b 1024``): one batch reads them, and a
 keystroke's request reads again only the typed text and the suffix after it."""
 
+FIM_TEXT_CHARS = 64 * FIM_BATCH
+"""Of a prefix, its last this many characters are tokenized, and of a suffix its first (cut
+at a line's start or end): far more than FIM_BATCH tokens of any text, and llama.cpp's
+tokenizer takes time that grows faster than the text (a 5 MB prefix ran for minutes, out of
+reach of a cancel; llama-server refuses such a body)."""
+
+
+def _prefix_tail(text: str) -> str:
+    """The prefix as tokenized: the whole, or from a line's start in its last FIM_TEXT_CHARS
+    characters. That start moves in steps of a quarter of them, so that it stays put, and the
+    prompt's cache with it, while the user types."""
+    if len(text) <= FIM_TEXT_CHARS:
+        return text
+    step = FIM_TEXT_CHARS // 4
+    start = -(-(len(text) - FIM_TEXT_CHARS) // step) * step
+    line = text.find("\n", start, start + step)
+    return text[line + 1 if line >= 0 else start:]
+
+
+def _suffix_head(text: str) -> str:
+    """The suffix as tokenized: its first FIM_TEXT_CHARS characters, to a line's end."""
+    if len(text) <= FIM_TEXT_CHARS:
+        return text
+    end = text.rfind("\n", 0, FIM_TEXT_CHARS)
+    return text[:end + 1 if end >= 0 else FIM_TEXT_CHARS]
+
 
 @dataclass(frozen=True)
 class FimFile:
@@ -89,8 +115,11 @@ def fim_prompt(backend: _Tokenizer, info: ModelInfo, prefix: str, suffix: str, *
         files.append(tokens(mark) + tokens(file.text))
     current = tokens(f"{repo[1]}{CURRENT_FILE}\n") if repo is not None else []
 
-    prefix_tokens = tokens(prefix)
-    suffix_tokens = tokens(suffix)
+    if prompt is not None and len(prompt) > FIM_TEXT_CHARS:
+        raise InvalidRequest(f"the text typed at the cursor ('prompt') is {len(prompt):,}"
+                             f" characters: at most {FIM_TEXT_CHARS:,} are read.")
+    prefix_tokens = tokens(_prefix_tail(prefix))
+    suffix_tokens = tokens(_suffix_head(suffix))
     typed = tokens(prompt or "")
     marks = tokens(pre) + tokens(suf) + tokens(mid)
     bos = backend.tokenize("", add_special=True) if info.add_bos else []
