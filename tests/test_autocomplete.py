@@ -229,6 +229,11 @@ def test_infill_with_llama_vscode_request(coder):
         # n_indent 4: the reply's second line starts at column 0, which ends it
         assert reply.json()["content"] == "|[bos][repo_name]myproject\n"
         assert reply.json()["stop_type"] == "limit"
+        # A stop string met: llama-server's "word", and which one.
+        worded = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
+                                            "stop": ["myproject"]}).json()
+        assert worded["content"] == "|[bos][repo_name]"
+        assert (worded["stop_type"], worded["stopping_word"]) == ("word", "myproject")
         body = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b",
                                           "n_indent": 0}).json()
     assert body["content"].startswith("|[bos][repo_name]myproject\n[file_sep]util.py\n")
@@ -256,7 +261,9 @@ def test_infill_with_llama_vscode_parallel_completions(coder):
         assert [r["index"] for r in body] == [0, 1, 2]
         assert all(r["content"] == "|[bos][repo_name]myproject\n" for r in body)
         evaluated = body[0]["tokens_evaluated"]
-        assert [r["tokens_cached"] for r in body] == [0] + [evaluated] * 2
+        assert [r["timings"]["cache_n"] for r in body] == [0] + [evaluated] * 2
+        # llama-server's tokens_cached: what the slot holds after the reply.
+        assert all(r["tokens_cached"] == evaluated + r["tokens_predicted"] - 1 for r in body)
         alias = {**LLAMA_VSCODE, "model": "coder:1b", "n": 2}
         del alias["n_cmpl"]
         assert http.post("/infill", json=alias).json()[1]["index"] == 1  # llama-server's
@@ -288,7 +295,7 @@ def test_infill_with_llama_vscode_context_ahead(coder):
         assert body["timings"]["predicted_n"] == 0 and body["tokens_evaluated"] > 5
         after = http.post("/infill", json={**LLAMA_VSCODE, "model": "coder:1b"}).json()
     # the prompt's start: <bos><repo_name>myproject\n<file_sep>util.py\n ... the file
-    assert after["tokens_cached"] >= body["tokens_evaluated"] - REREAD_TAIL - 3
+    assert after["timings"]["cache_n"] >= body["tokens_evaluated"] - REREAD_TAIL - 3
 
 
 def test_infill_with_llama_vim_requests(coder):
@@ -390,7 +397,7 @@ def test_a_keystroke_cancels_the_previous_completion_over_http(home):
     assert results["first"]["superseded"] is True and results["first"]["stop_type"] == "none"
     assert results["second"]["superseded"] is False
     assert results["second"]["tokens_predicted"] == 400
-    assert results["second"]["tokens_cached"] >= 10  # the older request's cache, reused
+    assert results["second"]["timings"]["cache_n"] >= 10  # the older request's cache
 
 
 def test_a_different_file_is_not_cancelled(home):

@@ -334,13 +334,18 @@ def _final(done: Done, model: str, content: str, settings: dict[str, Any], *, in
     without this object) and the sampling (``_sampling``)."""
     t = done.timings
     n = t.completion_tokens
-    stop_type = {"stop": "eos", "length": "limit"}.get(done.finish_reason, "none")
+    # As llama-server: "word" for a stop string met (and which), "eos" for the model's end.
+    stop_type = {"stop": "word" if done.stop_sequence else "eos", "length": "limit"}.get(
+        done.finish_reason, "none")
     return {
         "index": index, "content": content, "tokens": [], "id_slot": -1, "stop": True,
         "model": model, "tokens_predicted": n, "generation_settings": settings,
-        "tokens_evaluated": t.prompt_tokens, "tokens_cached": t.cached_tokens,
+        # llama-server's tokens_cached: what the slot's cache holds after the reply (its
+        # last token is sampled, not read), which llama.vscode shows of n_ctx.
+        "tokens_evaluated": t.prompt_tokens, "tokens_cached": t.prompt_tokens + max(0, n - 1),
         "truncated": False, "has_new_line": "\n" in done.text, "stop_type": stop_type,
-        "stopping_word": "", "superseded": done.finish_reason == "cancelled",
+        "stopping_word": done.stop_sequence if done.finish_reason == "stop" else "",
+        "superseded": done.finish_reason == "cancelled",
         "timings": {
             "prompt_n": t.prefill_tokens, "prompt_ms": t.prefill_ms,
             "prompt_per_token_ms": t.prefill_ms / t.prefill_tokens if t.prefill_tokens else 0.0,
