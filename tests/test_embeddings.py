@@ -57,7 +57,7 @@ def test_truncate_or_refuse_an_input_longer_than_the_context(fake_engine):
     engine = fake_engine(n_ctx=64)
     long = "word " * 100
     assert len(engine.embedding_tokens(long, truncate=True)) == 64
-    with pytest.raises(ContextOverflow, match="truncate"):
+    with pytest.raises(ContextOverflow, match="shorten it, or split it"):
         engine.embedding_tokens(long, truncate=False)
     with pytest.raises(InvalidRequest):
         engine.embedding_input([5000])  # beyond the vocabulary
@@ -94,7 +94,7 @@ def test_ollama_embed_and_legacy_embeddings(embedder):
     assert client.embed(model="embed", input="x").model == "embed"  # as asked, as Ollama
     with pytest.raises(ollama.ResponseError) as info:
         client.embed(model="embed:1b", input="word " * 100, truncate=False)
-    assert info.value.status_code == 400 and "truncate" in info.value.error
+    assert info.value.status_code == 400 and "leave out truncate: false" in info.value.error
     assert len(client.embed(model="embed:1b", input="word " * 100).embeddings) == 1
     # Sampling options, as a client sends one options object to every route: ignored (an
     # embedding samples nothing), as Ollama ignores them.
@@ -133,9 +133,11 @@ def test_openai_embeddings(embedder):
         assert len(struct.unpack(f"<{len(packed) // 4}f", packed)) == 16
         for body, word in [({"input": ""}, "input"), ({"input": [[]]}, "input"),
                            ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
-                           ({"input": "word " * 100}, "truncate")]:
+                           ({"input": "word " * 100}, "split it into parts")]:
             reply = http.post("/v1/embeddings", json={"model": "embed:1b", **body})
             assert reply.status_code == 400 and word in reply.text, (body, reply.text)
+            # No advice to send a field /v1/embeddings refuses (it said "send truncate").
+            assert "truncate" not in reply.text
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="embed:1b", input="x", dimensions=100)
 

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import InvalidRequest
+from ..errors import ContextOverflow, InvalidRequest
 from ..runtime.types import Embeddings, normalized
 from .error_replies import guarded
 from .fields import audit
@@ -70,8 +70,13 @@ def routes(state: DaemonState) -> list[Route]:
         raw = body.get("input")
         inputs: list[EmbedInput] = [] if raw is None or raw == "" else _strings(raw, "input")
         dimensions = f.integer("dimensions", None, low=1)
-        _, result, load_ms = await _embed(state, name, inputs, f,
-                                          truncate=f.boolean("truncate", True))
+        truncate = f.boolean("truncate", True)
+        try:
+            _, result, load_ms = await _embed(state, name, inputs, f, truncate=truncate)
+        except ContextOverflow as exc:  # truncate: false, which this route can turn on
+            raise ContextOverflow(f"{exc.message.removesuffix('.')}; or leave out"
+                                  " truncate: false to cut it.", n_prompt=exc.n_prompt,
+                                  n_ctx=exc.n_ctx) from None
         ns = 1_000_000
         return JSONResponse({
             "model": name,  # as asked, as Ollama echoes it (and /api/generate here)

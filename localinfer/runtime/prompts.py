@@ -138,7 +138,7 @@ class PromptBuilder:
         if not truncate:
             raise ContextOverflow(
                 f"an input is {len(tokens)} tokens but {self.info.name} embeds at most"
-                f" {n_max} at a time; shorten it, or send truncate: true to cut it.",
+                f" {n_max} at a time; shorten it, or split it into parts.",
                 n_prompt=len(tokens), n_ctx=n_max)
         return tokens[:n_max]
 
