@@ -26,7 +26,7 @@ from localinfer.errors import (
 from localinfer.hardware import load_profile
 from localinfer.planner import Candidate, PlanPrefs
 from localinfer.selection import catalog_candidates, pull_target
-from localinfer.store import SPACE_MARGIN, HeaderFetch, ModelStore, pull_model
+from localinfer.store import SPACE_MARGIN, HeaderFetch, ModelStore, PullProgress, pull_model
 
 pytest_plugins = ["hub_fixtures"]  # local_hub, hub_catalog, hub_home
 NAME = "tinygemma:270m-q4_k_m"
@@ -456,3 +456,16 @@ def test_a_file_shorter_than_its_listing_is_not_resumed_for_ever(hub_home, local
     assert "partial download was deleted" in info.value.message
     assert "to resume" not in info.value.message
     assert ModelStore().partials() == []
+
+
+def test_the_pull_display_says_the_hash_was_read_not_that_it_matched(capsys):
+    # The bar's last line came before the comparison: it said "Verified" right above a
+    # checksum mismatch.
+    from localinfer.cli.models import _PullDisplay
+
+    display = _PullDisplay()
+    display(PullProgress("verifying", 0, 2048, name=NAME))
+    display(PullProgress("verifying", 2048, 2048, name=NAME))
+    display.finish()
+    err = capsys.readouterr().err
+    assert "Hashed 2.0 KB" in err and "Verified" not in err

@@ -130,7 +130,8 @@ class _PullDisplay:
         if message is None and self.last is not None and self.stage:
             seconds = max(time.monotonic() - self.started, 1e-3)
             done = self.last.completed - self.first
-            what = "Downloaded" if self.stage == "downloading" else "Verified"
+            # The hash read, not yet compared: a mismatch is said after this line.
+            what = "Downloaded" if self.stage == "downloading" else "Hashed"
             message = (f"{what} {human_bytes(done)} in {seconds:.1f}s"
                        f" ({human_bytes(done / seconds)}/s)")
         self.bar.finish(message)
