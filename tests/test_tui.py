@@ -856,6 +856,11 @@ def test_a_reply_that_filled_the_context_drops_whole_turns_for_the_next_message(
             await until_screen(pilot, app, ContextFullScreen, "the dialog")
             assert "context is full" in app.screen.message
             assert app.chat.messages[-1].finish_reason == "length"
+            # The reply says why it stopped, and the status never shows more than fits.
+            assert app.chat.messages[-1].stats.finish_reason == "context"
+            assert "context full" in text_of(app.query(AssistantMessage)[-1].query_one(
+                ".summary"))
+            assert "ctx 100/100" in text_of(app.query_one("#status-model"))
             await pilot.click("#drop")  # nothing to shorten: the reply is the model's
             assert not isinstance(app.screen, (ContextFullScreen, ErrorScreen))
             assert app.query_one(ChatInput).text == ""

@@ -19,6 +19,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 from textual import on, work
@@ -457,6 +458,10 @@ class ChatScreen(TurnEditing):
         stats = reply_stats(done, reply,
                              status.reference.roofline if status.reference else None,
                              event.thought)
+        session = self.host.session
+        n_ctx = session.info.n_ctx if session else 0
+        if done.finish_reason == "length" and n_ctx and stats.context_tokens >= n_ctx - 1:
+            stats = replace(stats, finish_reason="context")  # "context full", not the limit
         message = ChatMessage("assistant", done.text, model=reply.model,
                               finish_reason=done.finish_reason, stats=stats,
                               thinking=event.thought.text if event.thought else "")
@@ -478,8 +483,6 @@ class ChatScreen(TurnEditing):
         await reply.widget.finish(message)
         self.app.refresh_bindings()
         self.host.show_status()
-        session = self.host.session
-        n_ctx = session.info.n_ctx if session else 0
         if await self._run_after_reply():
             return
         if done.finish_reason == "length" and n_ctx and stats.context_tokens >= n_ctx - 1:

@@ -102,6 +102,6 @@ def summary_line(stats: ReplyStats) -> str:
     if stats.roofline_pct is not None:
         parts.append(f"{stats.roofline_pct:.0f}% of roofline")
     if stats.finish_reason != "stop":
-        parts.append({"length": "token limit", "cancelled": "cancelled"}.get(
-            stats.finish_reason, stats.finish_reason))
+        parts.append({"length": "token limit", "context": "context full",
+                      "cancelled": "cancelled"}.get(stats.finish_reason, stats.finish_reason))
     return " · ".join(parts)

@@ -212,8 +212,10 @@ class StatusBar(Vertical):
         if info is None:
             label.update(loading or "no model loaded: ctrl+o picks one")
             return
+        # The cache holds at most n_ctx: a reply the context stopped has one token more,
+        # sampled last and never read (it said 257/256).
         ctx = "?" if context_tokens is None else ("≥" if at_least else "") + thousands(
-            context_tokens)
+            min(context_tokens, info.n_ctx))
         label.update(f"{info.name} · {info.quant} · {placement(info)} · ctx {ctx}/"
                      f"{thousands(info.n_ctx)} · {where}")
 
