@@ -909,9 +909,8 @@ def test_a_message_too_long_even_alone_is_said_so_and_can_be_edited_or_moved(hom
             await send(pilot, "hello")
             await finished(pilot, 2)
             await send(pilot, too_long)
-            await until_screen(pilot, app, ContextFullScreen, "the dialog")
-            await pilot.click("#drop")
-            await until_screen(pilot, app, ErrorScreen, "the next dialog")
+            # Said at once: no dropping or summarising of earlier turns is offered first.
+            await until_screen(pilot, app, ErrorScreen, "the dialog")
             assert not isinstance(app.screen, ContextFullScreen)
             assert app.screen.title_text == "The message is too long for this model"
             assert "even alone" in app.screen.message and "100" in app.screen.message

@@ -14,6 +14,7 @@ session; it is this screen's ``ChatHost``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import re
@@ -599,7 +600,9 @@ class ChatScreen(TurnEditing):
         the oldest whole turns (a user message and its replies) one by one until it fits, when
         the user chose so; else ask. If it does not fit even alone, say so."""
         chat = self.chat
-        alone = len(chat.turn_starts()) < 2  # only the new message is still sent
+        # Only the new message is still sent, or its text alone takes the context: no turn
+        # dropped or summarised can make room (it offered both, then said so).
+        alone = len(chat.turn_starts()) < 2 or await self._too_long_by_its_text(error)
         if self._drop_from is None and self._drop_next_for == chat.id and not alone:
             self._drop_from = chat.context_start
         self._drop_next_for = None
@@ -619,6 +622,22 @@ class ChatScreen(TurnEditing):
         self._context_full(f"This conversation no longer fits in the model's context"
                            f" ({n_ctx:,} tokens): {error.message}", unanswered=True)
 
+    async def _too_long_by_its_text(self, error: ContextOverflow) -> bool:
+        """Whether the last message's text and the system prompt's take the whole context
+        by themselves (the template adds to them)."""
+        session = self.host.session
+        n_ctx = error.n_ctx or (session.info.n_ctx if session else 0)
+        messages = self.chat.prompt_messages()
+        if session is None or not n_ctx or not messages:
+            return False
+        texts = [m.content for m in messages[:1] if m.role == "system"] + [
+            messages[-1].content]
+        try:
+            n = await asyncio.to_thread(lambda: sum(session.count_text(t) for t in texts))
+        except LocalInferError:
+            return False
+        return n >= n_ctx - 1
+
     async def _drop_oldest_turn_and_resend(self) -> None:
         self.chat.drop_oldest_turn()
         self.save()
@@ -634,8 +653,8 @@ class ChatScreen(TurnEditing):
         size = (f": it needs {n_prompt:,} tokens{system}, the context holds {n_ctx:,} and one"
                 f" must be left for the reply" if n_prompt else f" ({n_ctx:,} tokens)")
         text = (f"Your message does not fit in the model's context even alone{size}."
-                " Dropping earlier turns cannot make room: shorten it, or load the model with"
-                " a larger context (--ctx).")
+                " Dropping earlier turns cannot make room: shorten it, or give the model a"
+                " larger context (ctx in config.toml, or the daemon's --ctx).")
 
         def chosen(answer: str | None) -> None:
             self.run_worker(self._context_choice("new" if answer == "new" else "edit",
