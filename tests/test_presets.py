@@ -166,6 +166,8 @@ def test_copy_delete_and_push(home):
      "adapters"),
     ({"model": "p", "from": "fake:1b", "template": "{{ .System }} {{ .Prompt }}"}, 400,
      "Go template"),
+    ({"model": "p", "from": "fake:1b", "template": "{% for m in messages %}{{ m.content }"},
+     400, "TEMPLATE does not compile as a Jinja chat template: unexpected '}'"),
     ({"model": "fake:1b", "from": "fake:1b"}, 400, "installed model"),
     ({"model": "gemma3:270m", "from": "fake:1b"}, 400, "a model of the catalog"),
     ({"model": "p/../x", "from": "fake:1b"}, 400, "invalid preset name"),

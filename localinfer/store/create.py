@@ -23,7 +23,14 @@ from pathlib import Path
 
 from .. import gguf
 from ..catalog import BITS_PER_WEIGHT
-from ..errors import InvalidModelFile, InvalidRequest, LocalInferError, ModelNotFound
+from ..errors import (
+    InvalidModelFile,
+    InvalidRequest,
+    LocalInferError,
+    ModelLoadError,
+    ModelNotFound,
+)
+from ..runtime.chat_template import ChatTemplate
 from .local import InstalledModel, ModelStore, _magic
 from .presets import CreateRequest, Preset, make_preset
 
@@ -61,6 +68,12 @@ def create_preset(store: ModelStore, request: CreateRequest, *, from_api: bool,
             "TEMPLATE is written in Ollama's Go template syntax ({{ .Prompt }}, {{ if .System"
             " }}); localinfer renders chat templates in Jinja, as GGUF files carry them: give a"
             " Jinja chat template, or leave TEMPLATE out to use the model's own.")
+    if request.template is not None:
+        try:  # refused now, not at the preset's first chat
+            ChatTemplate(request.template)
+        except ModelLoadError as exc:
+            raise InvalidRequest(f"TEMPLATE does not compile as a Jinja chat template:"
+                                 f" {exc.__cause__ or exc.message}") from None
     over: Preset | None = None
     if os.path.isabs(request.source):
         if from_api:
