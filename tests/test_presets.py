@@ -48,6 +48,33 @@ def test_a_modelfile_reads_every_instruction(tmp_path):
     assert ask.license == ["MIT"]
 
 
+def test_a_preset_over_a_hub_model_names_it_as_ollama_does(home, tmp_path):
+    # FROM hf.co/user/repo[:quant] (and /api/create's from) name the installed Hub model;
+    # they were read as a path ("no such file") and refused over the API.
+    store = ModelStore()
+    path = store.root / "hf.co--t--single" / "q4_k_m.gguf"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(ggufgen.tiny_model())
+    store.register(name="hf.co/t/single:q4_k_m", model="hf.co/t/single", quant="Q4_K_M",
+                   path=path, sha256=None, source="hf:t/single/single-Q4_K_M.gguf")
+    for ref in ("hf.co/t/single", "hf.co/t/single:Q4_K_M"):
+        ask = parse_modelfile(f"FROM {ref}\nSYSTEM Be brief.\n", tmp_path, "brief")
+        assert ask.source == ref
+        assert create_preset(store, ask, from_api=False).model == "hf.co/t/single:q4_k_m"
+        store.presets.remove("brief")
+    # A file of that name beside the Modelfile is still the file.
+    (tmp_path / "hf.co" / "t").mkdir(parents=True)
+    (tmp_path / "hf.co" / "t" / "single").write_bytes(b"")
+    assert parse_modelfile("FROM hf.co/t/single\n", tmp_path, "x").source == str(
+        tmp_path / "hf.co" / "t" / "single")
+    with serve(fake_factory()) as d, d.uds() as c:
+        made = c.post("/api/create", json={"model": "terse", "from": "hf.co/t/single"})
+        assert made.status_code == 200, made.text
+        refused = c.post("/api/create", json={"model": "p", "from": "../hf.co/t/single"})
+        assert refused.status_code == 400 and "paths are not" in refused.text
+    assert store.presets.get("terse").model == "hf.co/t/single:q4_k_m"
+
+
 @pytest.mark.parametrize("text, match", [
     ("FROM fake:1b\nPARAMS temperature 1\n", r"line 2 .*unknown instruction 'PARAMS'"),
     ("FROM fake:1b\nMESSAGE tool hi\n", r"line 2 .*role must be one of"),

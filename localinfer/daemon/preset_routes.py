@@ -29,6 +29,7 @@ from ..store.presets import (
     ROLES,
     CreateRequest,
     check_parameters,
+    hub_model_name,
     parse_modelfile,
     validate_preset_name,
 )
@@ -138,7 +139,8 @@ def _create_request(store, body: dict[str, Any], f: Fields) -> CreateRequest:
         ask = CreateRequest(name=validate_preset_name(name))
     source = f.string("from", None)
     if source is not None:
-        if "/" in source or "\\" in source or source.endswith(".gguf"):
+        if ("/" in source or "\\" in source or source.endswith(".gguf")) and \
+                not hub_model_name(source):
             raise InvalidRequest("'from' must name an installed model or preset; paths are not"
                                  " accepted over the API (add a file with `localinfer add"
                                  " PATH`).")

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import InvalidRequest, ModelNotFound
 from ..paths import atomic_write_text, parse_json
 from ..runtime.types import Message
+from . import hub_names
 
 log = logging.getLogger(__name__)
 
@@ -259,11 +260,27 @@ def _value(rest: str, lines: list[str], i: int, where: str) -> tuple[str, int]:
     return rest, i
 
 
+def hub_model_name(value: str) -> bool:
+    """Whether ``value`` is a Hub model's name (``hf.co/user/repo[:quant]``, as Ollama's
+    FROM takes it), not a path."""
+    if value.startswith(("/", "~", ".")) or not hub_names.is_hub_name(value):
+        return False
+    try:
+        hub_names.parse(value)
+    except InvalidRequest:
+        return False
+    return True
+
+
 def _path_or_name(value: str, base_dir: Path, where: str, *, path_only: bool = False) -> str:
     """A FROM/ADAPTER value: an absolute path, ~, or a path relative to the Modelfile's folder
-    (which may not leave it), returned absolute; else (FROM) a model name as written."""
+    (which may not leave it), returned absolute; else (FROM) a model name as written, a Hub
+    model's too, unless a file of that name is there."""
     looks_like_path = (value.startswith(("/", "~", ".")) or "/" in value or os.sep in value
                        or value.endswith(".gguf"))
+    if not path_only and looks_like_path and hub_model_name(value) and \
+            not (base_dir / value).exists():
+        return value
     if not looks_like_path and not path_only:
         return value
     if value.startswith("~") or os.path.isabs(value):
