@@ -113,6 +113,11 @@ def test_llama_servers_samplers_are_the_chain_in_their_order():
         llama_sampling(Fields({"samplers": ["top_k", "dry"]}), 16)
     with pytest.raises(InvalidRequest, match="'xtc'"):
         SamplingParams(chain=("xtc",)).validate()
+    # llama-server's letters (it takes "kpt"; a 400 here before).
+    assert llama_sampling(Fields({"samplers": "kpit"}), 16).chain == (
+        "top_k", "top_p", "infill", "temperature")
+    with pytest.raises(InvalidRequest, match="'d', 'x' names no sampler"):
+        llama_sampling(Fields({"samplers": "kdx"}), 16)
 
 
 def test_samplers_and_bias_are_parsed(daemon):
@@ -126,7 +131,11 @@ def test_samplers_and_bias_are_parsed(daemon):
     assert (params.typical_p, params.mirostat, params.mirostat_tau, params.mirostat_eta) == (
         0.5, 2, 3.0, 0.2)
     assert params.logit_bias == ((7, float("-inf")), (8, 2.5))
-    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"7": 101}}, {"logit_bias": [1]}):
+    # llama-server's array form: [token id, bias], false bans (it was a 400).
+    pairs = sampling(Fields({"logit_bias": [[7, False], [8, 2.5]]}), max_tokens=None)
+    assert pairs.logit_bias == params.logit_bias
+    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"7": 101}}, {"logit_bias": [1]},
+                {"logit_bias": [["Hello", -1]]}, {"logit_bias": [[7, True]]}):
         with pytest.raises(InvalidRequest, match="logit_bias"):
             sampling(Fields(bad), max_tokens=None)
     with pytest.raises(InvalidRequest, match="vocabulary"):

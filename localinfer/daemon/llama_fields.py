@@ -103,14 +103,32 @@ def n_predict(f: Fields, cap: int | None) -> int | None:
     return cap if value is None else value
 
 
+SAMPLER_LETTERS = {"k": "top_k", "p": "top_p", "m": "min_p", "t": "temperature",
+                   "e": "penalties", "i": "infill"}
+"""llama-server's one-letter sampler names (common_sampler_type_to_chr) for the samplers a
+chain here may hold."""
+
+
+def _sampler_letters(letters: str) -> list[str]:
+    unknown = sorted({c for c in letters if c not in SAMPLER_LETTERS})
+    if unknown:
+        raise InvalidRequest(
+            f"'samplers': {', '.join(repr(c) for c in unknown)} names no sampler this daemon"
+            f" runs (it takes {', '.join(f'{c} ({n})' for c, n in SAMPLER_LETTERS.items())}).")
+    return [SAMPLER_LETTERS[c] for c in letters]
+
+
 def llama_sampling(f: Fields, predict: int | None) -> SamplingParams:
     """The request's sampling with ``samplers`` applied and ``predict`` (``n_predict``'s
     value) as its cap: 0 samples the one token that finishes reading the prompt."""
     defaults = DEFAULT_SAMPLING
     samplers = f.data.get("samplers")
+    if isinstance(samplers, str):  # llama-server's letters: "kpt"
+        samplers = _sampler_letters(samplers)
     if samplers is not None:
         if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
-            raise InvalidRequest("'samplers' must be a list of sampler names.")
+            raise InvalidRequest("'samplers' must be a list of sampler names (or llama-server's"
+                                 " letters, \"kpt\").")
         # As in llama.cpp, a sampler left out of the list does not run.
         defaults = SamplingParams(
             top_k=defaults.top_k if "top_k" in samplers else 0,

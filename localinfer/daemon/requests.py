@@ -341,6 +341,8 @@ def logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
     if value is None:
         return ()
     where = f"{f.where}logit_bias"
+    if isinstance(value, list):  # llama-server's [[token id, bias or false], ...]
+        value = _bias_pairs(value, where)
     if not isinstance(value, dict):
         raise InvalidRequest(f"'{where}' must be an object from token ids to biases.")
     pairs = []
@@ -354,6 +356,26 @@ def logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
             raise InvalidRequest(f"'{where}.{key}' must be a number from -100 to 100.")
         pairs.append((token, -math.inf if bias == -100 else float(bias)))
     return tuple(pairs)
+
+
+def _bias_pairs(value: list[Any], where: str) -> dict[str, Any]:
+    """llama-server's array form of ``logit_bias``, as the object form: ``false`` bans the
+    token (-100). A token given as text is refused: give its id (``/tokenize``)."""
+    out: dict[str, Any] = {}
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise InvalidRequest(f"'{where}[{i}]' must be a [token id, bias] pair.")
+        token, bias = pair
+        if isinstance(token, str):
+            raise InvalidRequest(f"'{where}[{i}]': a token given as text ({token!r}) is not"
+                                 " taken; give its id (POST /tokenize tells it).")
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise InvalidRequest(f"'{where}[{i}]' must start with a token id.")
+        if bias is True:
+            raise InvalidRequest(f"'{where}[{i}]': a bias must be a number, or false to ban"
+                                 " the token.")
+        out[str(token)] = -100 if bias is False else bias
+    return out
 
 
 def top_logprobs(f: Fields, *, asked: bool) -> int | None:
