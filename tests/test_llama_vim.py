@@ -141,7 +141,7 @@ def test_llama_server_fields_on_the_openai_routes(vim):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
     assert chunks[-1].choices[0].finish_reason == "length"
     with vim.tcp() as http:
-        for body, word in [({"samplers": ["dry"]}, "dry"), ({"samplers": "kpt"}, "samplers"),
+        for body, word in [({"samplers": ["dry"]}, "dry"), ({"samplers": "kdt"}, "samplers"),
                            ({"n_predict": -2}, "n_predict")]:
             reply = post(http, {**instruction(0, "x"), "stream": False, **body})
             assert reply.status_code == 400 and word in reply.json()["error"]["message"]

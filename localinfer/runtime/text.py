@@ -60,9 +60,10 @@ class TextAssembler:
                 if not body:
                     break
                 if body[0] != "\n" and len(self._line_head) < self._min_indent:
-                    # This line ends the completion: take it (and all after) off the text.
-                    cut = len(self._line_head) + len(body)
-                    self.text = self.text[:len(self.text) - cut]
+                    # This line ends the completion: its text (and all after) goes, its
+                    # leading whitespace stays, as llama-server cuts it.
+                    self.text = self.text[:len(self.text) - len(body)]
+                    out.append(self._line_head)
                     self._pending, self._line_head, self.stopped = "", "", True
                     self.indent_stopped = True
                     break
