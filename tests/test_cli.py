@@ -212,8 +212,8 @@ def test_a_file_that_is_not_gguf_is_named_as_typed(tmp_path):
     out = subprocess.run([sys.executable, "-m", "localinfer", "run", "README.md", "hi"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 4, out.stderr
-    assert out.stderr == ("localinfer: invalid model file: README.md is a file but not a GGUF"
-                          " model file (.gguf).\n")
+    assert out.stderr == ("localinfer: invalid model file: README.md is not a GGUF model"
+                          " file: it starts with b'# no', not b'GGUF'.\n")
     out = cli("run", "NoSuch:Model", "hi")  # a name: quoted as typed, looked up in lower case
     assert out.returncode == 3 and "unknown model 'NoSuch:Model'" in out.stderr, out.stderr
 

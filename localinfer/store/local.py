@@ -324,8 +324,10 @@ class ModelStore:
                 raise ModelNotFound(not_there(path, ref))
             if not path.is_file():
                 raise ModelNotFound(f"{ref} is not a file; give the path of a .gguf file.")
-            if _magic(path) not in (gguf.GGUF_MAGIC, None):
-                raise InvalidModelFile(f"{ref} is a file but not a GGUF model file (.gguf).")
+            magic = _magic(path)
+            if magic not in (gguf.GGUF_MAGIC, None):
+                raise InvalidModelFile(f"{ref} is not a GGUF model file: it starts with"
+                                       f" {magic!r}, not b'GGUF'.")
             return ResolvedModel(name=path.name, path=path.resolve())
         name = self.untagged(validate_name(ref))
         preset = self.presets.get(name)
