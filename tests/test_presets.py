@@ -237,8 +237,10 @@ def test_localinfer_create_show_list_rm(home, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mario: a preset over fake:1b-f16" in out
     assert "temperature 0.2, top_k 7" in out and "You are Mario" in out
+    assert re.search(r"^  license +MIT$", out, re.M)  # the preset's own, not only in --json
     assert main(["list"]) == 0
-    assert re.search(r"^mario +fake:1b-f16 +system, messages", capsys.readouterr().out, re.M)
+    assert re.search(r"^mario +fake:1b-f16 +system, messages, license", capsys.readouterr().out,
+                     re.M)
     assert main(["rm", "mario", "--yes"]) == 0
     assert "fake:1b-f16 is kept" in capsys.readouterr().out
     assert ModelStore().get("fake:1b-f16") is not None and ModelStore().presets.all() == []

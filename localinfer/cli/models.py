@@ -204,7 +204,8 @@ def cmd_list(args: argparse.Namespace, config: Config) -> int:
         preset_rows: list[tuple[str, str, str]] = [("PRESET", "OVER", "SETS")]
         for preset in presets:
             sets = [k for k, v in (("system", preset.system), ("template", preset.template),
-                                   ("messages", preset.messages)) if v]
+                                   ("messages", preset.messages), ("adapters", preset.adapters),
+                                   ("license", preset.license)) if v]
             sets += [f"{k} {v}" for k, v in preset.parameters.items()]
             preset_rows.append((preset.name, preset.model, ", ".join(sets) or "-"))
         print_table(preset_rows)
@@ -408,6 +409,11 @@ def _print_preset(preset, own) -> None:
         print(f"  {'message':<15} {role}: {content!r}")
     if preset.template is not None:
         print(f"  {'template':<15} its own (`show {preset.name} --template` prints it)")
+    for adapter in preset.adapters:
+        print(f"  {'adapter':<15} {adapter}")
+    for text in preset.license:  # the model's own license follows with the model
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        print(f"  {'license':<15} {first[:60]}{'…' if len(first) > 60 else ''}")
     print()
 
 
