@@ -19,7 +19,7 @@ from localinfer.config import Config
 from localinfer.errors import ContextOverflow, InvalidRequest
 from localinfer.loading import engine_factory, load_engine
 from localinfer.runtime.backend import LoadOptions
-from localinfer.runtime.types import SamplingParams
+from localinfer.runtime.types import Message, SamplingParams
 
 TEXTS = ["The cat sat on the mat.", "Quantum chromodynamics describes the strong force.",
          "def add(a, b):\n    return a + b\n"]
@@ -61,6 +61,28 @@ def test_truncate_or_refuse_an_input_longer_than_the_context(fake_engine):
         engine.embedding_tokens(long, truncate=False)
     with pytest.raises(InvalidRequest):
         engine.embedding_input([5000])  # beyond the vocabulary
+
+
+def test_a_huge_input_is_measured_by_its_bytes_before_it_is_tokenized(fake_engine):
+    # llama.cpp's tokenizer takes time that grows faster than the text (1 MB: ~27 s, no cancel
+    # stops it): an input longer than the longest tokens could fill is cut or refused first.
+    engine = fake_engine(n_ctx=64)
+    backend = engine.backend
+    backend.longest_token = 8  # the most bytes one token spells
+    seen: list[int] = []
+    tokenize = backend.tokenize
+    backend.tokenize = lambda text, **kw: seen.append(len(text)) or tokenize(text, **kw)
+    huge = "word " * 20_000
+    assert len(engine.embedding_tokens(huge, truncate=True)) == 64
+    assert seen == [64 * 8]  # only what can hold its first 64 tokens
+    with pytest.raises(ContextOverflow, match="at least 12,500 tokens"):
+        engine.embedding_tokens(huge, truncate=False)
+    for prompt in (lambda: engine.completion_tokens(huge),
+                   lambda: engine.chat_tokens([Message("user", huge)])):
+        with pytest.raises(ContextOverflow, match="the prompt is at least"):
+            prompt()
+    assert seen == [64 * 8]  # none of them tokenized
+    assert engine.embedding_tokens("word " * 50, truncate=True)  # a short one as before
 
 
 def test_an_embedding_model_generates_no_text(fake_engine):

@@ -123,6 +123,11 @@ class Backend(Protocol):
     max_special_bytes: int
     """The longest special token's text, in bytes."""
 
+    def max_token_bytes(self) -> int:
+        """At least as many bytes as any one token spells (0: not known). Read from the
+        vocabulary on the first call (a scan of it: ~0.1 s for 262k tokens)."""
+        ...
+
     def special_piece(self, token: int) -> bytes | None:
         """A special token's text as a prompt writes it (``<start_of_turn>``): the tokenizer
         reads such text whole, before the rest. None for an ordinary token."""

@@ -136,6 +136,8 @@ class FakeBackend:
         self.n_batch = n_batch
         self.fim_repo = ("<repo_name>", "<file_sep>") if fim_repo else None
         self.fim_spm = fim_spm
+        self.longest_token = 0
+        """``max_token_bytes``: 0, none known (a test sets one)."""
         self.n_ctx_embed = n_ctx
         self.n_embd = n_embd
         self.embed_delay_s = embed_delay_s
@@ -216,6 +218,9 @@ class FakeBackend:
         return b"" if piece in self._control else piece.encode()
 
     max_special_bytes = 32
+
+    def max_token_bytes(self) -> int:
+        return self.longest_token  # its words are tokens: no bound unless a test sets one
 
     def special_piece(self, token: int) -> bytes | None:
         # The pattern reads <word> whole, as llama.cpp reads special tokens.

@@ -88,6 +88,7 @@ class IsolatedBackend:
         self.load_ms: float = reply["load_ms"]
         self.adaptive_threads: int = reply["adaptive_threads"]
         self.max_special_bytes: int = reply["max_special_bytes"]
+        self._max_token_bytes: int | None = None
         self.state_format: str = reply["state_format"]
         self._special_pieces: dict[int, bytes] = reply["special_pieces"]
 
@@ -173,6 +174,11 @@ class IsolatedBackend:
     def rank_tokens(self, query: str, document: str) -> list[int]:
         result: list[int] = self._call("rank_tokens", query, document)
         return result
+
+    def max_token_bytes(self) -> int:
+        if self._max_token_bytes is None:
+            self._max_token_bytes = int(self._call("max_token_bytes"))
+        return self._max_token_bytes
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._token_bytes.get(token)

@@ -23,6 +23,11 @@ from .types import Message, ModelInfo
 log = logging.getLogger(__name__)
 
 
+SURE_CHARS_PER_TOKEN = 8
+"""A text of more characters than this per token of room is measured against the longest
+token before it is tokenized (shorter ones are tokenized quickly, and counted)."""
+
+
 class PromptBuilder:
     """One model's prompts: its chat template, its tokenizer, its FIM and embedding limits."""
 
@@ -42,7 +47,31 @@ class PromptBuilder:
     def completion_tokens(self, prompt: str) -> list[int]:
         if not prompt:
             raise InvalidRequest("prompt must not be empty.")
+        self._refuse_surely_too_long(prompt)
         return self.backend.tokenize(prompt, add_special=True)
+
+    def _surely_more_tokens(self, text: str, n_tokens: int) -> int:
+        """A lower bound of the tokens ``text`` takes, where it is more than ``n_tokens``,
+        known without tokenizing it (its bytes over the most one token spells); else 0.
+        llama.cpp's tokenizer takes time that grows faster than the text (1 MB: ~27 s on a
+        2-core x86, and no cancel stops it) only to be told that it does not fit."""
+        if len(text) <= SURE_CHARS_PER_TOKEN * n_tokens:
+            return 0  # tokenized quickly; the count decides
+        longest = self.backend.max_token_bytes()
+        if longest <= 0:
+            return 0
+        least = len(text.encode("utf-8", "surrogatepass")) // longest
+        return least if least > n_tokens else 0
+
+    def _refuse_surely_too_long(self, text: str) -> None:
+        """``check_prompt``'s refusal of a prompt longer than the context, before it is
+        tokenized, where its length in bytes already tells."""
+        n_ctx = self.info.n_ctx
+        least = self._surely_more_tokens(text, n_ctx - 1)
+        if least:
+            raise ContextOverflow(
+                f"the prompt is at least {least:,} tokens ({len(text):,} characters) but the"
+                f" context window is {n_ctx} tokens. Shorten it.", n_prompt=least, n_ctx=n_ctx)
 
     def check_prompt(self, prompt: Sequence[int]) -> None:
         """Refuse a prompt this model cannot generate after."""
@@ -101,6 +130,7 @@ class PromptBuilder:
 
     def prompt_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's tokens."""
+        self._refuse_surely_too_long(text)
         return self.tokenizer.tokenize(text, add_special=self.adds_bos(text))
 
     def adds_bos(self, text: str) -> bool:
@@ -124,6 +154,15 @@ class PromptBuilder:
         when ``truncate``, else refused when longer."""
         if not isinstance(text, str) or not text:
             raise InvalidRequest("an input to embed must be a non-empty string.")
+        n_max = self.backend.n_ctx_embed
+        least = self._surely_more_tokens(text, n_max)
+        if least and not truncate:
+            raise ContextOverflow(
+                f"an input is at least {least:,} tokens ({len(text):,} characters) but"
+                f" {self.info.name} embeds at most {n_max} at a time; shorten it, or split"
+                " it into parts.", n_prompt=least, n_ctx=n_max)
+        if least:  # only its start is read: tokenize what that can be
+            text = text[:n_max * self.backend.max_token_bytes()]
         return self.embedding_input(self.backend.tokenize(text, add_special=True),
                                     truncate=truncate)
 
