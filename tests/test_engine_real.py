@@ -533,3 +533,14 @@ def test_a_context_llama_cpp_rounds_up_reads_a_prompt_longer_than_its_batch(star
     assert run.returncode == 0, run.stderr[-2000:]
     n_ctx, n_batch, n_prompt, reason = run.stdout.split()
     assert (n_ctx, n_batch, reason) == ("512", "320", "length") and int(n_prompt) > 320
+
+
+def test_a_prompt_no_context_could_hold_is_refused_before_it_is_tokenized(real_engine):
+    # The bound is the vocabulary's longest token (its text: never shorter than what it
+    # spells); a 1 MB prompt was tokenized for ~27 s to be told it is too long.
+    longest = real_engine.backend.max_token_bytes()
+    assert 8 <= longest <= 256
+    text = "def f(x):\n    return x\n" * 40_000
+    with pytest.raises(ContextOverflow, match="the prompt is at least"):
+        real_engine.completion_tokens(text)
+    assert len(real_engine.embedding_tokens(text, truncate=True)) == real_engine.backend.n_ctx_embed
