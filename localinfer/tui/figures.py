@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 class SpeedTracker:
     """Decode speed over one reply, for the sparkline: each sample is the tokens that arrived
-    over the last ``window`` tokens' wall time. At most ``max_samples`` are kept (older ones
-    are merged pairwise), so a long reply costs the same to draw as a short one."""
+    over the last ``window`` tokens' wall time, the first once that many have come (two
+    arrivals a millisecond apart, tokens the UI took together, read as a rate of thousands
+    and flattened the line). At most ``max_samples`` are kept (older ones are merged
+    pairwise), so a long reply costs the same to draw as a short one."""
 
     def __init__(self, window: int = 8, max_samples: int = 240) -> None:
         self.window = window
@@ -39,7 +41,7 @@ class SpeedTracker:
         while len(arrivals) > 2 and n_tokens - arrivals[1][0] >= self.window:
             arrivals.pop(0)
         n0, t0 = arrivals[0]
-        if len(arrivals) < 2 or at <= t0:
+        if len(arrivals) < 2 or at <= t0 or n_tokens - n0 < self.window:
             return None
         sample = (n_tokens - n0) / (at - t0)
         self.samples.append(sample)
