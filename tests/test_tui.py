@@ -342,6 +342,14 @@ def test_settings_reach_the_model_and_are_saved(home):
             await ready(pilot)
             await pilot.press("ctrl+s")
             assert isinstance(app.screen, SettingsScreen)
+            # A typed value shows whole in its field, the cursor after it ("2048" showed
+            # as "048").
+            field = app.screen.query_one("#max-tokens")
+            field.focus()
+            field.value = ""
+            await pilot.press(*"204800")
+            await pilot.pause()
+            assert field.value == "204800" and field.content_region.width > len(field.value)
             app.screen.query_one("#system-prompt").load_text("Answer like a pirate.")
             app.screen.query_one("#temperature").value = "3000"
             await pilot.click("#save")
