@@ -51,7 +51,7 @@ HELP = """\
 | **Up** / **Down** on the first / last line | earlier prompts |
 | **Esc**, **Ctrl+C** | cancel the reply (the partial text is kept, marked ✂) |
 | **PageUp** / **PageDown** | scroll the conversation |
-| **Ctrl+N** | new chat |
+| **Ctrl+N** | new chat, with this chat's settings (system prompt, sampling, max tokens) |
 | **Ctrl+R** | chats: resume, rename (r), delete (d) |
 | **Ctrl+O** | models: switch, pull; the planner's verdict for this machine |
 | **Ctrl+S** | this chat's system prompt, sampling and thinking (Enter saves, Esc cancels) |
