@@ -195,6 +195,8 @@ def test_copy_delete_and_push(home):
      "Go template"),
     ({"model": "p", "from": "fake:1b", "template": "{% for m in messages %}{{ m.content }"},
      400, "TEMPLATE does not compile as a Jinja chat template: unexpected '}'"),
+    ({"model": "p", "from": "fake:1b", "parameters": {"num_ctx": 99999999999}}, 400,
+     "num_ctx 99999999999 is beyond what fake:1b-f16 was trained for \\(256 tokens\\)"),
     ({"model": "fake:1b", "from": "fake:1b"}, 400, "installed model"),
     ({"model": "gemma3:270m", "from": "fake:1b"}, 400, "a model of the catalog"),
     ({"model": "p/../x", "from": "fake:1b"}, 400, "invalid preset name"),

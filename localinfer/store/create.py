@@ -88,6 +88,7 @@ def create_preset(store: ModelStore, request: CreateRequest, *, from_api: bool,
         model = resolved.installed
     for path in request.adapters:
         _check_adapter(Path(path), gguf.read_header(model.path).architecture)
+    _check_context(request, model)
     say("reading model metadata")  # the first status: the request has checked out
     if request.quantize:
         model = quantize_model(store, model, request.quantize, allow_requantize=allow_requantize,
@@ -97,6 +98,19 @@ def create_preset(store: ModelStore, request: CreateRequest, *, from_api: bool,
     store.presets.save(preset)
     say("success")
     return preset
+
+
+def _check_context(request: CreateRequest, model: InstalledModel) -> None:
+    """A ``num_ctx`` beyond what the model was trained for is refused when the preset is
+    made (a daemon capped it unsaid; the model loaded in a process refused it, naming --ctx
+    rather than the preset)."""
+    num_ctx = request.parameters.get("num_ctx")
+    if not num_ctx:
+        return
+    trained = gguf.read_header(model.path).context_length
+    if trained and num_ctx > trained:
+        raise InvalidRequest(f"PARAMETER num_ctx {num_ctx} is beyond what {model.name} was"
+                             f" trained for ({trained} tokens); give {trained} or less.")
 
 
 def _check_free(store: ModelStore, name: str) -> None:
