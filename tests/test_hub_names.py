@@ -158,6 +158,19 @@ def test_a_file_naming_no_quant_gets_a_label_a_name_can_spell():
     assert parse(f"hf.co/u/r:{quant}").quant == quant
 
 
+def test_two_files_of_one_quant_pull_the_first_and_say_so():
+    # A base and an instruct model side by side: the first was pulled, the other unsaid.
+    from localinfer.store.pull import hub_target
+
+    listing = listing_of("u/r", None, [("Alpha-Q4_K_M.gguf", 10, None),
+                                       ("Beta-Q4_K_M.gguf", 10, None)])
+    target = hub_target(parse("hf.co/u/r:Q4_K_M"), listing=listing)
+    assert target.quant.files[0].path == "Alpha-Q4_K_M.gguf"
+    assert "2 Q4_K_M files" in target.note and "not Beta-Q4_K_M.gguf" in target.note
+    single = listing_of("u/r", None, [("Alpha-Q4_K_M.gguf", 10, None)])
+    assert hub_target(parse("hf.co/u/r:Q4_K_M"), listing=single).note == ""
+
+
 def test_a_repo_named_without_hf_co_is_pointed_at_it():
     """`pull demo/Quants-GGUF` said only that it is a path."""
     from localinfer.catalog import load_catalog

@@ -146,12 +146,14 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
         hf_logging.set_verbosity_error()
     # The planner and the store: not for building the parser.
     from ..selection import pull_target
-    from ..store import pull_model
+    from ..store import HubTarget, pull_model
 
     store = _store(config)
     target = pull_target(store, args.model, config)
     if target.reason:
         print(f"{args.model} -> {target.reason}")
+    if isinstance(target, HubTarget) and target.note:
+        print(f"localinfer: note: {target.note}", file=sys.stderr)
     display = _PullDisplay()
     try:
         model = pull_model(store, target, progress=display)

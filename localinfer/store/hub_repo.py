@@ -39,6 +39,9 @@ class QuantFiles:
     quant: str
     """Upper case, as the file names say it (``Q4_K_M``, ``UD-Q4_K_XL``, ``F16``)."""
     files: tuple[HubGGUF, ...]
+    others: tuple[str, ...] = ()
+    """Other files of the repo whose names say the same quant (a base and an instruct model
+    side by side): not pulled by this name."""
 
     @property
     def size(self) -> int | None:
@@ -136,7 +139,8 @@ def listing_of(repo: str, commit: str | None,
     for label, entries in groups.items():
         entries.sort(key=lambda e: (e[1], e[0], e[2].path))
         if entries[0][1] == 1:  # one file (the first, if two names say the same quant)
-            quants.append(QuantFiles(label, (entries[0][2],)))
+            same = tuple(e[2].path for e in entries[1:] if e[1] == 1)
+            quants.append(QuantFiles(label, (entries[0][2],), same))
             continue
         count = entries[0][1]
         shards = [e for e in entries if e[1] == count]

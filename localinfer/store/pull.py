@@ -88,6 +88,16 @@ class HubTarget:
     def planned(self) -> bool:
         return bool(self.reason)
 
+    @property
+    def note(self) -> str:
+        """What a user should know of the files this name does not pull (empty: nothing)."""
+        others = self.quant.others
+        if not others:
+            return ""
+        return (f"hf.co/{self.repo} has {len(others) + 1} {self.quant.quant} files; {self.name}"
+                f" is {self.quant.files[0].path}, not {', '.join(others)} (to use another,"
+                " download it and `localinfer add PATH`).")
+
 
 def hub_target(ref: str | hub_names.HubRef, *, offline: bool = False,
                listing: RepoListing | None = None, store: ModelStore | None = None
