@@ -773,6 +773,8 @@ def test_daemon_unreachable_is_shown_and_offers_running_in_process(home, monkeyp
             assert app.screen.title_text == "Daemon unreachable"
             assert "no localinfer daemon is running" in app.screen.message
             assert "no model" in text_of(app.query_one("#status-model"))
+            # The bandwidth is known (a laptop's profile): there is only no model to weigh.
+            assert text_of(app.query_one("#status-roofline")) == "roofline: no model loaded"
             await pilot.pause()
             # All four buttons show whole (the last, Close, was cut off).
             dialog = app.screen.query_one(".dialog")

@@ -195,6 +195,8 @@ class StatusBar(Vertical):
             note = "roofline: probing the hardware…"
         elif self._measuring:
             note = "roofline: measuring the memory bandwidth (once per machine)…"
+        elif session is None:  # the bandwidth may be known: there is no model to weigh
+            note = "roofline: no model loaded"
         else:
             note = "roofline: memory bandwidth unknown (`localinfer hw` measures it)"
         reference = self.reference if session else None
