@@ -123,7 +123,9 @@ def test_a_split_quant_is_pulled_as_one_model(hub_home, local_hub):
         assert pull_model(offline, pull_target(offline, ref)).path == model.path
         assert pull_model(offline, ref).path == model.path
     assert local_hub.requests("hub") == []
-    store.remove(model.name)
+    removed = cli("rm", "--yes", model.name)
+    assert removed.returncode == 0, removed.stderr
+    assert "deleted its 2 files:" in removed.stdout  # it named the first file only
     assert not any(p.exists() for p in model.paths) and not folder.exists()
 
 

@@ -485,7 +485,8 @@ def cmd_rm(args: argparse.Namespace, config: Config) -> int:
         if isinstance(item, InstalledModel):
             kept = (f" (its file {item.path} was already gone)" if gone
                     else f" (the linked file {item.path} is kept)" if item.linked
-                    else f" (deleted {item.path})")
+                    else f" (deleted {item.path})" if item.parts <= 1
+                    else f" (deleted its {item.parts} files: {item.path} and the shards beside it)")
             print(f"removed {item.name}{kept}")
         else:
             print(f"removed the partial download of {item.name}")
