@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import ggufgen
 from localinfer.cli import main
-from localinfer.errors import InvalidRequest, ModelNotFound
+from localinfer.errors import InvalidModelFile, InvalidRequest, ModelNotFound
 from localinfer.store import ModelStore, pull_model, validate_name
 from localinfer.store.starter import STARTER_MODULE
 
@@ -176,3 +177,14 @@ def test_the_starter_header_is_read_from_its_package_without_the_network(home):
     planned = remote_header(get_paths(), spec, spec.variant("Q4_K_M"), fetch=fetch)
     assert planned is not None and planned.layer_bytes() == header.layer_bytes()
     assert fetch.files_read == 0 and not fetch.notes
+
+
+def test_a_file_naming_no_architecture_is_refused_when_added(home, tmp_path):
+    # It was listed as noarch:0m-unknown and failed only when loaded.
+    data = ggufgen.tiny_model(n_layers=0).replace(b"general.architecture",
+                                                  b"general.architecturX")
+    path = tmp_path / "noarch.gguf"
+    path.write_bytes(data)
+    with pytest.raises(InvalidModelFile, match="names no model architecture"):
+        ModelStore().add(path)
+    assert ModelStore().installed() == []

@@ -543,6 +543,11 @@ class ModelStore:
             raise ModelNotFound(f"{path} is not a file; give the path of a .gguf file.")
         source = source.resolve()
         header = gguf.read_header(source)
+        architecture = header.metadata.get("general.architecture")
+        if not isinstance(architecture, str) or not architecture.isprintable() or \
+                not architecture:
+            raise InvalidModelFile(f"{path} names no model architecture (general.architecture"
+                                   f" is {architecture!r}): llama.cpp cannot load it.")
         quant = header.quant
         name = self._name_for_added(source, header, name)
         family = self.catalog.families.get(name.split(":", 1)[0])
