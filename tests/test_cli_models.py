@@ -73,6 +73,31 @@ def test_pull_list_show_rm(hub_home, local_hub):
     assert json.loads(cli("list", "--json").stdout) == []
 
 
+def test_ctrl_c_in_runs_first_use_pull_says_what_is_kept(hub_home, local_hub):
+    # `run hf.co/...` pulls on first use: Ctrl+C there said only "interrupted", on the line
+    # of the progress bar.
+    from hub_server import REPO
+
+    local_hub.faults.pause_at = 50_000_000
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "run", f"hf.co/{REPO}:Q4_K_M",
+                             "hi", "--no-daemon"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert local_hub.faults.paused.wait(120), "the download never reached the pause"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        local_hub.release()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    name = f"hf.co/{REPO.lower()}:q4_k_m"
+    assert stderr.strip().splitlines()[-1].startswith(
+        f"localinfer: cancelled: the pull of {name} was interrupted: "), stderr
+    assert "run this command again" in stderr and ModelStore().partials()[0].name == name
+
+
 def test_ctrl_c_leaves_a_download_that_resumes(hub_home, local_hub):
     local_hub.faults.pause_at = 100_000_000
     # Ctrl+C as a terminal sends it, whatever this process inherited: a suite started in the

@@ -90,6 +90,9 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     try:
         try:
             session = launcher.open(args.model, display)
+        except KeyboardInterrupt:
+            display.stop()
+            raise _pull_interrupted(launcher, args.model) from None
         finally:
             display.close()
         display.loaded(session)
@@ -145,6 +148,28 @@ def _stdin_text() -> str:
                              " e.g. with iconv -t utf-8.") from None
 
 
+def _pull_interrupted(launcher: Launcher, model: str) -> BaseException:
+    """Ctrl+C while ``run`` opened ``model``: what a first-use pull left to resume (as
+    ``pull`` says it), else a plain interruption."""
+    from ..progress import human_bytes
+    from ..store import is_hub_name
+    from ..store.hub_names import parse
+
+    if not is_hub_name(model):
+        return KeyboardInterrupt()
+    try:
+        prefix = parse(model).model + ":"
+    except InvalidRequest:
+        return KeyboardInterrupt()
+    partial = next((p for p in launcher.store.partials() if p.name.startswith(prefix)), None)
+    if partial is None or not partial.size_bytes:
+        return KeyboardInterrupt()
+    of = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
+    return Cancelled(f"the pull of {partial.name} was interrupted:"
+                     f" {human_bytes(partial.size_bytes)}{of} is kept in {partial.path}; run"
+                     f" this command again (or `localinfer pull {partial.name}`) to resume.")
+
+
 class _LoadDisplay:
     """The session's load steps as terminal bars: the starter model's bytes as it is copied
     into the store, then the load (this process's, or the daemon's) as a fraction; then the
@@ -196,6 +221,13 @@ class _LoadDisplay:
                      else f"Waiting for the daemon to load {self.model}")
             self.load = TerminalProgress(label, unit="fraction")
         self.load.fraction(step.fraction)
+
+    def stop(self) -> None:
+        """Interrupted: end the bar drawn now on a line of its own."""
+        for bar in (self.pulling, self.load):
+            if bar is not None:
+                bar.finish("Stopped.")
+        self.pulling = self.load = None
 
     def close(self) -> None:
         """The copy of the starter is over: end its bar and time the load from here."""
