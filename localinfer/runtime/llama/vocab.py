@@ -139,13 +139,16 @@ class VocabScan(LlamaHandles):
         return self._piece_buf.raw[: max(n, 0)].decode(errors="replace")
 
     # --- tokens (the Backend contract) ---------------------------------------------------
-    @functools.cache  # noqa: B019 - one per backend, which lives as long as its model
     def max_token_bytes(self) -> int:
         # A token's text in the vocabulary is never shorter than what it spells: SPM's
         # "\u2581" (3 bytes) is a space, "<0x0A>" one byte.
-        vocab = self._vocab
-        return max(len(L.llama_vocab_get_text(vocab, token) or b"")
-                   for token in range(self._n_vocab))
+        longest: int | None = getattr(self, "_max_token_bytes", None)
+        if longest is None:
+            vocab = self._vocab
+            longest = self._max_token_bytes = max(
+                len(L.llama_vocab_get_text(vocab, token) or b"")
+                for token in range(self._n_vocab))
+        return longest
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         try:
