@@ -630,8 +630,10 @@ class ChatScreen(TurnEditing):
         messages = self.chat.prompt_messages()
         if session is None or not n_ctx or not messages:
             return False
-        texts = [m.content for m in messages[:1] if m.role == "system"] + [
-            messages[-1].content]
+        # At most 8 characters a token of the context each: a prefix that already fills it
+        # tells, and a pasted megabyte is not tokenized whole (that takes tens of seconds).
+        texts = [m.content[:8 * n_ctx] for m in messages[:1] if m.role == "system"] + [
+            messages[-1].content[:8 * n_ctx]]
         try:
             n = await asyncio.to_thread(lambda: sum(session.count_text(t) for t in texts))
         except LocalInferError:
