@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from ..errors import Cancelled, InvalidRequest
 from ..hardware.load import LoadWindow
-from ..progress import TerminalProgress
+from ..progress import TerminalProgress, human_bytes
 from ..runtime.types import Done, Message, Priority, Token
 from .common import (
     add_load_flags,
@@ -151,7 +151,6 @@ def _stdin_text() -> str:
 def _pull_interrupted(launcher: Launcher, model: str) -> BaseException:
     """Ctrl+C while ``run`` opened ``model``: what a first-use pull left to resume (as
     ``pull`` says it), else a plain interruption."""
-    from ..progress import human_bytes
     from ..store import is_hub_name
     from ..store.hub_names import parse
 
