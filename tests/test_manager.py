@@ -98,6 +98,33 @@ def test_keep_alive_expiry_unloads(home):
         assert d.manager.loaded == {}
 
 
+def test_a_stop_or_keep_alive_0_sent_while_requests_run_unloads_when_they_end(home):
+    # The request that finished last set the keep-alive: an older stream ending after the
+    # stop (or after a keep_alive 0 request) kept the model loaded for the default 5 min.
+    install_fake_models("fake:1b-f16")
+    factory = fake_factory(reply="tok " * 300, step_delay_s=0.005, n_slots=2)
+    with serve(factory) as d:
+        client = openai_client(d)
+        olla = ollama_client(d)
+        for stop in ("unload", "keep_alive 0"):
+            stream = iter(client.completions.create(model="fake:1b", prompt="a", stream=True,
+                                                    extra_body={"speculative": False}))
+            next(stream)  # it runs
+            if stop == "unload":
+                with d.uds() as c:
+                    assert c.post("/localinfer/unload", json={"model": "fake:1b"}).json() == {
+                        "unloaded": ["fake:1b-f16"]}
+            else:
+                olla.generate(model="fake:1b", prompt="b", keep_alive=0,
+                              options={"num_predict": 2})
+            assert "fake:1b-f16" in d.manager.loaded  # the stream goes on
+            assert "".join(c.choices[0].text for c in stream).count("tok") >= 290
+            deadline = time.monotonic() + 5
+            while d.manager.loaded and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert d.manager.loaded == {}, stop
+
+
 @pytest.mark.parametrize("memo_s", [5.0, 0.0])
 def test_a_loaded_models_family_name_reads_the_store_once_in_a_while(home, monkeypatch,
                                                                      memo_s):

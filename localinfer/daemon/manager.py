@@ -161,11 +161,17 @@ class ModelManager:
         """Hold a loaded model for the duration of one request."""
         model = await self.resolve(name)
         entry = await self._acquire(model, num_ctx)
+        # As Ollama: the keep_alive of the request scheduled last holds when the model goes
+        # idle (each request's, or the daemon's when it gives none: a request's "10s" or -1
+        # does not stay for the requests after it). Set at the finish, an older request that
+        # ended last undid a stop or a keep_alive 0 sent while it ran.
+        entry.keep_alive_s = keep_alive_s if keep_alive_s is not None else \
+            self.default_keep_alive_s
         try:
             yield entry
         finally:
             with anyio.CancelScope(shield=True):  # a cancelled request still gives it back
-                await self._release(entry, keep_alive_s)
+                await self._release(entry)
 
     async def _acquire(self, model: ResolvedModel, num_ctx: int | None) -> LoadedModel:
         if model.preset is not None and not model.preset.own_engine:
@@ -274,13 +280,9 @@ class ModelManager:
             log.info("unloading %s to make room", victim.name)
             await self._evict(victim)
 
-    async def _release(self, entry: LoadedModel, keep_alive_s: float | None) -> None:
+    async def _release(self, entry: LoadedModel) -> None:
         async with self._changed:
             entry.in_flight -= 1
-            # As Ollama: each request's keep_alive, or the daemon's when it gives none (a
-            # request's "10s" or -1 does not stay for the requests after it).
-            entry.keep_alive_s = keep_alive_s if keep_alive_s is not None else \
-                self.default_keep_alive_s
             entry.last_used = time.time()
             if entry.in_flight == 0 and entry.keep_alive_s >= 0:
                 entry.expires_at = time.monotonic() + entry.keep_alive_s
