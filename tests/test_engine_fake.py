@@ -370,6 +370,23 @@ def test_full_queue_is_busy(fake_engine):
     assert all(g.done is not None for g in gens)
 
 
+def test_a_burst_the_free_slots_take_is_not_counted_as_waiting():
+    # Slots 2 + queue 1 take three at once: submitted together before the worker seats
+    # them, two of them counted as waiting and the third was refused (a 503 beside idle
+    # slots).
+    backend = FakeBackend(reply="tok " * 50, n_slots=2, step_delay_s=0.002)
+    engine = Engine(backend, max_queue=1)
+    try:
+        with engine._cv:  # the worker seats nothing meanwhile
+            gens = [engine.complete(p, SamplingParams(max_tokens=None)) for p in "abc"]
+            with pytest.raises(Busy, match="1 requests are already waiting"):
+                engine.complete("d")
+        for g in gens:
+            g.cancel()
+    finally:
+        engine.close()
+
+
 def test_close_ends_every_stream_as_cancelled():
     engine = Engine(FakeBackend(reply="tok " * 500, n_slots=1, step_delay_s=0.002))
     running = engine.complete("a", SamplingParams(max_tokens=None))

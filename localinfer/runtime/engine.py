@@ -308,10 +308,11 @@ class Engine:
             self._supersede(params.supersede)
         with self._cv:
             self._check_open()
-            if len(self._pending) >= self.max_queue:
-                raise Busy(
-                    f"{len(self._pending)} requests are already waiting; try again shortly."
-                )
+            # Requests waiting for a slot: not those about to take a free one (a burst of
+            # as many as there are slots found them all "waiting" before the worker ran).
+            waiting = len(self._pending) - sum(s.req is None for s in self._slots)
+            if waiting >= self.max_queue:
+                raise Busy(f"{waiting} requests are already waiting; try again shortly.")
             heapq.heappush(self._pending, request)
             self._requests_total += 1
             quick = functools.cache(lambda: reads_quickly(request, self._slots))
