@@ -344,3 +344,25 @@ def test_the_connection_cap_leaves_room_under_the_open_files_limit(monkeypatch):
                                                      - server_module.FD_SPARE)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_idle_exit_counts_from_the_end_of_the_last_reply(home):
+    # It counted from the request's start: a reply streaming longer than --idle-exit had the
+    # daemon exit as soon as it ended.
+    from localinfer.daemon.state import DaemonSettings
+
+    install_fake_models("fake:1b-f16")
+    factory = fake_factory(reply="tok " * 120, step_delay_s=0.01)
+    with serve(factory, settings=DaemonSettings(idle_exit_s=1.0)) as d:
+        client = openai_client(d)
+        text = client.completions.create(model="fake:1b", prompt="a",
+                                          extra_body={"speculative": False}).choices[0].text
+        assert text.count("tok") >= 100  # about 1.2 s, past the idle exit
+        time.sleep(0.3)
+        with d.uds() as c:
+            assert c.get("/health").status_code == 200  # still there after the reply
+        deadline = time.monotonic() + 10
+        while not d.daemon.state.exit_requested.is_set() and d.socket.exists() and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not d.socket.exists()  # then gone, idle

@@ -398,7 +398,8 @@ class Daemon:
         PullJob.cancel_all()  # each pull stops within a chunk, its partial file kept
         if self._loop is not None and self.state is not None:
             self.state.shutting_down = True
-            self._loop.call_soon_threadsafe(self.state.manager.cancel_all)
+            with contextlib.suppress(RuntimeError):  # stopped already: its loop is closed
+                self._loop.call_soon_threadsafe(self.state.manager.cancel_all)
 
     async def _housekeeping(self, state: DaemonState, server: _Server) -> None:
         idle_exit = state.settings.idle_exit_s
@@ -412,8 +413,10 @@ class Daemon:
                 await state.manager.expire()
             except Exception:  # housekeeping must survive a failed unload
                 log.exception("unloading an expired model failed")
+            if state.manager.busy:  # a reply still streams: idle from its end, not its start
+                state.touch()
             idle = time.monotonic() - state.last_activity
-            if idle_exit and not state.manager.busy and idle >= idle_exit:
+            if idle_exit and idle >= idle_exit:
                 log.info("no requests for %.0f s: exiting", idle)
                 self.stop()
                 return
