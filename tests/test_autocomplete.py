@@ -415,3 +415,22 @@ def test_a_different_file_is_not_cancelled(home):
                                     "n_predict": 5})
             t.join(10)
     assert out[0]["superseded"] is False and out[0]["tokens_predicted"] == 100
+
+
+def test_files_that_begin_alike_do_not_cancel_each_other(home):
+    # Two files with the same licence header: keyed on their start alone, the second's
+    # completion cancelled the first's (on /v1/completions it looked like an empty reply).
+    header = "# Licensed under the Apache License, Version 2.0 (the \"License\").\n" * 6
+    install_fake_models("coder:1b-f16")
+    with serve(fake_factory(reply="tok " * 100, fim=True, step_delay_s=0.005, n_slots=2)) as d:
+        client = openai_client(d)
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(client.completions.create(
+            model="coder:1b", prompt=header + "def load_config(", suffix="):\n    pass\n",
+            max_tokens=100, extra_body={"speculative": False})))
+        t.start()
+        time.sleep(0.2)
+        client.completions.create(model="coder:1b", prompt=header + "class Circle(",
+                                  suffix="):\n    radius = 1\n", max_tokens=5)
+        t.join(10)
+    assert out[0].choices[0].finish_reason == "length"  # all 100 tokens, not cut short

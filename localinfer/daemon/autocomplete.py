@@ -21,19 +21,23 @@ from ..runtime.types import Priority, SamplingParams
 from .requests import asked_priority, parse_priority
 
 KEY_CHARS = 256
-"""How much of the text before the cursor tells one file's requests from another's."""
+"""How much of the text before the cursor's line, and of the text after the cursor, tells one
+file's requests from another's: typing at the cursor changes neither."""
 
 
-def supersede_key(request: Request, model: str, context: str) -> str:
-    """The key under which a newer request from this client replaces an older one."""
+def supersede_key(request: Request, model: str, context: str, after: str = "") -> str:
+    """The key under which a newer request from this client replaces an older one: the
+    client (every local one is 127.0.0.1), the model, the start of the file before the
+    cursor's line and the text just after the cursor (two files that begin with the same
+    licence header cancelled each other's completions on the start alone)."""
     peer = request.client.host if request.client else "local"
     lines_before = context[:context.rfind("\n") + 1]
-    return f"{peer}\0{model}\0{lines_before[:KEY_CHARS]}"
+    return f"{peer}\0{model}\0{lines_before[:KEY_CHARS]}\0{after[:KEY_CHARS]}"
 
 
 def autocomplete_params(params: SamplingParams, request: Request, model: str,
-                        context: str) -> SamplingParams:
-    return dataclasses.replace(params, supersede=supersede_key(request, model, context))
+                        context: str, after: str = "") -> SamplingParams:
+    return dataclasses.replace(params, supersede=supersede_key(request, model, context, after))
 
 
 def autocomplete_priority(request: Request, body: dict[str, Any]) -> Priority:

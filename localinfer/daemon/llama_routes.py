@@ -71,7 +71,7 @@ def routes(state: DaemonState) -> list[Route]:
         f.number("t_max_prompt_ms", None)  # read, not enforced (as llama-server)
         asked = _Asked.read(body, f)
         name = f.string("model", None) or default_model(state, "/infill", fim=True)
-        params = autocomplete_params(asked.params, request, name, prefix)
+        params = autocomplete_params(asked.params, request, name, prefix, suffix)
         priority = asked.priority(request, body, autocomplete_priority(request, body))
 
         def encode(engine: Engine) -> list[int]:

@@ -233,7 +233,8 @@ def routes(state: DaemonState) -> list[Route]:
 
         if suffix:  # fill-in-the-middle: an editor's autocomplete
             return await _generate(state, request, f, name, encode,
-                                   autocomplete_params(_options(f), request, name, prompt),
+                                   autocomplete_params(_options(f), request, name, prompt,
+                                                       suffix),
                                    autocomplete_priority(request, body), chat=False,
                                    thinking=thinking)
         params = _options(f)

@@ -188,7 +188,7 @@ def routes(state: DaemonState) -> list[Route]:
             text = prompt
             return await _generate(state, request, f, name,
                                    lambda e: e.infill_tokens(text, suffix),
-                                   autocomplete_params(params, request, name, text),
+                                   autocomplete_params(params, request, name, text, suffix),
                                    autocomplete_priority(request, body), chat=False)
         return await _generate(state, request, f, name, prompt_encoder(prompt),
                                params, priority_of(request, body), chat=False)
