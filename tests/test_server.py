@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
 import openai
@@ -366,3 +367,43 @@ def test_idle_exit_counts_from_the_end_of_the_last_reply(home):
                 time.monotonic() < deadline:
             time.sleep(0.05)
         assert not d.socket.exists()  # then gone, idle
+
+
+def test_a_shutdown_while_a_model_loads_answers_its_requests_at_once(home):
+    # The requests waiting for the load got a cut stream or a plain-text 500 after uvicorn's
+    # 5 s graceful timeout; the load goes on in its thread and is closed at its end.
+    install_fake_models("fake:1b-f16")
+    release = threading.Event()
+    made: list = []
+    inner = fake_factory()
+
+    def slow(model, num_ctx, progress=None):
+        release.wait(10)
+        made.append(inner(model, num_ctx, progress))
+        return made[-1]
+
+    with serve(slow) as d:
+        replies: list = []
+
+        def ask() -> None:
+            with d.uds() as c:
+                replies.append(c.post("/v1/completions", json={"model": "fake:1b",
+                                                                "prompt": "a"}))
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        deadline = time.monotonic() + 10
+        while d.manager.loading is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        d.daemon.stop()
+        asker.join(10)
+        waited = time.monotonic() - started
+        release.set()
+    [reply] = replies
+    assert reply.status_code == 503 and "shutting down" in reply.json()["error"]["message"]
+    assert waited < 3  # not uvicorn's 5 s
+    deadline = time.monotonic() + 10
+    while not (made and made[0].backend.closed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert made and made[0].backend.closed  # the engine the load made after all is closed

@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 
 from ..config import Config, ModelSettings, load_config
-from ..errors import ContextOverflow, InvalidRequest
+from ..errors import ContextOverflow, DaemonError, InvalidRequest
 from ..runtime.engine import Engine
 from ..runtime.types import Message
 from ..selection import model_settings, pull_target
@@ -111,6 +111,9 @@ class ModelManager:
         """Models being drained to make room: their new requests wait for the switch."""
         self._changed = asyncio.Condition()
         self._closed = False
+        self._stopping = asyncio.Event()
+        """Set at shutdown (``cancel_all``): a load in progress stops, and the requests
+        waiting for one get a 503 at once."""
         self._names: dict[str, tuple[float, int, ResolvedModel]] = {}
         """Names resolved to a loaded model, by name, with when they expire (NAME_MEMO_S) and
         the store's ``changes`` then."""
@@ -180,7 +183,9 @@ class ModelManager:
         if entry is not None and model.name not in self._evicting and self._serves(
                 entry, num_ctx):
             return self._take(entry)  # no lock: another model's load or drain is no reason to wait
+        self._check_stopping()
         async with self._switch:
+            self._check_stopping()  # it waited for another model's load, which shutdown ended
             entry = self.loaded.get(model.name)
             if entry is not None and _stopped(entry) is not None:
                 # Its worker stopped on an error (a bug, already reported to the requests
@@ -310,16 +315,30 @@ class ModelManager:
         self.load_fraction = 0.0
         started = time.perf_counter()
 
-        def progress(fraction: float) -> None:
-            self.load_fraction = fraction
+        stopping = self._stopping
 
-        try:
-            engine = await asyncio.to_thread(self._factory, model, num_ctx, progress=progress)
+        def progress(fraction: float) -> bool:
+            self.load_fraction = fraction
+            return not stopping.is_set()  # False stops llama.cpp's load at shutdown
+
+        def load() -> Engine:
+            engine = self._factory(model, num_ctx, progress=progress)
             # Warmed up, ready to answer at once (the warm-up itself can fail: out of GPU
             # memory...; the model is then freed and the error raised).
-            await asyncio.to_thread(engine.wait_ready)
+            engine.wait_ready()
+            return engine
+
+        loaded = asyncio.ensure_future(asyncio.to_thread(load))
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopped.cancel()
             self.loading = None
+        if not loaded.done():  # shutdown: the load goes on in its thread, closed at its end
+            loaded.add_done_callback(_close_loaded)
+            self._check_stopping()
+        engine = loaded.result()
         load_ms = (time.perf_counter() - started) * 1000.0
         entry = LoadedModel(name=model.name, engine=engine, model=model, loaded_at=time.time(),
                             load_ms=load_ms, keep_alive_s=self.default_keep_alive_s)
@@ -365,8 +384,15 @@ class ModelManager:
                     now >= entry.expires_at:
                 await self.unload(entry.name, only_if_expired=True)
 
+    def _check_stopping(self) -> None:
+        if self._stopping.is_set():
+            raise DaemonError("the daemon is shutting down: send the request again once it is"
+                              " back.")
+
     def cancel_all(self) -> None:
-        """End every in-flight generation (shutdown): each stream ends within a token."""
+        """End every in-flight generation (shutdown): each stream ends within a token, and
+        a model's load stops (its waiting requests get a 503)."""
+        self._stopping.set()
         for entry in self.loaded.values():
             entry.engine.cancel_all()
 
@@ -390,3 +416,9 @@ class ModelManager:
     @property
     def busy(self) -> bool:
         return self.loading is not None or any(e.in_flight for e in self.loaded.values())
+
+
+def _close_loaded(task: asyncio.Future) -> None:
+    """A load that shutdown left running: close the engine it made (if it made one)."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()

@@ -284,7 +284,8 @@ class LlamaBackend(VocabScan, Decoding, Sampling, SeqStates):
         try:
             progress = self._progress
             assert progress is not None  # this callback is registered only with one
-            progress(float(fraction))
+            if progress(float(fraction)) is False:
+                return False  # its owner stops the load (a daemon shutting down)
         except Exception:  # a UI error must not abort the load from inside C
             log.exception("progress callback failed")
         return not interrupted()  # a Ctrl-C stops the load (raised once it returns)
