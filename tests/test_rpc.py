@@ -378,6 +378,28 @@ def test_the_split_over_two_workers_writes_the_local_text(two_workers, starter_p
 
 
 @pytest.mark.model
+def test_a_split_that_gives_the_last_worker_no_layers_loads(two_workers, starter_path,
+                                                            same_kernels):
+    # Its tensor_split named one share fewer than the workers' devices: the load was refused
+    # (the planner's own split over two workers does this when one is not worth a layer).
+    from localinfer.hardware.probe import probe
+    from localinfer.loading import load_engine
+    from localinfer.runtime.types import SamplingParams
+
+    endpoints = tuple(endpoint for _, endpoint in two_workers)
+    options = with_workers(LoadOptions(n_ctx=512), gguf.read_header(starter_path), endpoints,
+                           hardware=probe(measure_bandwidth=False),
+                           config=Config(layer_split="6,12,0"))
+    with load_engine(starter_path, options, name="gemma3:270m",
+                     family="gemma3").wait_ready() as engine:
+        layers = dict(engine.info.split)
+        assert layers["CPU"] == 6 and layers[f"{endpoints[0]} #0"] == 13  # with the output
+        assert not layers.get(f"{endpoints[1]} #0")
+        text = engine.complete(PROMPT, SamplingParams(temperature=0.0, max_tokens=8)).result()
+    assert text.text
+
+
+@pytest.mark.model
 def test_a_worker_killed_mid_stream_ends_that_request_and_the_daemon_goes_on(
         two_workers, starter_path, same_kernels, tmp_path):
     from daemon_util import serve

@@ -200,10 +200,12 @@ def _use_workers(mparams: L.llama_model_params, options: LoadOptions
                                  " lists no GPU device here.")
         handles.append(local[0])
         labels.append(local[1])
-    if len(options.tensor_split) not in (0, len(handles)):
-        raise InvalidRequest(f"tensor_split has {len(options.tensor_split)} shares for"
-                             f" {n_workers} worker devices"
-                             + (" and this machine's GPU." if options.local_gpu else "."))
+    # Devices past the last share take no layers (llama.cpp reads the array as zeros there):
+    # a split that gives the last worker none names one share fewer.
+    if len(options.tensor_split) > len(handles):
+        raise InvalidRequest(f"the layer split names {len(options.tensor_split)} devices, and"
+                             f" the workers have {n_workers}"
+                             + (" and this machine's GPU one." if options.local_gpu else "."))
     array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)  # NULL-terminated
     split = (ctypes.c_float * L.llama_max_devices())(*(options.tensor_split or ()))
     _set(mparams, devices=ctypes.cast(array, ctypes.c_void_p).value,
@@ -227,6 +229,7 @@ def _worker_split(n_layers: int, options: LoadOptions, labels: list[str]
                   ) -> tuple[tuple[str, int], ...]:
     """Layers per device, the local CPU first (as ModelInfo.split shows them)."""
     shares = options.tensor_split or tuple(1.0 for _ in labels)
+    shares = (*shares, *(0.0 for _ in labels[len(shares):]))  # the devices past the last: 0
     counts = layers_per_device(n_layers, options.n_gpu_layers, shares)
     return (("CPU", n_layers + 1 - sum(counts)), *zip(labels, counts, strict=True))
 
