@@ -1091,3 +1091,15 @@ def test_a_pull_shows_progress_and_a_cancelled_pull_is_shown(hub_home, local_hub
         opener.close()
 
     run(main())
+
+
+def test_the_status_names_a_split_over_workers():
+    # A model split over workers showed "CPU only".
+    import dataclasses
+
+    from localinfer.tui.figures import placement
+
+    info = dataclasses.replace(FakeBackend().info, split=(
+        ("CPU", 6), ("127.0.0.1:18500 #0", 6), ("127.0.0.1:18510 #0", 7)))
+    assert placement(info) == "CPU 6 + 13 layers on 2 workers"
+    assert placement(FakeBackend().info) == "CPU only"

@@ -72,7 +72,14 @@ def ttft(ms: float, n_tokens: int) -> str:
 
 
 def placement(info: ModelInfo) -> str:
-    """"CPU only", "GPU 24/32 layers" or "GPU 33/33 layers (CUDA)"."""
+    """"CPU only", "GPU 24/32 layers", "GPU 33/33 layers (CUDA)", or, split over
+    workers, "CPU 6 + 13 layers on 2 workers" (it said "CPU only")."""
+    remote = [(device, n) for device, n in info.split if device != "CPU"]
+    if remote:
+        here = sum(n for device, n in info.split if device == "CPU")
+        hosts = len({device.rsplit(" #", 1)[0] for device, _ in remote})
+        return (f"CPU {here} + {sum(n for _, n in remote)} layers on {hosts}"
+                f" worker{'s' * (hosts != 1)}")
     if info.n_gpu_layers <= 0:
         return "CPU only"
     layers = info.n_gpu_layers  # llama.cpp's count: the output layer is one more
