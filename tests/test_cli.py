@@ -343,3 +343,15 @@ def test_chat_outside_a_terminal_says_so(home):
     out = cli("chat", "nosuch:1b", stdin="")
     assert out.returncode == 2 and "not a terminal" in out.stderr
     assert "localinfer run" in out.stderr
+
+
+def test_worker_arguments_are_checked_before_it_starts(tmp_path):
+    # --port 65535 was an internal error (its description port is 65536), --threads -1 was
+    # taken (a negative bandwidth published), a --cache under a file an internal error.
+    (tmp_path / "afile").write_text("")
+    for args, says in ((["--port", "65535"], "from 1 to 65534"),
+                       (["--port", "0"], "from 1 to 65534"),
+                       (["--threads", "-1"], "at least 1"),
+                       (["--cache", str(tmp_path / "afile" / "sub")], "cannot make that folder")):
+        out = cli("worker", *args)
+        assert out.returncode == 2 and says in out.stderr, (args, out.stderr)

@@ -43,6 +43,12 @@ def positive_int(value: str) -> int:
     return _in_range(int(value), 1, float("inf"), "must be at least 1")
 
 
+def worker_port_arg(value: str) -> int:
+    """A worker's RPC port: 1-65534, its description served on the next one."""
+    return _in_range(int(value), 1, 65534, "must be a port from 1 to 65534 (the worker's"
+                     " description is served on the next port)")
+
+
 def port_arg(value: str) -> int:
     """A TCP port, 1-65535, or 0 for any free one (``--port``)."""
     return _in_range(int(value), 0, 65535, "must be a port from 1 to 65535 (0: any free one)")

@@ -10,12 +10,12 @@ import threading
 from pathlib import Path
 
 from ..config import Config
-from ..errors import WorkerError
+from ..errors import InvalidRequest, WorkerError
 from ..hardware import probe
 from ..hardware.profile import HardwareProfile
 from ..hardware.rpc import DEFAULT_PORT, PROTOCOL, parse_endpoints, probe_worker, version_text
 from ..paths import get_paths
-from .common import logical_cores
+from .common import logical_cores, positive_int, worker_port_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the"
                         " network, unauthenticated)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    p.add_argument("--port", type=worker_port_arg, default=DEFAULT_PORT,
                    help=f"RPC port (default {DEFAULT_PORT}); its description is served on the"
                         " next port")
     p.add_argument("--device", action="append", default=[], metavar="NAME",
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " the CPU)")
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="tensor cache directory (default <cache>/rpc; 'off' for none)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="CPU threads (default: physical cores)")
     p.set_defaults(func=cmd_worker)
 
@@ -48,6 +48,11 @@ def cmd_worker(args: argparse.Namespace, config: Config) -> int:
         cache = None
     else:
         cache = Path(args.cache).expanduser() if args.cache else get_paths().cache_dir / "rpc"
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidRequest(f"--cache {cache}: cannot make that folder"
+                                 f" ({exc.strerror or exc}); give another, or 'off'.") from None
     hw = probe()
     threads = min(args.threads or hw.cpu.runtime_threads, logical_cores())
     failure: list[BaseException] = []
