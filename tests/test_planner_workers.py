@@ -370,6 +370,11 @@ def test_workers_round_trip_through_json():
       "link_gbps": "fast"}, "workers[0].link_gbps must be a number"),
     ({"endpoint": "h:1", "devices": [{"name": "CPU", "memory_total_gib": 8, "vram": 1}]},
      "workers[0].devices[0].vram is not a known field"),
+    # 1e300 GiB overflowed the planner's byte counts (an internal error).
+    ({"endpoint": "h:1", "devices": [{"name": "CPU", "memory_total_gib": 1e300}]},
+     "workers[0].devices[0].memory_total_gib must be at most 1e"),
+    ({"endpoint": "h:1", "devices": [{"name": "CPU", "memory_total_gib": 8}],
+      "rtt_ms": 1e300}, "workers[0].rtt_ms must be at most 1e"),
 ])
 def test_bad_workers_name_the_field(worker, field):
     data = json.loads((PROFILES / "laptop-8gb-cpu.json").read_text())

@@ -260,6 +260,11 @@ class HardwareProfile:
         return cls.from_dict(data, source)
 
 
+MAX_FIGURE = 1e9
+"""The largest number a profile's field may hold (GiB, GB/s, TFLOPS, ms, Gbit/s: none comes
+near it)."""
+
+
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read a hardware profile JSON file (``localinfer plan --hardware FILE``)."""
     path = Path(path).expanduser()
@@ -309,6 +314,8 @@ class _Parser:
             raise self.error(path, f"must be a number, got {value!r}")
         if value < 0 or (positive and value == 0):
             raise self.error(path, f"must be {'above' if positive else 'at least'} 0, got {value}")
+        if value > MAX_FIGURE:  # 1e300 GiB overflowed the planner's byte counts (exit 70)
+            raise self.error(path, f"must be at most {MAX_FIGURE:g}, got {value:g}")
         return value
 
     def string(self, data: dict[str, Any], key: str, where: str, default: Any = ...,

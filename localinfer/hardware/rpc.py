@@ -128,7 +128,7 @@ def parse_worker_info(data: Any) -> dict[str, Any]:
             raise ValueError("a device without a name")
         bandwidth = device.get("bandwidth_gbps", 0)
         if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) \
-                or bandwidth < 0:
+                or not 0 <= bandwidth <= 1e6:  # GB/s; 1e308 came over the network
             raise ValueError(f"device {device['name']}: bandwidth_gbps {bandwidth!r}")
     if not isinstance(data.get("host", ""), str):
         raise ValueError("host is not a string")
