@@ -38,7 +38,8 @@ def test_endpoints_are_parsed_and_checked():
         "10.0.0.2:50052", "desk:1234")
     assert rpc.parse_endpoint("[::1]:7") == ("::1", 7)
     assert rpc.parse_endpoints(None) == ()
-    for bad in ("desk", "desk:", ":50052", "desk:0", "desk:70000", "desk:x"):
+    for bad in ("desk", "desk:", ":50052", "desk:0", "desk:70000", "desk:x",
+                "http://127.0.0.1:50052", "a b:1", "h/x:1"):  # the URL passed as a host
         with pytest.raises(ConfigError, match="HOST:PORT"):
             rpc.parse_endpoints(bad)
 

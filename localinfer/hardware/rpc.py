@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import socket
 import statistics
 import struct
@@ -94,9 +95,14 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not sep or not _HOST.fullmatch(host) or not port_text.isdigit() \
+            or not 0 < int(port_text) < 65536:  # "http://h:1" passed as the host "http://h"
         raise ConfigError(f"worker {text!r} is not HOST:PORT (e.g. 192.168.1.20:{DEFAULT_PORT}).")
     return host, int(port_text)
+
+
+_HOST = re.compile(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
+"""A host name, an IPv4 address, or an IPv6 one (given in brackets)."""
 
 
 def parse_endpoints(text: str | None) -> tuple[str, ...]:
