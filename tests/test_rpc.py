@@ -119,9 +119,27 @@ def test_an_unreachable_worker_is_left_out_or_refused():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         endpoint = f"127.0.0.1:{s.getsockname()[1]}"  # closed once this block ends
-    with pytest.raises(WorkerError, match=f"cannot reach worker {endpoint}"):
+    with pytest.raises(WorkerError, match=f"cannot reach worker {endpoint}") as caught:
         rpc.probe_worker(endpoint)
+    # A loopback worker is started on loopback (the advice exposed it with --host 0.0.0.0).
+    assert "`localinfer worker --port" in caught.value.message
     assert rpc.probe_workers((endpoint,), skip_unreachable=True)[0] == []
+
+
+def test_a_worker_whose_rpc_port_takes_no_connection_but_runs_is_busy_not_missing():
+    # Its description port answers: another daemon holds it ("cannot reach ... start one").
+    with socket.socket() as description:
+        description.bind(("127.0.0.1", 0))
+        description.listen()
+        port = description.getsockname()[1] - 1
+        with socket.socket() as probe_port:
+            try:
+                probe_port.bind(("127.0.0.1", port))
+            except OSError:
+                pytest.skip("the port below the description's is taken here")
+        with pytest.raises(WorkerError, match="runs .* but takes no connection") as caught:
+            rpc.probe_worker(f"127.0.0.1:{port}")
+    assert caught.value.title == "worker busy"
 
 
 def test_a_localinfer_worker_publishes_names_and_bandwidth():

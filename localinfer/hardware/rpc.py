@@ -27,6 +27,7 @@ is unknown (0).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import socket
@@ -149,6 +150,26 @@ def rpc_tensor_bytes(*, buffer: int, data: int, n_bytes: int) -> bytes:
                             b"localinfer-probe", 0)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listens(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether something takes a TCP connection on ``host:port`` at once."""
+    if port > 65535:
+        return False
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 class RPCConnection:
     """One connection to a worker, after a successful HELLO. Every call has a timeout."""
 
@@ -159,9 +180,16 @@ class RPCConnection:
         try:
             self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         except OSError as exc:
+            if _listens(host, port + 1):  # its description answers: it runs, held by another
+                raise WorkerError(
+                    f"worker {endpoint} runs (its description answers on port {port + 1}) but"
+                    f" takes no connection now ({_reason(exc)}): another daemon holds it. Stop"
+                    " that daemon's model, or leave this worker out of --workers.",
+                    title="worker busy") from None
+            start = f"--port {port}" if _is_loopback(host) else f"--host 0.0.0.0 --port {port}"
             raise WorkerError(f"cannot reach worker {endpoint}: {_reason(exc)}. Start one"
-                              f" there with `localinfer worker --host 0.0.0.0 --port {port}`"
-                              " (or llama.cpp's rpc-server), or leave it out of --workers.",
+                              f" there with `localinfer worker {start}` (or llama.cpp's"
+                              " rpc-server), or leave it out of --workers.",
                               title="worker unreachable") from None
         self._sock.settimeout(reply_timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
