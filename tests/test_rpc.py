@@ -466,3 +466,11 @@ def test_serve_refuses_a_worker_of_another_protocol(home):
     assert f"worker {worker.endpoint} speaks RPC protocol 8.0.0" in done.stderr
     assert "Traceback" not in done.stderr
 
+
+
+def test_one_worker_named_twice_is_refused(monkeypatch):
+    # localhost:N and 127.0.0.1:N: llama.cpp connected twice and the load hung.
+    same = {"devices": [], "machine": "abc123", "rpc_port": 18526}
+    monkeypatch.setattr(rpc, "worker_info", lambda endpoint, **kw: dict(same))
+    with pytest.raises(ConfigError, match="are the same worker"):
+        rpc.probe_workers(("localhost:18526", "127.0.0.1:18526"))

@@ -423,15 +423,33 @@ def probe_worker(endpoint: str, *, measure_link: bool = True,
                          and described.get("machine") == machine_tag())
 
 
+def _refuse_one_worker_twice(described: dict[str, dict[str, Any] | None]) -> None:
+    """ConfigError where two endpoints reach one worker (the same machine's tag and RPC port:
+    localhost:N and 127.0.0.1:N): llama.cpp connected to it twice, and the load hung, the
+    worker serving one client at a time."""
+    seen: dict[tuple[str, Any], str] = {}
+    for endpoint, info in described.items():
+        if not info or not info.get("machine") or info.get("rpc_port") is None:
+            continue
+        key = (str(info["machine"]), info["rpc_port"])
+        if key in seen:
+            raise ConfigError(f"workers {seen[key]} and {endpoint} are the same worker (one"
+                              " machine, one RPC port): name it once.")
+        seen[key] = endpoint
+
+
 def probe_workers(endpoints: tuple[str, ...], *, measure_link: bool = True,
                   skip_unreachable: bool = False) -> tuple[list[WorkerProfile], list[str]]:
     """Each worker's profile, in order. A refused worker (another protocol version, busy)
     always raises; an unreachable or failing one raises too, unless ``skip_unreachable``,
     where it is left out and its reason returned in the second list."""
     profiles, skipped = [], []
+    described = {endpoint: worker_info(endpoint) for endpoint in endpoints}
+    _refuse_one_worker_twice(described)
     for endpoint in endpoints:
         try:
-            profiles.append(probe_worker(endpoint, measure_link=measure_link))
+            profiles.append(probe_worker(endpoint, measure_link=measure_link,
+                                         info=lambda e: described[e]))
         except WorkerError as exc:
             if not skip_unreachable or exc.title == MISMATCH:
                 raise
