@@ -332,6 +332,9 @@ class ModelManager:
         stopped = asyncio.ensure_future(stopping.wait())
         try:
             await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: nobody takes what the thread loads
+            loaded.add_done_callback(_close_loaded)
+            raise
         finally:
             stopped.cancel()
             self.loading = None
