@@ -83,6 +83,11 @@ def test_a_huge_input_is_measured_by_its_bytes_before_it_is_tokenized(fake_engin
             prompt()
     assert seen == [64 * 8]  # none of them tokenized
     assert engine.embedding_tokens("word " * 50, truncate=True)  # a short one as before
+    # The bound is the context the model was trained for, not the one loaded: a daemon
+    # grows that for a long prompt (a 33,000-token prompt was refused at 2,048).
+    grows = fake_engine(n_ctx=64, n_ctx_train=100_000)
+    grows.backend.longest_token = 8
+    assert len(grows.completion_tokens(huge)) > 64
 
 
 def test_an_embedding_model_generates_no_text(fake_engine):

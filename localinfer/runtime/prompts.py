@@ -64,14 +64,17 @@ class PromptBuilder:
         return least if least > n_tokens else 0
 
     def _refuse_surely_too_long(self, text: str) -> None:
-        """``check_prompt``'s refusal of a prompt longer than the context, before it is
-        tokenized, where its length in bytes already tells."""
-        n_ctx = self.info.n_ctx
-        least = self._surely_more_tokens(text, n_ctx - 1)
+        """Refuse, before it is tokenized, a prompt that no context of this model could hold
+        (its length in bytes tells): more than it was trained for, not the context loaded
+        now, which a daemon grows for a long prompt."""
+        info = self.info
+        limit = max(info.n_ctx_train or 0, info.n_ctx)
+        least = self._surely_more_tokens(text, limit - 1)
         if least:
             raise ContextOverflow(
-                f"the prompt is at least {least:,} tokens ({len(text):,} characters) but the"
-                f" context window is {n_ctx} tokens. Shorten it.", n_prompt=least, n_ctx=n_ctx)
+                f"the prompt is at least {least:,} tokens ({len(text):,} characters), more than"
+                f" any context of {info.name} holds ({limit} tokens: what it was trained for)."
+                " Shorten it.", n_prompt=least, n_ctx=limit)
 
     def check_prompt(self, prompt: Sequence[int]) -> None:
         """Refuse a prompt this model cannot generate after."""
