@@ -624,9 +624,11 @@ class ChatScreen(TurnEditing):
 
     async def _too_long_by_its_text(self, error: ContextOverflow) -> bool:
         """Whether the last message's text and the system prompt's take the whole context
-        by themselves (the template adds to them)."""
+        by themselves (the template adds to them). Against the context the error names, else
+        the most the model takes (a daemon grows the loaded one before it refuses)."""
         session = self.host.session
-        n_ctx = error.n_ctx or (session.info.n_ctx if session else 0)
+        n_ctx = error.n_ctx or (max(session.info.n_ctx_train or 0, session.info.n_ctx)
+                                if session else 0)
         messages = self.chat.prompt_messages()
         if session is None or not n_ctx or not messages:
             return False
