@@ -10,7 +10,6 @@ read or write the memory the worker allocates. It binds to loopback unless told 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import socket
@@ -23,7 +22,7 @@ from typing import Any
 from . import __version__
 from .errors import BackendUnavailable, DaemonError, InvalidRequest
 from .hardware.profile import HardwareProfile
-from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, machine_tag, version_text
+from .hardware.rpc import INFO_PORT_OFFSET, PROTOCOL, is_loopback, machine_tag, version_text
 from .runtime import llama
 
 log = logging.getLogger(__name__)
@@ -79,15 +78,6 @@ def info_document(devices: Sequence[OfferedDevice], rpc_port: int) -> dict[str, 
             "host": socket.gethostname(), "machine": machine_tag(), "rpc_port": rpc_port,
             "devices": [{"name": d.name, "description": d.description, "kind": d.kind,
                          "bandwidth_gbps": d.bandwidth_gbps} for d in devices]}
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def ipv4_address(host: str) -> str:

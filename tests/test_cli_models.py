@@ -73,14 +73,13 @@ def test_pull_list_show_rm(hub_home, local_hub):
     assert json.loads(cli("list", "--json").stdout) == []
 
 
-def test_ctrl_c_in_runs_first_use_pull_says_what_is_kept(hub_home, local_hub):
-    # `run hf.co/...` pulls on first use: Ctrl+C there said only "interrupted", on the line
-    # of the progress bar.
-    from hub_server import REPO
-
-    local_hub.faults.pause_at = 50_000_000
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "run", f"hf.co/{REPO}:Q4_K_M",
-                             "hi", "--no-daemon"],
+def ctrl_c_at_pause(local_hub, pause_at: int, *args: str) -> tuple[int, str]:
+    """Run ``localinfer ARGS``, send it Ctrl+C once the Hub's download pauses at ``pause_at``
+    bytes: (its exit code, its stderr). Ctrl+C as a terminal sends it, whatever this process
+    inherited: a suite started in the background of a non-interactive shell ignores SIGINT,
+    and Python then leaves it ignored."""
+    local_hub.faults.pause_at = pause_at
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -91,7 +90,17 @@ def test_ctrl_c_in_runs_first_use_pull_says_what_is_kept(hub_home, local_hub):
         local_hub.release()
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr
+    return proc.returncode, stderr
+
+
+def test_ctrl_c_in_runs_first_use_pull_says_what_is_kept(hub_home, local_hub):
+    # `run hf.co/...` pulls on first use: Ctrl+C there said only "interrupted", on the line
+    # of the progress bar.
+    from hub_server import REPO
+
+    returncode, stderr = ctrl_c_at_pause(local_hub, 50_000_000, "run",
+                                         f"hf.co/{REPO}:Q4_K_M", "hi", "--no-daemon")
+    assert returncode == 130, stderr
     name = f"hf.co/{REPO.lower()}:q4_k_m"
     assert stderr.strip().splitlines()[-1].startswith(
         f"localinfer: cancelled: the pull of {name} was interrupted: "), stderr
@@ -99,21 +108,8 @@ def test_ctrl_c_in_runs_first_use_pull_says_what_is_kept(hub_home, local_hub):
 
 
 def test_ctrl_c_leaves_a_download_that_resumes(hub_home, local_hub):
-    local_hub.faults.pause_at = 100_000_000
-    # Ctrl+C as a terminal sends it, whatever this process inherited: a suite started in the
-    # background of a non-interactive shell ignores SIGINT, and Python then leaves it ignored.
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "pull", NAME],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        assert local_hub.faults.paused.wait(120), "the download never reached the pause"
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        local_hub.release()
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
+    returncode, stderr = ctrl_c_at_pause(local_hub, 100_000_000, "pull", NAME)
+    assert returncode == 130, stderr
     error = stderr.strip().splitlines()[-1]
     match = re.fullmatch(rf"localinfer: cancelled: the pull of {re.escape(NAME)} was"
                          r" interrupted: ([\d.]+) MB of 253\.1 MB is kept in (\S+)\.partial;"

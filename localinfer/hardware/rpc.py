@@ -150,7 +150,8 @@ def rpc_tensor_bytes(*, buffer: int, data: int, n_bytes: int) -> bytes:
                             b"localinfer-probe", 0)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
     if host == "localhost":
         return True
     try:
@@ -186,7 +187,7 @@ class RPCConnection:
                     f" takes no connection now ({_reason(exc)}): another daemon holds it. Stop"
                     " that daemon's model, or leave this worker out of --workers.",
                     title="worker busy") from None
-            start = f"--port {port}" if _is_loopback(host) else f"--host 0.0.0.0 --port {port}"
+            start = f"--port {port}" if is_loopback(host) else f"--host 0.0.0.0 --port {port}"
             raise WorkerError(f"cannot reach worker {endpoint}: {_reason(exc)}. Start one"
                               f" there with `localinfer worker {start}` (or llama.cpp's"
                               " rpc-server), or leave it out of --workers.",
