@@ -9,9 +9,13 @@ in-process engine.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
+import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,7 +24,7 @@ import httpx
 
 from .errors import ConfigError, DaemonError, LocalInferError
 from .instance import running_daemon
-from .paths import Paths
+from .paths import Paths, ensure_dir, get_paths
 from .protocol import (
     ModelInfo,
     Start,
@@ -40,6 +44,8 @@ from .runtime.types import (
     Token,
     Usage,
 )
+
+log = logging.getLogger(__name__)
 
 HOST_ENV = "LOCALINFER_HOST"
 
@@ -293,3 +299,76 @@ def _json(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return {"error": response.text[:200]}
+
+
+DAEMON_START_TIMEOUT_S = 30.0
+
+
+def start_daemon(serve_args: Sequence[str], idle_exit_s: float
+                 ) -> tuple[DaemonClient, int | None]:
+    """Start ``localinfer serve`` for this home (detached, with an idle exit) and wait for it
+    to answer: its client, and its pid (None where another front end's daemon answered
+    first). Once more on the Unix socket alone when another program has the TCP port."""
+    try:
+        log_path = ensure_dir(get_paths().cache_dir) / "daemon.log"
+    except OSError as exc:
+        raise _cannot_start(exc) from None
+    args = [*serve_args]
+    for attempt in range(2):
+        try:
+            proc = spawn_daemon(args, idle_exit_s, log_path)
+        except OSError as exc:  # a read-only home: its log cannot be written
+            raise _cannot_start(exc) from None
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            client = DaemonClient.discover()
+            if client is not None:
+                return client, proc.pid
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        else:
+            raise DaemonError(f"the daemon started (pid {proc.pid}) but did not answer"
+                              f" within {DAEMON_START_TIMEOUT_S:.0f} s; see {log_path}.",
+                              title="daemon unreachable")
+        reason = last_error_line(log_path)
+        if attempt == 0 and "port" in reason and "--no-tcp" not in args:
+            # Another program has the TCP port: the Unix socket is enough for this UI.
+            log.warning("daemon: %s; starting it on the Unix socket only", reason)
+            args.append("--no-tcp")
+            continue
+        client = DaemonClient.discover()  # another UI may have started one meanwhile
+        if client is not None:
+            return client, None
+        raise DaemonError(f"the daemon could not start: {reason or 'it exited'}"
+                          f" (log: {log_path}).", title="daemon unreachable")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _cannot_start(exc: OSError) -> DaemonError:
+    """Why a daemon could not be started here (its log or socket folder cannot be written):
+    a daemon error, so that a front end offers to run in process."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return DaemonError(f"cannot start the daemon: {exc.strerror or exc}{where}. Make"
+                       " LOCALINFER_HOME writable, or run without the daemon (--no-daemon).",
+                       title="daemon unreachable")
+
+
+def spawn_daemon(args: Iterable[str], idle_exit_s: float, log_path: Path) -> subprocess.Popen:
+    """``localinfer serve --idle-exit N`` in its own session: it outlives this front end."""
+    command = [sys.executable, "-m", "localinfer", "serve", "--idle-exit",
+               f"{idle_exit_s:g}", *args]
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=log_file, start_new_session=True, close_fds=True)
+
+
+def last_error_line(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines[-20:]):
+        if line.startswith("localinfer:"):
+            return line.removeprefix("localinfer:").strip()
+    return lines[-1].strip() if lines else ""

@@ -21,8 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import gguf
 from .config import Config, ModelSettings
 from .errors import DaemonError, LocalInferError, ModelLoadError, ModelNotFound, OfflineError
-from .paths import ensure_dir, get_paths
 from .planner import Candidate, Roofline, plan, predict, roofline_for
 from .progress import human_bytes
 from .protocol import ModelInfo, ThinkingStart
@@ -79,7 +76,6 @@ log = logging.getLogger(__name__)
 DAEMON_IDLE_EXIT_S = 1800.0
 """An auto-started daemon exits after this long without requests (the model itself unloads
 after the daemon's keep-alive, 5 minutes by default)."""
-DAEMON_START_TIMEOUT_S = 30.0
 IF_NO_DAEMON = ("start", "fail", "in_process")
 """What a Launcher does when no daemon answers: start one (the chat UI), fail with a message,
 or load the model in this process (``localinfer run``)."""
@@ -645,77 +641,17 @@ class Launcher:
         return client
 
     def _spawn_daemon(self) -> DaemonClient:
-        from .client import DaemonClient
+        from .client import start_daemon
 
-        try:
-            log_path = ensure_dir(get_paths().cache_dir) / "daemon.log"
-        except OSError as exc:
-            raise _cannot_start(exc) from None
-        args = [*self.serve_args]
-        for attempt in range(2):
-            try:
-                proc = spawn_daemon(args, self.idle_exit_s, log_path)
-            except OSError as exc:  # a read-only home: its log cannot be written
-                raise _cannot_start(exc) from None
-            deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
-            while time.monotonic() < deadline:
-                client = DaemonClient.discover()
-                if client is not None:
-                    self.started_daemon_pid = proc.pid
-                    return client
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-            else:
-                raise DaemonError(f"the daemon started (pid {proc.pid}) but did not answer"
-                                  f" within {DAEMON_START_TIMEOUT_S:.0f} s; see {log_path}.",
-                                  title="daemon unreachable")
-            reason = last_error_line(log_path)
-            if attempt == 0 and "port" in reason and "--no-tcp" not in args:
-                # Another program has the TCP port: the Unix socket is enough for this UI.
-                log.warning("daemon: %s; starting it on the Unix socket only", reason)
-                args.append("--no-tcp")
-                continue
-            client = DaemonClient.discover()  # another UI may have started one meanwhile
-            if client is not None:
-                return client
-            raise DaemonError(f"the daemon could not start: {reason or 'it exited'}"
-                              f" (log: {log_path}).", title="daemon unreachable")
-        raise AssertionError("unreachable")  # pragma: no cover
+        client, pid = start_daemon(self.serve_args, self.idle_exit_s)
+        if pid is not None:
+            self.started_daemon_pid = pid
+        return client
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def _cannot_start(exc: OSError) -> DaemonError:
-    """Why a daemon could not be started here (its log or socket folder cannot be written):
-    a daemon error, so that a front end offers to run in process."""
-    where = f" ({exc.filename})" if exc.filename else ""
-    return DaemonError(f"cannot start the daemon: {exc.strerror or exc}{where}. Make"
-                       " LOCALINFER_HOME writable, or run without the daemon (--no-daemon).",
-                       title="daemon unreachable")
-
-
-def spawn_daemon(args: Iterable[str], idle_exit_s: float, log_path: Path) -> subprocess.Popen:
-    """``localinfer serve --idle-exit N`` in its own session: it outlives this front end."""
-    command = [sys.executable, "-m", "localinfer", "serve", "--idle-exit",
-               f"{idle_exit_s:g}", *args]
-    with open(log_path, "ab") as log_file:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
-                                stderr=log_file, start_new_session=True, close_fds=True)
-
-
-def last_error_line(log_path: Path) -> str:
-    try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in reversed(lines[-20:]):
-        if line.startswith("localinfer:"):
-            return line.removeprefix("localinfer:").strip()
-    return lines[-1].strip() if lines else ""
 
 
 def _copy_progress(progress: Progress) -> Callable[[int, int], None]:

@@ -8,12 +8,16 @@ import difflib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import Config
 from ..errors import ConfigError
 from ..hardware.probe import probe_build
+from ..progress import human_bytes
 from ..runtime.types import KV_CACHE_TYPES, SamplingParams, kv_cache_types
+
+if TYPE_CHECKING:  # the store loads the catalog: not for building the parser
+    from ..store import PartialDownload
 
 LOAD_FLAGS = ("ctx", "gpu_layers", "threads", "kv_type", "flash_attn")
 """The ``add_load_flags`` destinations, each also a ``Config`` field of the same name."""
@@ -195,3 +199,12 @@ def duration(seconds: float) -> str:
 
 def _count(n: int, unit: str) -> str:
     return f"{n} {unit}" + ("" if n == 1 else "s")
+
+
+def kept_text(partial: PartialDownload | None) -> str:
+    """What an interrupted pull kept (or None): ": 136.3 MB of
+    253.1 MB is kept in PATH", or "" when nothing was."""
+    if partial is None or not partial.size_bytes:
+        return ""
+    of = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
+    return f": {human_bytes(partial.size_bytes)}{of} is kept in {partial.path}"

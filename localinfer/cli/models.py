@@ -20,7 +20,7 @@ from ..config import Config
 from ..errors import Cancelled, InvalidRequest, ModelInUse, ModelNotFound
 from ..hardware import probe
 from ..progress import TerminalProgress, human_bytes
-from .common import gpu_layers_text, print_table
+from .common import gpu_layers_text, kept_text, print_table
 
 if TYPE_CHECKING:  # the store loads the catalog: not for building the parser
     from ..store import InstalledModel, ModelStore
@@ -160,11 +160,8 @@ def cmd_pull(args: argparse.Namespace, config: Config) -> int:
     except KeyboardInterrupt:
         display.finish("Stopped.")
         partial = next((p for p in store.partials() if p.name == target.name), None)
-        of = f" of {human_bytes(partial.total_bytes)}" if partial and partial.total_bytes else ""
-        kept = (f": {human_bytes(partial.size_bytes)}{of} is kept in {partial.path}"
-                if partial and partial.size_bytes else "")
-        raise Cancelled(f"the pull of {target.name} was interrupted{kept}; run `localinfer"
-                        f" pull {target.name}` again to resume.") from None
+        raise Cancelled(f"the pull of {target.name} was interrupted{kept_text(partial)}; run"
+                        f" `localinfer pull {target.name}` again to resume.") from None
     finally:
         display.finish()
     final = display.last

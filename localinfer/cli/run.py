@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from ..errors import Cancelled, InvalidRequest
 from ..hardware.load import LoadWindow
-from ..progress import TerminalProgress, human_bytes
+from ..progress import TerminalProgress
 from ..runtime.types import Done, Message, Priority, Token
 from .common import (
     add_load_flags,
     add_sampling_flags,
     gpu_layers_text,
+    kept_text,
     load_flags_given,
     load_settings,
     sampling_params,
@@ -163,9 +164,7 @@ def _pull_interrupted(launcher: Launcher, model: str) -> BaseException:
     partial = next((p for p in launcher.store.partials() if p.name.startswith(prefix)), None)
     if partial is None or not partial.size_bytes:
         return KeyboardInterrupt()
-    of = f" of {human_bytes(partial.total_bytes)}" if partial.total_bytes else ""
-    return Cancelled(f"the pull of {partial.name} was interrupted:"
-                     f" {human_bytes(partial.size_bytes)}{of} is kept in {partial.path}; run"
+    return Cancelled(f"the pull of {partial.name} was interrupted{kept_text(partial)}; run"
                      f" this command again (or `localinfer pull {partial.name}`) to resume.")
 
 

@@ -486,7 +486,7 @@ class ChatScreen(TurnEditing):
         self.host.show_status()
         if await self._run_after_reply():
             return
-        if done.finish_reason == "length" and n_ctx and stats.context_tokens >= n_ctx - 1:
+        if stats.finish_reason == "context":
             self._context_full(f"The reply stopped because the context is full"
                                f" ({stats.context_tokens:,} of {n_ctx:,} tokens).",
                                unanswered=False)
