@@ -25,7 +25,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,9 +44,9 @@ from .checkpoints import CHECKPOINT_MIN_TOKENS as CHECKPOINT_MIN_TOKENS
 from .checkpoints import DEFAULT_CHAT_CHECKPOINTS, READ_AHEAD_IDLE_S, CacheKeeper, slot_score, waits
 from .checkpoints import REREAD_TAIL as REREAD_TAIL
 from .disk_cache import PrefixCache
-from .fim import FimFile, FimTokens
+from .fim import FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
-from .prompts import PromptBuilder
+from .prompts import PromptBuilder, Prompting
 from .slots import (
     Slot,
     bare_decode_rate,
@@ -60,7 +60,6 @@ from .slots import (
 from .speculate import DraftPolicy, PromptLookup, graph_rows
 from .text import TextAssembler
 from .threads import ThreadMemory, ThreadTuner
-from .tools import ToolFormat
 from .turns import Turns, in_turns, turn
 from .types import (
     DEFAULT_SAMPLING,
@@ -82,7 +81,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Engine:
+class Engine(Prompting):
     """Owns one loaded model and the worker thread that runs every request on it."""
 
     def __init__(
@@ -166,9 +165,6 @@ class Engine:
         return self.submit(self.completion_tokens(prompt), params, priority=priority,
                            sink=sink)
 
-    def completion_tokens(self, prompt: str) -> list[int]:
-        return self.prompt_builder.completion_tokens(prompt)
-
     def infill(
         self,
         prefix: str,
@@ -183,52 +179,6 @@ class Engine:
         typing and waiting for it."""
         return self.submit(self.infill_tokens(prefix, suffix), params, priority=priority,
                            sink=sink)
-
-    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str | None = None,
-                      extra: Sequence[FimFile] = (), n_predict: int | None = None,
-                      ) -> FimTokens:
-        """The FIM prompt (``PromptBuilder.infill_tokens``)."""
-        return self.prompt_builder.infill_tokens(prefix, suffix, prompt=prompt, extra=extra,
-                                                 n_predict=n_predict)
-
-    @property
-    def chat_template_source(self) -> str:
-        """The Jinja source chats are rendered with (the model's, its family's, or one the
-        caller gave)."""
-        return self.prompt_builder.template_source
-
-    def render_chat(self, messages: Sequence[Message], *,
-                    add_generation_prompt: bool = True,
-                    tools: Sequence[dict[str, Any]] | None = None,
-                    template_vars: Mapping[str, Any] | None = None) -> str:
-        return self.prompt_builder.render_chat(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools,
-            template_vars=template_vars)
-
-    def chat_tokens(self, messages: Sequence[Message], *,
-                    add_generation_prompt: bool = True,
-                    tools: Sequence[dict[str, Any]] | None = None,
-                    template_vars: Mapping[str, Any] | None = None) -> list[int]:
-        return self.prompt_builder.chat_tokens(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools,
-            template_vars=template_vars)
-
-    def prompt_tokens(self, text: str) -> list[int]:
-        """A rendered chat prompt's tokens."""
-        return self.prompt_builder.prompt_tokens(text)
-
-    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
-        return self.prompt_builder.tokenize(text, add_special=add_special)
-
-    def piece(self, token: int) -> bytes:
-        return self.prompt_builder.piece(token)
-
-    def embedding_tokens(self, text: str, *, truncate: bool = True) -> list[int]:
-        """``text`` as the model reads it for an embedding (``PromptBuilder``)."""
-        return self.prompt_builder.embedding_tokens(text, truncate=truncate)
-
-    def embedding_input(self, tokens: list[int], *, truncate: bool = True) -> list[int]:
-        return self.prompt_builder.embedding_input(tokens, truncate=truncate)
 
     def embed(self, inputs: Sequence[list[int]]) -> Embeddings:
         """The model's pooled vector for each input (token lists from ``embedding_tokens``),
@@ -265,10 +215,6 @@ class Engine:
             self._step_jobs.append((fn, future))
             self._cv.notify()
         return future.result()
-
-    def tool_format(self) -> ToolFormat:
-        """How this model writes a tool call (``PromptBuilder.tool_format``)."""
-        return self.prompt_builder.tool_format()
 
     def submit(
         self,

@@ -2,8 +2,9 @@
 completion, a fill-in-the-middle request, an embedding's input, each turned into tokens.
 
 The engine holds one ``PromptBuilder`` and its public prompt methods (``chat_tokens``,
-``infill_tokens``...) are this one's. Rendered chat prompts are tokenized through the prompt
-cache (prompt_cache.py), which reuses the tokens of a recent prompt that starts alike.
+``infill_tokens``...) are this one's, through ``Prompting``. Rendered chat prompts are
+tokenized through the prompt cache (prompt_cache.py), which reuses the tokens of a recent
+prompt that starts alike.
 """
 
 from __future__ import annotations
@@ -249,6 +250,66 @@ class PromptBuilder:
     def _uncached_prompt_tokens(self, text: str) -> list[int]:
         """``prompt_tokens`` without keeping the prompt for reuse (a made-up one)."""
         return self.backend.tokenize(text, add_special=self.adds_bos(text))
+
+
+class Prompting:
+    """The prompt side of an engine, callable from any thread: its ``PromptBuilder``'s
+    methods, under the engine's name (``Engine`` derives from it)."""
+
+    prompt_builder: PromptBuilder
+
+    def completion_tokens(self, prompt: str) -> list[int]:
+        return self.prompt_builder.completion_tokens(prompt)
+
+    def infill_tokens(self, prefix: str, suffix: str, *, prompt: str | None = None,
+                      extra: Sequence[FimFile] = (), n_predict: int | None = None,
+                      ) -> FimTokens:
+        """The FIM prompt (``PromptBuilder.infill_tokens``)."""
+        return self.prompt_builder.infill_tokens(prefix, suffix, prompt=prompt, extra=extra,
+                                                 n_predict=n_predict)
+
+    @property
+    def chat_template_source(self) -> str:
+        """The Jinja source chats are rendered with (the model's, its family's, or one the
+        caller gave)."""
+        return self.prompt_builder.template_source
+
+    def render_chat(self, messages: Sequence[Message], *,
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None,
+                    template_vars: Mapping[str, Any] | None = None) -> str:
+        return self.prompt_builder.render_chat(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools,
+            template_vars=template_vars)
+
+    def chat_tokens(self, messages: Sequence[Message], *,
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None,
+                    template_vars: Mapping[str, Any] | None = None) -> list[int]:
+        return self.prompt_builder.chat_tokens(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools,
+            template_vars=template_vars)
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """A rendered chat prompt's tokens."""
+        return self.prompt_builder.prompt_tokens(text)
+
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        return self.prompt_builder.tokenize(text, add_special=add_special)
+
+    def piece(self, token: int) -> bytes:
+        return self.prompt_builder.piece(token)
+
+    def embedding_tokens(self, text: str, *, truncate: bool = True) -> list[int]:
+        """``text`` as the model reads it for an embedding (``PromptBuilder``)."""
+        return self.prompt_builder.embedding_tokens(text, truncate=truncate)
+
+    def embedding_input(self, tokens: list[int], *, truncate: bool = True) -> list[int]:
+        return self.prompt_builder.embedding_input(tokens, truncate=truncate)
+
+    def tool_format(self) -> ToolFormat:
+        """How this model writes a tool call (``PromptBuilder.tool_format``)."""
+        return self.prompt_builder.tool_format()
 
 
 def template_for(info: ModelInfo) -> ChatTemplate:
