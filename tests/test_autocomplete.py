@@ -18,7 +18,7 @@ from localinfer.errors import InvalidRequest
 from localinfer.runtime.engine import REREAD_TAIL
 from localinfer.runtime.fim import FimFile
 from localinfer.runtime.text import TextAssembler
-from localinfer.runtime.types import Priority, SamplingParams
+from localinfer.runtime.types import Priority, SamplingParams, Token
 
 
 def echo(prompt: str) -> str:
@@ -192,20 +192,67 @@ LLAMA_VSCODE_PREP = {  # its request that reads new context chunks ahead (noPred
 }
 
 
-def test_another_completion_copies_the_prompt_its_leader_read(fake_engine):
-    """n_cmpl: the second completion waits until the first has read the prompt, then copies
-    that slot's cache (through host memory), the prompt whole: it reads no row, and samples
-    its first token from the logits the first one sampled from."""
-    engine = fake_engine(fim=True, reply="abc def ghi", prompt_delay_s=0.002)
+def three_completions(engine, prompt, *, seeds=(1, 2, 3), **params):
+    """A prompt's completions as llama.vscode asks them (n_cmpl): the first and the others
+    that follow it, each with its own seed."""
+    first = engine.submit(prompt, SamplingParams(seed=seeds[0], **params))
+    return [first] + [engine.submit(prompt, SamplingParams(seed=seed, **params), follows=first)
+                      for seed in seeds[1:]]
+
+
+def test_completions_that_write_alike_ride_on_one_row(fake_engine):
+    """n_cmpl: the other completions wait until the first has read the prompt and sample
+    their first tokens from its logits; while they write what it writes they decode no row
+    of their own (one row a step for three completions) and copy no cache, and the slots
+    they sat in keep what they held (another editor's file, here)."""
+    engine = fake_engine(fim=True, reply="abc def ghi", prompt_delay_s=0.002, n_slots=3)
+    other = engine.completion_tokens("another editor's file " * 20)
+    engine.submit(other, SamplingParams(max_tokens=2)).result()
     prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
-    first = engine.submit(prompt, SamplingParams(max_tokens=20, seed=1))
-    second = engine.submit(prompt, SamplingParams(max_tokens=20, seed=2), follows=first)
-    done = [first.result(), second.result()]
-    assert [d.text for d in done] == ["abc def ghi"] * 2
-    assert done[0].timings.cached_tokens == 0
-    assert done[1].timings.cached_tokens == len(prompt)
+    rows_before = sum(engine.backend.decode_calls)
+    done = [g.result() for g in three_completions(engine, prompt, max_tokens=20)]
+    assert [d.text for d in done] == ["abc def ghi"] * 3
+    assert [d.timings.cached_tokens for d in done] == [0, len(prompt), len(prompt)]
     assert done[1].timings.setup_ms == done[1].timings.prefill_ms == 0  # no read, no wait
-    assert engine.backend.loaded == [len(prompt)]  # one copy, of the whole prompt
+    assert engine.backend.loaded == []  # nothing copied
+    # The prompt, then one row for each token the first sampled but the last (the end of
+    # generation, never decoded).
+    decoded = len(prompt) + done[0].usage.completion_tokens - 1
+    assert sum(engine.backend.decode_calls) - rows_before == decoded
+    again = engine.submit(other, SamplingParams(max_tokens=2)).result()
+    assert again.usage.cached_tokens == len(other) - REREAD_TAIL
+
+
+def test_a_completion_that_writes_otherwise_parts_with_a_copy(fake_engine):
+    """A completion whose token is not its leader's parts: it copies the cache they shared
+    (the prompt and the tokens before that one) and decodes on in its own slot."""
+    engine = fake_engine(fim=True, reply="abc def ghi", seeded={2: "abc xyz"},
+                         prompt_delay_s=0.002)
+    prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
+    done = [g.result() for g in three_completions(engine, prompt, max_tokens=20)]
+    assert [d.text for d in done] == ["abc def ghi", "abc xyz", "abc def ghi"]
+    assert engine.backend.loaded == [len(prompt) + 2]  # the prompt, "abc" and " "
+
+
+def test_a_completion_goes_on_alone_when_its_leader_ends(fake_engine):
+    """The first completion ends (its end of generation, or its client left): the others
+    copy the cache they shared and go on."""
+    engine = fake_engine(fim=True, reply="abc def ghi", seeded={1: "abc"},
+                         prompt_delay_s=0.002)
+    prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
+    done = [g.result() for g in three_completions(engine, prompt, seeds=(1, 2),
+                                                  max_tokens=20)]
+    assert [d.text for d in done] == ["abc", "abc def ghi"]
+    assert engine.backend.loaded == [len(prompt) + 1]
+
+    engine = fake_engine(fim=True, reply="t " * 30, step_delay_s=0.005)
+    first, second = three_completions(engine, prompt, seeds=(1, 2), max_tokens=100)
+    for event in first:
+        if isinstance(event, Token) and event.live.n_tokens == 3:
+            first.cancel()
+    assert first.result().finish_reason == "cancelled"
+    assert second.result().text == "t " * 30
+    assert len(engine.backend.loaded) == 1 and engine.backend.loaded[0] > len(prompt)
 
 
 def test_another_completion_reads_the_prompt_when_its_leader_is_cancelled(fake_engine):

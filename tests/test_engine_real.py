@@ -409,6 +409,24 @@ def test_another_completion_copies_the_prompt_and_goes_on_as_a_cached_read(real_
     assert done[1].text == done[0].text == again.text
 
 
+def test_completions_that_write_otherwise_part_and_decode_on_their_own(real_engine):
+    """Sampled completions of one prompt ride on the first's rows while they agree; one that
+    samples another token copies the cache they shared (llama.cpp's whole-sequence state,
+    through host memory) and decodes on in its own sequence, at the positions that follow."""
+    from localinfer.bench.engine_bench import _PARAGRAPH
+
+    prompt = real_engine.completion_tokens(f"{_PARAGRAPH} Three ideas for the harbour:")
+    params = {"temperature": 1.0, "top_k": 40, "max_tokens": 24, "speculative": False}
+    real_engine.clear_cache()
+    first = real_engine.submit(prompt, SamplingParams(seed=1, **params))
+    others = [real_engine.submit(prompt, SamplingParams(seed=seed, **params), follows=first)
+              for seed in (2, 3)]
+    done = [g.result() for g in (first, *others)]
+    assert [d.finish_reason for d in done] == ["length"] * 3
+    assert [d.usage.completion_tokens for d in done] == [24] * 3
+    assert len({d.text for d in done}) > 1  # they parted (seeds 1-3 do, at temperature 1)
+
+
 @pytest.mark.parametrize("sharing", ["a system prompt", "the BOS alone"])
 def test_a_sliding_window_moved_past_the_shared_prefix_is_read_again(starter_path, sharing):
     """A slot whose sliding-window layers have moved on past where a new prompt parts from

@@ -79,9 +79,10 @@ def slot_score(slot: Slot, request: Request, backend: Backend
     back as "=?", 26 tokens into a 300-token reply; with seven empty slots the daemon's next
     turn took one and read the whole conversation again). (llama-server takes the slot
     holding the largest share of a new prompt, and keeps what it drops in host memory.)
-    Another completion of a prompt (``Request.follows``) copies it: it takes an empty slot,
-    else the least recently used (a finished one's slot counts as never used: its cache
-    repeats its leader's)."""
+    Another completion of a prompt (``Request.follows``) rides on its leader's rows and copies
+    its cache only where it parts from it: it takes an empty slot, else the least recently
+    used (a finished one's slot counts as never used where it parted: its cache repeats its
+    leader's)."""
     if request.follows is not None:  # it copies its prompt: an empty or the stalest cache
         return False, False, 0, not slot.cached, -slot.last_used
     key = request.params.supersede
@@ -478,7 +479,7 @@ class CacheKeeper:
         being read inside it, choosing the block that copies the fewest cached tokens: a copy
         of each (a few ms for a few thousand tokens), once, and the other cache is kept."""
         def decodes(slot: Slot) -> bool:
-            return slot.req is not None and not slot.prefilling
+            return slot.req is not None and not slot.prefilling and not slot.riding
 
         stepping = [s.seq_id for s in slots if decodes(s)]
         k = len(stepping)

@@ -546,10 +546,11 @@ class Engine(Prompting):
 
     def _admit_followers(self, leader: Slot, first: Request, now: float) -> None:
         """The other completions of the prompt ``first`` has just read in ``leader``'s slot
-        (``Request.follows``) take free slots: each copies that cache, the prompt whole, and
-        samples its first token from the same logits, as llama-server's child tasks do,
-        reading no row. One that finds no slot free (or whose copy fails) is admitted later,
-        copies what the leader's cache holds then and reads the re-read tail."""
+        (``Request.follows``) take free slots and sample their first tokens from the same
+        logits, as llama-server's child tasks do, reading no row; each rides on the leader's
+        rows while it writes what the leader writes (``_ride``). One that finds no slot free
+        is admitted later, copies what the leader's cache holds then and reads the re-read
+        tail."""
         if len(leader.cached) != len(first.prompt):  # a resumption read its reply back too
             return
         with self._cv:
@@ -560,31 +561,62 @@ class Engine(Prompting):
             if not free:
                 return
             slot = max(free, key=lambda s: slot_score(s, request, self.backend))
-            if not self._kept.copy(slot, leader):
-                return
             with self._cv:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
-            self._seat(slot, request)
+            slot.req, slot.next_token = request, None  # its cache stays as it is for now
             self._start(request, len(request.prompt))
             request.t_start = request.t_read = now  # it reads nothing: its first token is now
-            token = self._sample_or_abort(slot, leader.batch_index)
-            if token is not None:
-                self._on_token(slot, token, now)
+            request.riding = True
+            self._ride(slot, first, leader.batch_index, now)
+
+    def _ride(self, slot: Slot, first: Request, index: int, now: float) -> None:
+        """A riding completion samples its next token from batch entry ``index``, its leader
+        ``first``'s row, and rides on while that token is the leader's and the leader decodes
+        on; else it parts (``_part``)."""
+        token = self._sample_or_abort(slot, index)
+        if token is None or not self._on_token(slot, token, now):
+            return  # it ended where the leader did, or alone
+        if first.generated[-1:] != [token] or not self._leads(first):
+            self._part(slot)
+
+    def _leads(self, first: Request | None) -> bool:
+        """Whether ``first`` decodes in a slot, so that its riders can sample its rows."""
+        return any(s.req is first and not s.prefilling for s in self._slots)
+
+    def _part(self, slot: Slot) -> None:
+        """A riding completion goes on alone: it takes a copy of the cache it shared (the
+        prompt and every token but the one just sampled, in its leader's slot or where that
+        has gone), or, where no slot holds it any more, reads it back as a preempted request
+        does."""
+        request = slot.running
+        request.riding = False
+        shared = request.prompt + request.generated[:-1]
+        source = next((s for s in self._slots if s is not slot and s.cached == shared), None)
+        if source is not None and self._kept.copy(slot, source):
+            slot.supersede, slot.ahead = None, []
+        else:
+            self._requeue(slot)
 
     def _preempt_for(self, waiting: Request) -> None:
         slot = preemption_victim(self._active(), waiting)
         if slot is None:
             return
-        request = slot.running
-        # Everything generated so far is already streamed; it resumes by reading it back
-        # (mostly from this slot's cache, if nobody overwrote it) and sampling on.
-        request.target = request.prompt + request.generated
         self._preemptions_total += 1
+        self._requeue(slot)
+
+    def _requeue(self, slot: Slot) -> None:
+        """Send the slot's request back to the queue. Everything generated so far is already
+        streamed; it resumes by reading it back (mostly from this slot's cache, if nobody
+        overwrote it) and sampling on."""
+        request = slot.running
+        request.target = request.prompt + request.generated
+        request.riding = False
         slot.req = None
         slot.next_token = None
         slot.last_used = time.perf_counter()
-        heapq.heappush(self._pending, request)
+        with self._cv:
+            heapq.heappush(self._pending, request)
 
     def _step(self) -> None:
         """Build one batch from the active slots (the decoding ones that ``_stepping`` picks),
@@ -594,7 +626,11 @@ class Engine(Prompting):
         seq_ids: list[int] = []
         outputs: list[bool] = []
         budget = self.backend.n_batch
-        active = self._active()
+        for slot in self._active():
+            if slot.riding and not self._leads(slot.running.follows):  # preempted, cancelled
+                self._part(slot)
+        active = [s for s in self._active() if not s.riding]
+        riders = [(s, s.running) for s in self._active() if s.riding]
         decoding = [s for s in active if not s.prefilling]
         # While a prompt is being read, every decoding slot steps and none drafts: the step
         # costs what the prompt's rows cost.
@@ -602,6 +638,9 @@ class Engine(Prompting):
         if not reading:
             decoding = self._stepping(decoding)
         choose_drafts(self.drafts, decoding, reading, self.backend.n_batch, self.info.n_ctx)
+        for slot in decoding:  # a leader's riders sample its one row
+            if any(r.follows is slot.running for _, r in riders):
+                slot.draft = []
         for slot in decoding:
             pos = len(slot.cached)
             slot.batch_index = len(tokens)
@@ -635,7 +674,8 @@ class Engine(Prompting):
                 slot.running.t_read = started
         with self._cv:
             self.backend.clear_interrupt()
-            self._in_step = [s.running for s in decoding] + [s.running for s, _ in chunks]
+            self._in_step = [s.running for s in decoding] + [r for _, r in riders] + [
+                s.running for s, _ in chunks]
             self._in_step_prompt_rows = sum(n for _, n in chunks)
             self._in_step_kept = any(read_for_next(s.running, len(s.cached)) for s, _ in chunks)
             if self._step_serves_nobody():
@@ -666,7 +706,11 @@ class Engine(Prompting):
             self.drafts.costs.record(
                 graph_rows([(s.seq_id, 1 + len(s.draft)) for s in decoding]), now - started)
         for slot in decoding:
+            first = slot.running
             self._verify(slot, now)
+            for rider, request in riders:
+                if request.follows is first and rider.req is request and request.riding:
+                    self._ride(rider, first, slot.batch_index, now)
         for slot, n in chunks:
             start = len(slot.cached)
             slot.cached.extend(slot.running.target[start : start + n])
@@ -750,7 +794,8 @@ class Engine(Prompting):
         text = request.assembler.push(piece)
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
-        self._kept.first_token(slot, self._flush)  # a prompt's save put off until now
+        if not request.riding:
+            self._kept.first_token(slot, self._flush)  # a prompt's save put off until now
         limit_ms = request.params.t_max_predict_ms  # autocomplete's: a line's end after it
         if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
             self._finish(slot, "length", now)
@@ -759,7 +804,8 @@ class Engine(Prompting):
         elif request.params.max_tokens is not None and \
                 request.n_generated >= request.params.max_tokens:
             self._finish(slot, "length", now)
-        elif len(slot.cached) >= self.info.n_ctx:
+        elif (len(request.prompt) + request.n_generated - 1 if request.riding
+              else len(slot.cached)) >= self.info.n_ctx:
             self._finish(slot, "length", now)  # no room left to decode this token
         else:
             slot.next_token = token
@@ -776,7 +822,8 @@ class Engine(Prompting):
         if done.timings.decode_tokens:
             self._last_decode_tps = done.timings.decode_tps
         self._release(slot, now)
-        slot.ahead = self._kept.next_turn_opening(slot, request, reason)
+        if not request.riding:  # a rider's slot keeps what it held
+            slot.ahead = self._kept.next_turn_opening(slot, request, reason)
         self._post(request, done)
 
     def _abort(self, slot: Slot, exc: BaseException) -> None:
@@ -791,7 +838,9 @@ class Engine(Prompting):
         if slot.req is not None:
             slot.req.ended = True
             self._free_sampler(slot.req)
-            if slot.req.follows is not None:  # its leader's cache is the one kept
+            if slot.req.riding:  # its slot's cache was never its own: it stays as it was
+                now = slot.last_used
+            elif slot.req.follows is not None:  # its leader's cache is the one kept
                 now = 0.0
                 self._kept.forget(slot)
         slot.req, slot.next_token, slot.draft = None, None, []

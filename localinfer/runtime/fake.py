@@ -116,8 +116,12 @@ class FakeBackend:
         chat_checkpoints: bool = False,
         cpu: FakeCPU | None = None,
         step_cost_s: Callable[[int], float] | None = None,
+        seeded: dict[int, str] | None = None,
     ) -> None:
         self.reply = reply
+        self.seeded = seeded or {}
+        """Replies by a request's seed, in place of ``reply``: completions of one prompt that
+        write otherwise."""
         self.cpu = cpu
         self.adaptive_threads = cpu.cores if cpu is not None else 0
         self.threads = (self.adaptive_threads, self.adaptive_threads)
@@ -315,7 +319,8 @@ class FakeBackend:
         seq, pos = self._outputs[index]
         if sampler.script is None:  # the first sample of a request: its prompt ends at pos
             sampler.prompt_len = pos + 1
-            text = self._reply_to(self.detokenize(self._seqs[seq][: pos + 1]))
+            text = self.seeded.get(sampler.seed) or self._reply_to(
+                self.detokenize(self._seqs[seq][: pos + 1]))
             sampler.script = self.tokenize(text, add_special=False) + [self._id(EOS)]
         k = pos + 1 - sampler.prompt_len
         if sampler.rescript:

@@ -125,8 +125,13 @@ class Request:
     """Where a FIM prompt's text typed at the cursor begins (``FimTokens.cursor``)."""
     follows: Request | None = None
     """The request this one is another completion of (llama-server's ``n_cmpl``): it waits
-    until that one has read their prompt, then copies that slot's cache and samples its first
-    token from the same logits (``Engine._admit_followers``)."""
+    until that one has read their prompt, then samples its first token from the same logits
+    and rides on its rows (``riding``; ``Engine._admit_followers``)."""
+    riding: bool = False
+    """Another completion whose tokens have all been its leader's so far: it reads no row of
+    its own but samples from its leader's, and its slot's cache stays what it was until it
+    parts (``Engine._ride``): three completions of an editor's keystroke that write alike cost
+    the steps of one."""
     ended: bool = False
     """It has left its slot for good (finished, cancelled or failed)."""
     sampler: object = None

@@ -72,7 +72,13 @@ class Slot:
 
     @property
     def prefilling(self) -> bool:
-        return self.req is not None and len(self.cached) < len(self.req.target)
+        return self.req is not None and not self.req.riding and \
+            len(self.cached) < len(self.req.target)
+
+    @property
+    def riding(self) -> bool:
+        """Its request samples from its leader's rows (``Request.riding``): it decodes none."""
+        return self.req is not None and self.req.riding
 
     def chunk_limit(self, start: int, n: int) -> int:
         """How many of ``n`` prompt tokens from ``start`` one chunk reads: it ends at the next
