@@ -234,32 +234,6 @@ def test_a_completion_that_writes_otherwise_parts_with_a_copy(fake_engine):
     assert engine.backend.loaded == [len(prompt) + 2]  # the prompt, "abc" and " "
 
 
-def test_completions_ride_on_the_drafts_their_leader_verifies(fake_engine):
-    """The first completion verifies prompt-lookup drafts; the others sample each row it took
-    a token from and ride on. One that writes otherwise inside a draft copies the cache they
-    shared, cut back to the token before its own (the fake model fails any step whose
-    positions do not follow its cache)."""
-    words = [w for i in range(30) for w in (f"line{i}", "=", f"value{i % 7}", "+", "offset")]
-    other = words[:20] + ["other"] + words[21:]
-    engine = fake_engine(reply=lambda prompt: prompt.split("COPY:")[-1],
-                         seeded={3: " ".join(other)})
-    prompt = engine.completion_tokens("COPY:" + " ".join(words))
-    done = [g.result() for g in three_completions(engine, prompt, temperature=0,
-                                                  max_tokens=None, speculative=True)]
-    assert [d.text for d in done] == [" ".join(words)] * 2 + [" ".join(other)]
-    assert done[0].timings.accepted_tokens > 20
-    assert len(engine.backend.loaded) == 1  # the third's copy: 20 words and their spaces
-    assert engine.backend.loaded[0] >= len(prompt) + 40
-    # The first ends (max_tokens) inside the draft in which the third parted, leaving its
-    # rejected tokens' cells: they are cut before the copy (else none, and a read of all).
-    engine.backend.loaded.clear()
-    done = [g.result() for g in three_completions(engine, prompt, temperature=0,
-                                                  max_tokens=42, speculative=True)]
-    assert done[2].text == " ".join(other)[:len(done[2].text)] and done[2].text.endswith(
-        "other ")
-    assert len(engine.backend.loaded) == 1
-
-
 def test_a_completion_goes_on_alone_when_its_leader_ends(fake_engine):
     """The first completion ends (its end of generation, or its client left): the others
     copy the cache they shared and go on."""

@@ -409,23 +409,6 @@ def test_another_completion_copies_the_prompt_and_goes_on_as_a_cached_read(real_
     assert done[1].text == done[0].text == again.text
 
 
-def test_a_greedy_completion_rides_on_the_drafts_its_leader_verifies(real_engine):
-    """Greedy, another completion writes what the first writes: it samples the rows of the
-    prompt-lookup drafts the first verifies (the code edit copies most of a function) and
-    decodes none of its own, to the same end."""
-    from localinfer.bench.engine_bench import CODE_EDIT_PROMPT
-
-    prompt = real_engine.completion_tokens(CODE_EDIT_PROMPT)
-    params = SamplingParams(temperature=0, max_tokens=150, speculative=True)
-    real_engine.clear_cache()
-    first = real_engine.submit(prompt, params)
-    second = real_engine.submit(prompt, params, follows=first)
-    done = [first.result(), second.result()]
-    assert done[0].timings.accepted_tokens > 20
-    assert done[1].text == done[0].text and done[1].finish_reason == done[0].finish_reason
-    assert done[1].timings.drafted_tokens == 0
-
-
 def test_completions_that_write_otherwise_part_and_decode_on_their_own(real_engine):
     """Sampled completions of one prompt ride on the first's rows while they agree; one that
     samples another token copies the cache they shared (llama.cpp's whole-sequence state,

@@ -568,24 +568,17 @@ class Engine(Prompting):
             self._start(request, len(request.prompt))
             request.t_start = request.t_read = now  # it reads nothing: its first token is now
             request.riding = True
-            self._ride(slot, first, leader.batch_index, first.generated[-1:], now)
+            self._ride(slot, first, leader.batch_index, now)
 
-    def _ride(self, slot: Slot, first: Request, index: int, taken: list[int],
-              now: float) -> None:
-        """A riding completion samples its next tokens from batch entries ``index`` on, the
-        rows in which its leader ``first`` has just ``taken`` tokens (one, and the draft tokens
-        it verified), and rides on while they are the leader's and the leader decodes on;
-        else it parts (``_part``)."""
-        for j, theirs in enumerate(taken):
-            token = self._sample_or_abort(slot, index + j)
-            if token is None or not self._on_token(slot, token, now):
-                return  # it ended where the leader did, or alone
-            if token != theirs:
-                break
-        else:
-            if self._leads(first):
-                return
-        self._part(slot)
+    def _ride(self, slot: Slot, first: Request, index: int, now: float) -> None:
+        """A riding completion samples its next token from batch entry ``index``, its leader
+        ``first``'s row, and rides on while that token is the leader's and the leader decodes
+        on; else it parts (``_part``)."""
+        token = self._sample_or_abort(slot, index)
+        if token is None or not self._on_token(slot, token, now):
+            return  # it ended where the leader did, or alone
+        if first.generated[-1:] != [token] or not self._leads(first):
+            self._part(slot)
 
     def _leads(self, first: Request | None) -> bool:
         """Whether ``first`` decodes in a slot, so that its riders can sample its rows."""
@@ -594,27 +587,16 @@ class Engine(Prompting):
     def _part(self, slot: Slot) -> None:
         """A riding completion goes on alone: it takes a copy of the cache it shared (the
         prompt and every token but the one just sampled, in its leader's slot or where that
-        has gone; cut back to them where the leader took more in the step), or, where no slot
-        holds them any more, reads them back as a preempted request does."""
+        has gone), or, where no slot holds it any more, reads it back as a preempted request
+        does."""
         request = slot.running
         request.riding = False
         shared = request.prompt + request.generated[:-1]
-        n = len(shared)
-        source = next((s for s in self._slots if s is not slot and s.cached[:n] == shared),
-                      None)
-        if source is not None and source.req is None:
-            # One that ended inside a draft left its rejected tokens' cells: cut them.
-            kept = self.backend.seq_trim(source.seq_id, len(source.cached))
-            if kept < len(source.cached):
-                del source.cached[kept:]
-                source.ahead = []
-        if source is not None and len(source.cached) >= n and self._kept.copy(slot, source):
+        source = next((s for s in self._slots if s is not slot and s.cached == shared), None)
+        if source is not None and self._kept.copy(slot, source):
             slot.supersede, slot.ahead = None, []
-            kept = self.backend.seq_trim(slot.seq_id, n)
-            del slot.cached[kept:]
-            if kept == n:
-                return
-        self._requeue(slot)
+        else:
+            self._requeue(slot)
 
     def _preempt_for(self, waiting: Request) -> None:
         slot = preemption_victim(self._active(), waiting)
@@ -656,6 +638,9 @@ class Engine(Prompting):
         if not reading:
             decoding = self._stepping(decoding)
         choose_drafts(self.drafts, decoding, reading, self.backend.n_batch, self.info.n_ctx)
+        for slot in decoding:  # a leader's riders sample its one row
+            if any(r.follows is slot.running for _, r in riders):
+                slot.draft = []
         for slot in decoding:
             pos = len(slot.cached)
             slot.batch_index = len(tokens)
@@ -722,11 +707,10 @@ class Engine(Prompting):
                 graph_rows([(s.seq_id, 1 + len(s.draft)) for s in decoding]), now - started)
         for slot in decoding:
             first = slot.running
-            before = first.n_generated
             self._verify(slot, now)
             for rider, request in riders:
                 if request.follows is first and rider.req is request and request.riding:
-                    self._ride(rider, first, slot.batch_index, first.generated[before:], now)
+                    self._ride(rider, first, slot.batch_index, now)
         for slot, n in chunks:
             start = len(slot.cached)
             slot.cached.extend(slot.running.target[start : start + n])
