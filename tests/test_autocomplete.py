@@ -203,9 +203,9 @@ def three_completions(engine, prompt, *, seeds=(1, 2, 3), **params):
 def test_completions_that_write_alike_ride_on_one_row(fake_engine):
     """n_cmpl: the other completions wait until the first has read the prompt and sample
     their first tokens from its logits; while they write what it writes they decode no row
-    of their own (one row a step for three completions) and copy no cache, and the slots
-    they sat in keep what they held (another editor's file, here)."""
-    engine = fake_engine(fim=True, reply="abc def ghi", prompt_delay_s=0.002, n_slots=3)
+    of their own (one row a step for three completions), copy no cache and take no slot
+    (three completions on two slots, the other holding another editor's file)."""
+    engine = fake_engine(fim=True, reply="abc def ghi", prompt_delay_s=0.002, n_slots=2)
     other = engine.completion_tokens("another editor's file " * 20)
     engine.submit(other, SamplingParams(max_tokens=2)).result()
     prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
@@ -232,6 +232,20 @@ def test_a_completion_that_writes_otherwise_parts_with_a_copy(fake_engine):
     done = [g.result() for g in three_completions(engine, prompt, max_tokens=20)]
     assert [d.text for d in done] == ["abc def ghi", "abc xyz", "abc def ghi"]
     assert engine.backend.loaded == [len(prompt) + 2]  # the prompt, "abc" and " "
+
+
+def test_a_completion_that_parts_with_no_slot_free_waits_and_reads_back(fake_engine):
+    """Three completions ride in the one slot another request leaves free; the one that
+    writes otherwise finds no slot to part into, waits for one and reads the cache it shared
+    back (or copies it, if its leader's slot still holds it then)."""
+    engine = fake_engine(fim=True, reply="abc def ghi", seeded={2: "abc xyz", 9: "tok " * 40},
+                         n_slots=2, step_delay_s=0.002)
+    busy = engine.submit(engine.completion_tokens("another editor"),
+                         SamplingParams(seed=9, max_tokens=100))
+    prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(200)), "end")
+    done = [g.result() for g in three_completions(engine, prompt, max_tokens=20)]
+    assert [d.text for d in done] == ["abc def ghi", "abc xyz", "abc def ghi"]
+    assert busy.result().text == "tok " * 40
 
 
 def test_a_completion_goes_on_alone_when_its_leader_ends(fake_engine):

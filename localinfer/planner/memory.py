@@ -77,8 +77,8 @@ blocks of 32 int8 values with one F16 scale, 34 bytes per 32 elements; Q4_0 32 4
 with one F16 scale, 18 bytes."""
 MAX_AUTO_SLOTS = 8
 """The most slots a plan gives a model when ``PlanPrefs.n_slots`` is None: an editor asks
-several completions of each keystroke's prompt (llama.vscode: ``n_cmpl`` 3, each a sequence),
-and with one editor's three, another's and a chat on four slots each request evicted another's
+several completions of each keystroke's prompt (llama.vscode: ``n_cmpl`` 3, each a sequence
+once it writes otherwise than the first), and with one editor's three, another's and a chat on four slots each request evicted another's
 cached prompt (the editor workload, 3 editors: FIM prompts read 1,374 tokens at the median
 with 4 slots, 258 with 8)."""
 NOTED_SLOTS = 4

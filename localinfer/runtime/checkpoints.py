@@ -479,7 +479,7 @@ class CacheKeeper:
         being read inside it, choosing the block that copies the fewest cached tokens: a copy
         of each (a few ms for a few thousand tokens), once, and the other cache is kept."""
         def decodes(slot: Slot) -> bool:
-            return slot.req is not None and not slot.prefilling and not slot.riding
+            return slot.req is not None and not slot.prefilling
 
         stepping = [s.seq_id for s in slots if decodes(s)]
         k = len(stepping)

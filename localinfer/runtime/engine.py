@@ -48,6 +48,7 @@ from .fim import FimTokens
 from .generation import Generation, Request, Sink, done_event, live_stats
 from .prompts import PromptBuilder, Prompting
 from .slots import (
+    RIDING,
     Slot,
     bare_decode_rate,
     choose_drafts,
@@ -106,6 +107,9 @@ class Engine(Prompting):
         """Chats, completions, infills and embedding inputs to tokens (prompts.py)."""
         self._prompts = self.prompt_builder.tokenizer  # its reuse counters, for tests
         self._slots = [Slot(i) for i in range(self.info.n_slots)]
+        self._riders: list[Slot] = []
+        """The places of completions riding on another's rows (``Request.riding``): no
+        sequence of the KV cache, outside ``_slots``."""
         self._kept = CacheKeeper(backend, n_ctx=self.info.n_ctx,
                                  chat_checkpoints=chat_checkpoints,
                                  turn_marks=self.prompt_builder.chat_turn_marks,
@@ -274,8 +278,7 @@ class Engine(Prompting):
         its slot free for the new one; its KV cache stays for the new one's shared prefix)."""
         with self._cv:
             older = [r for r in self._pending if r.params.supersede == key] + [
-                s.req for s in self._slots
-                if s.req is not None and s.req.params.supersede == key]
+                r for r in self._running() if r.params.supersede == key]
         for request in older:
             request.generation.cancel()
 
@@ -287,7 +290,7 @@ class Engine(Prompting):
                 cached_tokens_total=self._cached_tokens_total,
                 generated_tokens_total=self._generated_tokens_total,
                 queue_depth=len(self._pending),
-                active=sum(1 for s in self._slots if s.req is not None),
+                active=len(self._running()),
                 n_slots=len(self._slots),
                 last_decode_tps=self._last_decode_tps,
                 drafted_tokens_total=self._drafted_total,
@@ -327,7 +330,7 @@ class Engine(Prompting):
     def cancel_all(self) -> None:
         """Cancel every waiting and running request; each ends within one token."""
         with self._cv:
-            requests = list(self._pending) + [s.req for s in self._slots if s.req is not None]
+            requests = list(self._pending) + self._running()
         for request in requests:
             request.generation.cancel()
 
@@ -486,7 +489,12 @@ class Engine(Prompting):
             generation._emit(event)
 
     def _active(self) -> list[Slot]:
-        return [s for s in self._slots if s.req is not None]
+        """The slots with a request, and the riding completions' places (``_riders``)."""
+        return [s for s in self._slots + self._riders if s.req is not None]
+
+    def _running(self) -> list[Request]:
+        """Their requests, each read once (other threads ask while the worker changes them)."""
+        return [r for s in self._slots + self._riders if (r := s.req) is not None]
 
     def _admit(self) -> bool:
         """Move waiting requests into free slots, reusing the best-matching cached prefix.
@@ -546,25 +554,21 @@ class Engine(Prompting):
 
     def _admit_followers(self, leader: Slot, first: Request, now: float) -> None:
         """The other completions of the prompt ``first`` has just read in ``leader``'s slot
-        (``Request.follows``) take free slots and sample their first tokens from the same
-        logits, as llama-server's child tasks do, reading no row; each rides on the leader's
-        rows while it writes what the leader writes (``_ride``). One that finds no slot free
-        is admitted later, copies what the leader's cache holds then and reads the re-read
-        tail."""
+        (``Request.follows``) sample their first tokens from the same logits, as
+        llama-server's child tasks do, reading no row, and ride on the leader's rows while
+        they write what it writes (``_ride``), in no slot: each takes one when it parts."""
         if len(leader.cached) != len(first.prompt):  # a resumption read its reply back too
             return
         with self._cv:
             followers = [r for r in self._pending if r.follows is first and r.sampler is None
                          and not r.generation.cancelled]
         for request in followers:
-            free = [s for s in self._slots if s.req is None and s is not leader]
-            if not free:
-                return
-            slot = max(free, key=lambda s: slot_score(s, request, self.backend))
             with self._cv:
                 self._pending.remove(request)
                 heapq.heapify(self._pending)
-            slot.req, slot.next_token = request, None  # its cache stays as it is for now
+            slot = Slot(RIDING)
+            slot.req = request
+            self._riders.append(slot)
             self._start(request, len(request.prompt))
             request.t_start = request.t_read = now  # it reads nothing: its first token is now
             request.riding = True
@@ -584,22 +588,26 @@ class Engine(Prompting):
         """Whether ``first`` decodes in a slot, so that its riders can sample its rows."""
         return any(s.req is first and not s.prefilling for s in self._slots)
 
-    def _part(self, slot: Slot) -> None:
-        """A riding completion goes on alone: it takes a copy of the cache it shared (the
-        prompt and every token but the one just sampled, in its leader's slot or where that
-        has gone), or, where no slot holds it any more, reads it back as a preempted request
-        does."""
-        request = slot.running
+    def _part(self, rider: Slot) -> None:
+        """A riding completion goes on alone in a free slot, with a copy of the cache it
+        shared (the prompt and every token but the one just sampled, in its leader's slot or
+        where that has gone); where no slot is free or none holds that cache any more, it
+        waits and reads it back as a preempted request does."""
+        request = rider.running
         request.riding = False
         shared = request.prompt + request.generated[:-1]
-        source = next((s for s in self._slots if s is not slot and s.cached == shared), None)
-        if source is not None and self._kept.copy(slot, source):
-            slot.supersede, slot.ahead = None, []
-        else:
-            self._requeue(slot)
+        source = next((s for s in self._slots if s.cached == shared), None)
+        free = [s for s in self._slots if s.req is None and s is not source]
+        if source is not None and free:
+            slot = max(free, key=lambda s: slot_score(s, request, self.backend))
+            if self._kept.copy(slot, source):
+                self._seat(slot, request)
+                slot.next_token, rider.req = rider.next_token, None
+                return
+        self._requeue(rider)
 
     def _preempt_for(self, waiting: Request) -> None:
-        slot = preemption_victim(self._active(), waiting)
+        slot = preemption_victim([s for s in self._slots if s.req is not None], waiting)
         if slot is None:
             return
         self._preemptions_total += 1
@@ -626,11 +634,12 @@ class Engine(Prompting):
         seq_ids: list[int] = []
         outputs: list[bool] = []
         budget = self.backend.n_batch
-        for slot in self._active():
-            if slot.riding and not self._leads(slot.running.follows):  # preempted, cancelled
-                self._part(slot)
-        active = [s for s in self._active() if not s.riding]
-        riders = [(s, s.running) for s in self._active() if s.riding]
+        for slot in self._riders:
+            if slot.req is not None and not self._leads(slot.running.follows):  # preempted,
+                self._part(slot)  # cancelled
+        self._riders = [s for s in self._riders if s.req is not None]
+        active = [s for s in self._slots if s.req is not None]
+        riders = [(s, s.running) for s in self._riders]
         decoding = [s for s in active if not s.prefilling]
         # While a prompt is being read, every decoding slot steps and none drafts: the step
         # costs what the prompt's rows cost.
@@ -822,15 +831,16 @@ class Engine(Prompting):
         if done.timings.decode_tokens:
             self._last_decode_tps = done.timings.decode_tps
         self._release(slot, now)
-        if not request.riding:  # a rider's slot keeps what it held
+        if not request.riding:  # a rider's place holds no cache
             slot.ahead = self._kept.next_turn_opening(slot, request, reason)
         self._post(request, done)
 
     def _abort(self, slot: Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
         request = slot.running
-        self.backend.seq_trim(slot.seq_id, 0)
-        slot.cached.clear()
+        if not request.riding:  # a rider's place holds no cache
+            self.backend.seq_trim(slot.seq_id, 0)
+            slot.cached.clear()
         self._release(slot, time.perf_counter())
         self._post(request, exc)
 
@@ -838,9 +848,7 @@ class Engine(Prompting):
         if slot.req is not None:
             slot.req.ended = True
             self._free_sampler(slot.req)
-            if slot.req.riding:  # its slot's cache was never its own: it stays as it was
-                now = slot.last_used
-            elif slot.req.follows is not None:  # its leader's cache is the one kept
+            if slot.req.follows is not None and not slot.req.riding:  # it copied its leader's
                 now = 0.0
                 self._kept.forget(slot)
         slot.req, slot.next_token, slot.draft = None, None, []

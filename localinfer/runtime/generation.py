@@ -129,9 +129,9 @@ class Request:
     and rides on its rows (``riding``; ``Engine._admit_followers``)."""
     riding: bool = False
     """Another completion whose tokens have all been its leader's so far: it reads no row of
-    its own but samples from its leader's, and its slot's cache stays what it was until it
-    parts (``Engine._ride``): three completions of an editor's keystroke that write alike cost
-    the steps of one."""
+    its own but samples from its leader's, and takes no slot until it parts
+    (``Engine._ride``): three completions of an editor's keystroke that write alike cost the
+    steps and the slot of one."""
     ended: bool = False
     """It has left its slot for good (finished, cancelled or failed)."""
     sampler: object = None

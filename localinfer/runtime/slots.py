@@ -24,6 +24,11 @@ class Checkpoint:
     state: Any
 
 
+RIDING = -1
+"""The sequence id of a riding completion's place (``Request.riding``), which is no sequence of
+the KV cache: it holds no tokens, and no backend call takes it."""
+
+
 class Slot:
     """One sequence of the KV cache: the request using it, and the tokens it holds."""
 
@@ -72,13 +77,7 @@ class Slot:
 
     @property
     def prefilling(self) -> bool:
-        return self.req is not None and not self.req.riding and \
-            len(self.cached) < len(self.req.target)
-
-    @property
-    def riding(self) -> bool:
-        """Its request samples from its leader's rows (``Request.riding``): it decodes none."""
-        return self.req is not None and self.req.riding
+        return self.req is not None and len(self.cached) < len(self.req.target)
 
     def chunk_limit(self, start: int, n: int) -> int:
         """How many of ``n`` prompt tokens from ``start`` one chunk reads: it ends at the next
