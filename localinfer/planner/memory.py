@@ -78,9 +78,9 @@ with one F16 scale, 18 bytes."""
 MAX_AUTO_SLOTS = 8
 """The most slots a plan gives a model when ``PlanPrefs.n_slots`` is None: an editor asks
 several completions of each keystroke's prompt (llama.vscode: ``n_cmpl`` 3, each a sequence
-once it writes otherwise than the first), and with one editor's three, another's and a chat on four slots each request evicted another's
-cached prompt (the editor workload, 3 editors: FIM prompts read 1,374 tokens at the median
-with 4 slots, 258 with 8)."""
+once it writes otherwise than the first), and with one editor's three, another's and a chat
+on four slots each request evicted another's cached prompt (the editor workload, 3 editors:
+FIM prompts read 1,374 tokens at the median with 4 slots, 258 with 8)."""
 NOTED_SLOTS = 4
 """Fewer automatic slots than this, held back by the KV cap, are explained (``slots_note``):
 what this many would take, and the context at which they stay within it."""
