@@ -108,8 +108,8 @@ class Engine(Prompting):
         self._prompts = self.prompt_builder.tokenizer  # its reuse counters, for tests
         self._slots = [Slot(i) for i in range(self.info.n_slots)]
         self._riders: list[Slot] = []
-        """The places of completions riding on another's rows (``Request.riding``): no
-        sequence of the KV cache, outside ``_slots``."""
+        """The places of completions riding on another's rows (``Slot.riding``): no sequence
+        of the KV cache, outside ``_slots``."""
         self._kept = CacheKeeper(backend, n_ctx=self.info.n_ctx,
                                  chat_checkpoints=chat_checkpoints,
                                  turn_marks=self.prompt_builder.chat_turn_marks,
@@ -571,7 +571,6 @@ class Engine(Prompting):
             self._riders.append(slot)
             self._start(request, len(request.prompt))
             request.t_start = request.t_read = now  # it reads nothing: its first token is now
-            request.riding = True
             self._ride(slot, first, leader.batch_index, now)
 
     def _ride(self, slot: Slot, first: Request, index: int, now: float) -> None:
@@ -594,7 +593,6 @@ class Engine(Prompting):
         where that has gone); where no slot is free or none holds that cache any more, it
         waits and reads it back as a preempted request does."""
         request = rider.running
-        request.riding = False
         shared = request.prompt + request.generated[:-1]
         source = next((s for s in self._slots if s.cached == shared), None)
         free = [s for s in self._slots if s.req is None and s is not source]
@@ -619,7 +617,6 @@ class Engine(Prompting):
         overwrote it) and sampling on."""
         request = slot.running
         request.target = request.prompt + request.generated
-        request.riding = False
         slot.req = None
         slot.next_token = None
         slot.last_used = time.perf_counter()
@@ -718,7 +715,7 @@ class Engine(Prompting):
             first = slot.running
             self._verify(slot, now)
             for rider, request in riders:
-                if request.follows is first and rider.req is request and request.riding:
+                if request.follows is first and rider.req is request:
                     self._ride(rider, first, slot.batch_index, now)
         for slot, n in chunks:
             start = len(slot.cached)
@@ -803,7 +800,7 @@ class Engine(Prompting):
         text = request.assembler.push(piece)
         if text:
             self._post(request, Token(text, live_stats(request, now), request.unsent_logprobs()))
-        if not request.riding:
+        if not slot.riding:
             self._kept.first_token(slot, self._flush)  # a prompt's save put off until now
         limit_ms = request.params.t_max_predict_ms  # autocomplete's: a line's end after it
         if limit_ms and "\n" in text and (now - request.t_first) * 1000.0 > limit_ms:
@@ -813,7 +810,7 @@ class Engine(Prompting):
         elif request.params.max_tokens is not None and \
                 request.n_generated >= request.params.max_tokens:
             self._finish(slot, "length", now)
-        elif (len(request.prompt) + request.n_generated - 1 if request.riding
+        elif (len(request.prompt) + request.n_generated - 1 if slot.riding
               else len(slot.cached)) >= self.info.n_ctx:
             self._finish(slot, "length", now)  # no room left to decode this token
         else:
@@ -831,14 +828,14 @@ class Engine(Prompting):
         if done.timings.decode_tokens:
             self._last_decode_tps = done.timings.decode_tps
         self._release(slot, now)
-        if not request.riding:  # a rider's place holds no cache
+        if not slot.riding:  # a rider's place holds no cache
             slot.ahead = self._kept.next_turn_opening(slot, request, reason)
         self._post(request, done)
 
     def _abort(self, slot: Slot, exc: BaseException) -> None:
         """A decode failed: the slot's cache state is unknown, so drop it and fail the request."""
         request = slot.running
-        if not request.riding:  # a rider's place holds no cache
+        if not slot.riding:  # a rider's place holds no cache
             self.backend.seq_trim(slot.seq_id, 0)
             slot.cached.clear()
         self._release(slot, time.perf_counter())
@@ -848,7 +845,7 @@ class Engine(Prompting):
         if slot.req is not None:
             slot.req.ended = True
             self._free_sampler(slot.req)
-            if slot.req.follows is not None and not slot.req.riding:  # it copied its leader's
+            if slot.req.follows is not None and not slot.riding:  # it copied its leader's
                 now = 0.0
                 self._kept.forget(slot)
         slot.req, slot.next_token, slot.draft = None, None, []

@@ -126,12 +126,7 @@ class Request:
     follows: Request | None = None
     """The request this one is another completion of (llama-server's ``n_cmpl``): it waits
     until that one has read their prompt, then samples its first token from the same logits
-    and rides on its rows (``riding``; ``Engine._admit_followers``)."""
-    riding: bool = False
-    """Another completion whose tokens have all been its leader's so far: it reads no row of
-    its own but samples from its leader's, and takes no slot until it parts
-    (``Engine._ride``): three completions of an editor's keystroke that write alike cost the
-    steps and the slot of one."""
+    and rides on its rows (``Slot.riding``; ``Engine._admit_followers``)."""
     ended: bool = False
     """It has left its slot for good (finished, cancelled or failed)."""
     sampler: object = None

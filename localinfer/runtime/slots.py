@@ -25,7 +25,7 @@ class Checkpoint:
 
 
 RIDING = -1
-"""The sequence id of a riding completion's place (``Request.riding``), which is no sequence of
+"""The sequence id of a riding completion's place (``Slot.riding``), which is no sequence of
 the KV cache: it holds no tokens, and no backend call takes it."""
 
 
@@ -74,6 +74,14 @@ class Slot:
         asking a free slot is a bug in the engine."""
         assert self.req is not None, f"slot {self.seq_id} is free"
         return self.req
+
+    @property
+    def riding(self) -> bool:
+        """Another completion (``Request.follows``) whose tokens have all been its leader's so
+        far: it reads no row of its own but samples from its leader's, and holds this place,
+        not a slot, until it parts (``Engine._ride``): three completions of an editor's
+        keystroke that write alike cost the steps and the slot of one."""
+        return self.seq_id == RIDING
 
     @property
     def prefilling(self) -> bool:
