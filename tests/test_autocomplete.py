@@ -248,6 +248,20 @@ def test_a_completion_that_parts_with_no_slot_free_waits_and_reads_back(fake_eng
     assert busy.result().text == "tok " * 40
 
 
+def test_a_completion_whose_leader_leaves_the_only_slot_reads_back(fake_engine, caplog):
+    """One slot: the first's client leaves while the other rides; no other slot to part into,
+    it waits for the one the first leaves and reads the cache they shared back there."""
+    engine = fake_engine(fim=True, reply="t " * 30, step_delay_s=0.005, n_slots=1)
+    prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(50)), "end")
+    first, second = three_completions(engine, prompt, seeds=(1, 2), max_tokens=100)
+    for event in first:
+        if isinstance(event, Token) and event.live.n_tokens == 3:
+            first.cancel()
+    assert first.result().finish_reason == "cancelled"
+    assert second.result().text == "t " * 30
+    assert "decode failed" not in caplog.text  # no step with nothing to decode
+
+
 def test_a_completion_goes_on_alone_when_its_leader_ends(fake_engine):
     """The first completion ends (its end of generation, or its client left): the others
     copy the cache they shared and go on."""

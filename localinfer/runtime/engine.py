@@ -636,6 +636,8 @@ class Engine(Prompting):
                 self._part(slot)  # cancelled
         self._riders = [s for s in self._riders if s.req is not None]
         active = [s for s in self._slots if s.req is not None]
+        if not active:
+            return  # riders that went back to the queue, to read what they shared back
         riders = [(s, s.running) for s in self._riders]
         decoding = [s for s in active if not s.prefilling]
         # While a prompt is being read, every decoding slot steps and none drafts: the step
