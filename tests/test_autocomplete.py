@@ -200,6 +200,17 @@ def three_completions(engine, prompt, *, seeds=(1, 2, 3), **params):
                       for seed in seeds[1:]]
 
 
+def first_leaves_at_its_third_token(engine, prompt):
+    """Two completions of ``prompt``, the first's client leaving at its third token: the
+    second's reply."""
+    first, second = three_completions(engine, prompt, seeds=(1, 2), max_tokens=100)
+    for event in first:
+        if isinstance(event, Token) and event.live.n_tokens == 3:
+            first.cancel()
+    assert first.result().finish_reason == "cancelled"
+    return second.result()
+
+
 def test_completions_that_write_alike_ride_on_one_row(fake_engine):
     """n_cmpl: the other completions wait until the first has read the prompt and sample
     their first tokens from its logits; while they write what it writes they decode no row
@@ -253,12 +264,7 @@ def test_a_completion_whose_leader_leaves_the_only_slot_reads_back(fake_engine, 
     it waits for the one the first leaves and reads the cache they shared back there."""
     engine = fake_engine(fim=True, reply="t " * 30, step_delay_s=0.005, n_slots=1)
     prompt = engine.infill_tokens(" ".join(f"w{i}" for i in range(50)), "end")
-    first, second = three_completions(engine, prompt, seeds=(1, 2), max_tokens=100)
-    for event in first:
-        if isinstance(event, Token) and event.live.n_tokens == 3:
-            first.cancel()
-    assert first.result().finish_reason == "cancelled"
-    assert second.result().text == "t " * 30
+    assert first_leaves_at_its_third_token(engine, prompt).text == "t " * 30
     assert "decode failed" not in caplog.text  # no step with nothing to decode
 
 
@@ -274,12 +280,7 @@ def test_a_completion_goes_on_alone_when_its_leader_ends(fake_engine):
     assert engine.backend.loaded == [len(prompt) + 1]
 
     engine = fake_engine(fim=True, reply="t " * 30, step_delay_s=0.005)
-    first, second = three_completions(engine, prompt, seeds=(1, 2), max_tokens=100)
-    for event in first:
-        if isinstance(event, Token) and event.live.n_tokens == 3:
-            first.cancel()
-    assert first.result().finish_reason == "cancelled"
-    assert second.result().text == "t " * 30
+    assert first_leaves_at_its_third_token(engine, prompt).text == "t " * 30
     assert len(engine.backend.loaded) == 1 and engine.backend.loaded[0] > len(prompt)
 
 
