@@ -181,9 +181,10 @@ class RPCConnection:
         try:
             self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         except OSError as exc:
-            if _listens(host, port + 1):  # its description answers: it runs, held by another
+            info_port = port + INFO_PORT_OFFSET
+            if _listens(host, info_port):  # its description answers: it runs, held by another
                 raise WorkerError(
-                    f"worker {endpoint} runs (its description answers on port {port + 1}) but"
+                    f"worker {endpoint} runs (its description answers on port {info_port}) but"
                     f" takes no connection now ({_reason(exc)}): another daemon holds it. Stop"
                     " that daemon's model, or leave this worker out of --workers.",
                     title="worker busy") from None

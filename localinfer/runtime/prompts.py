@@ -69,7 +69,7 @@ class PromptBuilder:
         (its length in bytes tells): more than it was trained for, not the context loaded
         now, which a daemon grows for a long prompt."""
         info = self.info
-        limit = max(info.n_ctx_train or 0, info.n_ctx)
+        limit = info.most_context
         least = self._surely_more_tokens(text, limit - 1)
         if least:
             raise ContextOverflow(

@@ -70,6 +70,7 @@ class ModelInfo:
     n_ctx_train: int
     n_ctx: int
     """Context per slot."""
+
     n_slots: int
     n_vocab: int
     gpu_backend: str | None = None
@@ -102,6 +103,12 @@ class ModelInfo:
     bytes)."""
     n_cpu_moe: int = 0
     """Layers whose expert tensors were kept in RAM (LoadOptions.n_cpu_moe)."""
+
+    @property
+    def most_context(self) -> int:
+        """The most context a request to this model may have: what it was trained for, or the
+        context loaded where larger (a daemon grows the loaded one for a long prompt)."""
+        return max(self.n_ctx_train or 0, self.n_ctx)
 
     @property
     def computes_on_cpu(self) -> bool:

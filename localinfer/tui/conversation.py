@@ -627,8 +627,7 @@ class ChatScreen(TurnEditing):
         by themselves (the template adds to them). Against the context the error names, else
         the most the model takes (a daemon grows the loaded one before it refuses)."""
         session = self.host.session
-        n_ctx = error.n_ctx or (max(session.info.n_ctx_train or 0, session.info.n_ctx)
-                                if session else 0)
+        n_ctx = error.n_ctx or (session.info.most_context if session else 0)
         messages = self.chat.prompt_messages()
         if session is None or not n_ctx or not messages:
             return False
